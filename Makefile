@@ -1,0 +1,40 @@
+# Two entry points a newcomer needs (see README): `make check` and `make test`.
+# Each creates .venv on first use; nothing is installed by hand.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+# CPU machines take the CPU build of torch, pinned, and never a CUDA one: the
+# "+cpu" local version is not on PyPI's CUDA path, so pip fails loudly rather
+# than downloading gigabytes. TORCH_CPU_INDEX may name an index that serves it.
+TORCH_CPU := torch==2.13.0+cpu
+TORCH_CPU_INDEX ?=
+PYTEST_ARGS ?=
+
+.PHONY: check test venv clean
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	@if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then \
+		echo "GPU found: installing the default torch build"; \
+		$(BIN)/pip install -q torch; \
+	else \
+		echo "no GPU: installing the CPU build of torch ($(TORCH_CPU))"; \
+		$(BIN)/pip install -q $(if $(TORCH_CPU_INDEX),--extra-index-url $(TORCH_CPU_INDEX)) "$(TORCH_CPU)"; \
+	fi
+	$(BIN)/python -c "import torch; print('torch', torch.__version__)" > $(VENV)/torch-pin.txt
+	$(BIN)/pip freeze | grep -i '^torch==' > $(VENV)/constraints.txt
+	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e ".[torch,tilelang,paddle,test]"
+	touch $(STAMP)
+
+check: $(STAMP)
+	CUDA_HOME=$${CUDA_HOME:-/usr/local/cuda} $(BIN)/mqa-bwd check
+
+test: $(STAMP)
+	CUDA_HOME=$${CUDA_HOME:-/usr/local/cuda} $(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .hypothesis

@@ -1,0 +1,1 @@
+"""Root conftest: the project's pytest plugin lives in properties.plugin."""

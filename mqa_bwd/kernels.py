@@ -1,0 +1,394 @@
+"""TileLang kernels of the sparse absorbed-MQA backward (Hopper, sm_90a).
+
+Every kernel here has a CPU twin in ``mqa_bwd.model`` with the same launch
+contract: the same arguments, the same tile derived from the shapes it is
+handed, the same rows read and written, the same bf16 rounding points and the
+same explicit reduction orders. The host wrapper (``mqa_bwd.wrapper``) drives
+either through ``mqa_bwd.launch``.
+
+Layouts (the wrapper prepares them): query rows of every batch element are
+flattened into R = B*S rows, kv rows into NKV = B*S_kv rows, and a slot index
+is either a global kv row in [0, NKV) or -1. Head groups are contiguous:
+``q_group[r, h, :]`` for the Hg heads of one group.
+
+Kernels
+  delta        Delta = rowsum(O * dO); DSinkRows = -exp2(Sink2 - Lse2) * Delta
+  main_bwd     one CTA per query row: dQ of the group, and the per-slot dKV
+               contributions written to DKVSlot (deterministic) or added
+               into DKVAcc with fp32 atomics (the control)
+  dkv_reduce   DKVAcc[k] += DKVSlot[e] for the entries e of kv row k in CSR
+               order (the order is fixed by the indices alone)
+  dsink_reduce DSink[h] = sum over rows r, in increasing r, of DSinkRows[r, h]
+  cast_bf16    fp32 -> bf16, round to nearest even
+"""
+
+
+import functools
+
+LOG2E = 1.4426950408889634
+
+# Slots gathered per main-loop step: the kernel's slot block. L is padded to it.
+BLOCK_SLOTS = 32
+
+# (Dk, Dv) the kernels are built and tested for on Hopper.
+GPU_WIDTHS = ((576, 512), (512, 512))
+MAIN_MODES = ("write", "accumulate", "atomic")
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def main_tile_heads(heads: int) -> int:
+    """The head tile the main backward derives from the H it is handed."""
+    return min(64, max(next_power_of_2(heads), 16))
+
+
+def _tl():
+    import tilelang
+    import tilelang.language as T
+
+    return tilelang, T
+
+
+def _pass_configs(tilelang):
+    key = tilelang.PassConfigKey
+    return {
+        key.TL_DISABLE_WARP_SPECIALIZED: True,
+        key.TL_DISABLE_TMA_LOWER: True,
+    }
+
+
+# ---------------------------------------------------------------------------
+# Program builders (pure: shapes in, prim_func out). Compilation is separate so
+# that CI can lower and compile them for sm_90a on a machine without a GPU.
+# ---------------------------------------------------------------------------
+
+
+DELTA_HEADS = 16
+
+
+def delta_program(d_v: int, threads: int = 128):
+    """Delta[r, h] = <O[r, h], dO[r, h]>; DSinkRows[r, h] = -exp2(Sink2[h] - Lse2[r, h]) * Delta[r, h].
+
+    Grid (R, ceil(H / 16)); heads past H are masked, so any H is safe here.
+    """
+    tilelang, T = _tl()
+    R = T.dynamic("R")
+    H = T.dynamic("H")
+    Dv = d_v
+    bh = DELTA_HEADS
+    block_d = 64 if Dv % 64 == 0 else 16
+    f32, bf16 = "float32", "bfloat16"
+
+    @T.prim_func
+    def delta(
+        O: T.Tensor((R, H, Dv), bf16),
+        dO: T.Tensor((R, H, Dv), bf16),
+        Lse2: T.Tensor((R, H), f32),
+        Sink2: T.Tensor((H,), f32),
+        Delta: T.Tensor((R, H), f32),
+        DSinkRows: T.Tensor((R, H), f32),
+    ):
+        with T.Kernel(R, T.ceildiv(H, bh), threads=threads) as (r, hb):
+            acc = T.alloc_fragment((bh, block_d), f32)
+            row = T.alloc_fragment((bh,), f32)
+            T.clear(acc)
+            for kd in T.serial(Dv // block_d):
+                for h, d in T.Parallel(bh, block_d):
+                    if hb * bh + h < H:
+                        acc[h, d] += T.cast(O[r, hb * bh + h, kd * block_d + d], f32) * T.cast(
+                            dO[r, hb * bh + h, kd * block_d + d], f32
+                        )
+            T.reduce_sum(acc, row, dim=1)
+            for h in T.Parallel(bh):
+                if hb * bh + h < H:
+                    Delta[r, hb * bh + h] = row[h]
+                    DSinkRows[r, hb * bh + h] = -T.exp2(Sink2[hb * bh + h] - Lse2[r, hb * bh + h]) * row[h]
+
+    return delta
+
+
+def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str):
+    """The main backward for one head group of ``heads`` heads.
+
+    mode: "write" (DKVSlot = contribution), "accumulate" (DKVSlot += contribution),
+    or "atomic" (DKVAcc[kv row] += contribution by fp32 atomics).
+    """
+    tilelang, T = _tl()
+    if mode not in ("write", "accumulate", "atomic"):
+        raise ValueError(f"mode: {mode!r}")
+    R = T.dynamic("R")
+    NKV = T.dynamic("NKV")
+    Lp = T.dynamic("Lp")  # padded slots, a multiple of BLOCK_SLOTS
+    Hg, Dk, Dv = heads, d_k, d_v
+    Dt = Dk - Dv
+    BS = BLOCK_SLOTS
+    NB = Lp // BS
+    block_H = main_tile_heads(Hg)
+    threads = 256 if block_H >= 64 else 128
+    f32, bf16, i32 = "float32", "bfloat16", "int32"
+    dkv_shape = (NKV, Dk) if mode == "atomic" else (R, Lp, Dk)
+    has_tail = Dt > 0
+
+    @T.prim_func
+    def main_bwd(
+        Q: T.Tensor((R, Hg, Dk), bf16),
+        KV: T.Tensor((NKV, Dk), bf16),
+        dO: T.Tensor((R, Hg, Dv), bf16),
+        Indices: T.Tensor((R, Lp), i32),
+        Lse2: T.Tensor((R, Hg), f32),
+        Delta: T.Tensor((R, Hg), f32),
+        dQ: T.Tensor((R, Hg, Dk), bf16),
+        dKV: T.Tensor(dkv_shape, f32),
+        sm_scale: T.float32,
+    ):
+        with T.Kernel(R, threads=threads) as r:
+            scale_log2 = sm_scale * LOG2E
+            Q_s = T.alloc_shared((block_H, Dv), bf16)
+            dO_s = T.alloc_shared((block_H, Dv), bf16)
+            KV_s = T.alloc_shared((BS, Dv), bf16)
+            P_s = T.alloc_shared((block_H, BS), bf16)
+            dS_s = T.alloc_shared((block_H, BS), bf16)
+            dQ_s = T.alloc_shared((block_H, Dv), bf16)
+            dKV_s = T.alloc_shared((BS, Dv), f32)
+            slot = T.alloc_shared((BS,), i32)
+            if has_tail:
+                Qt_s = T.alloc_shared((block_H, Dt), bf16)
+                KVt_s = T.alloc_shared((BS, Dt), bf16)
+                dQt_s = T.alloc_shared((block_H, Dt), bf16)
+                dKVt_s = T.alloc_shared((BS, Dt), f32)
+                acc_dqt = T.alloc_fragment((block_H, Dt), f32)
+                acc_dkvt = T.alloc_fragment((BS, Dt), f32)
+
+            acc_s = T.alloc_fragment((block_H, BS), f32)
+            acc_dp = T.alloc_fragment((block_H, BS), f32)
+            acc_dq = T.alloc_fragment((block_H, Dv), f32)
+            acc_dkv = T.alloc_fragment((BS, Dv), f32)
+
+            # The tile is block_H head rows, whatever Hg is: the wrapper must hand
+            # a group of exactly block_H heads (SPEC, "the kernel's own tile").
+            T.copy(Q[r, 0:block_H, 0:Dv], Q_s)
+            if has_tail:
+                T.copy(Q[r, 0:block_H, Dv:Dk], Qt_s)
+            T.copy(dO[r, 0:block_H, 0:Dv], dO_s)
+            T.clear(acc_dq)
+            if has_tail:
+                T.clear(acc_dqt)
+
+            for t in T.serial(NB):
+                for j in T.Parallel(BS):
+                    slot[j] = Indices[r, t * BS + j]
+                # Invalid slots (-1) are never read: their rows of KV_s are zero.
+                for j, d in T.Parallel(BS, Dv):
+                    KV_s[j, d] = T.if_then_else(
+                        (slot[j] >= 0) and (slot[j] < NKV), KV[slot[j], d], T.cast(0, bf16)
+                    )
+                if has_tail:
+                    for j, d in T.Parallel(BS, Dt):
+                        KVt_s[j, d] = T.if_then_else(
+                            (slot[j] >= 0) and (slot[j] < NKV), KV[slot[j], Dv + d], T.cast(0, bf16)
+                        )
+
+                # Scores, then P = exp2(score * scale * log2e - Lse2), 0 on invalid slots.
+                T.gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True)
+                if has_tail:
+                    T.gemm(Qt_s, KVt_s, acc_s, transpose_B=True)
+                for h, j in T.Parallel(block_H, BS):
+                    acc_s[h, j] = T.if_then_else(
+                        (slot[j] >= 0) and (slot[j] < NKV),
+                        T.exp2(acc_s[h, j] * scale_log2 - Lse2[r, h]),
+                        T.cast(0, f32),
+                    )
+                T.copy(acc_s, P_s)
+
+                # dP = dO KV_v^T; dS = P * (dP - Delta) * sm_scale.
+                T.gemm(dO_s, KV_s, acc_dp, transpose_B=True, clear_accum=True)
+                for h, j in T.Parallel(block_H, BS):
+                    acc_dp[h, j] = acc_s[h, j] * (acc_dp[h, j] - Delta[r, h]) * sm_scale
+                T.copy(acc_dp, dS_s)
+
+                # dQ += dS KV.
+                T.gemm(dS_s, KV_s, acc_dq)
+                if has_tail:
+                    T.gemm(dS_s, KVt_s, acc_dqt)
+
+                # dKV of this slot block = dS^T Q (all columns) + P^T dO (first Dv).
+                T.gemm(dS_s, Q_s, acc_dkv, transpose_A=True, clear_accum=True)
+                T.gemm(P_s, dO_s, acc_dkv, transpose_A=True)
+                T.copy(acc_dkv, dKV_s)
+                if has_tail:
+                    T.gemm(dS_s, Qt_s, acc_dkvt, transpose_A=True, clear_accum=True)
+                    T.copy(acc_dkvt, dKVt_s)
+
+                if mode == "write":
+                    T.copy(dKV_s, dKV[r, t * BS : (t + 1) * BS, 0:Dv])
+                    if has_tail:
+                        T.copy(dKVt_s, dKV[r, t * BS : (t + 1) * BS, Dv:Dk])
+                elif mode == "accumulate":
+                    for j, d in T.Parallel(BS, Dv):
+                        dKV[r, t * BS + j, d] = dKV[r, t * BS + j, d] + dKV_s[j, d]
+                    if has_tail:
+                        for j, d in T.Parallel(BS, Dt):
+                            dKV[r, t * BS + j, Dv + d] = dKV[r, t * BS + j, Dv + d] + dKVt_s[j, d]
+                else:
+                    for j, d in T.Parallel(BS, Dv):
+                        if (slot[j] >= 0) and (slot[j] < NKV):
+                            T.atomic_add(dKV[slot[j], d], dKV_s[j, d])
+                    if has_tail:
+                        for j, d in T.Parallel(BS, Dt):
+                            if (slot[j] >= 0) and (slot[j] < NKV):
+                                T.atomic_add(dKV[slot[j], Dv + d], dKVt_s[j, d])
+
+            T.copy(acc_dq, dQ_s)
+            T.copy(dQ_s, dQ[r, 0:block_H, 0:Dv])
+            if has_tail:
+                T.copy(acc_dqt, dQt_s)
+                T.copy(dQt_s, dQ[r, 0:block_H, Dv:Dk])
+
+    return main_bwd
+
+
+def dkv_reduce_program(d_k: int, threads: int = 128):
+    """DKVAcc[k, :] += DKVSlot[SlotOfEntry[e] - slot_base, :] for e in [EntryLo[k], EntryHi[k]), in e order."""
+    tilelang, T = _tl()
+    NKV = T.dynamic("NKV")
+    NS = T.dynamic("NS")
+    E = T.dynamic("E")
+    Dk = d_k
+    f32, i32 = "float32", "int32"
+
+    per_thread = (Dk + threads - 1) // threads
+
+    @T.prim_func
+    def dkv_reduce(
+        DKVSlot: T.Tensor((NS, Dk), f32),
+        SlotOfEntry: T.Tensor((E,), i32),
+        EntryLo: T.Tensor((NKV,), i32),
+        EntryHi: T.Tensor((NKV,), i32),
+        DKVAcc: T.Tensor((NKV, Dk), f32),
+        slot_base: T.int32,
+    ):
+        with T.Kernel(NKV, threads=threads) as k:
+            # Column c*threads + tx of kv row k belongs to thread tx: one fp32 chain
+            # per element, added in entry order.
+            acc = T.alloc_local((per_thread,), f32)
+            tx = T.get_thread_binding()
+            for c in T.unroll(per_thread):
+                if c * threads + tx < Dk:
+                    acc[c] = DKVAcc[k, c * threads + tx]
+            for e in T.serial(EntryLo[k], EntryHi[k]):
+                src = SlotOfEntry[e] - slot_base
+                for c in T.unroll(per_thread):
+                    if c * threads + tx < Dk:
+                        acc[c] = acc[c] + DKVSlot[src, c * threads + tx]
+            for c in T.unroll(per_thread):
+                if c * threads + tx < Dk:
+                    DKVAcc[k, c * threads + tx] = acc[c]
+
+    return dkv_reduce
+
+
+def dsink_reduce_program(threads: int = 128):
+    """DSink[h] = sum of DSinkRows[r, h] over r = 0, 1, ..., R-1, in that order, in fp32."""
+    tilelang, T = _tl()
+    R = T.dynamic("R")
+    H = T.dynamic("H")
+    f32 = "float32"
+
+    @T.prim_func
+    def dsink_reduce(DSinkRows: T.Tensor((R, H), f32), DSink: T.Tensor((H,), f32)):
+        with T.Kernel(T.ceildiv(H, threads), threads=threads) as bx:
+            acc = T.alloc_local((1,), f32)
+            tx = T.get_thread_binding()
+            h = bx * threads + tx
+            if h < H:
+                acc[0] = 0.0
+                for r in T.serial(R):
+                    acc[0] = acc[0] + DSinkRows[r, h]
+                DSink[h] = acc[0]
+
+    return dsink_reduce
+
+
+def cast_bf16_program(cols: int, block_rows: int = 16, threads: int = 128):
+    tilelang, T = _tl()
+    N = T.dynamic("N")
+    C = cols
+
+    @T.prim_func
+    def cast_bf16(Src: T.Tensor((N, C), "float32"), Dst: T.Tensor((N, C), "bfloat16")):
+        with T.Kernel(T.ceildiv(N, block_rows), threads=threads) as bx:
+            for i, c in T.Parallel(block_rows, C):
+                if bx * block_rows + i < N:
+                    Dst[bx * block_rows + i, c] = T.cast(Src[bx * block_rows + i, c], "bfloat16")
+
+    return cast_bf16
+
+
+# ---------------------------------------------------------------------------
+# Compilation (cached per configuration).
+# ---------------------------------------------------------------------------
+
+SM90A = {"kind": "cuda", "arch": "sm_90a"}
+
+
+def compile_program(program, target=None):
+    tilelang, _ = _tl()
+    return tilelang.compile(program, target=target or SM90A, pass_configs=_pass_configs(tilelang))
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(kind: str, *key):
+    builders = {
+        "delta": delta_program,
+        "main_bwd": lambda h, dk, dv, mode: main_bwd_program(h, dk, dv, mode=mode),
+        "dkv_reduce": dkv_reduce_program,
+        "dsink_reduce": dsink_reduce_program,
+        "cast_bf16": cast_bf16_program,
+    }
+    return compile_program(builders[kind](*key))
+
+
+def gpu_configs(widths=GPU_WIDTHS, group_widths=(16, 32)):
+    """Every kernel configuration the wrapper can launch for these widths."""
+    yield ("dsink_reduce",)
+    for d_k, d_v in widths:
+        yield ("delta", d_v)
+        yield ("dkv_reduce", d_k)
+        yield ("cast_bf16", d_k)
+        for heads in group_widths:
+            for mode in MAIN_MODES:
+                yield ("main_bwd", heads, d_k, d_v, mode)
+
+
+def _compile_source(config):
+    return config, compiled(*config).get_kernel_source()
+
+
+def precompile(configs, workers: int = 1):
+    """Compile configurations in parallel processes; TileLang's disk cache keeps them.
+
+    Returns {config: CUDA source}.
+    """
+    configs = list(configs)
+    if workers <= 1:
+        return dict(map(_compile_source, configs))
+    import concurrent.futures
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        return dict(pool.map(_compile_source, configs))
+
+
+if __name__ == "__main__":
+    import argparse
+    import time
+
+    parser = argparse.ArgumentParser(description="Compile every kernel configuration for sm_90a (fills the cache).")
+    parser.add_argument("--workers", type=int, default=4)
+    args = parser.parse_args()
+    start = time.time()
+    sources = precompile(gpu_configs(), args.workers)
+    print(f"compiled {len(sources)} kernels in {time.time() - start:.1f} s")

@@ -1,0 +1,168 @@
+"""The launch contract shared by the TileLang kernels and the CPU tile model.
+
+A ``Launcher`` is what the host wrapper drives: one method per kernel, each
+taking exactly the tensors the kernel takes (torch tensors, on the launcher's
+device). The wrapper never computes a gradient itself; it only lays out
+inputs, allocates through ``empty``/``zeros`` and launches.
+
+``COUNTERS`` counts launches and allocations across every launcher, so that a
+test can prove that a rejected call launched and allocated nothing.
+"""
+
+import collections
+import threading
+
+import torch
+
+from . import kernels as K
+
+COUNTERS = collections.Counter()
+_lock = threading.Lock()
+_guards = threading.local()
+
+
+def _count(what: str) -> None:
+    with _lock:
+        COUNTERS[what] += 1
+
+
+class Launcher:
+    """Base class: allocation and accounting. Subclasses implement the kernels."""
+
+    name = "abstract"
+    device = torch.device("cpu")
+    #: True: dKV by per-slot scratch + fixed-order reduction. False: atomics.
+    deterministic = True
+    #: Poison value for uninitialised floating allocations (None: leave as is).
+    poison = None
+
+    def _allocate(self, shape, dtype):
+        _count("allocations")
+        bands = getattr(_guards, "active", None)
+        if bands is not None:
+            return bands.allocate(shape, dtype, self.device)
+        return torch.empty(shape, dtype=dtype, device=self.device)
+
+    def empty(self, shape, dtype):
+        t = self._allocate(shape, dtype)
+        if self.poison is not None and t.is_floating_point():
+            t.fill_(self.poison)
+        return t
+
+    def zeros(self, shape, dtype):
+        return self._allocate(shape, dtype).zero_()
+
+    def launched(self, kernel: str) -> None:
+        _count("launches")
+        _count(f"launch:{kernel}")
+
+    def check_widths(self, d_k: int, d_v: int) -> None:
+        """Raise ValueError for widths this launcher cannot build."""
+
+    # Kernels: see mqa_bwd.kernels for the contract of each.
+    def delta(self, out, grad_out, lse2, sink2, delta, dsink_rows):
+        raise NotImplementedError
+
+    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode):
+        raise NotImplementedError
+
+    def dkv_reduce(self, dkv_slot, slot_of_entry, entry_lo, entry_hi, dkv_acc, slot_base):
+        raise NotImplementedError
+
+    def dsink_reduce(self, dsink_rows, dsink):
+        raise NotImplementedError
+
+    def cast_bf16(self, src, dst):
+        raise NotImplementedError
+
+
+class TileLangLauncher(Launcher):
+    """Launches the compiled TileLang kernels on the current CUDA device."""
+
+    name = "tilelang"
+
+    def __init__(self, deterministic: bool = True, device=None):
+        self.deterministic = deterministic
+        self.name = "tilelang" if deterministic else "tilelang-atomic"
+        self.device = torch.device(device if device is not None else "cuda")
+
+    def check_widths(self, d_k, d_v):
+        if (d_k, d_v) not in K.GPU_WIDTHS:
+            raise ValueError(
+                f"query: width Dk={d_k} with Dv={d_v} cannot be built by the TileLang kernel; "
+                f"supported (Dk, Dv): {list(K.GPU_WIDTHS)}"
+            )
+
+    def delta(self, out, grad_out, lse2, sink2, delta, dsink_rows):
+        kernel = K.compiled("delta", out.shape[2])
+        self.launched("delta")
+        kernel(out, grad_out, lse2, sink2, delta, dsink_rows)
+
+    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode):
+        kernel = K.compiled("main_bwd", q.shape[1], q.shape[2], grad_out.shape[2], mode)
+        self.launched("main_bwd")
+        kernel(q, kv, grad_out, indices, lse2, delta, dq, dkv, float(sm_scale))
+
+    def dkv_reduce(self, dkv_slot, slot_of_entry, entry_lo, entry_hi, dkv_acc, slot_base):
+        kernel = K.compiled("dkv_reduce", dkv_slot.shape[1])
+        self.launched("dkv_reduce")
+        kernel(dkv_slot, slot_of_entry, entry_lo, entry_hi, dkv_acc, int(slot_base))
+
+    def dsink_reduce(self, dsink_rows, dsink):
+        kernel = K.compiled("dsink_reduce")
+        self.launched("dsink_reduce")
+        kernel(dsink_rows, dsink)
+
+    def cast_bf16(self, src, dst):
+        kernel = K.compiled("cast_bf16", src.shape[1])
+        self.launched("cast_bf16")
+        kernel(src, dst)
+
+
+class GuardBands:
+    """Every allocation sits inside a larger one whose margins hold a byte pattern.
+
+    Used as a context manager around a call: all launcher allocations made
+    inside it (scratch, outputs, padded copies) get guard bands, and ``check``
+    compares every margin byte for byte. Inputs can be placed the same way with
+    ``place``.
+    """
+
+    PATTERN = 0xA5
+
+    def __init__(self, margin_bytes: int = 4096):
+        self.margin = margin_bytes
+        self.regions = []  # (label, backing uint8 tensor, start, end)
+
+    def allocate(self, shape, dtype, device, label=None):
+        itemsize = torch.empty((), dtype=dtype).element_size()
+        nbytes = itemsize * int(torch.Size(shape).numel())
+        backing = torch.full((nbytes + 2 * self.margin,), self.PATTERN, dtype=torch.uint8, device=device)
+        inner = backing[self.margin : self.margin + nbytes].view(dtype).view(shape)
+        self.regions.append((label or f"allocation #{len(self.regions)} {tuple(shape)} {dtype}", backing, self.margin, self.margin + nbytes))
+        return inner
+
+    def place(self, t: torch.Tensor, label: str) -> torch.Tensor:
+        """A copy of ``t`` inside a guard-banded allocation."""
+        inner = self.allocate(tuple(t.shape), t.dtype, t.device, label)
+        inner.copy_(t)
+        return inner
+
+    def violations(self):
+        """[(label, side, first bad byte offset, bad byte count)] for every damaged margin."""
+        bad = []
+        for label, backing, start, end in self.regions:
+            for side, band in (("before", backing[:start]), ("after", backing[end:])):
+                wrong = torch.nonzero(band != self.PATTERN).reshape(-1)
+                if wrong.numel():
+                    bad.append((label, side, int(wrong[0]), int(wrong.numel())))
+        return bad
+
+    def __enter__(self):
+        self._previous = getattr(_guards, "active", None)
+        _guards.active = self
+        return self
+
+    def __exit__(self, *exc):
+        _guards.active = self._previous
+        return False

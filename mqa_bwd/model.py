@@ -1,0 +1,209 @@
+"""CPU tile model of the TileLang kernels (``backend="model"``).
+
+Each method takes exactly what the kernel takes and keeps the kernel's launch
+contract: the tile it derives from the shapes it is handed (the main backward
+moves ``main_tile_heads(H)`` head rows whatever H is), the rows it reads and
+writes, the points where it rounds to bf16 (P and dS before the products, dQ
+and dKV at the end) and its explicit reduction orders (dKV entries in CSR
+order, d_sink rows in increasing order). Products inside one tile are done in
+fp32 by torch and are not bit-identical to the tensor cores; everything the
+wrapper controls is.
+
+Every tensor a kernel touches is bounds-checked: touching a row outside it
+raises ``TileBoundsError`` naming the kernel, the tensor and the row. That is
+how the CPU catches the #1784 bug: hand the main backward 8 heads and it asks
+for head row 8 of Q.
+
+``ModelLauncher(deterministic=False)`` is the model of the atomic control: it
+adds the dKV contributions in a fresh random order on every call, as
+contending atomics do, so the determinism property can be seen to catch it
+without a GPU.
+"""
+
+import random
+
+import numpy as np
+import torch
+
+from . import kernels as K
+from .launch import Launcher
+
+
+class TileBoundsError(IndexError):
+    """A kernel touched a row outside a tensor."""
+
+    def __init__(self, kernel: str, tensor: str, row: int, extent: int, axis: str = "row"):
+        self.kernel, self.tensor, self.row, self.extent = kernel, tensor, row, extent
+        super().__init__(f"{kernel}: {tensor} {axis} {row} is outside [0, {extent})")
+
+
+def _check_rows(kernel, tensor, t: torch.Tensor, axis: int, first: int, end: int, axis_name="row"):
+    """The kernel touches indices [first, end) of axis ``axis`` of ``t``."""
+    extent = t.shape[axis]
+    if first < 0:
+        raise TileBoundsError(kernel, tensor, first, extent, axis_name)
+    if end > extent:
+        raise TileBoundsError(kernel, tensor, extent, extent, axis_name)
+
+
+def _check_index_rows(kernel, tensor, t: torch.Tensor, rows: torch.Tensor):
+    """The kernel touches the rows listed in ``rows`` (axis 0) of ``t``."""
+    if rows.numel() == 0:
+        return
+    bad = (rows < 0) | (rows >= t.shape[0])
+    if bool(bad.any()):
+        row = int(rows[bad].reshape(-1)[0])
+        raise TileBoundsError(kernel, tensor, row, t.shape[0])
+
+
+def _shape_is(kernel, tensor, t, shape):
+    if tuple(t.shape) != tuple(shape):
+        # A launch with mismatched buffers would read or write past one of them.
+        raise TileBoundsError(kernel, f"{tensor} (shape {tuple(t.shape)}, launch expects {tuple(shape)})", 0, 0)
+
+
+def _bf16(x: torch.Tensor) -> torch.Tensor:
+    return x.to(torch.bfloat16).to(torch.float32)
+
+
+class ModelLauncher(Launcher):
+    """Runs the kernels' launch contracts on the CPU, bounds-checked."""
+
+    poison = float("nan")
+    #: Query rows processed together (the kernel's CTAs are independent per row).
+    rows_per_step = 64
+
+    def __init__(self, deterministic: bool = True):
+        self.deterministic = deterministic
+        self.name = "model" if deterministic else "model-atomic"
+        self.device = torch.device("cpu")
+
+    # -- delta -------------------------------------------------------------
+    def delta(self, out, grad_out, lse2, sink2, delta, dsink_rows):
+        self.launched("delta")
+        R, H, Dv = out.shape
+        for name, t in (("dO", grad_out),):
+            _shape_is("delta", name, t, (R, H, Dv))
+        for name, t in (("Lse2", lse2), ("Delta", delta), ("DSinkRows", dsink_rows)):
+            _shape_is("delta", name, t, (R, H))
+        _shape_is("delta", "Sink2", sink2, (H,))
+        d = (out.to(torch.float32) * grad_out.to(torch.float32)).sum(-1)
+        delta.copy_(d)
+        dsink_rows.copy_(-torch.exp2(sink2.view(1, H) - lse2) * d)
+
+    # -- main backward -----------------------------------------------------
+    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode):
+        kernel = "main_bwd"
+        self.launched(kernel)
+        R, Hg, Dk = q.shape
+        NKV = kv.shape[0]
+        Dv = grad_out.shape[2]
+        Lp = indices.shape[1]
+        BS = K.BLOCK_SLOTS
+        block_H = K.main_tile_heads(Hg)
+        if Lp % BS:
+            raise TileBoundsError(kernel, "Indices", Lp, Lp - Lp % BS, "slot")
+        # The CTA moves block_H head rows of Q, dO, Lse2 and Delta and stores
+        # block_H rows of dQ, whatever Hg is (the order the kernel touches them).
+        _check_rows(kernel, "Q", q, 1, 0, block_H, "head row")
+        _check_rows(kernel, "dO", grad_out, 1, 0, block_H, "head row")
+        for name, t in (("Indices", indices), ("Lse2", lse2), ("Delta", delta), ("dO", grad_out), ("dQ", dq)):
+            _check_rows(kernel, name, t, 0, 0, R)
+        _check_rows(kernel, "Lse2", lse2, 1, 0, block_H, "head row")
+        _check_rows(kernel, "Delta", delta, 1, 0, block_H, "head row")
+        _check_rows(kernel, "dQ", dq, 1, 0, block_H, "head row")
+        _shape_is(kernel, "KV", kv, (NKV, Dk))
+        if mode == "atomic":
+            _shape_is(kernel, "dKV", dkv, (NKV, Dk))
+        else:
+            _shape_is(kernel, "dKV", dkv, (R, Lp, Dk))
+        if mode == "accumulate" and bool(torch.isnan(dkv).any()):
+            # Accumulating onto scratch nobody wrote: a launch-order bug.
+            raise RuntimeError("main_bwd: accumulate mode read uninitialised dKV slot scratch (NaN poison)")
+
+        scale_log2 = float(sm_scale) * K.LOG2E
+        atomic_parts = []
+        for r0 in range(0, R, self.rows_per_step):
+            r1 = min(R, r0 + self.rows_per_step)
+            qf = q[r0:r1].to(torch.float32)
+            dof = grad_out[r0:r1].to(torch.float32)
+            lse_r = lse2[r0:r1].view(r1 - r0, Hg, 1)
+            delta_r = delta[r0:r1].view(r1 - r0, Hg, 1)
+            acc_dq = torch.zeros((r1 - r0, Hg, Dk), dtype=torch.float32)
+            for t in range(Lp // BS):
+                slot = indices[r0:r1, t * BS : (t + 1) * BS].to(torch.int64)
+                valid = (slot >= 0) & (slot < NKV)
+                kv_t = torch.zeros((r1 - r0, BS, Dk), dtype=torch.float32)
+                rows_read = slot[valid]
+                _check_index_rows(kernel, "KV", kv, rows_read)
+                kv_t[valid] = kv[rows_read].to(torch.float32)
+
+                score = torch.einsum("rhd,rjd->rhj", qf, kv_t)
+                p = torch.where(valid[:, None, :], torch.exp2(score * scale_log2 - lse_r), torch.zeros(()))
+                dp = torch.einsum("rhd,rjd->rhj", dof, kv_t[..., :Dv])
+                ds = p * (dp - delta_r) * float(sm_scale)
+                p_b, ds_b = _bf16(p), _bf16(ds)  # the kernel's P_s and dS_s
+                acc_dq += torch.einsum("rhj,rjd->rhd", ds_b, kv_t)
+                contrib = torch.einsum("rhj,rhd->rjd", ds_b, qf)
+                contrib[..., :Dv] += torch.einsum("rhj,rhd->rjd", p_b, dof)
+                if mode == "write":
+                    dkv[r0:r1, t * BS : (t + 1) * BS] = contrib
+                elif mode == "accumulate":
+                    dkv[r0:r1, t * BS : (t + 1) * BS] += contrib
+                else:
+                    atomic_parts.append((slot[valid], contrib[valid]))
+            dq[r0:r1] = acc_dq.to(torch.bfloat16)
+        if mode == "atomic":
+            self._atomic_add(dkv, atomic_parts)
+
+    @staticmethod
+    def _atomic_add(acc: torch.Tensor, parts):
+        """fp32 adds of every (kv row, contribution) in a fresh random order."""
+        if not parts:
+            return
+        rows = torch.cat([r for r, _ in parts])
+        vals = torch.cat([v for _, v in parts])
+        order = list(range(rows.numel()))
+        random.SystemRandom().shuffle(order)
+        acc_np = acc.numpy()
+        rows_np, vals_np = rows.numpy(), vals.numpy()
+        for i in order:
+            acc_np[rows_np[i]] += vals_np[i]
+
+    # -- dKV reduction -------------------------------------------------------
+    def dkv_reduce(self, dkv_slot, slot_of_entry, entry_lo, entry_hi, dkv_acc, slot_base):
+        kernel = "dkv_reduce"
+        self.launched(kernel)
+        NKV, Dk = dkv_acc.shape
+        _shape_is(kernel, "EntryLo", entry_lo, (NKV,))
+        _shape_is(kernel, "EntryHi", entry_hi, (NKV,))
+        lo = entry_lo.to(torch.int64)
+        hi = entry_hi.to(torch.int64)
+        count = (hi - lo).clamp(min=0)
+        acc = dkv_acc.numpy()
+        slot_np = dkv_slot.numpy()
+        soe = slot_of_entry.to(torch.int64)
+        # Step i adds entry lo[k] + i of every kv row k that has one: per kv row,
+        # the additions happen in entry order, one fp32 chain per element.
+        for i in range(int(count.max()) if count.numel() else 0):
+            rows = torch.nonzero(count > i).reshape(-1)
+            entries = lo[rows] + i
+            _check_index_rows(kernel, "SlotOfEntry", slot_of_entry, entries)
+            src = soe[entries] - int(slot_base)
+            _check_index_rows(kernel, "DKVSlot", dkv_slot, src)
+            acc[rows.numpy()] += slot_np[src.numpy()]
+
+    # -- d_sink reduction ----------------------------------------------------
+    def dsink_reduce(self, dsink_rows, dsink):
+        self.launched("dsink_reduce")
+        _shape_is("dsink_reduce", "DSink", dsink, (dsink_rows.shape[1],))
+        # np.add.accumulate is a sequential scan: rows added in increasing order.
+        rows = dsink_rows.numpy().astype(np.float32)
+        total = np.add.accumulate(rows, axis=0, dtype=np.float32)[-1] if rows.shape[0] else np.zeros(rows.shape[1], np.float32)
+        dsink.copy_(torch.from_numpy(np.ascontiguousarray(total)))
+
+    # -- cast ------------------------------------------------------------------
+    def cast_bf16(self, src, dst):
+        self.launched("cast_bf16")
+        _shape_is("cast_bf16", "Dst", dst, tuple(src.shape))
+        dst.copy_(src.to(torch.bfloat16))

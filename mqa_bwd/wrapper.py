@@ -1,0 +1,361 @@
+"""Host wrapper: ``mqa_latent_sparse_bwd`` as SPEC.md defines it.
+
+Order of work, which the properties rely on:
+  1. framework edge: paddle tensors become torch tensors (DLPack, zero-copy);
+  2. validation, all of it, before any allocation or launch (ValueError naming
+     the argument);
+  3. layout: rows flattened, heads zero-padded to the group width, slots padded
+     with -1 to the kernel's slot block, invalid indices of every kind mapped
+     to -1, kv rows addressed globally (b * S_kv + index);
+  4. launches through a ``Launcher`` (TileLang on a GPU, the tile model on a CPU);
+  5. results sliced back to H and handed back in the caller's framework.
+
+dKV is deterministic by construction on the deterministic launchers: the main
+kernel writes each query row's per-slot contributions to scratch, and
+``dkv_reduce`` adds them into an fp32 accumulator per kv row in the order of a
+CSR built from the indices alone (sorted by (kv row, flat slot position)).
+Query rows are processed in chunks that fit ``dkv_buf_bytes``; each chunk
+continues the same accumulator in the same global order, so dq, dkv and
+d_attn_sink are bitwise identical for every budget.
+"""
+
+import dataclasses
+import math
+import numbers
+
+import torch
+
+from . import kernels as K
+from . import launch as L
+
+BLOCK_H_CHOICES = (16, 32)
+DEFAULT_DKV_BUF_BYTES = 4 << 30
+PAD_SINK = -1e30
+INT32_MAX = 2**31 - 1
+
+_FLOAT_DTYPES_BF16 = "bfloat16"
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    B: int
+    S: int
+    S_kv: int
+    H: int
+    L: int
+    d_k: int
+    d_v: int
+    block_h: int
+    dkv_buf_bytes: int
+    #: False reproduces the #1784 wrapper for the CPU model's self-test: a head
+    #: count below block_h goes to the kernel as one group of H heads, unpadded.
+    pad_heads: bool = True
+
+    @property
+    def group_width(self) -> int:
+        if not self.pad_heads and self.H < self.block_h:
+            return self.H
+        return self.block_h
+
+    @property
+    def groups(self) -> int:
+        return -(-self.H // self.group_width)
+
+    @property
+    def padded_heads(self) -> int:
+        return self.groups * self.group_width
+
+    @property
+    def padded_slots(self) -> int:
+        return -(-self.L // K.BLOCK_SLOTS) * K.BLOCK_SLOTS
+
+    @property
+    def rows(self) -> int:
+        return self.B * self.S
+
+    @property
+    def slot_row_bytes(self) -> int:
+        """Scratch bytes one query row needs for its per-slot dKV contributions."""
+        return self.padded_slots * self.d_k * 4
+
+    @property
+    def rows_per_chunk(self) -> int:
+        return max(1, min(self.rows, self.dkv_buf_bytes // self.slot_row_bytes))
+
+
+# ---------------------------------------------------------------------------
+# Framework edge
+# ---------------------------------------------------------------------------
+
+
+def _framework(x) -> str | None:
+    if isinstance(x, torch.Tensor):
+        return "torch"
+    mod = type(x).__module__ or ""
+    if mod.startswith("paddle"):
+        return "paddle"
+    return None
+
+
+def _to_torch(name, x):
+    fw = _framework(x)
+    if fw == "torch":
+        return x
+    if fw == "paddle":
+        return torch.from_dlpack(x)
+    raise ValueError(f"{name}: expected a torch or paddle tensor, got {type(x).__name__}")
+
+
+def _from_torch(t: torch.Tensor, framework: str):
+    if framework == "torch":
+        return t
+    import paddle
+
+    return paddle.utils.dlpack.from_dlpack(t.contiguous())
+
+
+# ---------------------------------------------------------------------------
+# Validation (no allocation, no launch)
+# ---------------------------------------------------------------------------
+
+
+def _require_rank(name, t, rank, dims):
+    if t.dim() != rank:
+        raise ValueError(f"{name}: expected rank {rank} [{dims}], got shape {tuple(t.shape)}")
+
+
+def _require_shape(name, t, expected, dims):
+    if tuple(t.shape) != tuple(expected):
+        raise ValueError(f"{name}: expected shape {tuple(expected)} [{dims}], got {tuple(t.shape)}")
+
+
+def _require_dtype(name, t, dtype):
+    if t.dtype != dtype:
+        raise ValueError(f"{name}: expected dtype {dtype}, got {t.dtype}")
+
+
+def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h, dkv_buf_bytes, launcher):
+    """Check every argument; return the Problem. Raises ValueError naming the argument."""
+    for name, t in (("query", query), ("kv", kv), ("out", out), ("grad_out", grad_out)):
+        _require_dtype(name, t, torch.bfloat16)
+    _require_rank("query", query, 4, "B,S,H,Dk")
+    B, S, H, d_k = query.shape
+    _require_rank("kv", kv, 3, "B,S_kv,Dk")
+    if kv.shape[0] != B:
+        raise ValueError(f"kv: batch {kv.shape[0]} != query batch {B}")
+    if kv.shape[2] != d_k:
+        raise ValueError(f"kv: width {kv.shape[2]} != query width Dk={d_k}")
+    S_kv = kv.shape[1]
+    _require_rank("out", out, 4, "B,S,H,Dv")
+    d_v = out.shape[3]
+    _require_shape("out", out, (B, S, H, d_v), "B,S,H,Dv")
+    _require_rank("grad_out", grad_out, 4, "B,S,H,Dv")
+    _require_shape("grad_out", grad_out, (B, S, H, d_v), "B,S,H,Dv")
+    if d_v > d_k:
+        raise ValueError(f"out: value width Dv={d_v} exceeds Dk={d_k}")
+    _require_rank("lse", lse, 3, "B,S,H")
+    _require_shape("lse", lse, (B, S, H), "B,S,H")
+    _require_dtype("lse", lse, torch.float32)
+    if attn_sink is not None:
+        _require_rank("attn_sink", attn_sink, 1, "H")
+        _require_shape("attn_sink", attn_sink, (H,), "H")
+        _require_dtype("attn_sink", attn_sink, torch.float32)
+    _require_rank("token_indices", token_indices, 3, "B,S,L")
+    if token_indices.dtype not in (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8):
+        raise ValueError(f"token_indices: expected an integer dtype (int32 or int64), got {token_indices.dtype}")
+    if tuple(token_indices.shape[:2]) != (B, S):
+        raise ValueError(f"token_indices: expected shape ({B}, {S}, L) [B,S,L], got {tuple(token_indices.shape)}")
+    L_ = token_indices.shape[2]
+    for name, n in (("query", B), ("query", S), ("query", H), ("query", d_k), ("kv", S_kv), ("out", d_v), ("token_indices", L_)):
+        if n < 1:
+            raise ValueError(f"{name}: every dimension must be >= 1, got {n}")
+    if d_k % 16 or d_v % 16:
+        raise ValueError(f"query: widths must be multiples of 16, got Dk={d_k}, Dv={d_v}")
+    launcher.check_widths(d_k, d_v)
+
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real) or not math.isfinite(sm_scale) or sm_scale <= 0:
+        raise ValueError(f"sm_scale: expected a finite positive number, got {sm_scale!r}")
+
+    if block_h is None:
+        block_h = 32 if H % 32 == 0 else 16
+    elif isinstance(block_h, bool) or not isinstance(block_h, numbers.Integral) or block_h not in BLOCK_H_CHOICES:
+        raise ValueError(
+            f"block_h: must be one of {BLOCK_H_CHOICES} (the widths for which the kernel's own head tile "
+            f"equals the group width), got {block_h!r}"
+        )
+
+    if dkv_buf_bytes is None:
+        dkv_buf_bytes = DEFAULT_DKV_BUF_BYTES
+    elif isinstance(dkv_buf_bytes, bool) or not isinstance(dkv_buf_bytes, numbers.Integral) or dkv_buf_bytes <= 0:
+        raise ValueError(f"dkv_buf_bytes: expected a positive integer, got {dkv_buf_bytes!r}")
+
+    problem = Problem(B, S, S_kv, H, L_, d_k, d_v, int(block_h), int(dkv_buf_bytes))
+    if launcher.deterministic and problem.slot_row_bytes > problem.dkv_buf_bytes:
+        raise ValueError(
+            f"dkv_buf_bytes: {dkv_buf_bytes} cannot hold one query row's slot scratch "
+            f"({problem.slot_row_bytes} bytes = padded L {problem.padded_slots} x Dk {d_k} x 4)"
+        )
+    if problem.rows * problem.padded_slots > INT32_MAX:
+        raise ValueError(f"token_indices: B*S*L = {problem.rows * problem.padded_slots} slots exceed int32 addressing")
+    if B * S_kv > INT32_MAX:
+        raise ValueError(f"kv: B*S_kv = {B * S_kv} rows exceed int32 addressing")
+
+    device = query.device
+    for name, t in (("kv", kv), ("out", out), ("grad_out", grad_out), ("lse", lse), ("attn_sink", attn_sink), ("token_indices", token_indices)):
+        if t is not None and t.device != device:
+            raise ValueError(f"{name}: on {t.device}, but query is on {device}")
+    if device != launcher.device and not (device.type == launcher.device.type == "cuda"):
+        raise ValueError(f"query: on {device}, but backend {launcher.name!r} runs on {launcher.device}")
+    return problem
+
+
+# ---------------------------------------------------------------------------
+# Layout and launches
+# ---------------------------------------------------------------------------
+
+
+def _pad_heads(x: torch.Tensor, padded: int, value: float, launcher) -> torch.Tensor:
+    """[R, H, ...] -> [R, padded, ...], pad heads filled with ``value``."""
+    H = x.shape[1]
+    if H == padded:
+        return x.contiguous()
+    y = launcher.empty((x.shape[0], padded) + tuple(x.shape[2:]), x.dtype)
+    y[:, :H] = x
+    y[:, H:] = value
+    return y
+
+
+def _grouped(x: torch.Tensor, groups: int, width: int) -> torch.Tensor:
+    """[R, G*width, ...] -> [G, R, width, ...], each group contiguous."""
+    R = x.shape[0]
+    y = x.reshape((R, groups, width) + tuple(x.shape[2:])).transpose(0, 1)
+    return y.contiguous()
+
+
+def global_slots(token_indices: torch.Tensor, p: Problem) -> torch.Tensor:
+    """[B,S,L] any integer -> [R, Lp] int32: b*S_kv + index when 0 <= index < S_kv, else -1."""
+    idx = token_indices.to(torch.int64)
+    valid = (idx >= 0) & (idx < p.S_kv)
+    base = (torch.arange(p.B, device=idx.device, dtype=torch.int64) * p.S_kv).view(p.B, 1, 1)
+    g = torch.where(valid, idx + base, torch.full_like(idx, -1)).reshape(p.rows, p.L)
+    if p.padded_slots != p.L:
+        g = torch.nn.functional.pad(g, (0, p.padded_slots - p.L), value=-1)
+    return g.to(torch.int32).contiguous()
+
+
+@dataclasses.dataclass
+class SlotCSR:
+    """Valid slots sorted by (kv row, flat slot position r*Lp + j): the fixed dKV reduction order."""
+
+    keys: torch.Tensor  # int64, sorted: kv_row * (R*Lp) + position
+    slot_of_entry: torch.Tensor  # int32 flat slot position of each entry
+    span: int  # R * Lp
+
+    @classmethod
+    def build(cls, slots: torch.Tensor) -> "SlotCSR":
+        flat = slots.reshape(-1).to(torch.int64)
+        span = flat.numel()
+        position = torch.nonzero(flat >= 0).reshape(-1)
+        # Keys are unique (positions are), so every correct sort gives the same order.
+        keys, _ = torch.sort(flat[position] * span + position)
+        return cls(keys=keys, slot_of_entry=(keys % span).to(torch.int32), span=span)
+
+    def bounds(self, nkv: int, first_position: int, end_position: int):
+        """Entry ranges [lo, hi) per kv row for slot positions in [first, end)."""
+        rows = torch.arange(nkv, device=self.keys.device, dtype=torch.int64) * self.span
+        lo = torch.searchsorted(self.keys, rows + first_position)
+        hi = torch.searchsorted(self.keys, rows + end_position)
+        return lo.to(torch.int32), hi.to(torch.int32)
+
+
+def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, launcher: L.Launcher):
+    """Lay out, launch, and return (dq, dkv, d_sink) as torch tensors on the launcher's device."""
+    R, Hp, G, bh, Lp = p.rows, p.padded_heads, p.groups, p.group_width, p.padded_slots
+    NKV = p.B * p.S_kv
+    f32 = torch.float32
+
+    q = _pad_heads(query.reshape(R, p.H, p.d_k), Hp, 0.0, launcher)
+    o = _pad_heads(out.reshape(R, p.H, p.d_v), Hp, 0.0, launcher)
+    do = _pad_heads(grad_out.reshape(R, p.H, p.d_v), Hp, 0.0, launcher)
+    lse_p = _pad_heads(lse.reshape(R, p.H).to(f32), Hp, 0.0, launcher)
+    if attn_sink is None:
+        sink = torch.full((p.H,), -math.inf, dtype=f32, device=query.device)
+    else:
+        sink = attn_sink.to(f32)
+    sink_p = _pad_heads(sink.reshape(1, p.H), Hp, PAD_SINK, launcher).reshape(Hp)
+
+    # Kernel convention: base 2, sink-inclusive. A row with no valid slot
+    # (lse = -inf) has zero gradients, the sink's too: Lse2 = +inf there makes
+    # both P and p_sink exactly 0, with or without a sink, and never NaN.
+    lse2 = torch.logaddexp(lse_p, sink_p.view(1, Hp)) * K.LOG2E
+    lse2 = torch.where(lse_p == -math.inf, torch.full_like(lse2, math.inf), lse2).contiguous()
+    sink2 = (sink_p * K.LOG2E).contiguous()
+    kv2 = kv.reshape(NKV, p.d_k).contiguous()
+    slots = global_slots(token_indices, p)
+
+    delta = launcher.empty((R, Hp), f32)
+    dsink_rows = launcher.empty((R, Hp), f32)
+    launcher.delta(o, do, lse2, sink2, delta, dsink_rows)
+
+    qg, dog = _grouped(q, G, bh), _grouped(do, G, bh)
+    lse2g, deltag = _grouped(lse2, G, bh), _grouped(delta, G, bh)
+    dqg = launcher.empty((G, R, bh, p.d_k), torch.bfloat16)
+    dkv_acc = launcher.zeros((NKV, p.d_k), f32)
+
+    if launcher.deterministic:
+        csr = SlotCSR.build(slots)
+        chunk = p.rows_per_chunk
+        slot_buf = launcher.empty((chunk, Lp, p.d_k), f32)
+        for r0 in range(0, R, chunk):
+            r1 = min(R, r0 + chunk)
+            buf = slot_buf[: r1 - r0]
+            for g in range(G):
+                launcher.main_bwd(
+                    qg[g, r0:r1], kv2, dog[g, r0:r1], slots[r0:r1], lse2g[g, r0:r1], deltag[g, r0:r1],
+                    dqg[g, r0:r1], buf, sm_scale=sm_scale, mode="write" if g == 0 else "accumulate",
+                )
+            lo, hi = csr.bounds(NKV, r0 * Lp, r1 * Lp)
+            launcher.dkv_reduce(buf.view((r1 - r0) * Lp, p.d_k), csr.slot_of_entry, lo, hi, dkv_acc, r0 * Lp)
+    else:
+        for g in range(G):
+            launcher.main_bwd(
+                qg[g], kv2, dog[g], slots, lse2g[g], deltag[g], dqg[g], dkv_acc, sm_scale=sm_scale, mode="atomic"
+            )
+
+    dsink = launcher.empty((Hp,), f32)
+    launcher.dsink_reduce(dsink_rows, dsink)
+    dkv = launcher.empty((NKV, p.d_k), torch.bfloat16)
+    launcher.cast_bf16(dkv_acc, dkv)
+
+    dq = dqg.transpose(0, 1).reshape(R, Hp, p.d_k)[:, : p.H].reshape(p.B, p.S, p.H, p.d_k).contiguous()
+    return dq, dkv.view(p.B, p.S_kv, p.d_k), dsink[: p.H].contiguous()
+
+
+def mqa_latent_sparse_bwd(
+    query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, *, block_h=None, dkv_buf_bytes=None, backend=None
+):
+    """Backward of sparse absorbed MQA with an attention sink. See SPEC.md.
+
+    Returns (dq [B,S,H,Dk] bf16, dkv [B,S_kv,Dk] bf16, d_attn_sink [H] fp32) in
+    the caller's framework and on its device.
+    """
+    from .backends import get_launcher
+
+    framework = _framework(query)
+    named = {
+        "query": query, "kv": kv, "out": out, "grad_out": grad_out, "lse": lse, "token_indices": token_indices,
+    }
+    tensors = {name: _to_torch(name, x) for name, x in named.items()}
+    sink = None if attn_sink is None else _to_torch("attn_sink", attn_sink)
+    if framework is None:
+        raise ValueError(f"query: expected a torch or paddle tensor, got {type(query).__name__}")
+    launcher = get_launcher(backend, tensors["query"].device)
+    p = validate(
+        tensors["query"], tensors["kv"], tensors["out"], tensors["grad_out"], tensors["lse"], sink,
+        tensors["token_indices"], sm_scale, block_h, dkv_buf_bytes, launcher,
+    )
+    dq, dkv, dsink = run(
+        p, tensors["query"], tensors["kv"], tensors["out"], tensors["grad_out"], tensors["lse"], sink,
+        tensors["token_indices"], float(sm_scale), launcher,
+    )
+    return tuple(_from_torch(t, framework) for t in (dq, dkv, dsink))

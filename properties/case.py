@@ -1,0 +1,186 @@
+"""A test case: a few numbers that build the same tensors on any machine.
+
+A ``Case`` is frozen and round-trips through JSON. Its tensors are derived
+from its seed with NumPy's PCG64 (bf16-exact values), so the same case gives
+the same bits in torch, paddle or NumPy, on a CPU or a GPU. ``out`` and ``lse``
+come from the float32 oracle forward (``out`` rounded to bf16, as a forward
+kernel would return it).
+"""
+
+import dataclasses
+import json
+
+import ml_dtypes
+import numpy as np
+
+import oracle
+
+INT32_MIN = -(2**31)
+INT32_MAX = 2**31 - 1
+
+#: Every kind of invalid index SPEC.md names (anything outside [0, S_kv)).
+INVALID_KINDS = ("minus_one", "int32_min", "negative", "s_kv", "above_s_kv", "int32_max")
+PATTERNS = ("random", "causal")
+SINKS = ("none", "neg_inf", "neg_1e30", "random", "large")
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    B: int = 1
+    S: int = 4
+    S_kv: int = 16
+    H: int = 16
+    L: int = 8
+    d_k: int = 64
+    d_v: int = 32
+    pattern: str = "random"  # how valid slots are chosen: PATTERNS
+    invalid: tuple = ()  # kinds of invalid index sprinkled in: INVALID_KINDS
+    hole_rate: float = 0.0  # fraction of slots made invalid
+    duplicates: bool = False  # copy some slots' indices onto others in the row
+    empty_rows: int = 0  # rows (b, s) with no valid slot at all
+    sink: str = "random"  # SINKS
+    seed: int = 0
+
+    def __post_init__(self):
+        object.__setattr__(self, "invalid", tuple(self.invalid))
+        for name in ("B", "S", "S_kv", "H", "L", "d_k", "d_v"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: must be >= 1")
+        if self.pattern not in PATTERNS:
+            raise ValueError(f"pattern: one of {PATTERNS}")
+        if self.sink not in SINKS:
+            raise ValueError(f"sink: one of {SINKS}")
+        for k in self.invalid:
+            if k not in INVALID_KINDS:
+                raise ValueError(f"invalid: {k!r} not in {INVALID_KINDS}")
+
+    # -- serialisation ---------------------------------------------------
+    def to_json(self) -> str:
+        return json.dumps(dataclasses.asdict(self), sort_keys=True)
+
+    @classmethod
+    def from_json(cls, text: str) -> "Case":
+        return cls(**json.loads(text))
+
+    def replace(self, **changes) -> "Case":
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def sm_scale(self) -> float:
+        return float(self.d_k) ** -0.5
+
+    # -- tensors ---------------------------------------------------------
+    def _rng(self, stream: int) -> np.random.Generator:
+        return np.random.Generator(np.random.PCG64([self.seed, stream]))
+
+    def indices(self) -> np.ndarray:
+        rng = self._rng(1)
+        B, S, S_kv, L = self.B, self.S, self.S_kv, self.L
+        if self.pattern == "random":
+            idx = rng.integers(0, S_kv, size=(B, S, L), dtype=np.int64)
+        else:  # causal top-k: row s sees kv rows [0, s + S_kv - S], distinct, -1 beyond
+            idx = np.full((B, S, L), -1, dtype=np.int64)
+            for b in range(B):
+                for s in range(S):
+                    visible = max(1, s + S_kv - S + 1)
+                    chosen = rng.permutation(visible)[:L]
+                    idx[b, s, : len(chosen)] = chosen
+        if self.duplicates and L > 1:
+            src = rng.integers(0, L, size=(B, S, L))
+            take = rng.random((B, S, L)) < 0.3
+            idx = np.where(take, np.take_along_axis(idx, src, axis=2), idx)
+        if self.invalid and self.hole_rate > 0:
+            holes = rng.random((B, S, L)) < self.hole_rate
+            kinds = rng.integers(0, len(self.invalid), size=(B, S, L))
+            values = np.stack([self._invalid_values(k, rng, (B, S, L)) for k in self.invalid])
+            idx = np.where(holes, np.take_along_axis(values, kinds[None], axis=0)[0], idx)
+        if self.empty_rows:
+            rows = rng.choice(B * S, size=min(self.empty_rows, B * S), replace=False)
+            kind = self.invalid[0] if self.invalid else "minus_one"
+            flat = idx.reshape(B * S, L)
+            flat[rows] = self._invalid_values(kind, rng, (len(rows), L))
+        return idx.astype(np.int32)
+
+    def _invalid_values(self, kind, rng, shape):
+        S_kv = self.S_kv
+        if kind == "minus_one":
+            return np.full(shape, -1, np.int64)
+        if kind == "int32_min":
+            return np.full(shape, INT32_MIN, np.int64)
+        if kind == "negative":
+            return -rng.integers(2, 1 << 20, size=shape)
+        if kind == "s_kv":
+            return np.full(shape, S_kv, np.int64)
+        if kind == "above_s_kv":
+            return S_kv + rng.integers(1, 1 << 20, size=shape)
+        return np.full(shape, INT32_MAX, np.int64)
+
+    def attn_sink(self):
+        if self.sink == "none":
+            return None
+        if self.sink == "neg_inf":
+            return np.full(self.H, -np.inf, np.float32)
+        if self.sink == "neg_1e30":
+            return np.full(self.H, -1e30, np.float32)
+        rng = self._rng(2)
+        if self.sink == "random":
+            return rng.normal(0.0, 1.0, self.H).astype(np.float32)
+        return rng.uniform(20.0, 40.0, self.H).astype(np.float32)  # "large": the sink dominates
+
+    def inputs(self) -> dict:
+        """NumPy inputs of the SPEC signature (bf16 as ml_dtypes.bfloat16)."""
+        bf16 = ml_dtypes.bfloat16
+        rng = self._rng(0)
+        q = rng.standard_normal((self.B, self.S, self.H, self.d_k), dtype=np.float32).astype(bf16)
+        kv = rng.standard_normal((self.B, self.S_kv, self.d_k), dtype=np.float32).astype(bf16)
+        grad_out = rng.standard_normal((self.B, self.S, self.H, self.d_v), dtype=np.float32).astype(bf16)
+        idx = self.indices()
+        sink = self.attn_sink()
+        out, lse = oracle.forward(q, kv, idx, sink, self.sm_scale, self.d_v)
+        return {
+            "query": q,
+            "kv": kv,
+            "out": out.astype(bf16),
+            "grad_out": grad_out,
+            "lse": lse.astype(np.float32),
+            "attn_sink": sink,
+            "token_indices": idx,
+            "sm_scale": self.sm_scale,
+        }
+
+
+def expected(inputs: dict):
+    """(float64 oracle, bf16 baseline) gradients for a case's inputs."""
+    args = (
+        inputs["query"], inputs["kv"], inputs["out"], inputs["grad_out"], inputs["lse"],
+        inputs["attn_sink"], inputs["token_indices"], inputs["sm_scale"],
+    )
+    return oracle.backward(*args, precision="float64"), oracle.backward_bf16_baseline(*args)
+
+
+def to_framework(inputs: dict, framework: str = "torch", device: str = "cpu") -> dict:
+    """NumPy inputs -> torch or paddle tensors (bf16 bits preserved)."""
+    out = {}
+    for name, value in inputs.items():
+        if value is None or name == "sm_scale":
+            out[name] = value
+            continue
+        if framework == "torch":
+            import torch
+
+            if value.dtype == ml_dtypes.bfloat16:
+                t = torch.from_numpy(value.view(np.int16).copy()).view(torch.bfloat16)
+            else:
+                t = torch.from_numpy(np.ascontiguousarray(value))
+            out[name] = t.to(device)
+        elif framework == "paddle":
+            import paddle
+
+            if value.dtype == ml_dtypes.bfloat16:
+                t = paddle.to_tensor(value.view(np.uint16)).view(paddle.bfloat16)
+            else:
+                t = paddle.to_tensor(np.ascontiguousarray(value))
+            out[name] = t
+        else:
+            raise ValueError(f"framework: {framework!r}")
+    return out

@@ -1,0 +1,82 @@
+"""The TileLang kernels on a Hopper GPU: agreement, memory safety, determinism.
+
+Skipped with a reason on machines without a Hopper GPU and tilelang (CI).
+Run on the H200 with: ``pytest -m gpu tests/test_gpu_kernels.py``.
+"""
+
+import itertools
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from mqa_bwd import backends, launch, mqa_latent_sparse_bwd  # noqa: E402
+from mqa_bwd.bench import production_inputs  # noqa: E402
+from properties.case import INVALID_KINDS, Case, expected, to_framework  # noqa: E402
+from properties.compare import compare, first_difference  # noqa: E402
+
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(not backends.hopper_available(), reason="needs a Hopper (sm_90) CUDA GPU and tilelang"),
+]
+
+HEADS = (1, 2, 3, 5, 8, 13, 16, 17, 24, 31, 32, 33, 40, 48, 57, 63, 64, 65, 96, 127, 128)
+SLOTS = (1, 31, 32, 33, 129, 2048)
+SINKS = ("none", "random", "neg_inf", "neg_1e30", "large")
+
+
+def _grid_cases():
+    for n, (H, L) in enumerate(itertools.product(HEADS, SLOTS)):
+        yield Case(
+            B=2 if n % 3 == 0 else 1, S=3, S_kv=max(64, L + 7), H=H, L=L, d_k=576, d_v=512,
+            pattern="causal" if n % 2 else "random", invalid=INVALID_KINDS, hole_rate=0.2,
+            duplicates=n % 4 == 1, empty_rows=1, sink=SINKS[n % len(SINKS)], seed=n,
+        )
+
+
+def _run(host: dict, backend="tilelang", guards=None, **kw):
+    inputs = to_framework(host, "torch", "cuda")
+    if guards is not None:
+        inputs = {k: (guards.place(v, k) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
+    args = [inputs[k] for k in ("query", "kv", "out", "grad_out", "lse", "attn_sink", "token_indices", "sm_scale")]
+    return inputs, mqa_latent_sparse_bwd(*args, backend=backend, **kw)
+
+
+@pytest.mark.parametrize("case", list(_grid_cases()), ids=lambda c: f"H{c.H}-L{c.L}-{c.sink}")
+def test_agrees_with_oracle_inside_guard_bands(case):
+    host = case.inputs()
+    with launch.GuardBands() as guards:
+        inputs, (dq, dkv, dsink) = _run(host, guards=guards)
+        torch.cuda.synchronize()
+    damaged = guards.violations()
+    assert not damaged, f"guard bands damaged: {damaged}\nREPRO: {case.to_json()}"
+    assert dq.shape == (case.B, case.S, case.H, 576) and dq.dtype == torch.bfloat16
+    assert dkv.shape == (case.B, case.S_kv, 576) and dkv.dtype == torch.bfloat16
+    assert dsink.shape == (case.H,) and dsink.dtype == torch.float32
+    (dq64, dkv64, ds64), (dqb, dkvb, dsb) = expected(host)
+    reports = [compare("dq", dq, dq64, dqb), compare("dkv", dkv, dkv64, dkvb)]
+    if case.sink != "none":
+        reports.append(compare("d_attn_sink", dsink, ds64, dsb))
+    bad = [r.report() for r in reports if not r.ok]
+    assert not bad, "\n".join(bad) + f"\nREPRO: {case.to_json()}"
+
+
+@pytest.mark.determinism
+@pytest.mark.slow
+def test_bitwise_identical_over_100_reruns_and_atomic_control_differs():
+    args = production_inputs(B=1, S=4096, S_kv=8192, H=64, L=2048)
+    runs = [mqa_latent_sparse_bwd(*args, backend="tilelang") for _ in range(100)]
+    for i, name in enumerate(("dq", "dkv", "d_attn_sink")):
+        diff = first_difference(name, [r[i] for r in runs])
+        assert diff is None, diff
+    atomic = [mqa_latent_sparse_bwd(*args, backend="tilelang-atomic") for _ in range(10)]
+    assert first_difference("dkv", [r[1] for r in atomic]) is not None, "the atomic control was bitwise stable"
+
+
+@pytest.mark.determinism
+def test_budget_invariance_on_gpu():
+    args = production_inputs(B=1, S=512, S_kv=1024, H=64, L=2048)
+    whole = mqa_latent_sparse_bwd(*args, backend="tilelang")
+    chunked = mqa_latent_sparse_bwd(*args, backend="tilelang", dkv_buf_bytes=37 * 2048 * 576 * 4)
+    for name, a, b in zip(("dq", "dkv", "d_attn_sink"), whole, chunked):
+        assert torch.equal(a, b), f"{name} changed with the scratch budget"
