@@ -362,6 +362,33 @@ def gpu_configs(widths=GPU_WIDTHS, group_widths=(16, 32)):
                 yield ("main_bwd", heads, d_k, d_v, mode)
 
 
+def ptx_of(config) -> str:
+    """PTX of a compiled configuration, assembled with the machine's nvcc (no GPU needed).
+
+    PTX shows every atomic the kernel can issue (atom.*, red.*), whether it came
+    from the kernel body or from a library template it includes.
+    """
+    import os
+    import subprocess
+    import tempfile
+
+    from tilelang import env
+
+    source = compiled(*config).get_kernel_source()
+    nvcc = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
+    with tempfile.TemporaryDirectory() as tmp:
+        cu, ptx = os.path.join(tmp, "kernel.cu"), os.path.join(tmp, "kernel.ptx")
+        with open(cu, "w") as f:
+            f.write(source)
+        subprocess.run(
+            [nvcc, "-ptx", "-std=c++17", "-gencode=arch=compute_90a,code=compute_90a", "-DENABLE_BF16",
+             "-I" + env.TILELANG_TEMPLATE_PATH, "-I" + env.CUTLASS_INCLUDE_DIR, "-w", cu, "-o", ptx],
+            check=True, capture_output=True, text=True,
+        )
+        with open(ptx) as f:
+            return f.read()
+
+
 def _compile_source(config):
     return config, compiled(*config).get_kernel_source()
 

@@ -1,0 +1,51 @@
+"""Every TileLang kernel lowers and compiles for sm_90a with this machine's nvcc,
+and only the atomic control can issue an atomic: a change that brings atomics
+back into the deterministic path fails here, without a GPU."""
+
+import re
+import shutil
+
+import pytest
+
+pytest.importorskip("tilelang")
+
+from mqa_bwd import kernels as K  # noqa: E402
+
+pytestmark = pytest.mark.skipif(
+    shutil.which("nvcc") is None and not __import__("os").path.exists("/usr/local/cuda/bin/nvcc"),
+    reason="needs nvcc (CUDA_HOME=/usr/local/cuda) to compile for sm_90a",
+)
+
+ATOMIC_PTX = re.compile(r"\b(?:atom|red)\.[a-z0-9.]+")
+CONFIGS = list(K.gpu_configs())
+
+
+def _id(config):
+    return "-".join(str(c) for c in config)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=_id)
+def test_kernel_compiles_for_sm90a(config):
+    kernel = K.compiled(*config)
+    source = kernel.get_kernel_source()
+    assert "__global__" in source
+    is_atomic = config[0] == "main_bwd" and config[-1] == "atomic"
+    assert ("atomic" in source.lower()) == is_atomic, f"{_id(config)}: atomic in CUDA source = {not is_atomic}"
+
+
+# PTX of the kernels that touch dKV: the main backward in every mode and the reduction.
+DKV_CONFIGS = [c for c in CONFIGS if c[0] in ("main_bwd", "dkv_reduce")]
+
+
+@pytest.mark.parametrize("config", DKV_CONFIGS, ids=_id)
+def test_only_the_atomic_control_has_atomic_instructions(config):
+    found = sorted(set(ATOMIC_PTX.findall(K.ptx_of(config))))
+    if config[-1] == "atomic":
+        assert any(op.startswith(("atom.global.add", "red.global.add")) for op in found), found
+    else:
+        assert found == [], f"{_id(config)} issues atomics: {found}"
+
+
+def test_head_tile_rule():
+    # SPEC: padded_H = max(next_power_of_2(H), 16), block_H = min(64, padded_H).
+    assert [K.main_tile_heads(h) for h in (1, 8, 15, 16, 17, 32, 33, 64, 65, 128)] == [16, 16, 16, 16, 32, 32, 64, 64, 64, 64]

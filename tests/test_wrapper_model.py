@@ -1,0 +1,229 @@
+"""The host wrapper on the CPU tile model: agreement with the oracle over edge
+shapes, budget invariance, the #1784 bug caught by the bounds-checked model,
+rejections before any launch, framework round trips."""
+
+import itertools
+
+import numpy as np
+import pytest
+import torch
+
+import mqa_bwd
+from mqa_bwd import launch, wrapper
+from mqa_bwd.model import ModelLauncher, TileBoundsError
+from properties.case import INVALID_KINDS, SINKS, Case, expected, to_framework
+from properties.compare import compare, first_difference
+
+ARGS = ("query", "kv", "out", "grad_out", "lse", "attn_sink", "token_indices", "sm_scale")
+HEADS = (1, 2, 3, 5, 8, 13, 16, 17, 24, 31, 32, 33, 40, 48, 57, 63, 64, 65, 96, 127, 128)
+SLOTS = (1, 31, 32, 33, 129)
+
+
+def call(inputs, **kw):
+    return mqa_bwd.mqa_latent_sparse_bwd(*[inputs[k] for k in ARGS], **kw)
+
+
+def edge_cases():
+    widths = ((16, 16), (32, 16), (64, 32), (48, 48))
+    for n, (H, L) in enumerate(zip(HEADS, itertools.cycle(SLOTS))):
+        d_k, d_v = widths[n % len(widths)]
+        yield Case(
+            B=1 + n % 2, S=2 + n % 3, S_kv=1 if n % 7 == 3 else 5 + n % 11, H=H, L=L, d_k=d_k, d_v=d_v,
+            pattern=("random", "causal")[n % 2], invalid=INVALID_KINDS, hole_rate=0.25, duplicates=n % 3 == 0,
+            empty_rows=n % 2, sink=SINKS[n % len(SINKS)], seed=1000 + n,
+        )
+
+
+@pytest.mark.parametrize("case", list(edge_cases()), ids=lambda c: f"H{c.H}-L{c.L}-Skv{c.S_kv}-{c.sink}")
+def test_model_agrees_with_oracle(case):
+    host = case.inputs()
+    dq, dkv, dsink = call(to_framework(host), backend="model")
+    (dq64, dkv64, ds64), (dqb, dkvb, dsb) = expected(host)
+    reports = [compare("dq", dq, dq64, dqb), compare("dkv", dkv, dkv64, dkvb), compare("d_attn_sink", dsink, ds64, dsb)]
+    bad = [r.report() for r in reports if not r.ok]
+    assert not bad, "\n".join(bad) + f"\nREPRO: {case.to_json()}"
+    assert not torch.isnan(dq).any() and not torch.isnan(dkv).any() and not torch.isnan(dsink).any()
+
+
+@pytest.mark.parametrize("block_h", [16, 32])
+def test_both_group_widths_agree_with_oracle(block_h):
+    case = Case(B=2, S=3, S_kv=9, H=40, L=33, d_k=32, d_v=16, invalid=INVALID_KINDS, hole_rate=0.2, sink="random", seed=7)
+    host = case.inputs()
+    got = call(to_framework(host), backend="model", block_h=block_h)
+    (e64, eb) = expected(host)
+    for name, g, w, b in zip(("dq", "dkv", "d_attn_sink"), got, e64, eb):
+        r = compare(name, g, w, b)
+        assert r.ok, r.report()
+
+
+def test_scratch_budget_changes_no_bit():
+    case = Case(B=2, S=7, S_kv=6, H=20, L=40, d_k=32, d_v=16, duplicates=True, invalid=("minus_one",), hole_rate=0.1, seed=3)
+    inputs = to_framework(case.inputs())
+    row_bytes = 64 * 32 * 4  # padded L 64 x Dk 32 x fp32: one query row's slot scratch
+    results = [call(inputs, backend="model", dkv_buf_bytes=row_bytes * rows) for rows in (1, 2, 3, 5, 14, 1000)]
+    results.append(call(inputs, backend="model"))
+    for i, name in enumerate(("dq", "dkv", "d_attn_sink")):
+        diff = first_difference(name, [r[i] for r in results])
+        assert diff is None, diff
+
+
+def test_chunking_really_happens():
+    # The budget test above is only meaningful if small budgets split the rows.
+    case = Case(B=1, S=6, S_kv=4, H=16, L=3, d_k=16, d_v=16, seed=1)
+    inputs = to_framework(case.inputs())
+    before = launch.COUNTERS["launch:dkv_reduce"]
+    call(inputs, backend="model", dkv_buf_bytes=32 * 16 * 4 * 2)
+    assert launch.COUNTERS["launch:dkv_reduce"] - before == 3
+
+
+def _unpadded_call(inputs, H):
+    """The #1784 wrapper: a head count below block_h goes to the kernel unpadded."""
+    t = {k: v for k, v in inputs.items()}
+    launcher = ModelLauncher()
+    p = wrapper.validate(*[t[k] for k in ARGS], 16, None, launcher)
+    p = wrapper.Problem(**{**p.__dict__, "pad_heads": False})
+    assert p.group_width == H
+    return wrapper.run(p, *[t[k] for k in ARGS[:-1]], t["sm_scale"], launcher)
+
+
+def test_without_head_padding_an_8_head_call_touches_rows_past_the_tile():
+    inputs = to_framework(Case(H=8, S=2, S_kv=5, L=4, d_k=32, d_v=16, seed=2).inputs())
+    with pytest.raises(TileBoundsError) as err:
+        _unpadded_call(inputs, 8)
+    assert (err.value.kernel, err.value.tensor, err.value.row) == ("main_bwd", "Q", 8)
+    assert "main_bwd: Q head row 8 is outside [0, 8)" in str(err.value)
+    # ...and the padded wrapper (what ships) serves the same call.
+    dq, dkv, dsink = call(inputs, backend="model")
+    assert dq.shape == (1, 2, 8, 32)
+
+
+def test_pad_heads_are_inert_and_sliced():
+    case = Case(B=1, S=3, S_kv=7, H=5, L=9, d_k=32, d_v=16, sink="random", seed=11)
+    host = case.inputs()
+    dq, dkv, dsink = call(to_framework(host), backend="model")
+    assert dq.shape == (1, 3, 5, 32) and dsink.shape == (5,)
+    # Appending zero heads by hand (q = dO = out = 0, lse = 0, sink = -1e30) changes nothing real.
+    padded = dict(host)
+    extra = 11
+    for name in ("query", "out", "grad_out"):
+        a = host[name]
+        padded[name] = np.concatenate([a, np.zeros(a.shape[:2] + (extra,) + a.shape[3:], a.dtype)], axis=2)
+    padded["lse"] = np.concatenate([host["lse"], np.zeros(host["lse"].shape[:2] + (extra,), np.float32)], axis=2)
+    padded["attn_sink"] = np.concatenate([host["attn_sink"], np.full(extra, -1e30, np.float32)])
+    dq2, dkv2, dsink2 = call(to_framework(padded), backend="model")
+    assert torch.equal(dq2[:, :, :5], dq) and torch.equal(dkv2, dkv) and torch.equal(dsink2[:5], dsink)
+    assert torch.count_nonzero(dsink2[5:]) == 0 and torch.count_nonzero(dq2[:, :, 5:].float()) == 0
+
+
+class _RecordingAtomicModel(ModelLauncher):
+    """The atomic control, keeping the fp32 dKV accumulator it casts at the end."""
+
+    def __init__(self):
+        super().__init__(deterministic=False)
+        self.accumulators = []
+
+    def cast_bf16(self, src, dst):
+        self.accumulators.append(src.clone())
+        super().cast_bf16(src, dst)
+
+
+def test_atomic_model_is_not_bitwise_reproducible():
+    # The final bf16 cast hides most fp32 order effects on small cases (as on a
+    # GPU), so compare the fp32 accumulator the atomics produce.
+    inputs = to_framework(Case(B=1, S=48, S_kv=2, H=16, L=8, d_k=32, d_v=16, seed=5).inputs())
+    launcher = _RecordingAtomicModel()
+    p = wrapper.validate(*[inputs[k] for k in ARGS], None, None, launcher)
+    dqs = [wrapper.run(p, *[inputs[k] for k in ARGS[:-1]], inputs["sm_scale"], launcher)[0] for _ in range(4)]
+    assert first_difference("dkv fp32 accumulator", launcher.accumulators) is not None
+    assert first_difference("dq", dqs) is None  # dq has one writer per row
+
+
+def test_deterministic_model_accumulator_is_bitwise_stable():
+    inputs = to_framework(Case(B=1, S=48, S_kv=2, H=16, L=8, d_k=32, d_v=16, seed=5).inputs())
+    launcher = _RecordingAtomicModel()
+    launcher.deterministic = True
+    p = wrapper.validate(*[inputs[k] for k in ARGS], None, None, launcher)
+    for _ in range(4):
+        wrapper.run(p, *[inputs[k] for k in ARGS[:-1]], inputs["sm_scale"], launcher)
+    assert first_difference("dkv fp32 accumulator", launcher.accumulators) is None
+
+
+def test_paddle_in_paddle_out():
+    paddle = pytest.importorskip("paddle")
+    case = Case(H=3, S=2, S_kv=4, L=5, d_k=32, d_v=16, seed=4)
+    host = case.inputs()
+    got = call(to_framework(host, "paddle"), backend="model")
+    ref = call(to_framework(host, "torch"), backend="model")
+    for g, r, dtype in zip(got, ref, (paddle.bfloat16, paddle.bfloat16, paddle.float32)):
+        assert isinstance(g, paddle.Tensor) and g.dtype == dtype
+        assert tuple(g.shape) == tuple(r.shape)
+        assert torch.equal(torch.from_dlpack(g), r)
+
+
+# -- rejection ---------------------------------------------------------------
+
+
+def _good():
+    return to_framework(Case(B=1, S=2, S_kv=4, H=3, L=5, d_k=32, d_v=16, seed=9).inputs())
+
+
+def _mutations():
+    bf = torch.bfloat16
+    yield "query", lambda a: a.update(query=a["query"].float())
+    yield "kv", lambda a: a.update(kv=a["kv"].half())
+    yield "out", lambda a: a.update(out=a["out"].float())
+    yield "grad_out", lambda a: a.update(grad_out=a["grad_out"].float())
+    yield "query", lambda a: a.update(query=a["query"][0])
+    yield "kv", lambda a: a.update(kv=a["kv"][:, :, :16])
+    yield "kv", lambda a: a.update(kv=torch.cat([a["kv"], a["kv"]], 0))
+    yield "out", lambda a: a.update(out=a["out"][:, :1])
+    yield "grad_out", lambda a: a.update(grad_out=a["grad_out"][..., :8])
+    yield "out", lambda a: a.update(out=torch.zeros(1, 2, 3, 48, dtype=bf), grad_out=torch.zeros(1, 2, 3, 48, dtype=bf))
+    yield "lse", lambda a: a.update(lse=a["lse"].double())
+    yield "lse", lambda a: a.update(lse=a["lse"][..., :2])
+    yield "attn_sink", lambda a: a.update(attn_sink=torch.zeros(4))
+    yield "attn_sink", lambda a: a.update(attn_sink=torch.zeros(1, 3))
+    yield "attn_sink", lambda a: a.update(attn_sink=torch.zeros(3, dtype=bf))
+    yield "token_indices", lambda a: a.update(token_indices=a["token_indices"].float())
+    yield "token_indices", lambda a: a.update(token_indices=a["token_indices"][0])
+    yield "token_indices", lambda a: a.update(token_indices=a["token_indices"][:, :1])
+    yield "sm_scale", lambda a: a.update(sm_scale=float("nan"))
+    yield "sm_scale", lambda a: a.update(sm_scale=-1.0)
+    yield "query", lambda a: a.update(query=np.zeros((1, 2, 3, 32)))
+    yield "query", lambda a: a.update(query=torch.zeros(1, 2, 3, 24, dtype=bf), kv=torch.zeros(1, 4, 24, dtype=bf))
+
+
+@pytest.mark.parametrize("argument,mutate", list(_mutations()))
+def test_bad_argument_is_rejected_before_any_launch(argument, mutate):
+    a = _good()
+    mutate(a)
+    before = dict(launch.COUNTERS)
+    with pytest.raises(ValueError, match=rf"^{argument}\b"):
+        call(a, backend="model")
+    assert dict(launch.COUNTERS) == before
+
+
+@pytest.mark.parametrize("block_h", [0, 8, 48, 64, -16, 16.0, True, "16"])
+def test_illegal_block_h_is_rejected(block_h):
+    before = dict(launch.COUNTERS)
+    with pytest.raises(ValueError, match=r"^block_h\b"):
+        call(_good(), backend="model", block_h=block_h)
+    assert dict(launch.COUNTERS) == before
+
+
+@pytest.mark.parametrize("kw,argument", [
+    (dict(dkv_buf_bytes=0), "dkv_buf_bytes"),
+    (dict(dkv_buf_bytes=100), "dkv_buf_bytes"),
+    (dict(backend="cuda-magic"), "backend"),
+])
+def test_bad_configuration_is_rejected(kw, argument):
+    before = dict(launch.COUNTERS)
+    with pytest.raises(ValueError, match=rf"^{argument}\b"):
+        call(_good(), **{"backend": "model", **kw})
+    assert dict(launch.COUNTERS) == before
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
+def test_gpu_backend_refused_without_a_gpu():
+    with pytest.raises(ValueError, match=r"^backend\b"):
+        call(_good(), backend="tilelang")
