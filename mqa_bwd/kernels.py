@@ -32,7 +32,7 @@ BLOCK_SLOTS = 32
 
 # (Dk, Dv) the kernels are built and tested for on Hopper.
 GPU_WIDTHS = ((576, 512), (512, 512))
-MAIN_MODES = ("write", "accumulate", "atomic")
+MAIN_MODES = ("write", "accumulate", "atomic", "shard")
 
 
 def next_power_of_2(n: int) -> int:
@@ -109,17 +109,27 @@ def delta_program(d_v: int, threads: int = 128):
     return delta
 
 
-def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str):
+def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int = 0):
     """The main backward for one head group of ``heads`` heads.
 
-    mode: "write" (DKVSlot = contribution), "accumulate" (DKVSlot += contribution),
-    or "atomic" (DKVAcc[kv row] += contribution by fp32 atomics).
+    mode (how the per-slot dKV contributions leave the CTA):
+      "write"       DKVSlot[r, j] = contribution           grid R, one CTA per row
+      "accumulate"  DKVSlot[r, j] += contribution          grid R
+      "atomic"      DKVAcc[kv row] += contribution, fp32 atomics (the control)
+      "shard"       DKVShard[b, kv row] += contribution, plain read-modify-write:
+                    CTA b owns shard shard_base + b and walks its query rows
+                    r = shard, shard + n_shards, ... in increasing order, so each
+                    shard buffer has one writer and a fixed order. Duplicate kv
+                    rows inside a slot block are first summed onto their first
+                    slot (in slot order), so the block's writes never collide.
+      "none"        no dKV at all (a benchmark probe: the cost of everything else)
     """
     tilelang, T = _tl()
-    if mode not in ("write", "accumulate", "atomic"):
+    if mode not in MAIN_MODES + ("none",):
         raise ValueError(f"mode: {mode!r}")
     R = T.dynamic("R")
     NKV = T.dynamic("NKV")
+    NSL = T.dynamic("NSL")  # shards in this launch
     Lp = T.dynamic("Lp")  # padded slots, a multiple of BLOCK_SLOTS
     Hg, Dk, Dv = heads, d_k, d_v
     Dt = Dk - Dv
@@ -128,7 +138,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str):
     block_H = main_tile_heads(Hg)
     threads = 256 if block_H >= 64 else 128
     f32, bf16, i32 = "float32", "bfloat16", "int32"
-    dkv_shape = (NKV, Dk) if mode == "atomic" else (R, Lp, Dk)
+    dkv_shape = {"atomic": (NKV, Dk), "shard": (NSL, NKV, Dk), "none": (1,)}.get(mode, (R, Lp, Dk))
+    grid = NSL if mode == "shard" else R
     has_tail = Dt > 0
 
     @T.prim_func
@@ -142,8 +153,10 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str):
         dQ: T.Tensor((R, Hg, Dk), bf16),
         dKV: T.Tensor(dkv_shape, f32),
         sm_scale: T.float32,
+        shard_base: T.int32,
+        n_shards: T.int32,
     ):
-        with T.Kernel(R, threads=threads) as r:
+        with T.Kernel(grid, threads=threads) as b:
             scale_log2 = sm_scale * LOG2E
             Q_s = T.alloc_shared((block_H, Dv), bf16)
             dO_s = T.alloc_shared((block_H, Dv), bf16)
@@ -153,6 +166,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str):
             dQ_s = T.alloc_shared((block_H, Dv), bf16)
             dKV_s = T.alloc_shared((BS, Dv), f32)
             slot = T.alloc_shared((BS,), i32)
+            leader = T.alloc_shared((BS,), i32)
             if has_tail:
                 Qt_s = T.alloc_shared((block_H, Dt), bf16)
                 KVt_s = T.alloc_shared((BS, Dt), bf16)
@@ -166,87 +180,151 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str):
             acc_dq = T.alloc_fragment((block_H, Dv), f32)
             acc_dkv = T.alloc_fragment((BS, Dv), f32)
 
-            # The tile is block_H head rows, whatever Hg is: the wrapper must hand
-            # a group of exactly block_H heads (SPEC, "the kernel's own tile").
-            T.copy(Q[r, 0:block_H, 0:Dv], Q_s)
-            if has_tail:
-                T.copy(Q[r, 0:block_H, Dv:Dk], Qt_s)
-            T.copy(dO[r, 0:block_H, 0:Dv], dO_s)
-            T.clear(acc_dq)
-            if has_tail:
-                T.clear(acc_dqt)
-
-            for t in T.serial(NB):
-                for j in T.Parallel(BS):
-                    slot[j] = Indices[r, t * BS + j]
-                # Invalid slots (-1) are never read: their rows of KV_s are zero.
-                for j, d in T.Parallel(BS, Dv):
-                    KV_s[j, d] = T.if_then_else(
-                        (slot[j] >= 0) and (slot[j] < NKV), KV[slot[j], d], T.cast(0, bf16)
-                    )
+            if mode == "shard":
+                first_row = shard_base + b
+                row_stride = n_shards
+                rows = T.max(0, T.ceildiv(R - first_row, row_stride))
+            else:
+                first_row = b
+                row_stride = 1
+                rows = 1
+            for it in T.serial(rows):
+                r = first_row + it * row_stride
+                # The tile is block_H head rows, whatever Hg is: the wrapper must hand
+                # a group of exactly block_H heads (SPEC, "the kernel's own tile").
+                T.copy(Q[r, 0:block_H, 0:Dv], Q_s)
                 if has_tail:
-                    for j, d in T.Parallel(BS, Dt):
-                        KVt_s[j, d] = T.if_then_else(
-                            (slot[j] >= 0) and (slot[j] < NKV), KV[slot[j], Dv + d], T.cast(0, bf16)
+                    T.copy(Q[r, 0:block_H, Dv:Dk], Qt_s)
+                T.copy(dO[r, 0:block_H, 0:Dv], dO_s)
+                T.clear(acc_dq)
+                if has_tail:
+                    T.clear(acc_dqt)
+
+                for t in T.Pipelined(NB, num_stages=stages):
+                    for j in T.Parallel(BS):
+                        slot[j] = Indices[r, t * BS + j]
+                    # Invalid slots (-1) are never read: their rows of KV_s are zero.
+                    for j, d in T.Parallel(BS, Dv):
+                        KV_s[j, d] = T.if_then_else(
+                            (slot[j] >= 0) and (slot[j] < NKV), KV[slot[j], d], T.cast(0, bf16)
                         )
-
-                # Scores, then P = exp2(score * scale * log2e - Lse2), 0 on invalid slots.
-                T.gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True)
-                if has_tail:
-                    T.gemm(Qt_s, KVt_s, acc_s, transpose_B=True)
-                for h, j in T.Parallel(block_H, BS):
-                    acc_s[h, j] = T.if_then_else(
-                        (slot[j] >= 0) and (slot[j] < NKV),
-                        T.exp2(acc_s[h, j] * scale_log2 - Lse2[r, h]),
-                        T.cast(0, f32),
-                    )
-                T.copy(acc_s, P_s)
-
-                # dP = dO KV_v^T; dS = P * (dP - Delta) * sm_scale.
-                T.gemm(dO_s, KV_s, acc_dp, transpose_B=True, clear_accum=True)
-                for h, j in T.Parallel(block_H, BS):
-                    acc_dp[h, j] = acc_s[h, j] * (acc_dp[h, j] - Delta[r, h]) * sm_scale
-                T.copy(acc_dp, dS_s)
-
-                # dQ += dS KV.
-                T.gemm(dS_s, KV_s, acc_dq)
-                if has_tail:
-                    T.gemm(dS_s, KVt_s, acc_dqt)
-
-                # dKV of this slot block = dS^T Q (all columns) + P^T dO (first Dv).
-                T.gemm(dS_s, Q_s, acc_dkv, transpose_A=True, clear_accum=True)
-                T.gemm(P_s, dO_s, acc_dkv, transpose_A=True)
-                T.copy(acc_dkv, dKV_s)
-                if has_tail:
-                    T.gemm(dS_s, Qt_s, acc_dkvt, transpose_A=True, clear_accum=True)
-                    T.copy(acc_dkvt, dKVt_s)
-
-                if mode == "write":
-                    T.copy(dKV_s, dKV[r, t * BS : (t + 1) * BS, 0:Dv])
-                    if has_tail:
-                        T.copy(dKVt_s, dKV[r, t * BS : (t + 1) * BS, Dv:Dk])
-                elif mode == "accumulate":
-                    for j, d in T.Parallel(BS, Dv):
-                        dKV[r, t * BS + j, d] = dKV[r, t * BS + j, d] + dKV_s[j, d]
                     if has_tail:
                         for j, d in T.Parallel(BS, Dt):
-                            dKV[r, t * BS + j, Dv + d] = dKV[r, t * BS + j, Dv + d] + dKVt_s[j, d]
-                else:
-                    for j, d in T.Parallel(BS, Dv):
-                        if (slot[j] >= 0) and (slot[j] < NKV):
-                            T.atomic_add(dKV[slot[j], d], dKV_s[j, d])
+                            KVt_s[j, d] = T.if_then_else(
+                                (slot[j] >= 0) and (slot[j] < NKV), KV[slot[j], Dv + d], T.cast(0, bf16)
+                            )
+
+                    # Scores, then P = exp2(score * scale * log2e - Lse2), 0 on invalid slots.
+                    T.gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True)
                     if has_tail:
-                        for j, d in T.Parallel(BS, Dt):
+                        T.gemm(Qt_s, KVt_s, acc_s, transpose_B=True)
+                    for h, j in T.Parallel(block_H, BS):
+                        acc_s[h, j] = T.if_then_else(
+                            (slot[j] >= 0) and (slot[j] < NKV),
+                            T.exp2(acc_s[h, j] * scale_log2 - Lse2[r, h]),
+                            T.cast(0, f32),
+                        )
+                    T.copy(acc_s, P_s)
+
+                    # dP = dO KV_v^T; dS = P * (dP - Delta) * sm_scale.
+                    T.gemm(dO_s, KV_s, acc_dp, transpose_B=True, clear_accum=True)
+                    for h, j in T.Parallel(block_H, BS):
+                        acc_dp[h, j] = acc_s[h, j] * (acc_dp[h, j] - Delta[r, h]) * sm_scale
+                    T.copy(acc_dp, dS_s)
+
+                    # dQ += dS KV.
+                    T.gemm(dS_s, KV_s, acc_dq)
+                    if has_tail:
+                        T.gemm(dS_s, KVt_s, acc_dqt)
+
+                    if mode != "none":
+                        # dKV of this slot block = dS^T Q (all columns) + P^T dO (first Dv).
+                        T.gemm(dS_s, Q_s, acc_dkv, transpose_A=True, clear_accum=True)
+                        T.gemm(P_s, dO_s, acc_dkv, transpose_A=True)
+                        T.copy(acc_dkv, dKV_s)
+                        if has_tail:
+                            T.gemm(dS_s, Qt_s, acc_dkvt, transpose_A=True, clear_accum=True)
+                            T.copy(acc_dkvt, dKVt_s)
+
+                    if mode == "write":
+                        T.copy(dKV_s, dKV[r, t * BS : (t + 1) * BS, 0:Dv])
+                        if has_tail:
+                            T.copy(dKVt_s, dKV[r, t * BS : (t + 1) * BS, Dv:Dk])
+                    elif mode == "accumulate":
+                        for j, d in T.Parallel(BS, Dv):
+                            dKV[r, t * BS + j, d] = dKV[r, t * BS + j, d] + dKV_s[j, d]
+                        if has_tail:
+                            for j, d in T.Parallel(BS, Dt):
+                                dKV[r, t * BS + j, Dv + d] = dKV[r, t * BS + j, Dv + d] + dKVt_s[j, d]
+                    elif mode == "atomic":
+                        for j, d in T.Parallel(BS, Dv):
                             if (slot[j] >= 0) and (slot[j] < NKV):
-                                T.atomic_add(dKV[slot[j], Dv + d], dKVt_s[j, d])
+                                T.atomic_add(dKV[slot[j], d], dKV_s[j, d])
+                        if has_tail:
+                            for j, d in T.Parallel(BS, Dt):
+                                if (slot[j] >= 0) and (slot[j] < NKV):
+                                    T.atomic_add(dKV[slot[j], Dv + d], dKVt_s[j, d])
+                    elif mode == "shard":
+                        # leader[j]: the first slot of this block with the same kv row.
+                        for j in T.Parallel(BS):
+                            leader[j] = j
+                            for i in T.serial(BS):
+                                if (BS - 1 - i < j) and (slot[BS - 1 - i] == slot[j]):
+                                    leader[j] = BS - 1 - i
+                        # Fold duplicates onto their leader, in slot order.
+                        for j in T.serial(BS):
+                            if (leader[j] != j) and (slot[j] >= 0) and (slot[j] < NKV):
+                                for d in T.Parallel(Dv):
+                                    dKV_s[leader[j], d] = dKV_s[leader[j], d] + dKV_s[j, d]
+                                if has_tail:
+                                    for d in T.Parallel(Dt):
+                                        dKVt_s[leader[j], d] = dKVt_s[leader[j], d] + dKVt_s[j, d]
+                        # Now every written kv row is distinct: one plain RMW each.
+                        for j, d in T.Parallel(BS, Dv):
+                            if (leader[j] == j) and (slot[j] >= 0) and (slot[j] < NKV):
+                                dKV[b, slot[j], d] = dKV[b, slot[j], d] + dKV_s[j, d]
+                        if has_tail:
+                            for j, d in T.Parallel(BS, Dt):
+                                if (leader[j] == j) and (slot[j] >= 0) and (slot[j] < NKV):
+                                    dKV[b, slot[j], Dv + d] = dKV[b, slot[j], Dv + d] + dKVt_s[j, d]
+                        # The next block's writes (other threads) must see these.
+                        T.sync_threads()
 
-            T.copy(acc_dq, dQ_s)
-            T.copy(dQ_s, dQ[r, 0:block_H, 0:Dv])
-            if has_tail:
-                T.copy(acc_dqt, dQt_s)
-                T.copy(dQt_s, dQ[r, 0:block_H, Dv:Dk])
+                T.copy(acc_dq, dQ_s)
+                T.copy(dQ_s, dQ[r, 0:block_H, 0:Dv])
+                if has_tail:
+                    T.copy(acc_dqt, dQt_s)
+                    T.copy(dQt_s, dQ[r, 0:block_H, Dv:Dk])
 
     return main_bwd
+
+
+def shard_fold_program(d_k: int, threads: int = 128):
+    """DKVAcc[k, :] += DKVShard[0, k, :] + ... in shard order, one fp32 chain per element."""
+    tilelang, T = _tl()
+    NKV = T.dynamic("NKV")
+    NSL = T.dynamic("NSL")
+    Dk = d_k
+    f32 = "float32"
+    per_thread = (Dk + threads - 1) // threads
+
+    @T.prim_func
+    def shard_fold(DKVShard: T.Tensor((NSL, NKV, Dk), f32), DKVAcc: T.Tensor((NKV, Dk), f32)):
+        with T.Kernel(NKV, threads=threads) as k:
+            acc = T.alloc_local((per_thread,), f32)
+            tx = T.get_thread_binding()
+            for c in T.unroll(per_thread):
+                if c * threads + tx < Dk:
+                    acc[c] = DKVAcc[k, c * threads + tx]
+            for sh in T.serial(NSL):
+                for c in T.unroll(per_thread):
+                    if c * threads + tx < Dk:
+                        acc[c] = acc[c] + DKVShard[sh, k, c * threads + tx]
+            for c in T.unroll(per_thread):
+                if c * threads + tx < Dk:
+                    DKVAcc[k, c * threads + tx] = acc[c]
+
+    return shard_fold
 
 
 def dkv_reduce_program(d_k: int, threads: int = 128):
@@ -342,7 +420,8 @@ def compile_program(program, target=None):
 def compiled(kind: str, *key):
     builders = {
         "delta": delta_program,
-        "main_bwd": lambda h, dk, dv, mode: main_bwd_program(h, dk, dv, mode=mode),
+        "main_bwd": lambda h, dk, dv, mode, stages=0: main_bwd_program(h, dk, dv, mode=mode, stages=stages),
+        "shard_fold": shard_fold_program,
         "dkv_reduce": dkv_reduce_program,
         "dsink_reduce": dsink_reduce_program,
         "cast_bf16": cast_bf16_program,
@@ -356,6 +435,7 @@ def gpu_configs(widths=GPU_WIDTHS, group_widths=(16, 32)):
     for d_k, d_v in widths:
         yield ("delta", d_v)
         yield ("dkv_reduce", d_k)
+        yield ("shard_fold", d_k)
         yield ("cast_bf16", d_k)
         for heads in group_widths:
             for mode in MAIN_MODES:

@@ -63,7 +63,10 @@ class Launcher:
     def delta(self, out, grad_out, lse2, sink2, delta, dsink_rows):
         raise NotImplementedError
 
-    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode):
+    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, shard_base=0, n_shards=1):
+        raise NotImplementedError
+
+    def shard_fold(self, dkv_shards, dkv_acc):
         raise NotImplementedError
 
     def dkv_reduce(self, dkv_slot, slot_of_entry, entry_lo, entry_hi, dkv_acc, slot_base):
@@ -98,10 +101,15 @@ class TileLangLauncher(Launcher):
         self.launched("delta")
         kernel(out, grad_out, lse2, sink2, delta, dsink_rows)
 
-    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode):
+    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, shard_base=0, n_shards=1):
         kernel = K.compiled("main_bwd", q.shape[1], q.shape[2], grad_out.shape[2], mode)
         self.launched("main_bwd")
-        kernel(q, kv, grad_out, indices, lse2, delta, dq, dkv, float(sm_scale))
+        kernel(q, kv, grad_out, indices, lse2, delta, dq, dkv, float(sm_scale), int(shard_base), int(n_shards))
+
+    def shard_fold(self, dkv_shards, dkv_acc):
+        kernel = K.compiled("shard_fold", dkv_shards.shape[2])
+        self.launched("shard_fold")
+        kernel(dkv_shards, dkv_acc)
 
     def dkv_reduce(self, dkv_slot, slot_of_entry, entry_lo, entry_hi, dkv_acc, slot_base):
         kernel = K.compiled("dkv_reduce", dkv_slot.shape[1])

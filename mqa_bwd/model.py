@@ -92,7 +92,7 @@ class ModelLauncher(Launcher):
         dsink_rows.copy_(-torch.exp2(sink2.view(1, H) - lse2) * d)
 
     # -- main backward -----------------------------------------------------
-    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode):
+    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, shard_base=0, n_shards=1):
         kernel = "main_bwd"
         self.launched(kernel)
         R, Hg, Dk = q.shape
@@ -115,46 +115,96 @@ class ModelLauncher(Launcher):
         _shape_is(kernel, "KV", kv, (NKV, Dk))
         if mode == "atomic":
             _shape_is(kernel, "dKV", dkv, (NKV, Dk))
+        elif mode == "shard":
+            _shape_is(kernel, "dKV", dkv, (dkv.shape[0], NKV, Dk))
+            if shard_base + dkv.shape[0] > n_shards:
+                raise TileBoundsError(kernel, "dKV shard", shard_base + dkv.shape[0] - 1, n_shards, "shard")
         else:
             _shape_is(kernel, "dKV", dkv, (R, Lp, Dk))
-        if mode == "accumulate" and bool(torch.isnan(dkv).any()):
-            # Accumulating onto scratch nobody wrote: a launch-order bug.
-            raise RuntimeError("main_bwd: accumulate mode read uninitialised dKV slot scratch (NaN poison)")
+        if mode in ("accumulate", "shard") and bool(torch.isnan(dkv).any()):
+            # Accumulating onto scratch nobody wrote or zeroed: a launch-order bug.
+            raise RuntimeError(f"main_bwd: {mode} mode read uninitialised dKV scratch (NaN poison)")
 
-        scale_log2 = float(sm_scale) * K.LOG2E
+        if mode == "shard":
+            # CTA b walks rows shard_base + b, + n_shards, ...: rows of this launch.
+            rows = torch.cat([
+                torch.arange(shard_base + b, R, n_shards) for b in range(dkv.shape[0])
+            ]).sort().values if R else torch.zeros(0, dtype=torch.int64)
+        else:
+            rows = torch.arange(R)
         atomic_parts = []
-        for r0 in range(0, R, self.rows_per_step):
-            r1 = min(R, r0 + self.rows_per_step)
-            qf = q[r0:r1].to(torch.float32)
-            dof = grad_out[r0:r1].to(torch.float32)
-            lse_r = lse2[r0:r1].view(r1 - r0, Hg, 1)
-            delta_r = delta[r0:r1].view(r1 - r0, Hg, 1)
-            acc_dq = torch.zeros((r1 - r0, Hg, Dk), dtype=torch.float32)
-            for t in range(Lp // BS):
-                slot = indices[r0:r1, t * BS : (t + 1) * BS].to(torch.int64)
-                valid = (slot >= 0) & (slot < NKV)
-                kv_t = torch.zeros((r1 - r0, BS, Dk), dtype=torch.float32)
-                rows_read = slot[valid]
-                _check_index_rows(kernel, "KV", kv, rows_read)
-                kv_t[valid] = kv[rows_read].to(torch.float32)
-
-                score = torch.einsum("rhd,rjd->rhj", qf, kv_t)
-                p = torch.where(valid[:, None, :], torch.exp2(score * scale_log2 - lse_r), torch.zeros(()))
-                dp = torch.einsum("rhd,rjd->rhj", dof, kv_t[..., :Dv])
-                ds = p * (dp - delta_r) * float(sm_scale)
-                p_b, ds_b = _bf16(p), _bf16(ds)  # the kernel's P_s and dS_s
-                acc_dq += torch.einsum("rhj,rjd->rhd", ds_b, kv_t)
-                contrib = torch.einsum("rhj,rhd->rjd", ds_b, qf)
-                contrib[..., :Dv] += torch.einsum("rhj,rhd->rjd", p_b, dof)
-                if mode == "write":
-                    dkv[r0:r1, t * BS : (t + 1) * BS] = contrib
-                elif mode == "accumulate":
-                    dkv[r0:r1, t * BS : (t + 1) * BS] += contrib
-                else:
-                    atomic_parts.append((slot[valid], contrib[valid]))
-            dq[r0:r1] = acc_dq.to(torch.bfloat16)
+        for s0 in range(0, rows.numel(), self.rows_per_step):
+            step = rows[s0 : s0 + self.rows_per_step]
+            dq_step, contrib, slot = self._rows(q, kv, grad_out, indices, lse2, delta, step, sm_scale, Dv)
+            dq[step] = dq_step
+            valid = (slot >= 0) & (slot < NKV)
+            if mode == "write":
+                dkv[step] = contrib
+            elif mode == "accumulate":
+                dkv[step] += contrib
+            elif mode == "atomic":
+                atomic_parts.append((slot[valid], contrib[valid]))
+            else:
+                self._shard_rmw(dkv, step, slot, valid, contrib, shard_base, n_shards)
         if mode == "atomic":
             self._atomic_add(dkv, atomic_parts)
+
+    @staticmethod
+    def _rows(q, kv, grad_out, indices, lse2, delta, step, sm_scale, Dv):
+        """One CTA's work for each query row in ``step``: (dQ bf16, dKV contributions, slots)."""
+        BS = K.BLOCK_SLOTS
+        n, Hg, Dk = len(step), q.shape[1], q.shape[2]
+        NKV, Lp = kv.shape[0], indices.shape[1]
+        scale_log2 = float(sm_scale) * K.LOG2E
+        qf = q[step].to(torch.float32)
+        dof = grad_out[step].to(torch.float32)
+        lse_r = lse2[step].view(n, Hg, 1)
+        delta_r = delta[step].view(n, Hg, 1)
+        slot_all = indices[step].to(torch.int64)
+        acc_dq = torch.zeros((n, Hg, Dk), dtype=torch.float32)
+        contrib_all = torch.zeros((n, Lp, Dk), dtype=torch.float32)
+        for t in range(Lp // BS):
+            slot = slot_all[:, t * BS : (t + 1) * BS]
+            valid = (slot >= 0) & (slot < NKV)
+            kv_t = torch.zeros((n, BS, Dk), dtype=torch.float32)
+            rows_read = slot[valid]
+            _check_index_rows("main_bwd", "KV", kv, rows_read)
+            kv_t[valid] = kv[rows_read].to(torch.float32)
+
+            score = torch.einsum("rhd,rjd->rhj", qf, kv_t)
+            p = torch.where(valid[:, None, :], torch.exp2(score * scale_log2 - lse_r), torch.zeros(()))
+            dp = torch.einsum("rhd,rjd->rhj", dof, kv_t[..., :Dv])
+            ds = p * (dp - delta_r) * float(sm_scale)
+            p_b, ds_b = _bf16(p), _bf16(ds)  # the kernel's P_s and dS_s
+            acc_dq += torch.einsum("rhj,rjd->rhd", ds_b, kv_t)
+            contrib = torch.einsum("rhj,rhd->rjd", ds_b, qf)
+            contrib[..., :Dv] += torch.einsum("rhj,rhd->rjd", p_b, dof)
+            contrib_all[:, t * BS : (t + 1) * BS] = contrib
+        return acc_dq.to(torch.bfloat16), contrib_all, slot_all
+
+    @staticmethod
+    def _shard_rmw(shards, step, slot, valid, contrib, shard_base, n_shards):
+        """Per row (increasing) and slot block (in order): duplicates of a kv row
+        summed onto its first slot in slot order, then one add per distinct row."""
+        BS = K.BLOCK_SLOTS
+        for i, r in enumerate(step.tolist()):
+            shard = shards[(r - shard_base) % n_shards]
+            for t in range(slot.shape[1] // BS):
+                block_slots = slot[i, t * BS : (t + 1) * BS]
+                block_valid = valid[i, t * BS : (t + 1) * BS]
+                block = contrib[i, t * BS : (t + 1) * BS].clone()
+                leaders = {}
+                for j in range(BS):
+                    if not bool(block_valid[j]):
+                        continue
+                    k = int(block_slots[j])
+                    if k in leaders:
+                        block[leaders[k]] += block[j]
+                    else:
+                        leaders[k] = j
+                if leaders:
+                    ks = torch.tensor(list(leaders.keys()))
+                    shard[ks] += block[list(leaders.values())]
 
     @staticmethod
     def _atomic_add(acc: torch.Tensor, parts):
@@ -192,6 +242,13 @@ class ModelLauncher(Launcher):
             src = soe[entries] - int(slot_base)
             _check_index_rows(kernel, "DKVSlot", dkv_slot, src)
             acc[rows.numpy()] += slot_np[src.numpy()]
+
+    # -- shard fold ------------------------------------------------------------
+    def shard_fold(self, dkv_shards, dkv_acc):
+        self.launched("shard_fold")
+        _shape_is("shard_fold", "DKVShard", dkv_shards, (dkv_shards.shape[0],) + tuple(dkv_acc.shape))
+        for shard in dkv_shards:  # shard order: one fp32 chain per element
+            dkv_acc += shard
 
     # -- d_sink reduction ----------------------------------------------------
     def dsink_reduce(self, dsink_rows, dsink):

@@ -32,8 +32,14 @@ BLOCK_H_CHOICES = (16, 32)
 DEFAULT_DKV_BUF_BYTES = 4 << 30
 PAD_SINK = -1e30
 INT32_MAX = 2**31 - 1
-
-_FLOAT_DTYPES_BF16 = "bfloat16"
+# The shard design: at most this many fp32 dKV shards, together at most
+# SHARD_SCRATCH_BYTES. Both fixed, so the reduction order depends on the
+# shapes alone, never on the budget. Fewer than MIN_SHARDS (huge S_kv) would
+# starve the GPU: the per-slot design takes over there.
+MAX_SHARDS = 128
+MIN_SHARDS = 32
+SHARD_SCRATCH_BYTES = 2 << 30
+DKV_DESIGNS = ("shards", "slots")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +56,8 @@ class Problem:
     #: False reproduces the #1784 wrapper for the CPU model's self-test: a head
     #: count below block_h goes to the kernel as one group of H heads, unpadded.
     pad_heads: bool = True
+    #: How the deterministic path reduces dKV; None: chosen from the shapes.
+    dkv_design: str | None = None
 
     @property
     def group_width(self) -> int:
@@ -81,6 +89,28 @@ class Problem:
     @property
     def rows_per_chunk(self) -> int:
         return max(1, min(self.rows, self.dkv_buf_bytes // self.slot_row_bytes))
+
+    @property
+    def shard_bytes(self) -> int:
+        """One fp32 dKV shard: every kv row of every batch element."""
+        return self.B * self.S_kv * self.d_k * 4
+
+    @property
+    def shards(self) -> int:
+        return max(1, min(MAX_SHARDS, self.rows, SHARD_SCRATCH_BYTES // self.shard_bytes))
+
+    @property
+    def shards_per_launch(self) -> int:
+        return max(1, min(self.shards, self.dkv_buf_bytes // self.shard_bytes))
+
+    @property
+    def design(self) -> str:
+        """"shards" (query rows split over fixed shards, each one fp32 dKV buffer
+        with one writer, folded in shard order) unless too few shards fit, then
+        "slots" (per-slot scratch reduced in CSR order)."""
+        if self.dkv_design is not None:
+            return self.dkv_design
+        return "shards" if self.shards >= min(MIN_SHARDS, self.rows) else "slots"
 
 
 # ---------------------------------------------------------------------------
@@ -190,10 +220,15 @@ def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, 
         raise ValueError(f"dkv_buf_bytes: expected a positive integer, got {dkv_buf_bytes!r}")
 
     problem = Problem(B, S, S_kv, H, L_, d_k, d_v, int(block_h), int(dkv_buf_bytes))
-    if launcher.deterministic and problem.slot_row_bytes > problem.dkv_buf_bytes:
+    if launcher.deterministic and problem.design == "slots" and problem.slot_row_bytes > problem.dkv_buf_bytes:
         raise ValueError(
             f"dkv_buf_bytes: {dkv_buf_bytes} cannot hold one query row's slot scratch "
             f"({problem.slot_row_bytes} bytes = padded L {problem.padded_slots} x Dk {d_k} x 4)"
+        )
+    if launcher.deterministic and problem.design == "shards" and problem.shard_bytes > problem.dkv_buf_bytes:
+        raise ValueError(
+            f"dkv_buf_bytes: {dkv_buf_bytes} cannot hold one dKV shard "
+            f"({problem.shard_bytes} bytes = B*S_kv {B * S_kv} x Dk {d_k} x 4)"
         )
     if problem.rows * problem.padded_slots > INT32_MAX:
         raise ValueError(f"token_indices: B*S*L = {problem.rows * problem.padded_slots} slots exceed int32 addressing")
@@ -302,7 +337,27 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
     dqg = launcher.empty((G, R, bh, p.d_k), torch.bfloat16)
     dkv_acc = launcher.zeros((NKV, p.d_k), f32)
 
-    if launcher.deterministic:
+    if not launcher.deterministic:
+        for g in range(G):
+            launcher.main_bwd(
+                qg[g], kv2, dog[g], slots, lse2g[g], deltag[g], dqg[g], dkv_acc, sm_scale=sm_scale, mode="atomic"
+            )
+    elif p.design == "shards":
+        # Shard s owns query rows s, s + n, s + 2n, ...; a launch runs shards
+        # [c0, c1) (as many as the budget holds), then folds them in shard order.
+        n, per = p.shards, p.shards_per_launch
+        shard_buf = launcher.empty((per, NKV, p.d_k), f32)
+        for c0 in range(0, n, per):
+            c1 = min(n, c0 + per)
+            buf = shard_buf[: c1 - c0]
+            buf.zero_()
+            for g in range(G):
+                launcher.main_bwd(
+                    qg[g], kv2, dog[g], slots, lse2g[g], deltag[g], dqg[g], buf,
+                    sm_scale=sm_scale, mode="shard", shard_base=c0, n_shards=n,
+                )
+            launcher.shard_fold(buf, dkv_acc)
+    else:
         csr = SlotCSR.build(slots)
         chunk = p.rows_per_chunk
         slot_buf = launcher.empty((chunk, Lp, p.d_k), f32)
@@ -316,11 +371,6 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
                 )
             lo, hi = csr.bounds(NKV, r0 * Lp, r1 * Lp)
             launcher.dkv_reduce(buf.view((r1 - r0) * Lp, p.d_k), csr.slot_of_entry, lo, hi, dkv_acc, r0 * Lp)
-    else:
-        for g in range(G):
-            launcher.main_bwd(
-                qg[g], kv2, dog[g], slots, lse2g[g], deltag[g], dqg[g], dkv_acc, sm_scale=sm_scale, mode="atomic"
-            )
 
     dsink = launcher.empty((Hp,), f32)
     launcher.dsink_reduce(dsink_rows, dsink)

@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from mqa_bwd import backends, launch, mqa_latent_sparse_bwd  # noqa: E402
+from mqa_bwd import backends, launch, mqa_latent_sparse_bwd, wrapper  # noqa: E402
 from mqa_bwd.bench import production_inputs  # noqa: E402
 from properties.case import INVALID_KINDS, Case, expected, to_framework  # noqa: E402
 from properties.compare import compare, first_difference  # noqa: E402
@@ -34,19 +34,36 @@ def _grid_cases():
         )
 
 
-def _run(host: dict, backend="tilelang", guards=None, **kw):
+ARGS = ("query", "kv", "out", "grad_out", "lse", "attn_sink", "token_indices", "sm_scale")
+
+
+def call_design(args, design, dkv_buf_bytes=None):
+    """The deterministic TileLang path with its dKV design forced."""
+    launcher = launch.TileLangLauncher()
+    p = wrapper.validate(*args, None, dkv_buf_bytes, launcher)
+    p = wrapper.Problem(**{**p.__dict__, "dkv_design": design})
+    return wrapper.run(p, *args[:-1], args[-1], launcher)
+
+
+def _run(host: dict, design, guards=None):
     inputs = to_framework(host, "torch", "cuda")
     if guards is not None:
         inputs = {k: (guards.place(v, k) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
-    args = [inputs[k] for k in ("query", "kv", "out", "grad_out", "lse", "attn_sink", "token_indices", "sm_scale")]
-    return inputs, mqa_latent_sparse_bwd(*args, backend=backend, **kw)
+    return inputs, call_design([inputs[k] for k in ARGS], design)
 
 
-@pytest.mark.parametrize("case", list(_grid_cases()), ids=lambda c: f"H{c.H}-L{c.L}-{c.sink}")
-def test_agrees_with_oracle_inside_guard_bands(case):
+def _grid_with_designs():
+    for n, case in enumerate(_grid_cases()):
+        yield case, "shards"
+        if n % 4 == 0:
+            yield case, "slots"
+
+
+@pytest.mark.parametrize("case,design", list(_grid_with_designs()), ids=lambda x: x if isinstance(x, str) else f"H{x.H}-L{x.L}-{x.sink}")
+def test_agrees_with_oracle_inside_guard_bands(case, design):
     host = case.inputs()
     with launch.GuardBands() as guards:
-        inputs, (dq, dkv, dsink) = _run(host, guards=guards)
+        inputs, (dq, dkv, dsink) = _run(host, design, guards=guards)
         torch.cuda.synchronize()
     damaged = guards.violations()
     assert not damaged, f"guard bands damaged: {damaged}\nREPRO: {case.to_json()}"
@@ -74,9 +91,19 @@ def test_bitwise_identical_over_100_reruns_and_atomic_control_differs():
 
 
 @pytest.mark.determinism
-def test_budget_invariance_on_gpu():
+def test_slot_design_bitwise_over_reruns():
+    args = production_inputs(B=1, S=1024, S_kv=8192, H=64, L=2048)
+    runs = [call_design(args, "slots") for _ in range(10)]
+    for i, name in enumerate(("dq", "dkv", "d_attn_sink")):
+        diff = first_difference(name, [r[i] for r in runs])
+        assert diff is None, diff
+
+
+@pytest.mark.determinism
+@pytest.mark.parametrize("design,budget", [("slots", 37 * 2048 * 576 * 4), ("shards", 7 * 1024 * 576 * 4)])
+def test_budget_invariance_on_gpu(design, budget):
     args = production_inputs(B=1, S=512, S_kv=1024, H=64, L=2048)
-    whole = mqa_latent_sparse_bwd(*args, backend="tilelang")
-    chunked = mqa_latent_sparse_bwd(*args, backend="tilelang", dkv_buf_bytes=37 * 2048 * 576 * 4)
+    whole = call_design(args, design)
+    chunked = call_design(args, design, dkv_buf_bytes=budget)
     for name, a, b in zip(("dq", "dkv", "d_attn_sink"), whole, chunked):
-        assert torch.equal(a, b), f"{name} changed with the scratch budget"
+        assert torch.equal(a, b), f"{name} changed with the scratch budget ({design})"

@@ -23,6 +23,14 @@ def call(inputs, **kw):
     return mqa_bwd.mqa_latent_sparse_bwd(*[inputs[k] for k in ARGS], **kw)
 
 
+def call_design(inputs, design, dkv_buf_bytes=None, launcher=None):
+    """The wrapper with the deterministic dKV design forced ("shards" or "slots")."""
+    launcher = launcher or ModelLauncher()
+    p = wrapper.validate(*[inputs[k] for k in ARGS], None, dkv_buf_bytes, launcher)
+    p = wrapper.Problem(**{**p.__dict__, "dkv_design": design})
+    return wrapper.run(p, *[inputs[k] for k in ARGS[:-1]], inputs["sm_scale"], launcher)
+
+
 def edge_cases():
     widths = ((16, 16), (32, 16), (64, 32), (48, 48))
     for n, (H, L) in enumerate(zip(HEADS, itertools.cycle(SLOTS))):
@@ -34,10 +42,11 @@ def edge_cases():
         )
 
 
+@pytest.mark.parametrize("design", wrapper.DKV_DESIGNS)
 @pytest.mark.parametrize("case", list(edge_cases()), ids=lambda c: f"H{c.H}-L{c.L}-Skv{c.S_kv}-{c.sink}")
-def test_model_agrees_with_oracle(case):
+def test_model_agrees_with_oracle(case, design):
     host = case.inputs()
-    dq, dkv, dsink = call(to_framework(host), backend="model")
+    dq, dkv, dsink = call_design(to_framework(host), design)
     (dq64, dkv64, ds64), (dqb, dkvb, dsb) = expected(host)
     reports = [compare("dq", dq, dq64, dqb), compare("dkv", dkv, dkv64, dkvb), compare("d_attn_sink", dsink, ds64, dsb)]
     bad = [r.report() for r in reports if not r.ok]
@@ -56,24 +65,45 @@ def test_both_group_widths_agree_with_oracle(block_h):
         assert r.ok, r.report()
 
 
-def test_scratch_budget_changes_no_bit():
+@pytest.mark.parametrize("design", wrapper.DKV_DESIGNS)
+def test_scratch_budget_changes_no_bit(design):
     case = Case(B=2, S=7, S_kv=6, H=20, L=40, d_k=32, d_v=16, duplicates=True, invalid=("minus_one",), hole_rate=0.1, seed=3)
     inputs = to_framework(case.inputs())
-    row_bytes = 64 * 32 * 4  # padded L 64 x Dk 32 x fp32: one query row's slot scratch
-    results = [call(inputs, backend="model", dkv_buf_bytes=row_bytes * rows) for rows in (1, 2, 3, 5, 14, 1000)]
-    results.append(call(inputs, backend="model"))
+    # One unit of scratch: a query row's slots (64 x 32 fp32) or a shard (2*6 kv rows x 32 fp32).
+    unit = 64 * 32 * 4 if design == "slots" else 12 * 32 * 4
+    results = [call_design(inputs, design, unit * n) for n in (1, 2, 3, 5, 14, 1000)]
     for i, name in enumerate(("dq", "dkv", "d_attn_sink")):
         diff = first_difference(name, [r[i] for r in results])
         assert diff is None, diff
 
 
-def test_chunking_really_happens():
-    # The budget test above is only meaningful if small budgets split the rows.
-    case = Case(B=1, S=6, S_kv=4, H=16, L=3, d_k=16, d_v=16, seed=1)
+def test_designs_share_dq_and_dsink_bitwise():
+    case = Case(B=1, S=9, S_kv=5, H=16, L=33, d_k=32, d_v=16, duplicates=True, seed=8)
     inputs = to_framework(case.inputs())
-    before = launch.COUNTERS["launch:dkv_reduce"]
-    call(inputs, backend="model", dkv_buf_bytes=32 * 16 * 4 * 2)
-    assert launch.COUNTERS["launch:dkv_reduce"] - before == 3
+    shards, slots = call_design(inputs, "shards"), call_design(inputs, "slots")
+    assert torch.equal(shards[0], slots[0]) and torch.equal(shards[2], slots[2])
+
+
+@pytest.mark.parametrize("design,unit,kernel,launches", [
+    ("slots", 32 * 16 * 4, "dkv_reduce", 3),  # 6 rows, 2 per chunk
+    ("shards", 4 * 16 * 4, "shard_fold", 3),  # 6 shards of 4 kv rows, 2 per launch
+])
+def test_chunking_really_happens(design, unit, kernel, launches):
+    # The budget tests above are only meaningful if small budgets split the work.
+    inputs = to_framework(Case(B=1, S=6, S_kv=4, H=16, L=3, d_k=16, d_v=16, seed=1).inputs())
+    before = launch.COUNTERS[f"launch:{kernel}"]
+    call_design(inputs, design, unit * 2)
+    assert launch.COUNTERS[f"launch:{kernel}"] - before == launches
+
+
+def test_default_design_is_shards_with_bounded_scratch():
+    p = wrapper.Problem(B=1, S=4096, S_kv=8192, H=64, L=2048, d_k=576, d_v=512, block_h=32,
+                        dkv_buf_bytes=wrapper.DEFAULT_DKV_BUF_BYTES)
+    assert p.design == "shards"
+    assert p.shards * p.shard_bytes <= 2 << 30 and p.shards >= 64
+    # A context so long that few shards fit falls back to per-slot scratch.
+    long = wrapper.Problem(**{**p.__dict__, "S_kv": 1 << 20})
+    assert long.design == "slots"
 
 
 def _unpadded_call(inputs, H):

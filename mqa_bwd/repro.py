@@ -1,0 +1,498 @@
+"""Replay one call of the backward: is it bitwise reproducible, and is it right?
+
+The flow is one way: a source (a case JSON, a failure file, or a capture from
+a training step) gives host inputs; they go to the implementation's framework
+and device once; the implementation runs N times; each run's outputs are
+compared as bytes with run 0's; run 0 is compared with the float64 oracle by
+the tolerance rule of ``properties.compare``; a report comes out.
+
+Per output the report gives: the bitwise verdict, how many distinct results
+the N runs produced, the first run that differs from run 0 and the first
+element where it does (both values), the largest absolute and ULP distance
+from run 0 over all runs, and the error against the oracle. ``against``
+replays the same tensors on a second implementation and adds how far the two
+are apart, so that "which one drifts, and by how much" has an answer.
+"""
+
+import dataclasses
+import hashlib
+import importlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from . import capture as capture_mod
+
+SPEC_ARGS = ("query", "kv", "out", "grad_out", "lse", "attn_sink", "token_indices", "sm_scale")
+OUTPUT_NAMES = ("dq", "dkv", "d_attn_sink")
+#: The fuzzer's crash-recording wrapper: a failure file naming it means "the backend it wrapped".
+FUZZ_GUARD = "mqa_bwd.fuzz:guarded"
+#: Above this many multiply-adds the float64 oracle takes minutes on a CPU.
+ORACLE_SLOW_MACS = 2e10
+
+
+# ---------------------------------------------------------------------------
+# Sources
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Source:
+    path: Path
+    kind: str  # "case" or "capture"
+    inputs: dict  # host inputs, the layout of Case.inputs()
+    case: object = None  # properties.case.Case for case files
+    recorded: dict = dataclasses.field(default_factory=dict)  # property, backend, impl, report, ...
+    config: dict = dataclasses.field(default_factory=dict)  # the call's block_h / dkv_buf_bytes
+    framework: str = "torch"  # what the tensors were handed over in
+
+    def describe(self) -> str:
+        q = self.inputs["query"]
+        B, S, H, d_k = q.shape
+        L = self.inputs["token_indices"].shape[2]
+        shape = (f"B={B} S={S} S_kv={self.inputs['kv'].shape[1]} H={H} L={L} Dk={d_k} "
+                 f"Dv={self.inputs['out'].shape[3]} sink={'none' if self.inputs['attn_sink'] is None else 'yes'}")
+        if self.case is not None:
+            return f"case {self.case.to_json()} ({shape})"
+        return f"capture ({shape})"
+
+
+def _case_from_dict(path, data: dict):
+    from properties.case import Case
+
+    try:
+        return Case(**data)
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"case file {path}: not a valid Case ({e})") from None
+
+
+def load_source(path) -> Source:
+    """A case JSON (bare Case dict or failure file) or a capture, by content."""
+    path = Path(path)
+    try:
+        with open(path, "rb") as f:
+            head = f.read(64)
+    except OSError as e:
+        raise ValueError(f"source: cannot read {str(path)!r} ({e.strerror or e})") from None
+    if head.lstrip()[:1] == b"{":
+        try:
+            data = json.loads(path.read_text())
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise ValueError(f"case file {path}: not valid JSON ({e})") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"case file {path}: expected a JSON object")
+        recorded = {}
+        if "case" in data:  # the harness's failure-file format
+            recorded = {k: v for k, v in data.items() if k != "case"}
+            data = data["case"]
+            if not isinstance(data, dict):
+                raise ValueError(f"case file {path}: 'case' is not a JSON object")
+        case = _case_from_dict(path, data)
+        config = case.call_options() if hasattr(case, "call_options") else {}
+        return Source(path=path, kind="case", inputs=case.inputs(), case=case, recorded=recorded, config=config,
+                      framework=getattr(case, "framework", "torch"))
+    cap = capture_mod.load(path)
+    config = {k: cap.meta[k] for k in ("block_h", "dkv_buf_bytes") if cap.meta.get(k) is not None}
+    return Source(path=path, kind="capture", inputs=cap.inputs, recorded=dict(cap.meta), config=config,
+                  framework=cap.framework)
+
+
+# ---------------------------------------------------------------------------
+# Implementations
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Implementation:
+    label: str
+    function: object
+    device: str
+    framework: str = "torch"
+    kwargs: dict = dataclasses.field(default_factory=dict)
+
+
+def import_function(spec: str, option: str = "--impl"):
+    """'package.module:function' -> the callable, imported from the Python path as given."""
+    module_name, sep, attr = spec.partition(":")
+    if not sep or not module_name or not attr:
+        raise ValueError(f"{option}: expected 'module:function', got {spec!r}")
+    try:
+        module = importlib.import_module(module_name)
+    except ImportError as e:
+        raise ValueError(f"{option}: cannot import module {module_name!r} ({e})") from None
+    obj = module
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ValueError(f"{option}: module {module_name!r} has no attribute {attr!r}")
+        obj = getattr(obj, part)
+    if not callable(obj):
+        raise ValueError(f"{option}: {spec!r} is not callable")
+    return obj
+
+
+def resolve(spec, *, option="--backend", device=None, framework="torch", block_h=None, dkv_buf_bytes=None) -> Implementation:
+    """A backend name or 'module:function' (None: the best backend here) -> Implementation."""
+    import torch
+
+    from . import backends
+    from .wrapper import mqa_latent_sparse_bwd
+
+    config = {k: v for k, v in (("block_h", block_h), ("dkv_buf_bytes", dkv_buf_bytes)) if v is not None}
+    if framework not in ("torch", "paddle"):
+        raise ValueError(f"--framework: expected 'torch' or 'paddle', got {framework!r}")
+    if spec is None:
+        spec = backends.default_backend()
+    if spec in backends.BACKENDS:
+        if spec.startswith("tilelang") and not backends.hopper_available():
+            raise ValueError(f"{option}: {spec!r} needs a Hopper GPU (sm_90) and tilelang; this machine has none "
+                             "(the CPU tile model is 'model')")
+        wanted = "cuda" if spec.startswith("tilelang") else "cpu"
+        if device is not None and device != wanted:
+            raise ValueError(f"--device: backend {spec!r} runs on {wanted}, not {device!r}")
+        return Implementation(f"backend {spec!r}", mqa_latent_sparse_bwd, wanted, framework, dict(config, backend=spec))
+    if ":" in spec:
+        function = import_function(spec, option)
+        if device is None:
+            device = "cuda" if torch.cuda.is_available() else "cpu"
+        return Implementation(spec, function, device, framework, config)
+    raise ValueError(f"{option}: expected one of {backends.BACKENDS} or 'module:function', got {spec!r}")
+
+
+# ---------------------------------------------------------------------------
+# Reruns, compared as bytes
+# ---------------------------------------------------------------------------
+
+
+_INT_OF_SIZE = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+
+
+def _bits(t):
+    import torch
+
+    return t.contiguous().view(getattr(torch, _INT_OF_SIZE[t.element_size()]))
+
+
+def ulp_distance(a, b):
+    """Number of representable values between a and b in their own dtype (bf16, fp32, ...); int64 tensor."""
+    import torch
+
+    width = a.element_size() * 8
+    mask = (1 << width) - 1
+    sign = 1 << (width - 1)
+
+    def ordered(x):
+        u = _bits(x).to(torch.int64) & mask
+        return torch.where(u >= sign, sign - u, u)  # monotone in the value; -0 == +0
+
+    return (ordered(a) - ordered(b)).abs()
+
+
+def _host_digest(t) -> str:
+    return hashlib.sha256(_bits(t).cpu().numpy().tobytes()).hexdigest()
+
+
+@dataclasses.dataclass
+class RerunStats:
+    """How N runs of one output compare with run 0, byte for byte."""
+
+    name: str
+    shape: tuple = ()
+    dtype: str = ""
+    runs: int = 0
+    distinct: int = 0
+    first_diverging_run: int | None = None
+    first_element: tuple | None = None  # index in the output
+    first_values: tuple | None = None  # (run 0's value, the diverging run's value)
+    differing_elements: int = 0  # in the first diverging run
+    max_abs_diff: float = 0.0  # over all runs, against run 0
+    max_ulp: int = 0
+
+    @property
+    def bitwise(self) -> bool:
+        return self.runs > 0 and self.distinct == 1
+
+    def as_dict(self):
+        d = dataclasses.asdict(self)
+        d["bitwise"] = self.bitwise
+        return d
+
+
+class _Tracker:
+    def __init__(self, name):
+        self.stats = RerunStats(name)
+        self.reference = None
+        self.reference_bits = None
+        self.digests = set()
+
+    def add(self, run: int, t) -> None:
+        import torch
+
+        s = self.stats
+        s.runs += 1
+        if self.reference is None:
+            self.reference = t.detach().clone()
+            self.reference_bits = _bits(self.reference)
+            s.shape, s.dtype, s.distinct = tuple(t.shape), str(t.dtype).replace("torch.", ""), 1
+            return
+        if t.shape != self.reference.shape or t.dtype != self.reference.dtype:
+            s.distinct += 1
+            if s.first_diverging_run is None:
+                s.first_diverging_run = run
+                s.first_values = (f"shape {tuple(self.reference.shape)} {self.reference.dtype}", f"shape {tuple(t.shape)} {t.dtype}")
+            s.max_abs_diff = float("inf")
+            return
+        bits = _bits(t)
+        if torch.equal(bits, self.reference_bits):
+            return
+        # Only runs that differ from run 0 are copied to the host and hashed.
+        if not self.digests:
+            self.digests.add(_host_digest(self.reference))
+        digest = _host_digest(t)
+        if digest not in self.digests:
+            self.digests.add(digest)
+            s.distinct = len(self.digests)
+        a, b = self.reference.to(torch.float64), t.to(torch.float64)
+        diff = (a - b).abs()
+        both_nan = torch.isnan(a) & torch.isnan(b)
+        diff = torch.where(both_nan, torch.zeros_like(diff), torch.nan_to_num(diff, nan=float("inf")))
+        s.max_abs_diff = max(s.max_abs_diff, float(diff.max()))
+        s.max_ulp = max(s.max_ulp, int(ulp_distance(self.reference, t).max()))
+        if s.first_diverging_run is None:
+            differs = (bits != self.reference_bits).reshape(-1)
+            k = int(torch.nonzero(differs)[0])
+            s.first_diverging_run = run
+            s.first_element = tuple(int(i) for i in np.unravel_index(k, tuple(t.shape)))
+            s.first_values = (float(a.reshape(-1)[k]), float(b.reshape(-1)[k]))
+            s.differing_elements = int(differs.sum())
+
+
+# ---------------------------------------------------------------------------
+# One implementation, N runs
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class RunReport:
+    implementation: str
+    device: str
+    runs_requested: int
+    reruns: dict  # output name -> RerunStats
+    oracle: dict = dataclasses.field(default_factory=dict)  # output name -> properties.compare.Comparison
+    problems: list = dataclasses.field(default_factory=list)  # exceptions, wrong dtypes, modified inputs
+    run0: tuple = ()  # host NumPy outputs of run 0 (not serialised)
+
+    @property
+    def bitwise(self) -> bool:
+        return all(s.bitwise for s in self.reruns.values()) and len(self.reruns) == len(OUTPUT_NAMES)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and self.bitwise and all(c.ok for c in self.oracle.values())
+
+    def as_dict(self):
+        return {
+            "implementation": self.implementation,
+            "device": self.device,
+            "runs": self.runs_requested,
+            "ok": self.ok,
+            "bitwise": self.bitwise,
+            "problems": list(self.problems),
+            "outputs": {
+                name: dict(
+                    self.reruns[name].as_dict() if name in self.reruns else {},
+                    oracle=None if name not in self.oracle else {
+                        "ok": self.oracle[name].ok,
+                        "max_abs_error": self.oracle[name].max_err,
+                        "tolerance": self.oracle[name].tolerance,
+                        "baseline_error": self.oracle[name].baseline_err,
+                        "elements_over_tolerance": self.oracle[name].mismatched,
+                        "report": self.oracle[name].report(),
+                    },
+                )
+                for name in OUTPUT_NAMES
+            },
+        }
+
+
+_EXPECTED_DTYPES = {"dq": "bfloat16", "dkv": "bfloat16", "d_attn_sink": "float32"}
+
+
+def _as_torch(x):
+    import torch
+
+    if isinstance(x, torch.Tensor):
+        return x
+    if (type(x).__module__ or "").startswith("paddle"):
+        return torch.from_dlpack(x)
+    raise TypeError(f"expected a torch or paddle tensor, got {type(x).__name__}")
+
+
+def run_many(impl: Implementation, host_inputs: dict, runs: int, on_run=None) -> RunReport:
+    """Call ``impl`` ``runs`` times on the same device tensors; track each output's bytes."""
+    import torch
+
+    from properties.case import to_framework
+
+    args = to_framework(host_inputs, impl.framework, impl.device)
+    report = RunReport(impl.label, impl.device, runs, {})
+    trackers = {name: _Tracker(name) for name in OUTPUT_NAMES}
+    for run in range(runs):
+        try:
+            result = impl.function(*[args[k] for k in SPEC_ARGS], **impl.kwargs)
+            if not isinstance(result, (tuple, list)) or len(result) != 3:
+                raise TypeError(f"expected (dq, dkv, d_attn_sink), got {type(result).__name__}"
+                                + (f" of length {len(result)}" if isinstance(result, (tuple, list)) else ""))
+            outputs = [_as_torch(x) for x in result]
+            if impl.device.startswith("cuda"):
+                torch.cuda.synchronize()  # an asynchronous fault belongs to this run, not the next
+        except Exception as e:  # the implementation's failure is the finding, not a crash of repro
+            report.problems.append(f"run {run} raised {type(e).__name__}: {e}")
+            break
+        for name, t in zip(OUTPUT_NAMES, outputs):
+            trackers[name].add(run, t)
+        if run == 0:
+            from properties.compare import to_numpy
+
+            report.run0 = tuple(to_numpy(t) for t in outputs)
+            for name, t in zip(OUTPUT_NAMES, outputs):
+                got = str(t.dtype).replace("torch.", "")
+                if got != _EXPECTED_DTYPES[name]:
+                    report.problems.append(f"{name}: dtype {got}, expected {_EXPECTED_DTYPES[name]}")
+        if on_run is not None:
+            on_run(run)
+    report.reruns = {name: tr.stats for name, tr in trackers.items() if tr.stats.runs}
+    # A kernel that writes into its inputs drifts from call to call: check they are unchanged.
+    from properties.compare import to_numpy
+
+    for name in SPEC_ARGS:
+        if name == "sm_scale" or host_inputs[name] is None:
+            continue
+        now = np.ascontiguousarray(to_numpy(args[name]))
+        if now.tobytes() != np.ascontiguousarray(host_inputs[name]).tobytes():
+            report.problems.append(f"{name}: the implementation modified this input")
+    return report
+
+
+def oracle_macs(host_inputs) -> float:
+    B, S, H, d_k = host_inputs["query"].shape
+    L = host_inputs["token_indices"].shape[2]
+    return float(B * S * H * L * (2 * d_k + 2 * host_inputs["out"].shape[3]))
+
+
+def check_against_oracle(report: RunReport, expected) -> None:
+    """Run 0 against the float64 oracle, by the tolerance rule."""
+    from properties.compare import compare
+
+    if not report.run0:
+        return
+    (want, baseline) = expected
+    for name, got, w, b in zip(OUTPUT_NAMES, report.run0, want, baseline):
+        report.oracle[name] = compare(name, got, w, b)
+
+
+# ---------------------------------------------------------------------------
+# Two implementations on the same tensors
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class CrossStats:
+    name: str
+    bitwise_equal: bool
+    differing_elements: int
+    total: int
+    max_abs_diff: float
+    max_ulp: int
+    first_element: tuple | None
+    first_values: tuple | None
+
+    def as_dict(self):
+        return dataclasses.asdict(self)
+
+
+def cross_compare(a: RunReport, b: RunReport) -> dict:
+    """Run 0 of ``a`` against run 0 of ``b``, output by output."""
+    import torch
+
+    from .capture import _as_cpu_torch
+
+    result = {}
+    if not a.run0 or not b.run0:
+        return result
+    for name, x, y in zip(OUTPUT_NAMES, a.run0, b.run0):
+        tx, ty = _as_cpu_torch(name, x), _as_cpu_torch(name, y)
+        if tx.shape != ty.shape or tx.dtype != ty.dtype:
+            result[name] = CrossStats(name, False, -1, tx.numel(), float("inf"), -1, None,
+                                      (f"{tuple(tx.shape)} {tx.dtype}", f"{tuple(ty.shape)} {ty.dtype}"))
+            continue
+        differs = (_bits(tx) != _bits(ty)).reshape(-1)
+        n = int(differs.sum())
+        first = values = None
+        if n:
+            k = int(torch.nonzero(differs)[0])
+            first = tuple(int(i) for i in np.unravel_index(k, tuple(tx.shape)))
+            values = (float(tx.reshape(-1)[k]), float(ty.reshape(-1)[k]))
+        diff = (tx.double() - ty.double()).abs().nan_to_num(nan=float("inf"))
+        result[name] = CrossStats(name, n == 0, n, tx.numel(), float(diff.max()) if n else 0.0,
+                                  int(ulp_distance(tx, ty).max()) if n else 0, first, values)
+    return result
+
+
+# ---------------------------------------------------------------------------
+# The whole replay
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class ReproResult:
+    source: Source
+    primary: RunReport
+    other: RunReport | None = None
+    cross: dict = dataclasses.field(default_factory=dict)
+    oracle_skipped: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.primary.ok and (self.other is None or self.other.ok)
+
+    def as_dict(self):
+        return {
+            "source": {"path": str(self.source.path), "kind": self.source.kind, "description": self.source.describe(),
+                       "recorded": {k: v for k, v in self.source.recorded.items() if k != "report"}},
+            "ok": self.ok,
+            "oracle_skipped": self.oracle_skipped,
+            "implementations": [r.as_dict() for r in (self.primary, self.other) if r is not None],
+            "cross": {name: c.as_dict() for name, c in self.cross.items()},
+        }
+
+
+def replay(source: Source, impl: Implementation, runs: int = 100, against: Implementation | None = None,
+           oracle: bool = True, on_run=None) -> ReproResult:
+    if runs < 1:
+        raise ValueError(f"--runs: expected at least 1, got {runs}")
+    primary = run_many(impl, source.inputs, runs, on_run=on_run and (lambda r: on_run(impl.label, r)))
+    other = None
+    if against is not None:
+        other = run_many(against, source.inputs, runs, on_run=on_run and (lambda r: on_run(against.label, r)))
+    result = ReproResult(source, primary, other)
+    if oracle:
+        from properties.case import expected
+
+        want = expected(source.inputs)
+        for report in (primary, other):
+            if report is not None:
+                check_against_oracle(report, want)
+    else:
+        result.oracle_skipped = "skipped on request (--no-oracle)"
+    if other is not None:
+        result.cross = cross_compare(primary, other)
+    return result
+
+
+def recorded_implementation(source: Source) -> str | None:
+    """The implementation a failure file or capture names: 'module:function' or a backend, or None."""
+    impl = source.recorded.get("impl")
+    if impl and impl != FUZZ_GUARD:
+        return impl
+    return source.recorded.get("backend") or None
