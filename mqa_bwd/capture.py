@@ -167,7 +167,12 @@ def write_atomic(path, write, *, durable: bool = True) -> Path:
         raise ValueError(f"path: directory {str(directory)!r} does not exist")
     temporary = directory / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.partial"
     try:
+        # Created here first to learn the mode the caller's umask gives a new file; the writer may
+        # replace the file with one of its own (safetensors makes it 0600), so that mode is put back.
+        os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
+        mode = os.stat(temporary).st_mode & 0o777
         write(temporary)
+        os.chmod(temporary, mode)
         if durable:
             fd = os.open(temporary, os.O_RDONLY)
             try:
