@@ -66,9 +66,7 @@ def run_variant(args, label, deterministic, design=None, probe_mode=None, repeat
     stages = collections.defaultdict(list)
     for i in range(repeats + 1):
         launcher = TimedLauncher(deterministic, probe_mode)
-        p = wrapper.validate(*args, None, None, launcher)
-        if design is not None:
-            p = wrapper.Problem(**{**p.__dict__, "dkv_design": design})
+        p = wrapper.validate(*args, None, None, launcher, dkv_design=design)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         wrapper.run(p, *args[:-1], args[-1], launcher)

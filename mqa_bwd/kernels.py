@@ -109,7 +109,7 @@ def delta_program(d_v: int, threads: int = 128):
     return delta
 
 
-def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int = 0):
+def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int = 0, threads: int = 0):
     """The main backward for one head group of ``heads`` heads.
 
     mode (how the per-slot dKV contributions leave the CTA):
@@ -136,8 +136,12 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
     BS = BLOCK_SLOTS
     NB = Lp // BS
     block_H = main_tile_heads(Hg)
-    threads = 256 if block_H >= 64 else 128
+    # 8 warps need a tile of at least 32 head rows to partition the GEMMs.
+    threads = threads or (256 if block_H >= 32 else 128)
     f32, bf16, i32 = "float32", "bfloat16", "int32"
+    # Read-modify-writes of dKV scratch go in groups of RMW_SLOTS slots: all
+    # loads of a group are issued before any store, so they overlap in flight.
+    RMW_SLOTS = 8
     dkv_shape = {"atomic": (NKV, Dk), "shard": (NSL, NKV, Dk), "none": (1,)}.get(mode, (R, Lp, Dk))
     grid = NSL if mode == "shard" else R
     has_tail = Dt > 0
@@ -179,6 +183,10 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
             acc_dp = T.alloc_fragment((block_H, BS), f32)
             acc_dq = T.alloc_fragment((block_H, Dv), f32)
             acc_dkv = T.alloc_fragment((BS, Dv), f32)
+            if mode in ("accumulate", "shard"):
+                old = T.alloc_fragment((RMW_SLOTS, Dv), f32)
+                if has_tail:
+                    old_t = T.alloc_fragment((RMW_SLOTS, Dt), f32)
 
             if mode == "shard":
                 first_row = shard_base + b
@@ -251,11 +259,16 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
                         if has_tail:
                             T.copy(dKVt_s, dKV[r, t * BS : (t + 1) * BS, Dv:Dk])
                     elif mode == "accumulate":
-                        for j, d in T.Parallel(BS, Dv):
-                            dKV[r, t * BS + j, d] = dKV[r, t * BS + j, d] + dKV_s[j, d]
-                        if has_tail:
-                            for j, d in T.Parallel(BS, Dt):
-                                dKV[r, t * BS + j, Dv + d] = dKV[r, t * BS + j, Dv + d] + dKVt_s[j, d]
+                        for g8 in T.serial(BS // RMW_SLOTS):
+                            for j, d in T.Parallel(RMW_SLOTS, Dv):
+                                old[j, d] = dKV[r, t * BS + g8 * RMW_SLOTS + j, d]
+                            for j, d in T.Parallel(RMW_SLOTS, Dv):
+                                dKV[r, t * BS + g8 * RMW_SLOTS + j, d] = old[j, d] + dKV_s[g8 * RMW_SLOTS + j, d]
+                            if has_tail:
+                                for j, d in T.Parallel(RMW_SLOTS, Dt):
+                                    old_t[j, d] = dKV[r, t * BS + g8 * RMW_SLOTS + j, Dv + d]
+                                for j, d in T.Parallel(RMW_SLOTS, Dt):
+                                    dKV[r, t * BS + g8 * RMW_SLOTS + j, Dv + d] = old_t[j, d] + dKVt_s[g8 * RMW_SLOTS + j, d]
                     elif mode == "atomic":
                         for j, d in T.Parallel(BS, Dv):
                             if (slot[j] >= 0) and (slot[j] < NKV):
@@ -279,14 +292,26 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
                                 if has_tail:
                                     for d in T.Parallel(Dt):
                                         dKVt_s[leader[j], d] = dKVt_s[leader[j], d] + dKVt_s[j, d]
-                        # Now every written kv row is distinct: one plain RMW each.
-                        for j, d in T.Parallel(BS, Dv):
-                            if (leader[j] == j) and (slot[j] >= 0) and (slot[j] < NKV):
-                                dKV[b, slot[j], d] = dKV[b, slot[j], d] + dKV_s[j, d]
-                        if has_tail:
-                            for j, d in T.Parallel(BS, Dt):
-                                if (leader[j] == j) and (slot[j] >= 0) and (slot[j] < NKV):
-                                    dKV[b, slot[j], Dv + d] = dKV[b, slot[j], Dv + d] + dKVt_s[j, d]
+                        # Now every written kv row is distinct: one plain RMW each,
+                        # all loads of a group of slots in flight before its stores.
+                        for g8 in T.serial(BS // RMW_SLOTS):
+                            for j, d in T.Parallel(RMW_SLOTS, Dv):
+                                old[j, d] = T.if_then_else(
+                                    (leader[g8 * RMW_SLOTS + j] == g8 * RMW_SLOTS + j) and (slot[g8 * RMW_SLOTS + j] >= 0) and (slot[g8 * RMW_SLOTS + j] < NKV),
+                                    dKV[b, slot[g8 * RMW_SLOTS + j], d], T.cast(0, f32),
+                                )
+                            for j, d in T.Parallel(RMW_SLOTS, Dv):
+                                if (leader[g8 * RMW_SLOTS + j] == g8 * RMW_SLOTS + j) and (slot[g8 * RMW_SLOTS + j] >= 0) and (slot[g8 * RMW_SLOTS + j] < NKV):
+                                    dKV[b, slot[g8 * RMW_SLOTS + j], d] = old[j, d] + dKV_s[g8 * RMW_SLOTS + j, d]
+                            if has_tail:
+                                for j, d in T.Parallel(RMW_SLOTS, Dt):
+                                    old_t[j, d] = T.if_then_else(
+                                        (leader[g8 * RMW_SLOTS + j] == g8 * RMW_SLOTS + j) and (slot[g8 * RMW_SLOTS + j] >= 0) and (slot[g8 * RMW_SLOTS + j] < NKV),
+                                        dKV[b, slot[g8 * RMW_SLOTS + j], Dv + d], T.cast(0, f32),
+                                    )
+                                for j, d in T.Parallel(RMW_SLOTS, Dt):
+                                    if (leader[g8 * RMW_SLOTS + j] == g8 * RMW_SLOTS + j) and (slot[g8 * RMW_SLOTS + j] >= 0) and (slot[g8 * RMW_SLOTS + j] < NKV):
+                                        dKV[b, slot[g8 * RMW_SLOTS + j], Dv + d] = old_t[j, d] + dKVt_s[g8 * RMW_SLOTS + j, d]
                         # The next block's writes (other threads) must see these.
                         T.sync_threads()
 

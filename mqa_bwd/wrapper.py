@@ -32,13 +32,15 @@ BLOCK_H_CHOICES = (16, 32)
 DEFAULT_DKV_BUF_BYTES = 4 << 30
 PAD_SINK = -1e30
 INT32_MAX = 2**31 - 1
-# The shard design: at most this many fp32 dKV shards, together at most
-# SHARD_SCRATCH_BYTES. Both fixed, so the reduction order depends on the
-# shapes alone, never on the budget. Fewer than MIN_SHARDS (huge S_kv) would
-# starve the GPU: the per-slot design takes over there.
+# The shard design: at most MAX_SHARDS fp32 dKV shards, together at most
+# SHARD_SCRATCH_BYTES, fixed so that the reduction order depends on the shapes
+# alone, never on the budget.
 MAX_SHARDS = 128
-MIN_SHARDS = 32
 SHARD_SCRATCH_BYTES = 2 << 30
+# The default deterministic design. Measured on the H200 (B=1 S=4096 S_kv=8192
+# H=64 L=2048): slots 58.5 ms, shards 103 ms (its read-modify-writes are
+# latency-bound), atomic control 38.8 ms. See benchmarks/profile_stages.py.
+DEFAULT_DKV_DESIGN = "slots"
 DKV_DESIGNS = ("shards", "slots")
 
 
@@ -105,12 +107,13 @@ class Problem:
 
     @property
     def design(self) -> str:
-        """"shards" (query rows split over fixed shards, each one fp32 dKV buffer
-        with one writer, folded in shard order) unless too few shards fit, then
-        "slots" (per-slot scratch reduced in CSR order)."""
-        if self.dkv_design is not None:
-            return self.dkv_design
-        return "shards" if self.shards >= min(MIN_SHARDS, self.rows) else "slots"
+        """How the deterministic path reduces dKV:
+        "slots"  per-slot scratch for a chunk of query rows, reduced per kv row
+                 in CSR order (sorted by kv row, then flat slot position);
+        "shards" query rows split over fixed shards, each one fp32 dKV buffer
+                 with one writer, folded in shard order (scratch independent of S).
+        """
+        return self.dkv_design or DEFAULT_DKV_DESIGN
 
 
 # ---------------------------------------------------------------------------
@@ -164,8 +167,11 @@ def _require_dtype(name, t, dtype):
         raise ValueError(f"{name}: expected dtype {dtype}, got {t.dtype}")
 
 
-def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h, dkv_buf_bytes, launcher):
-    """Check every argument; return the Problem. Raises ValueError naming the argument."""
+def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h, dkv_buf_bytes, launcher,
+             dkv_design=None):
+    """Check every argument; return the Problem. Raises ValueError naming the argument.
+
+    ``dkv_design`` forces the deterministic dKV design (tests and benchmarks)."""
     for name, t in (("query", query), ("kv", kv), ("out", out), ("grad_out", grad_out)):
         _require_dtype(name, t, torch.bfloat16)
     _require_rank("query", query, 4, "B,S,H,Dk")
@@ -219,7 +225,9 @@ def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, 
     elif isinstance(dkv_buf_bytes, bool) or not isinstance(dkv_buf_bytes, numbers.Integral) or dkv_buf_bytes <= 0:
         raise ValueError(f"dkv_buf_bytes: expected a positive integer, got {dkv_buf_bytes!r}")
 
-    problem = Problem(B, S, S_kv, H, L_, d_k, d_v, int(block_h), int(dkv_buf_bytes))
+    if dkv_design not in (None,) + DKV_DESIGNS:
+        raise ValueError(f"dkv_design: one of {DKV_DESIGNS}, got {dkv_design!r}")
+    problem = Problem(B, S, S_kv, H, L_, d_k, d_v, int(block_h), int(dkv_buf_bytes), dkv_design=dkv_design)
     if launcher.deterministic and problem.design == "slots" and problem.slot_row_bytes > problem.dkv_buf_bytes:
         raise ValueError(
             f"dkv_buf_bytes: {dkv_buf_bytes} cannot hold one query row's slot scratch "

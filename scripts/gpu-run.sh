@@ -1,18 +1,20 @@
 #!/usr/bin/env bash
 # One device-tool call on the H200: unpack tilelang, compile every kernel in
-# parallel (fills TileLang's cache), then run what is asked. Logs go to $OUT.
-# Usage (device tool, carry .gpu): bash scripts/gpu-run.sh [pytest args...] ; BENCH=dsv32 to benchmark too.
+# parallel (fills TileLang's cache), then run each argument as a shell command
+# with the environment set. Logs go to $OUT.
+# Usage (device tool, carry .gpu):
+#   bash scripts/gpu-run.sh 'python3 -m pytest -m gpu tests/' 'python3 -m mqa_bwd.bench --shapes dsv32'
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p /tmp/site "$OUT"
-tar -C /tmp/site -xJf .gpu/tilelang.tar.xz
-export PYTHONPATH=/tmp/site:$PWD CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PYTHONUNBUFFERED=1
+[[ -d /tmp/site/tilelang ]] || tar -C /tmp/site -xJf .gpu/tilelang.tar.xz
+export PYTHONPATH=/tmp/site:$PWD CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PYTHONUNBUFFERED=1 OUT
 nvidia-smi -L
-python3 -c "import tilelang, torch, ml_dtypes, hypothesis; print('tilelang', tilelang.__version__, 'torch', torch.__version__)"
-python3 -m mqa_bwd.kernels --workers 16 2>&1 | grep -v "INFO" | tail -5
-if [[ $# -gt 0 ]]; then
-  python3 -m pytest -p no:cacheprovider -q "$@" 2>&1 | tee "$OUT/pytest.log" | grep -v "^\s*$" | tail -60
-fi
-if [[ -n "${BENCH:-}" ]]; then
-  python3 -m mqa_bwd.bench --shapes "$BENCH" --json "$OUT/bench-$BENCH.json" 2>&1 | grep -v INFO | tee "$OUT/bench-$BENCH.txt"
-fi
+python3 -c "import tilelang, torch; print('tilelang', tilelang.__version__, 'torch', torch.__version__)"
+python3 -W ignore -m mqa_bwd.kernels --workers 16 2>&1 | grep -v "INFO" | tail -3
+n=0
+for cmd in "$@"; do
+  n=$((n + 1))
+  echo "### $cmd"
+  bash -c "$cmd" 2>&1 | grep -v "INFO\|DeprecationWarning\|disable_tma_lower\|return cache.cached\|instance = cls\|kernel = JITKernel" | tee "$OUT/step$n.log"
+done

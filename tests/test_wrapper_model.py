@@ -26,8 +26,7 @@ def call(inputs, **kw):
 def call_design(inputs, design, dkv_buf_bytes=None, launcher=None):
     """The wrapper with the deterministic dKV design forced ("shards" or "slots")."""
     launcher = launcher or ModelLauncher()
-    p = wrapper.validate(*[inputs[k] for k in ARGS], None, dkv_buf_bytes, launcher)
-    p = wrapper.Problem(**{**p.__dict__, "dkv_design": design})
+    p = wrapper.validate(*[inputs[k] for k in ARGS], None, dkv_buf_bytes, launcher, dkv_design=design)
     return wrapper.run(p, *[inputs[k] for k in ARGS[:-1]], inputs["sm_scale"], launcher)
 
 
@@ -96,14 +95,12 @@ def test_chunking_really_happens(design, unit, kernel, launches):
     assert launch.COUNTERS[f"launch:{kernel}"] - before == launches
 
 
-def test_default_design_is_shards_with_bounded_scratch():
+def test_shard_scratch_is_bounded_and_independent_of_s():
     p = wrapper.Problem(B=1, S=4096, S_kv=8192, H=64, L=2048, d_k=576, d_v=512, block_h=32,
-                        dkv_buf_bytes=wrapper.DEFAULT_DKV_BUF_BYTES)
-    assert p.design == "shards"
+                        dkv_buf_bytes=wrapper.DEFAULT_DKV_BUF_BYTES, dkv_design="shards")
     assert p.shards * p.shard_bytes <= 2 << 30 and p.shards >= 64
-    # A context so long that few shards fit falls back to per-slot scratch.
-    long = wrapper.Problem(**{**p.__dict__, "S_kv": 1 << 20})
-    assert long.design == "slots"
+    longer = wrapper.Problem(**{**p.__dict__, "S": 65536})
+    assert longer.shards == p.shards
 
 
 def _unpadded_call(inputs, H):
