@@ -168,14 +168,16 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
             P_s = T.alloc_shared((block_H, BS), bf16)
             dS_s = T.alloc_shared((block_H, BS), bf16)
             dQ_s = T.alloc_shared((block_H, Dv), bf16)
-            dKV_s = T.alloc_shared((BS, Dv), f32)
+            # fp32 rows padded by 4 words: the accumulator fragment's stores
+            # would otherwise put 8 lanes on one bank (row stride 512 words).
+            dKV_s = T.alloc_shared((BS, Dv + 4), f32)
             slot = T.alloc_shared((BS,), i32)
             leader = T.alloc_shared((BS,), i32)
             if has_tail:
                 Qt_s = T.alloc_shared((block_H, Dt), bf16)
                 KVt_s = T.alloc_shared((BS, Dt), bf16)
                 dQt_s = T.alloc_shared((block_H, Dt), bf16)
-                dKVt_s = T.alloc_shared((BS, Dt), f32)
+                dKVt_s = T.alloc_shared((BS, Dt + 4), f32)
                 acc_dqt = T.alloc_fragment((block_H, Dt), f32)
                 acc_dkvt = T.alloc_fragment((BS, Dt), f32)
 
@@ -249,15 +251,15 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
                         # dKV of this slot block = dS^T Q (all columns) + P^T dO (first Dv).
                         T.gemm(dS_s, Q_s, acc_dkv, transpose_A=True, clear_accum=True)
                         T.gemm(P_s, dO_s, acc_dkv, transpose_A=True)
-                        T.copy(acc_dkv, dKV_s)
+                        T.copy(acc_dkv, dKV_s[0:BS, 0:Dv])
                         if has_tail:
                             T.gemm(dS_s, Qt_s, acc_dkvt, transpose_A=True, clear_accum=True)
-                            T.copy(acc_dkvt, dKVt_s)
+                            T.copy(acc_dkvt, dKVt_s[0:BS, 0:Dt])
 
                     if mode == "write":
-                        T.copy(dKV_s, dKV[r, t * BS : (t + 1) * BS, 0:Dv])
+                        T.copy(dKV_s[0:BS, 0:Dv], dKV[r, t * BS : (t + 1) * BS, 0:Dv])
                         if has_tail:
-                            T.copy(dKVt_s, dKV[r, t * BS : (t + 1) * BS, Dv:Dk])
+                            T.copy(dKVt_s[0:BS, 0:Dt], dKV[r, t * BS : (t + 1) * BS, Dv:Dk])
                     elif mode == "accumulate":
                         for g8 in T.serial(BS // RMW_SLOTS):
                             for j, d in T.Parallel(RMW_SLOTS, Dv):
