@@ -28,6 +28,8 @@ SPEC_ARGS = ("query", "kv", "out", "grad_out", "lse", "attn_sink", "token_indice
 OUTPUT_NAMES = ("dq", "dkv", "d_attn_sink")
 #: The fuzzer's crash-recording wrapper: a failure file naming it means "the backend it wrapped".
 FUZZ_GUARD = "mqa_bwd.fuzz:guarded"
+#: Our implementation, as failure files name it.
+OURS = "mqa_bwd:mqa_latent_sparse_bwd"
 #: Above this many multiply-adds the float64 oracle takes minutes on a CPU.
 ORACLE_SLOW_MACS = 2e10
 
@@ -131,8 +133,13 @@ def import_function(spec: str, option: str = "--impl"):
     return obj
 
 
-def resolve(spec, *, option="--backend", device=None, framework="torch", block_h=None, dkv_buf_bytes=None) -> Implementation:
-    """A backend name or 'module:function' (None: the best backend here) -> Implementation."""
+def resolve(impl=None, backend=None, *, option="--backend", device=None, framework="torch", block_h=None,
+            dkv_buf_bytes=None) -> Implementation:
+    """What to replay on: ``impl`` ('module:function', None for ours) called with ``backend=``.
+
+    Ours without a backend gets the best one here. A backend this machine
+    cannot run is a ValueError naming ``option``.
+    """
     import torch
 
     from . import backends
@@ -141,22 +148,32 @@ def resolve(spec, *, option="--backend", device=None, framework="torch", block_h
     config = {k: v for k, v in (("block_h", block_h), ("dkv_buf_bytes", dkv_buf_bytes)) if v is not None}
     if framework not in ("torch", "paddle"):
         raise ValueError(f"--framework: expected 'torch' or 'paddle', got {framework!r}")
-    if spec is None:
-        spec = backends.default_backend()
-    if spec in backends.BACKENDS:
-        if spec.startswith("tilelang") and not backends.hopper_available():
-            raise ValueError(f"{option}: {spec!r} needs a Hopper GPU (sm_90) and tilelang; this machine has none "
-                             "(the CPU tile model is 'model')")
-        wanted = "cuda" if spec.startswith("tilelang") else "cpu"
+    if backend is not None and backend not in backends.BACKENDS:
+        raise ValueError(f"{option}: expected one of {backends.BACKENDS}, got {backend!r}")
+    if backend is not None and backend.startswith("tilelang") and not backends.hopper_available():
+        raise ValueError(f"{option}: {backend!r} needs a Hopper GPU (sm_90) and tilelang; this machine has none "
+                         "(the CPU tile model is 'model')")
+    if impl in (None, OURS):
+        backend = backend or backends.default_backend()
+        wanted = "cuda" if backend.startswith("tilelang") else "cpu"
         if device is not None and device != wanted:
-            raise ValueError(f"--device: backend {spec!r} runs on {wanted}, not {device!r}")
-        return Implementation(f"backend {spec!r}", mqa_latent_sparse_bwd, wanted, framework, dict(config, backend=spec))
-    if ":" in spec:
-        function = import_function(spec, option)
-        if device is None:
+            raise ValueError(f"--device: backend {backend!r} runs on {wanted}, not {device!r}")
+        return Implementation(f"backend {backend!r}", mqa_latent_sparse_bwd, wanted, framework,
+                              dict(config, backend=backend))
+    function = import_function(impl, "--impl" if option == "--backend" else option)
+    if device is None:
+        if backend is not None:
+            device = "cuda" if backend.startswith("tilelang") else "cpu"
+        else:
             device = "cuda" if torch.cuda.is_available() else "cpu"
-        return Implementation(spec, function, device, framework, config)
-    raise ValueError(f"{option}: expected one of {backends.BACKENDS} or 'module:function', got {spec!r}")
+    kwargs = dict(config, backend=backend) if backend is not None else config
+    label = impl + (f" (backend {backend!r})" if backend is not None else "")
+    return Implementation(label, function, device, framework, kwargs)
+
+
+def parse_target(text: str) -> tuple:
+    """'--against' text: a backend name -> (None, backend); 'module:function' -> (impl, None)."""
+    return (text, None) if ":" in text else (None, text)
 
 
 # ---------------------------------------------------------------------------
@@ -334,6 +351,10 @@ def run_many(impl: Implementation, host_inputs: dict, runs: int, on_run=None) ->
 
     from properties.case import to_framework
 
+    # Copies: torch.from_numpy shares memory, and an implementation that writes into its inputs must
+    # neither change the source for the next implementation nor hide its own write.
+    host_inputs = {k: (v.copy() if isinstance(v, np.ndarray) else v) for k, v in host_inputs.items()}
+    pristine = {k: np.ascontiguousarray(v).tobytes() for k, v in host_inputs.items() if isinstance(v, np.ndarray)}
     args = to_framework(host_inputs, impl.framework, impl.device)
     report = RunReport(impl.label, impl.device, runs, {})
     trackers = {name: _Tracker(name) for name in OUTPUT_NAMES}
@@ -369,7 +390,7 @@ def run_many(impl: Implementation, host_inputs: dict, runs: int, on_run=None) ->
         if name == "sm_scale" or host_inputs[name] is None:
             continue
         now = np.ascontiguousarray(to_numpy(args[name]))
-        if now.tobytes() != np.ascontiguousarray(host_inputs[name]).tobytes():
+        if now.tobytes() != pristine[name]:
             report.problems.append(f"{name}: the implementation modified this input")
     return report
 
@@ -490,9 +511,10 @@ def replay(source: Source, impl: Implementation, runs: int = 100, against: Imple
     return result
 
 
-def recorded_implementation(source: Source) -> str | None:
-    """The implementation a failure file or capture names: 'module:function' or a backend, or None."""
-    impl = source.recorded.get("impl")
-    if impl and impl != FUZZ_GUARD:
-        return impl
-    return source.recorded.get("backend") or None
+def recorded_target(source: Source) -> tuple:
+    """(impl, backend) that a failure file or capture names; None for what it does not name."""
+    impl = source.recorded.get("impl") or None
+    if impl == FUZZ_GUARD:  # the fuzzer's recording wrapper stands for ours on the recorded backend
+        impl = None
+    backend = source.recorded.get("backend") or None
+    return impl, backend if isinstance(backend, str) else None

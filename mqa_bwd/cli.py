@@ -1,0 +1,794 @@
+"""``mqa-bwd``: the correctness gate, drift reproduction, fuzzing and the benchmark, as commands.
+
+Exit codes, for every subcommand: 0 everything held; 1 something did not
+(a property failed, a replay drifted or disagreed with the oracle, fuzzing
+found a failure or a crash); 2 the command could not do its job (bad
+argument, unreadable or damaged input, no GPU where one is needed).
+"""
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_SUITE = ROOT / "tests" / "test_properties.py"
+PROFILES = ("ci", "dev", "fuzz", "repro")
+MAX_HEADS = 128
+#: Where the property suite keeps failing cases and replays them first (its plugin's default).
+REGRESSIONS_DIR = ROOT / "tests" / "regressions"
+FUZZ_FAILURES_DIR = "fuzz-failures"
+#: Fuzz rounds shorter than this are not worth a pytest start-up.
+MIN_ROUND_S = 20.0
+
+MAIN_HELP = """\
+Correctness and determinism gate for the backward of sparse absorbed MQA with
+an attention sink (SPEC.md). Four jobs:
+
+  check   run the property suite (ci profile) on the best backend here:
+          the TileLang kernel on a Hopper GPU, the CPU tile model elsewhere
+  repro   replay a failing case, or tensors captured from a training step,
+          N times: bitwise verdict per output, error against the oracle
+  fuzz    run the properties for M minutes with many random cases, one
+          worker per GPU; every failure and crash saved as a replayable file
+  bench   time the deterministic backward against the atomic one (GPU)
+
+Run 'mqa-bwd COMMAND --help' for what each prints and its options.
+Exit codes: 0 all held, 1 something failed, 2 could not run (bad input, no GPU).
+"""
+
+CHECK_HELP = """\
+Runs every property of the suite (tests/test_properties.py) under the 'ci'
+Hypothesis profile (derandomized, fixed example counts), shows progress per
+property, and ends with a table: property x verdict x cases x time. Exit 0
+only when every property that ran holds.
+
+A failing property's report (worst elements, ULP distances, a REPRO line) is
+printed after the table, and each failing case is saved as JSON in the
+suite's regressions folder (tests/regressions/, replayed first on every later
+run) or in --failures-dir; 'mqa-bwd repro FILE' replays it.
+
+examples:
+  mqa-bwd check                              best backend on this machine
+  mqa-bwd check --backend model              the CPU tile model
+  mqa-bwd check --impl mypkg.ops:bwd         any function with the SPEC signature
+  mqa-bwd check --profile dev -k oracle      a quick loop on one property
+  mqa-bwd check -- -x                        extra pytest arguments after --
+"""
+
+REPRO_HELP = """\
+Replays one call of the backward N times (default 100) on the same tensors
+and reports, per output (dq, dkv, d_attn_sink): bitwise identical or not, how
+many distinct results, the first run and element that differ from run 0 (with
+both values), the largest absolute and ULP distance, and the error of run 0
+against the float64 oracle by the tolerance rule (2x the bf16 baseline's error
+plus a float32 floor).
+
+SOURCE is one of:
+  a case JSON          a bare Case dict, or a failure file from check/fuzz
+                       ({"case": ..., "property": ..., "backend": ..., ...})
+  a capture            tensors saved from a training step with
+                       mqa_bwd.capture.save(path, query=..., kv=..., ...);
+                       a damaged or incomplete capture is refused, naming why
+
+The backend defaults to the one the source names (failure files, captures),
+else the best one here. --against runs a second implementation on the same
+tensors and shows how far the two are apart and which one drifts.
+
+examples:
+  mqa-bwd repro fuzz-failures/crash-gw0-1234.safetensors
+  mqa-bwd repro case.json --runs 1000 --backend tilelang
+  mqa-bwd repro step1234.safetensors --against tilelang-atomic --json report.json
+"""
+
+FUZZ_HELP = """\
+Runs the properties under the 'fuzz' profile (many random cases) for
+--minutes, through pytest-xdist with one worker per GPU (worker i pinned with
+CUDA_VISIBLE_DEVICES=i); on the CPU model where there is no GPU. Shows live
+progress (cases tried, failures, crashes) and ends with a table per property.
+
+Every failure is saved in --failures-dir: failing cases as JSON (by the
+property suite), crashes as captures. Each call's inputs are written before
+the call runs, so a worker that dies (illegal memory access, abort) loses no
+case: its record becomes crash-*.safetensors. Replay any of them with
+'mqa-bwd repro FILE'. Exit 0 when nothing failed or crashed.
+
+examples:
+  mqa-bwd fuzz --heads 1-64 --minutes 30       all GPUs, heads 1..64
+  mqa-bwd fuzz --heads 1-16 --workers 1        one GPU (or the CPU model)
+  mqa-bwd fuzz --backend model --minutes 2     the CPU tile model
+"""
+
+BENCH_HELP = """\
+Times the deterministic backward ('tilelang') against the atomic variant
+('tilelang-atomic') on one GPU: median ms of CUDA-event-timed repeats
+(interleaved, after warm-up), TFLOP/s by SPEC.md's count, peak scratch GiB,
+the ratio det/atomic, and the relative L2 distance between the two backends'
+outputs (a fast variant that skips work shows as DISAGREE). Prints a table;
+--json writes the rows, --plot a PNG of time against H or L.
+
+shapes:
+  dsv32   B=1 S=4096 S_kv=8192 L=2048, H=64 and H=128  (default)
+  fleet   B=1 S=8192 S_kv=8192 H=64 L=640
+  --shape B=1,S=4096,S_kv=8192,H=32,L=2048   any shape (repeatable)
+  --sweep H=16,32,64,128                     each shape at these H (or L=...)
+
+examples:
+  mqa-bwd bench --shapes dsv32,fleet --json bench.json
+  mqa-bwd bench --shapes fleet --sweep H=8,16,32,64,128 --plot time-vs-h.png
+"""
+
+
+# ---------------------------------------------------------------------------
+# Argument types
+# ---------------------------------------------------------------------------
+
+
+def parse_heads(text: str) -> tuple:
+    """'1-64' or '8' -> (lo, hi), 1 <= lo <= hi <= 128."""
+    lo_text, sep, hi_text = text.partition("-")
+    try:
+        lo = int(lo_text)
+        hi = int(hi_text) if sep else lo
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected LO-HI (e.g. 1-64) or one number, got {text!r}") from None
+    if not 1 <= lo <= hi <= MAX_HEADS:
+        raise argparse.ArgumentTypeError(f"expected 1 <= LO <= HI <= {MAX_HEADS}, got {text!r}")
+    return lo, hi
+
+
+def _positive(kind):
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}") from None
+        if not value > 0:
+            raise argparse.ArgumentTypeError(f"expected a positive {kind.__name__}, got {text!r}")
+        return value
+
+    parse.__name__ = f"positive {kind.__name__}"
+    return parse
+
+
+positive_int = _positive(int)
+positive_float = _positive(float)
+
+
+def _backend_choice(text: str) -> str:
+    from .backends import BACKENDS
+
+    if text not in BACKENDS:
+        raise argparse.ArgumentTypeError(f"expected one of {', '.join(BACKENDS)}, got {text!r}")
+    return text
+
+
+# ---------------------------------------------------------------------------
+# Parser
+# ---------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(prog="mqa-bwd", description=MAIN_HELP, formatter_class=fmt)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def suite_options(p, failures_default):
+        p.add_argument("--backend", type=_backend_choice, help="tilelang, tilelang-atomic, model or "
+                       "model-atomic, passed as backend= (default: the best one here)")
+        p.add_argument("--impl", metavar="MODULE:FUNCTION", help="test this function (SPEC signature) "
+                       "instead of ours; imported from the Python path as given")
+        p.add_argument("--heads", type=parse_heads, metavar="LO-HI", help="restrict the head counts drawn "
+                       f"(1..{MAX_HEADS})")
+        p.add_argument("--repeats", type=positive_int, metavar="N", help="reruns per example in the "
+                       "determinism property")
+        p.add_argument("--failures-dir", type=Path, metavar="DIR", help="where failing cases are saved "
+                       f"(default: {failures_default})")
+        p.add_argument("-k", dest="keyword", metavar="EXPR", help="only properties matching this pytest -k expression")
+        p.add_argument("--tests", type=Path, default=None, metavar="PATH",
+                       help="the property suite to run (default: the project's tests/test_properties.py)")
+        p.add_argument("pytest_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
+
+    check = sub.add_parser("check", help="run the correctness gate (ci profile) on the best backend",
+                           description=CHECK_HELP, formatter_class=fmt)
+    suite_options(check, "the suite's tests/regressions")
+    check.add_argument("--profile", choices=PROFILES, default="ci", help="Hypothesis profile (default: ci)")
+    check.add_argument("--workers", type=positive_int, default=1, metavar="N",
+                       help="pytest-xdist workers (default 1; on GPUs, worker i is pinned to GPU i mod count)")
+    check.add_argument("--summary-json", type=Path, metavar="PATH", help="keep the suite's summary JSON here")
+    check.set_defaults(handler=cmd_check)
+
+    repro = sub.add_parser("repro", help="replay a case or a capture N times: determinism and accuracy",
+                           description=REPRO_HELP, formatter_class=fmt)
+    repro.add_argument("source", type=Path, metavar="SOURCE", help="case JSON, failure file or capture")
+    repro.add_argument("--runs", type=positive_int, default=100, metavar="N", help="reruns (default 100)")
+    repro.add_argument("--backend", type=_backend_choice, help="backend to replay on, passed as backend= "
+                       "(default: the one the source names, else the best one here)")
+    repro.add_argument("--impl", metavar="MODULE:FUNCTION", help="replay on this function (SPEC signature) "
+                       "instead of ours")
+    repro.add_argument("--against", metavar="BACKEND|MODULE:FUNCTION",
+                       help="also replay on this implementation and compare the two")
+    repro.add_argument("--block-h", type=int, choices=(16, 32), help="head-group width of the call")
+    repro.add_argument("--dkv-buf-bytes", type=positive_int, metavar="BYTES", help="scratch budget of the call")
+    repro.add_argument("--framework", choices=("torch", "paddle"), help="hand the tensors over in this "
+                       "framework (default: as recorded, else torch)")
+    repro.add_argument("--device", help="device for --impl (default: cuda when available, else cpu)")
+    repro.add_argument("--no-oracle", action="store_true", help="skip the float64 oracle (slow at "
+                       "production shapes on a CPU)")
+    repro.add_argument("--json", type=Path, metavar="PATH", help="also write the report as JSON")
+    repro.set_defaults(handler=cmd_repro)
+
+    fuzz = sub.add_parser("fuzz", help="fuzz the properties for M minutes across GPUs",
+                          description=FUZZ_HELP, formatter_class=fmt)
+    suite_options(fuzz, FUZZ_FAILURES_DIR + "/")
+    fuzz.add_argument("--minutes", type=positive_float, default=10.0, metavar="M", help="time budget (default 10)")
+    fuzz.add_argument("--workers", type=positive_int, metavar="N",
+                      help="pytest-xdist workers (default: one per GPU, or 1 on the CPU model)")
+    fuzz.add_argument("--seed", type=int, help="Hypothesis seed of the first round (default: random)")
+    fuzz.set_defaults(handler=cmd_fuzz)
+
+    bench = sub.add_parser("bench", help="time deterministic vs atomic backward (GPU)",
+                           description=BENCH_HELP, formatter_class=fmt)
+    bench.add_argument("--shapes", action="append", default=[], metavar="SET[,SET]",
+                       help="named shape sets: dsv32, fleet (repeatable or comma-separated)")
+    bench.add_argument("--shape", action="append", default=[], metavar="B=..,S=..,S_kv=..,H=..,L=..",
+                       help="any shape (repeatable)")
+    bench.add_argument("--sweep", metavar="H=v,.. | L=v,..", help="measure each shape at these H or L values")
+    bench.add_argument("--d-k", type=positive_int, default=576, help="query/key width (default 576)")
+    bench.add_argument("--d-v", type=positive_int, default=512, help="value width (default 512)")
+    bench.add_argument("--backends", default="tilelang,tilelang-atomic",
+                       help="comma-separated; the first is the reference for the agreement column")
+    bench.add_argument("--warmup", type=positive_int, default=3, help="untimed calls per backend (default 3)")
+    bench.add_argument("--repeats", type=positive_int, default=10, help="timed calls per backend (default 10)")
+    bench.add_argument("--block-h", type=int, choices=(16, 32), help="head-group width")
+    bench.add_argument("--dkv-buf-bytes", type=positive_int, metavar="BYTES", help="scratch budget")
+    bench.add_argument("--json", type=Path, metavar="PATH", help="write the rows as JSON here")
+    bench.add_argument("--plot", type=Path, metavar="PNG", help="write a PNG of time against H or L "
+                       "(needs matplotlib: the 'plot' extra)")
+    bench.set_defaults(handler=cmd_bench)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    # 'module:function' in the current directory is importable, as with 'python -m' (the console script's
+    # own sys.path starts at its bin folder); pytest children get it through PYTHONPATH.
+    if os.getcwd() not in sys.path:
+        sys.path.append(os.getcwd())
+    try:
+        return args.handler(args)
+    except ValueError as e:
+        print(f"mqa-bwd {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+# ---------------------------------------------------------------------------
+# Output helpers
+# ---------------------------------------------------------------------------
+
+
+def make_console(stderr=False):
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    # Logs and pipes get a wide fixed width, so tables stay one line per row.
+    return Console(file=stream, highlight=False, soft_wrap=True, width=None if stream.isatty() else 200)
+
+
+def _fmt_seconds(s) -> str:
+    if s is None:
+        return ""
+    return f"{s:.1f} s" if s < 120 else f"{int(s // 60)} min {int(s % 60)} s"
+
+
+_VERDICT_STYLE = {"pass": "green", "passed": "green", "ok": "green", "yes": "green", "fail": "bold red",
+                  "failed": "bold red", "crashed": "bold red", "MISMATCH": "bold red", "NO": "bold red",
+                  "skip": "yellow", "skipped": "yellow"}
+
+
+def _styled(text: str):
+    """A table cell: the text as is (never parsed as markup), coloured by its first word."""
+    from rich.text import Text
+
+    return Text(text, style=_VERDICT_STYLE.get(text.split()[0] if text else "", ""))
+
+
+class LiveProgress:
+    """Live table on a terminal; one line per finished property (and a heartbeat) elsewhere."""
+
+    def __init__(self, console, title, heartbeat_s=15.0):
+        self.console, self.title, self.heartbeat_s = console, title, heartbeat_s
+        self.live = None
+        self.reported = set()
+        self.last_beat = time.time()
+
+    def __enter__(self):
+        if self.console.is_terminal:
+            from rich.live import Live
+
+            self.live = Live(self._render({}, []), console=self.console, refresh_per_second=4, transient=True)
+            self.live.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        if self.live is not None:
+            self.live.__exit__(*exc)
+
+    def _render(self, progress, records):
+        from rich.table import Table
+        from rich.text import Text
+
+        total = sum(p.cases for p in progress.values())
+        failures = sum(1 for p in progress.values() if p.outcome in ("failed", "crashed"))
+        table = Table(title=f"{self.title() if callable(self.title) else self.title}  |  cases {total}  |  "
+                            f"failing properties {failures}  |  crash records {len(records)}",
+                      title_justify="left")
+        table.add_column("property")
+        table.add_column("cases", justify="right")
+        table.add_column("status")
+        table.add_column("time", justify="right")
+        for p in sorted(progress.values(), key=lambda p: p.nodeid):
+            status = p.outcome or ("running" if p.running else "waiting")
+            if p.running and p.failed_cases:
+                status = "failing, shrinking"
+            table.add_row(Text(p.name), str(p.cases), _styled(status), _fmt_seconds(p.seconds))
+        return table
+
+    def update(self, progress, records):
+        if self.live is not None:
+            self.live.update(self._render(progress, records))
+            return
+        for p in sorted(progress.values(), key=lambda p: p.nodeid):
+            if p.outcome and p.nodeid not in self.reported:
+                self.reported.add(p.nodeid)
+                reason = f" ({p.reason})" if p.reason else ""
+                self.console.print(f"  {p.name}: {p.outcome}{reason}, {p.cases} cases, {_fmt_seconds(p.seconds)}",
+                                   markup=False)
+        if time.time() - self.last_beat >= self.heartbeat_s:
+            self.last_beat = time.time()
+            total = sum(p.cases for p in progress.values())
+            running = [p.name for p in progress.values() if p.running]
+            self.console.print(f"  ... {total} cases so far; running: {', '.join(running) or '-'}; "
+                               f"crash records: {len(records)}", markup=False)
+
+
+# ---------------------------------------------------------------------------
+# check and fuzz: shared set-up
+# ---------------------------------------------------------------------------
+
+
+def _suite_path(args) -> Path:
+    tests = args.tests or DEFAULT_SUITE
+    if not tests.exists():
+        raise ValueError(f"--tests: the property suite {str(tests)!r} does not exist (run from a clone of the "
+                         "project, or point --tests at a suite)")
+    return tests.resolve()
+
+
+def _suite_cwd(tests: Path) -> Path:
+    """The project root for its own suite (so its conftest and settings load), else the suite's folder."""
+    return ROOT if ROOT in tests.parents else tests.parent
+
+
+def _resolve_target(args) -> tuple:
+    """(backend, impl or None, needs_gpu) after checking that this machine can run them."""
+    from . import backends
+
+    if args.impl:
+        from .repro import import_function
+
+        import_function(args.impl, "--impl")  # fail here, cleanly, rather than inside every worker
+    backend = args.backend or backends.default_backend()  # what the suite would pick, made explicit
+    if backend.startswith("tilelang") and not backends.hopper_available():
+        raise ValueError(f"--backend: {backend!r} needs a Hopper GPU (sm_90) and tilelang; this machine has none "
+                         "(use --backend model for the CPU tile model)")
+    return backend, args.impl, backend.startswith("tilelang")
+
+
+def _extra_pytest_args(args) -> list:
+    extra = list(args.pytest_args or [])
+    if extra and extra[0] == "--":
+        extra = extra[1:]
+    if args.keyword:
+        extra = ["-k", args.keyword] + extra
+    return extra
+
+
+def _new_files(directory: Path, before: set) -> list:
+    if not directory.is_dir():
+        return []
+    return sorted(p for p in directory.iterdir() if p.is_file() and p not in before and not p.name.startswith(".")
+                  and p.suffix in (".json", ".safetensors"))
+
+
+# ---------------------------------------------------------------------------
+# check
+# ---------------------------------------------------------------------------
+
+
+def cmd_check(args) -> int:
+    from . import fuzz
+
+    console = make_console()
+    tests = _suite_path(args)
+    backend, impl, needs_gpu = _resolve_target(args)
+    gpus = fuzz.count_gpus() if needs_gpu else 0
+    # Failing cases go where the suite keeps its regressions (replayed first on every run), unless told.
+    failures_dir = args.failures_dir or (REGRESSIONS_DIR if ROOT in tests.parents else tests.parent / "regressions")
+    before = set(failures_dir.iterdir()) if failures_dir.is_dir() else set()
+    target = " with ".join(filter(None, (impl, f"backend {backend!r}" if backend else None)))
+    console.print(f"mqa-bwd check: profile {args.profile!r} on {target}, suite {tests}"
+                  + (f", {args.workers} workers" if args.workers > 1 else ""), markup=False)
+    with tempfile.TemporaryDirectory(prefix="mqa-bwd-check-") as tmp:
+        tmp = Path(tmp)
+        (tmp / "progress").mkdir()
+        summary_path = args.summary_json or tmp / "summary.json"
+        command = fuzz.build_pytest_command(
+            tests, profile=args.profile, summary_json=summary_path.resolve(),
+            failures_dir=args.failures_dir.resolve() if args.failures_dir else None,
+            backend=backend, impl=impl, heads=args.heads, repeats=args.repeats, workers=args.workers, gpus=gpus,
+            extra=_extra_pytest_args(args))
+        with LiveProgress(console, f"check ({args.profile})") as view:
+            run = fuzz.run_suite(command, cwd=_suite_cwd(tests), progress_dir=tmp / "progress", records_dir=None,
+                                 log_path=tmp / "pytest.log", summary_json=summary_path, on_update=view.update)
+        return _check_report(console, run, failures_dir, before)
+
+
+def _check_report(console, run, failures_dir: Path, before: set) -> int:
+    from rich.table import Table
+
+    from . import fuzz
+
+    properties = (run.summary or {}).get("properties", {})
+    skip_reasons = {p.name: p.reason for p in run.progress.values() if p.reason}
+    table = Table(title="mqa-bwd check", title_justify="left")
+    for column, justify in (("property", "left"), ("verdict", "left"), ("cases", "right"), ("time", "right")):
+        table.add_column(column, justify=justify)
+    for name, result in sorted(properties.items()):
+        verdict = str(result.get("verdict", "?"))
+        shown = verdict + (f" ({skip_reasons[name]})" if verdict == "skip" and skip_reasons.get(name) else "")
+        table.add_row(name, _styled(shown), str(result.get("cases", "")), _fmt_seconds(result.get("seconds")))
+    if properties:
+        console.print(table)
+    verdicts = [str(r.get("verdict")) for r in properties.values()]
+    held = run.returncode == 0 and bool(properties) and "fail" not in verdicts and "pass" in verdicts
+    if run.summary is None:
+        console.print(f"the property suite wrote no summary (pytest exit code {run.returncode}); "
+                      f"the end of its output:\n{fuzz.log_tail(run.log_path)}", markup=False, style="bold red")
+    elif not held:
+        section = fuzz.failures_section(run.log_path)
+        if section:
+            console.print(section, markup=False)
+        elif run.returncode != 0:
+            console.print(fuzz.log_tail(run.log_path), markup=False)
+    saved = _new_files(failures_dir, before)
+    for path in saved:
+        console.print(f"saved failing case: {path}   replay: mqa-bwd repro {path}", markup=False)
+    if not held:
+        kept = Path(tempfile.gettempdir()) / f"mqa-bwd-check-{os.getpid()}.log"
+        kept.write_bytes(Path(run.log_path).read_bytes())
+        console.print(f"full pytest output: {kept}", markup=False)
+    passed = verdicts.count("pass")
+    console.print(f"{'HOLDS' if held else 'DOES NOT HOLD'}: {passed} of {len(verdicts)} properties passed"
+                  f" in {_fmt_seconds(run.seconds)} (pytest exit code {run.returncode})", markup=False)
+    return 0 if held else 1
+
+
+# ---------------------------------------------------------------------------
+# fuzz
+# ---------------------------------------------------------------------------
+
+
+def cmd_fuzz(args) -> int:
+    from . import fuzz
+
+    console = make_console()
+    tests = _suite_path(args)
+    backend, impl, needs_gpu = _resolve_target(args)
+    gpus = fuzz.count_gpus() if needs_gpu else 0
+    workers = args.workers or max(1, gpus)
+    failures_dir = args.failures_dir or Path(FUZZ_FAILURES_DIR)
+    failures_dir.mkdir(parents=True, exist_ok=True)
+    failures_dir = failures_dir.resolve()
+    logs = failures_dir / "logs"
+    logs.mkdir(exist_ok=True)
+    before = set(failures_dir.iterdir())
+    target = impl or backend
+    pinning = f"pinned to GPUs {', '.join(str(i % gpus) for i in range(workers))}" if gpus else "no GPU pinning"
+    console.print(f"mqa-bwd fuzz: {args.minutes:g} min on {target!r}, {workers} worker(s), {pinning}, "
+                  f"heads {'%d-%d' % args.heads if args.heads else 'all'}; failures -> {failures_dir}", markup=False)
+
+    start = time.time()
+    deadline = start + args.minutes * 60.0
+    totals = {}  # nodeid -> dict(cases, outcome, reason, seconds)
+    records, done, stop_reason, round_no = [], set(), None, 0
+    with tempfile.TemporaryDirectory(prefix="mqa-bwd-fuzz-") as tmp:
+        while True:
+            round_no += 1
+            progress_dir = Path(tmp) / f"round{round_no}"
+            progress_dir.mkdir()
+            summary = Path(tmp) / f"summary{round_no}.json"
+            command = fuzz.build_pytest_command(
+                tests, profile="fuzz", summary_json=summary, failures_dir=failures_dir,
+                backend=backend, impl=fuzz.GUARD, heads=args.heads, repeats=args.repeats, workers=workers,
+                gpus=gpus, xdist=True, seed=None if args.seed is None else args.seed + round_no - 1,
+                deselect=sorted(done), extra=_extra_pytest_args(args))
+            env = {fuzz.ENV_TARGET: target, fuzz.ENV_RECORDS: str(failures_dir)}
+
+            def remaining():
+                left = max(0.0, deadline - time.time())
+                return f"round {round_no}, {_fmt_seconds(time.time() - start)} of {_fmt_seconds(args.minutes * 60)}" \
+                       + (f", {_fmt_seconds(left)} left" if left else ", finishing")
+
+            with LiveProgress(console, remaining) as view:
+                run = fuzz.run_suite(command, cwd=_suite_cwd(tests), progress_dir=progress_dir,
+                                     records_dir=failures_dir, log_path=logs / f"round{round_no}.log",
+                                     summary_json=summary, env=env, deadline=deadline, on_update=view.update)
+            records += run.records
+            for path in _new_files(failures_dir, before):
+                if path.suffix == ".json":
+                    fuzz.name_real_target(path, target)
+            for nodeid, p in run.progress.items():
+                t = totals.setdefault(nodeid, {"cases": 0, "outcome": None, "reason": "", "seconds": 0.0, "rounds": 0})
+                t["cases"] += p.cases
+                t["seconds"] += p.seconds
+                t["rounds"] += 1
+                if p.outcome in ("failed", "crashed") or t["outcome"] not in ("failed", "crashed"):
+                    t["outcome"], t["reason"] = p.outcome, p.reason
+                if p.outcome in ("failed", "crashed"):
+                    done.add(nodeid)
+            if run.interrupted:
+                stop_reason = run.interrupted
+                break
+            if not run.progress or run.returncode not in (0, 1):
+                stop_reason = f"pytest exit code {run.returncode}"
+                if not any(p.cases for p in run.progress.values()):
+                    console.print(f"the property suite did not run; the end of its output:\n"
+                                  f"{fuzz.log_tail(run.log_path)}", markup=False)
+                    return 2
+                break
+            if deadline - time.time() < MIN_ROUND_S:
+                stop_reason = "time budget used"
+                break
+            if all(n in done for n in totals):
+                stop_reason = "every property has failed"
+                break
+    return _fuzz_report(console, totals, records, failures_dir, before, stop_reason, time.time() - start)
+
+
+def _fuzz_report(console, totals, records, failures_dir, before, stop_reason, seconds) -> int:
+    from rich.table import Table
+
+    from .fuzz import property_name
+
+    table = Table(title=f"mqa-bwd fuzz: stopped after {_fmt_seconds(seconds)} ({stop_reason})", title_justify="left")
+    for column, justify in (("property", "left"), ("cases", "right"), ("verdict", "left"), ("time", "right")):
+        table.add_column(column, justify=justify)
+    for nodeid, t in sorted(totals.items()):
+        outcome = t["outcome"] or "not finished"
+        if outcome == "skipped" and t["reason"].startswith("fuzz time slice used up"):
+            verdict = "no failure (time slice used up)"
+        elif outcome == "passed":
+            verdict = "no failure (all examples ran)"
+        else:
+            verdict = outcome + (f" ({t['reason']})" if t["reason"] else "")
+        table.add_row(property_name(nodeid), str(t["cases"]), _styled(verdict), _fmt_seconds(t["seconds"]))
+    console.print(table)
+    saved = [p for p in _new_files(failures_dir, before) if p not in records]
+    for path in saved:
+        console.print(f"failing case: {path}\n    replay: mqa-bwd repro {path}", markup=False)
+    for path in records:
+        kind = "stalled call (did not return)" if path.name.startswith("stalled-") else "crash"
+        console.print(f"{kind}: {path}\n    replay: mqa-bwd repro {path}", markup=False)
+    failed = any(t["outcome"] in ("failed", "crashed") for t in totals.values()) or bool(records) or bool(saved)
+    total = sum(t["cases"] for t in totals.values())
+    console.print(f"{'FAILURES FOUND' if failed else 'no failure'}: {total} cases, {len(saved)} failing case files, "
+                  f"{len(records)} crash records", markup=False)
+    return 1 if failed else 0
+
+
+# ---------------------------------------------------------------------------
+# repro
+# ---------------------------------------------------------------------------
+
+
+def cmd_repro(args) -> int:
+    from . import repro
+
+    console = make_console()
+    source = repro.load_source(args.source)
+    recorded_impl, recorded_backend = repro.recorded_target(source)
+    impl_spec = args.impl or recorded_impl
+    backend = args.backend or recorded_backend
+    recorded = " with ".join(filter(None, (recorded_impl, f"backend {recorded_backend!r}" if recorded_backend
+                                            else None)))
+    option = "--backend"
+    if backend and not args.backend:
+        option = f"the backend recorded in {args.source} (override with --backend)"
+    config = dict(source.config)
+    if args.block_h is not None:
+        config["block_h"] = args.block_h
+    if args.dkv_buf_bytes is not None:
+        config["dkv_buf_bytes"] = args.dkv_buf_bytes
+    framework = args.framework or source.framework
+    impl = repro.resolve(impl_spec, backend, option=option, device=args.device, framework=framework, **config)
+    against = None
+    if args.against:
+        other_impl, other_backend = repro.parse_target(args.against)
+        against = repro.resolve(other_impl, other_backend or (backend if other_impl else None), option="--against",
+                                device=args.device if other_impl else None, framework=framework, **config)
+
+    console.print(f"mqa-bwd repro: {source.describe()}", markup=False)
+    crash_record = Path(args.source).name.startswith(("crash-", "stalled-"))
+    if source.recorded.get("property"):
+        what = "call that crashed a fuzz worker in" if crash_record else "failure of"
+        console.print(f"recorded {what} property {source.recorded['property']!r}"
+                      + (f" on {recorded}" if recorded else ""), markup=False)
+    if crash_record and not (args.impl or args.backend):
+        console.print(f"note: replaying a crash on {impl.label} may end this process the same way; on a GPU, "
+                      f"'compute-sanitizer python -m mqa_bwd repro {args.source} --runs 1' locates the access",
+                      markup=False)
+    if source.recorded.get("report"):
+        console.print("recorded report:\n" + str(source.recorded["report"]).rstrip(), markup=False)
+    settings = ", ".join(f"{k}={v}" for k, v in config.items()) or "default call options"
+    console.print(f"replaying {args.runs} runs on {impl.label} ({impl.device}, {framework}; {settings})"
+                  + (f" and on {against.label}" if against else ""), markup=False)
+    oracle = not args.no_oracle
+    if oracle and repro.oracle_macs(source.inputs) > repro.ORACLE_SLOW_MACS:
+        console.print("note: the float64 oracle at this shape takes minutes on a CPU (--no-oracle skips it)",
+                      markup=False)
+
+    from rich.progress import Progress
+
+    with Progress(console=console, transient=True, disable=not console.is_terminal) as bar:
+        tasks = {}
+
+        def on_run(label, run):
+            if label not in tasks:
+                tasks[label] = bar.add_task(label, total=args.runs)
+            bar.update(tasks[label], completed=run + 1)
+
+        result = repro.replay(source, impl, runs=args.runs, against=against, oracle=oracle, on_run=on_run)
+    _print_repro(console, result)
+    if args.json:
+        import json
+
+        args.json.write_text(json.dumps(result.as_dict(), indent=1, default=str))
+        console.print(f"report written to {args.json}", markup=False)
+    return 0 if result.ok else 1
+
+
+def _fmt_index(index) -> str:
+    return "-" if index is None else "(" + ",".join(map(str, index)) + ")"
+
+
+def _fmt_value(v) -> str:
+    return f"{v:.6g}" if isinstance(v, float) else str(v)
+
+
+def _fmt_shape(shape) -> str:
+    return "[" + ",".join(map(str, shape)) + "]"
+
+
+_SHORT_DTYPE = {"bfloat16": "bf16", "float32": "fp32"}
+
+
+def _print_repro(console, result) -> None:
+    from rich.table import Table
+    from rich.text import Text
+
+    from .repro import OUTPUT_NAMES
+
+    for report in (result.primary, result.other):
+        if report is None:
+            continue
+        table = Table(title=f"{report.implementation} on {report.device}: {report.runs_requested} runs",
+                      title_justify="left")
+        for column in ("output", "bitwise", "distinct", "first diff run", "first diff element: run 0 vs it",
+                       "max |diff|", "max ulp", "vs oracle: error vs tol"):
+            table.add_column(column, no_wrap=True)
+        for name in OUTPUT_NAMES:
+            s = report.reruns.get(name)
+            c = report.oracle.get(name)
+            oracle_text = "-" if c is None else (
+                f"{'ok' if c.ok else 'MISMATCH'} {c.max_err:.1e} {'<=' if c.ok else '>'} {c.tolerance:.1e}")
+            if s is None:
+                table.add_row(name, "-", "-", "-", "-", "-", "-", _styled(oracle_text))
+                continue
+            element = "-"
+            if s.first_diverging_run is not None:
+                a, b = s.first_values
+                element = f"{_fmt_index(s.first_element)}: {_fmt_value(a)} vs {_fmt_value(b)} " \
+                          f"({s.differing_elements} differ)"
+            run = "-" if s.first_diverging_run is None else str(s.first_diverging_run)
+            table.add_row(Text(f"{name} {_fmt_shape(s.shape)} {_SHORT_DTYPE.get(s.dtype, s.dtype)}"),
+                          _styled("yes" if s.bitwise else "NO"),
+                          f"{s.distinct} of {s.runs}", run, Text(element), f"{s.max_abs_diff:.3e}", str(s.max_ulp),
+                          _styled(oracle_text))
+        console.print(table)
+        for problem in report.problems:
+            console.print(f"problem: {problem}", markup=False)
+        for name, c in report.oracle.items():
+            if not c.ok:
+                console.print(c.report(), markup=False)
+    if result.cross:
+        table = Table(title=f"A = {result.primary.implementation} vs B = {result.other.implementation} "
+                            "(run 0 of each)", title_justify="left")
+        for column in ("output", "equal", "elements differing", "max |diff|", "max ulp", "first difference: A vs B",
+                       "rerun drift A / B", "oracle error A / B"):
+            table.add_column(column)
+        for name, x in result.cross.items():
+            first = "-" if x.first_values is None else \
+                f"{_fmt_index(x.first_element)}: {_fmt_value(x.first_values[0])} vs {_fmt_value(x.first_values[1])}"
+            drift = " / ".join(f"{r.reruns[name].max_abs_diff:.1e}" if name in r.reruns else "-"
+                               for r in (result.primary, result.other))
+            error = " / ".join(f"{r.oracle[name].max_err:.1e}" if name in r.oracle else "-"
+                               for r in (result.primary, result.other))
+            table.add_row(name, "yes" if x.bitwise_equal else "no", f"{x.differing_elements} of {x.total}",
+                          f"{x.max_abs_diff:.3e}", str(x.max_ulp), Text(first), drift, error)
+        console.print(table)
+    if result.oracle_skipped:
+        console.print(f"oracle: {result.oracle_skipped}", markup=False)
+    verdicts = []
+    for r in (result.primary, result.other):
+        if r is None:
+            continue
+        if r.problems:
+            verdicts.append(f"{r.implementation}: {len(r.problems)} problem(s)")
+        elif not r.bitwise:
+            drifting = [n for n, s in r.reruns.items() if not s.bitwise]
+            verdicts.append(f"{r.implementation}: NOT bitwise reproducible ({', '.join(drifting)})")
+        elif any(not c.ok for c in r.oracle.values()):
+            verdicts.append(f"{r.implementation}: bitwise reproducible but outside the oracle tolerance")
+        else:
+            verdicts.append(f"{r.implementation}: bitwise reproducible" + (", within tolerance" if r.oracle else ""))
+    console.print(("OK: " if result.ok else "FAILED: ") + "; ".join(verdicts), markup=False)
+
+
+# ---------------------------------------------------------------------------
+# bench
+# ---------------------------------------------------------------------------
+
+
+def cmd_bench(args) -> int:
+    from . import backends, bench
+
+    named = [name for group in args.shapes for name in group.split(",") if name]
+    given = [bench.parse_shape(text) for text in args.shape]
+    sweep = bench.parse_sweep(args.sweep) if args.sweep else None
+    shapes = bench.plan(named, given, sweep)
+    chosen = [b.strip() for b in args.backends.split(",") if b.strip()]
+    for b in chosen:
+        if b not in bench.GPU_BACKENDS:
+            raise ValueError(f"--backends: {b!r} is not a GPU backend {bench.GPU_BACKENDS} (the CPU tile model "
+                             "is never timed)")
+    if not chosen:
+        raise ValueError("--backends: give at least one backend")
+    if args.plot:
+        bench.require_matplotlib()
+        bench.plot_axis([bench.Row(**s, d_k=0, d_v=0, backend="", ms=0, tflops=0, peak_scratch_gib=0)
+                         for s in shapes])
+    if not backends.hopper_available():
+        raise ValueError("bench times the TileLang kernels with CUDA events and needs a Hopper GPU (sm_90) and "
+                         "tilelang; this machine has none")
+    call_kw = {k: v for k, v in (("block_h", args.block_h), ("dkv_buf_bytes", args.dkv_buf_bytes)) if v is not None}
+    rows = []
+    for shape in shapes:
+        print(f"measuring {shape} ...", file=sys.stderr, flush=True)
+        rows += bench.measure(shape, tuple(chosen), args.d_k, args.d_v, args.warmup, args.repeats, **call_kw)
+    print(bench.table(rows))
+    if args.json:
+        args.json.write_text(bench.to_json(rows, bench.environment()))
+        print(f"rows written to {args.json}", file=sys.stderr)
+    if args.plot:
+        axis = bench.plot(rows, args.plot)
+        print(f"plot of ms against {axis} written to {args.plot}", file=sys.stderr)
+    disagreeing = [r for r in rows if r.rel_l2_vs_first is not None and r.rel_l2_vs_first > bench.AGREEMENT_RTOL]
+    return 1 if disagreeing else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,247 @@
+"""mqa_bwd.repro and ``mqa-bwd repro``: sources, rerun verdicts, oracle verdicts, two implementations."""
+
+import json
+
+import pytest
+import torch
+
+from mqa_bwd import capture, cli, repro
+from mqa_bwd.wrapper import mqa_latent_sparse_bwd
+from properties.case import Case, to_framework
+
+SMALL = Case(H=5, S=3, L=9, seed=3, sink="random")
+#: Many fp32 dKV contributions per kv row and many elements: the atomic model's random
+#: addition order shows in the bf16 dkv on most runs (7 of 10 and 17 of 20 distinct, measured),
+#: so 12 runs all alike would take odds of about 0.3**11. Only model-atomic runs it (the
+#: deterministic model needs seconds per call at this size).
+CONTENDED = Case(B=1, S=64, S_kv=32, H=16, L=64, d_k=512, d_v=256, seed=1)
+
+
+def _source(case: Case) -> repro.Source:
+    return repro.Source(path="test", kind="case", inputs=case.inputs(), case=case)
+
+
+# ---------------------------------------------------------------------------
+# Implementations used to prove that the verdicts can fail
+# ---------------------------------------------------------------------------
+
+_calls = {"n": 0}
+
+
+def flips_one_element_on_odd_calls(*args, **kwargs):
+    """Ours, but dkv[0, 2, 5] gets one more bf16 ulp on every second call."""
+    dq, dkv, dsink = mqa_latent_sparse_bwd(*args, **kwargs)
+    _calls["n"] += 1
+    if _calls["n"] % 2 == 0:
+        dkv = dkv.clone()
+        dkv.view(torch.int16)[0, 2, 5] += 1
+    return dq, dkv, dsink
+
+
+def doubles_dq(*args, **kwargs):
+    dq, dkv, dsink = mqa_latent_sparse_bwd(*args, **kwargs)
+    return dq * 2, dkv, dsink
+
+
+def writes_into_lse(query, kv, out, grad_out, lse, *rest, **kwargs):
+    result = mqa_latent_sparse_bwd(query, kv, out, grad_out, lse.clone(), *rest, **kwargs)
+    lse.add_(1.0)
+    return result
+
+
+def raises_on_second_call(*args, **kwargs):
+    _calls["n"] += 1
+    if _calls["n"] == 2:
+        raise RuntimeError("kernel launch failed")
+    return mqa_latent_sparse_bwd(*args, **kwargs)
+
+
+def returns_fp32_dq(*args, **kwargs):
+    dq, dkv, dsink = mqa_latent_sparse_bwd(*args, **kwargs)
+    return dq.float(), dkv, dsink
+
+
+@pytest.fixture(autouse=True)
+def _reset_calls():
+    _calls["n"] = 0
+
+
+def _impl(name):
+    return repro.resolve(f"{__name__}:{name}", "model")
+
+
+# ---------------------------------------------------------------------------
+# Reruns
+# ---------------------------------------------------------------------------
+
+
+def test_the_deterministic_model_is_bitwise_reproducible_and_within_tolerance():
+    result = repro.replay(_source(SMALL), repro.resolve(None, "model"), runs=5)
+    assert result.ok
+    for name, stats in result.primary.reruns.items():
+        assert stats.bitwise and stats.distinct == 1 and stats.runs == 5, name
+        assert stats.first_diverging_run is None and stats.max_ulp == 0
+        assert result.primary.oracle[name].ok
+
+
+def test_the_atomic_model_is_caught_drifting_in_dkv_only():
+    result = repro.replay(_source(CONTENDED), repro.resolve(None, "model-atomic"), runs=12, oracle=False)
+    dkv = result.primary.reruns["dkv"]
+    assert not result.ok and not result.primary.bitwise
+    assert not dkv.bitwise and dkv.distinct > 1
+    assert dkv.first_diverging_run >= 1 and dkv.differing_elements >= 1 and dkv.max_ulp >= 1
+    assert len(dkv.first_element) == 3 and dkv.first_values[0] != dkv.first_values[1]
+    assert result.primary.reruns["dq"].bitwise and result.primary.reruns["d_attn_sink"].bitwise
+
+
+def test_first_divergence_is_located_exactly():
+    result = repro.replay(_source(SMALL), _impl("flips_one_element_on_odd_calls"), runs=6, oracle=False)
+    dkv = result.primary.reruns["dkv"]
+    assert dkv.distinct == 2 and dkv.first_diverging_run == 1
+    assert dkv.first_element == (0, 2, 5) and dkv.differing_elements == 1 and dkv.max_ulp == 1
+    reference = mqa_latent_sparse_bwd(*[to_framework(SMALL.inputs())[k] for k in repro.SPEC_ARGS],
+                                      backend="model")[1]
+    assert dkv.first_values[0] == float(reference[0, 2, 5])
+    assert result.primary.reruns["dq"].bitwise and not result.ok
+
+
+def test_error_against_the_oracle_fails_a_bitwise_stable_implementation():
+    result = repro.replay(_source(SMALL), _impl("doubles_dq"), runs=3)
+    assert result.primary.bitwise
+    assert not result.primary.oracle["dq"].ok and result.primary.oracle["dkv"].ok
+    assert not result.ok
+
+
+@pytest.mark.parametrize("impl, problem", [
+    ("writes_into_lse", "lse: the implementation modified this input"),
+    ("raises_on_second_call", "run 1 raised RuntimeError: kernel launch failed"),
+    ("returns_fp32_dq", "dq: dtype float32, expected bfloat16"),
+])
+def test_problems_of_the_implementation_are_reported_not_raised(impl, problem):
+    result = repro.replay(_source(SMALL), _impl(impl), runs=3, oracle=False)
+    assert problem in result.primary.problems
+    assert not result.ok
+
+
+def test_ulp_distance_counts_representable_values_in_the_outputs_dtype():
+    a = torch.tensor([1.0, -0.0, 0.0, -1.0, 1.0]).bfloat16()
+    b = torch.tensor([1.0078125, 0.0, -0.0, -1.0078125, 1.015625]).bfloat16()
+    assert repro.ulp_distance(a, b).tolist() == [1, 0, 0, 1, 2]
+    tiny = torch.tensor([1e-45, 1.0])
+    assert repro.ulp_distance(tiny, -tiny).tolist()[0] == 2  # across zero
+    assert repro.ulp_distance(torch.tensor([1.0]), torch.tensor([1.0000001])).tolist() == [1]
+
+
+def test_against_compares_two_implementations_on_the_same_tensors():
+    result = repro.replay(_source(SMALL), repro.resolve(None, "model"), runs=3,
+                          against=_impl("doubles_dq"))
+    assert result.cross["dkv"].bitwise_equal and result.cross["d_attn_sink"].bitwise_equal
+    dq = result.cross["dq"]
+    assert not dq.bitwise_equal and dq.differing_elements > 0 and dq.max_abs_diff > 0
+    assert result.primary.ok and not result.other.ok and not result.ok
+
+
+# ---------------------------------------------------------------------------
+# Sources
+# ---------------------------------------------------------------------------
+
+
+def test_sources_bare_case_failure_file_and_capture_give_the_same_inputs(tmp_path):
+    bare = tmp_path / "case.json"
+    bare.write_text(SMALL.to_json())
+    failure = tmp_path / "failure.json"
+    failure.write_text(json.dumps({"case": json.loads(SMALL.to_json()), "property": "determinism",
+                                   "backend": "model-atomic", "impl": repro.OURS, "report": "dkv differs"}))
+    cap = capture.save(tmp_path / "c.safetensors", **to_framework(SMALL.inputs(), "torch"), backend="model",
+                       block_h=16)
+    sources = [repro.load_source(p) for p in (bare, failure, cap)]
+    assert [s.kind for s in sources] == ["case", "case", "capture"]
+    for s in sources[1:]:
+        for name in repro.SPEC_ARGS[:-1]:
+            a, b = sources[0].inputs[name], s.inputs[name]
+            assert a.tobytes() == b.tobytes(), name
+    assert repro.recorded_target(sources[1]) == (repro.OURS, "model-atomic")
+    assert sources[1].recorded["property"] == "determinism"
+    assert repro.recorded_target(sources[2]) == (None, "model") and sources[2].config == {"block_h": 16}
+
+
+@pytest.mark.parametrize("text, message", [
+    ("{not json", "not valid JSON"),
+    ('{"H": 0}', "not a valid Case"),
+    ('{"heads": 4}', "not a valid Case"),
+    ('{"case": 3}', "'case' is not a JSON object"),
+])
+def test_bad_case_files_are_refused_naming_the_file(tmp_path, text, message):
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(ValueError, match=message):
+        repro.load_source(path)
+
+
+def test_backends_this_machine_cannot_run_are_refused_naming_the_option():
+    from mqa_bwd import backends
+
+    if backends.hopper_available():
+        pytest.skip("this machine has a Hopper GPU: tilelang is available")
+    with pytest.raises(ValueError, match="--against: 'tilelang-atomic' needs a Hopper GPU"):
+        repro.resolve(None, "tilelang-atomic", option="--against")
+    with pytest.raises(ValueError, match="--impl: cannot import module"):
+        repro.resolve("no_such_module_xyz:f", "model")
+
+
+# ---------------------------------------------------------------------------
+# The command
+# ---------------------------------------------------------------------------
+
+
+def test_cli_repro_of_a_case_file_holds_and_writes_json(tmp_path, capsys):
+    path = tmp_path / "case.json"
+    path.write_text(SMALL.to_json())
+    report = tmp_path / "report.json"
+    assert cli.main(["repro", str(path), "--runs", "4", "--backend", "model", "--json", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "OK: backend 'model': bitwise reproducible, within tolerance" in out
+    data = json.loads(report.read_text())
+    assert data["ok"] and data["implementations"][0]["outputs"]["dkv"]["distinct"] == 1
+    assert data["implementations"][0]["outputs"]["dq"]["oracle"]["ok"]
+
+
+def test_cli_repro_of_a_capture_catches_the_atomic_model(tmp_path, capsys):
+    path = capture.save(tmp_path / "step.safetensors", **to_framework(CONTENDED.inputs(), "torch"),
+                        backend="model-atomic")
+    assert cli.main(["repro", str(path), "--runs", "12", "--no-oracle"]) == 1
+    out = capsys.readouterr().out
+    assert "replaying 12 runs on backend 'model-atomic'" in out  # the backend the capture names
+    assert "FAILED: backend 'model-atomic': NOT bitwise reproducible (dkv)" in out
+
+
+def test_cli_repro_against_shows_both_implementations(tmp_path, capsys):
+    path = tmp_path / "case.json"
+    path.write_text(SMALL.to_json())
+    assert cli.main(["repro", str(path), "--runs", "2", "--backend", "model",
+                     "--against", f"{__name__}:doubles_dq"]) == 1
+    out = capsys.readouterr().out
+    assert f"A = backend 'model' vs B = {__name__}:doubles_dq (backend 'model')" in out
+    assert "bitwise reproducible but outside the oracle tolerance" in out
+
+
+def test_cli_repro_refuses_a_damaged_capture_with_exit_code_2(tmp_path, capsys):
+    path = capture.save(tmp_path / "step.safetensors", **to_framework(SMALL.inputs(), "torch"))
+    path.write_bytes(path.read_bytes()[:-10])
+    assert cli.main(["repro", str(path), "--runs", "2", "--backend", "model"]) == 2
+    err = capsys.readouterr().err
+    assert "mqa-bwd repro: error: capture" in err and "not a complete safetensors file" in err
+
+
+def test_cli_repro_names_a_recorded_backend_this_machine_lacks(tmp_path, capsys):
+    from mqa_bwd import backends
+
+    if backends.hopper_available():
+        pytest.skip("this machine has a Hopper GPU: tilelang is available")
+    path = tmp_path / "gpu-failure.json"
+    path.write_text(json.dumps({"case": json.loads(SMALL.to_json()), "property": "agreement",
+                                "backend": "tilelang", "impl": repro.OURS, "report": "..."}))
+    assert cli.main(["repro", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "the backend recorded in" in err and "override with --backend" in err and "'tilelang'" in err
+    assert cli.main(["repro", str(path), "--runs", "2", "--backend", "model"]) == 0
