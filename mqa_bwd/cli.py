@@ -118,6 +118,7 @@ shapes:
 examples:
   mqa-bwd bench --shapes dsv32,fleet --json bench.json
   mqa-bwd bench --shapes fleet --sweep H=8,16,32,64,128 --plot time-vs-h.png
+  mqa-bwd bench --from-json bench.json --plot time-vs-h.png     no GPU needed
 """
 
 
@@ -247,6 +248,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--json", type=Path, metavar="PATH", help="write the rows as JSON here")
     bench.add_argument("--plot", type=Path, metavar="PNG", help="write a PNG of time against H or L "
                        "(needs matplotlib: the 'plot' extra)")
+    bench.add_argument("--from-json", type=Path, metavar="PATH", help="measure nothing: show (and --plot) the "
+                       "rows of an earlier --json file, e.g. on a machine without a GPU")
     bench.set_defaults(handler=cmd_bench)
     return parser
 
@@ -756,6 +759,9 @@ def _print_repro(console, result) -> None:
 def cmd_bench(args) -> int:
     from . import backends, bench
 
+    if args.from_json:
+        return _bench_from_json(args)
+
     named = [name for group in args.shapes for name in group.split(",") if name]
     given = [bench.parse_shape(text) for text in args.shape]
     sweep = bench.parse_sweep(args.sweep) if args.sweep else None
@@ -788,6 +794,23 @@ def cmd_bench(args) -> int:
         print(f"plot of ms against {axis} written to {args.plot}", file=sys.stderr)
     disagreeing = [r for r in rows if r.rel_l2_vs_first is not None and r.rel_l2_vs_first > bench.AGREEMENT_RTOL]
     return 1 if disagreeing else 0
+
+
+def _bench_from_json(args) -> int:
+    import json
+
+    from . import bench
+
+    try:
+        data = json.loads(args.from_json.read_text())
+        rows = [bench.Row(**row) for row in data["rows"]]
+    except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+        raise ValueError(f"--from-json: {args.from_json} is not a bench JSON file ({e})") from None
+    print(bench.table(rows))
+    if args.plot:
+        axis = bench.plot(rows, args.plot)
+        print(f"plot of ms against {axis} written to {args.plot}", file=sys.stderr)
+    return 0
 
 
 if __name__ == "__main__":

@@ -459,7 +459,10 @@ def run_suite(command, *, cwd, progress_dir: Path, records_dir: Path | None, log
               poll_s: float = 0.5) -> SuiteRun:
     """Run one pytest command to its end (or its deadline + grace); report progress as it goes."""
     started = time.time()
-    environment = dict(os.environ)
+    # A run started from inside a pytest-xdist worker (this project's own tests) must not inherit the
+    # outer run's worker identity: xdist sets these afresh for the workers it starts.
+    environment = {k: v for k, v in os.environ.items()
+                   if not k.startswith("PYTEST_XDIST_") and k != "PYTEST_CURRENT_TEST"}
     environment.update(env or {})
     environment[ENV_PROGRESS] = str(progress_dir)
     # pytest runs in the suite's folder; the caller's folder stays importable (for --impl module:function).

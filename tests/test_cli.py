@@ -295,13 +295,19 @@ def test_bench_table_and_json_carry_the_ratio_and_flag_disagreement():
     assert data["environment"] == {"device": "test"} and data["rows"][2]["det_over_atomic"] == 1.5
 
 
-def test_bench_plot_draws_time_against_the_axis_that_varies(tmp_path):
+def test_bench_plots_the_rows_of_an_earlier_json_without_a_gpu(tmp_path, capsys):
     pytest.importorskip("matplotlib", reason="the 'plot' extra (matplotlib) is not installed")
+    rows = tmp_path / "bench.json"
+    rows.write_text(bench.to_json(_rows()))
     path = tmp_path / "t.png"
-    assert bench.plot(_rows(), path) == "H"
+    assert cli.main(["bench", "--from-json", str(rows), "--plot", str(path)]) == 0
+    assert "plot of ms against H" in capsys.readouterr().err
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     with pytest.raises(ValueError, match="neither H nor L"):
         bench.plot(_rows()[:2], tmp_path / "u.png")
+    rows.write_text("{}")
+    assert cli.main(["bench", "--from-json", str(rows)]) == 2
+    assert "--from-json" in capsys.readouterr().err
 
 
 # ---------------------------------------------------------------------------
