@@ -5,10 +5,16 @@ from its seed with NumPy's PCG64 (bf16-exact values), so the same case gives
 the same bits in torch, paddle or NumPy, on a CPU or a GPU. ``out`` and ``lse``
 come from the float32 oracle forward (``out`` rounded to bf16, as a forward
 kernel would return it).
+
+Besides the tensors, a case carries the call configuration that a property
+needs to reproduce a failure exactly: the head-group width (``block_h``), the
+scratch budget (``dkv_buf_bytes``) and the framework the tensors are handed
+over in. Each has a default that means "as a plain call".
 """
 
 import dataclasses
 import json
+import zlib
 
 import ml_dtypes
 import numpy as np
@@ -20,8 +26,18 @@ INT32_MAX = 2**31 - 1
 
 #: Every kind of invalid index SPEC.md names (anything outside [0, S_kv)).
 INVALID_KINDS = ("minus_one", "int32_min", "negative", "s_kv", "above_s_kv", "int32_max")
+#: Invalid values close to the valid range: [-2*S_kv, -1] and [S_kv, 3*S_kv).
+#: Under global kv addressing (b * S_kv + index) they are exactly the values
+#: that land on another batch element's rows if only -1 were treated as invalid.
+NEAR_INVALID_KINDS = ("near_negative", "near_above_s_kv")
+ALL_INVALID_KINDS = INVALID_KINDS + NEAR_INVALID_KINDS
 PATTERNS = ("random", "causal")
 SINKS = ("none", "neg_inf", "neg_1e30", "random", "large")
+FRAMEWORKS = ("torch", "paddle")
+#: The head-group widths SPEC.md allows; None lets the implementation pick.
+BLOCK_H_CHOICES = (None, 16, 32)
+#: The kernel's slot block (mqa_bwd.kernels.BLOCK_SLOTS): L is padded to it.
+SLOT_BLOCK = 32
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,12 +50,21 @@ class Case:
     d_k: int = 64
     d_v: int = 32
     pattern: str = "random"  # how valid slots are chosen: PATTERNS
-    invalid: tuple = ()  # kinds of invalid index sprinkled in: INVALID_KINDS
+    invalid: tuple = ()  # kinds of invalid index sprinkled in: ALL_INVALID_KINDS
     hole_rate: float = 0.0  # fraction of slots made invalid
     duplicates: bool = False  # copy some slots' indices onto others in the row
     empty_rows: int = 0  # rows (b, s) with no valid slot at all
     sink: str = "random"  # SINKS
     seed: int = 0
+    block_h: int | None = None  # head-group width passed to the call; None: the implementation's default
+    dkv_buf_bytes: int | None = None  # scratch budget passed to the call; None: the implementation's default
+    framework: str = "torch"  # FRAMEWORKS: what the tensors are handed over in
+    # The query rows of batch element 0 come in cancelling pairs (2k, 2k+1):
+    # same q, same indices, opposite grad_out. Their dKV contributions cancel
+    # exactly, so batch 0's dkv is zero up to rounding residue, whose value
+    # depends on the summation order: any change of order (atomics) shows in
+    # bf16 dkv even at tiny shapes. Needs S >= 2; a no-op otherwise.
+    cancelling_rows: bool = False
 
     def __post_init__(self):
         object.__setattr__(self, "invalid", tuple(self.invalid))
@@ -51,16 +76,29 @@ class Case:
         if self.sink not in SINKS:
             raise ValueError(f"sink: one of {SINKS}")
         for k in self.invalid:
-            if k not in INVALID_KINDS:
-                raise ValueError(f"invalid: {k!r} not in {INVALID_KINDS}")
+            if k not in ALL_INVALID_KINDS:
+                raise ValueError(f"invalid: {k!r} not in {ALL_INVALID_KINDS}")
+        if self.block_h not in BLOCK_H_CHOICES:
+            raise ValueError(f"block_h: one of {BLOCK_H_CHOICES}")
+        if self.dkv_buf_bytes is not None and self.dkv_buf_bytes < 1:
+            raise ValueError("dkv_buf_bytes: None or >= 1")
+        if self.framework not in FRAMEWORKS:
+            raise ValueError(f"framework: one of {FRAMEWORKS}")
 
     # -- serialisation ---------------------------------------------------
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), sort_keys=True)
 
+    def to_dict(self) -> dict:
+        return json.loads(self.to_json())
+
     @classmethod
     def from_json(cls, text: str) -> "Case":
         return cls(**json.loads(text))
+
+    @classmethod
+    def from_dict(cls, fields: dict) -> "Case":
+        return cls(**fields)
 
     def replace(self, **changes) -> "Case":
         return dataclasses.replace(self, **changes)
@@ -68,6 +106,33 @@ class Case:
     @property
     def sm_scale(self) -> float:
         return float(self.d_k) ** -0.5
+
+    @property
+    def slot_row_bytes(self) -> int:
+        """fp32 bytes of one query row's per-slot dKV contributions (L padded to the slot block)."""
+        return -(-self.L // SLOT_BLOCK) * SLOT_BLOCK * self.d_k * 4
+
+    @property
+    def kv_bytes(self) -> int:
+        """fp32 bytes of one dKV accumulator over every kv row of the batch."""
+        return self.B * self.S_kv * self.d_k * 4
+
+    def call_options(self) -> dict:
+        """Keyword arguments of the SPEC call this case asks for (only the non-default ones)."""
+        options = {}
+        if self.block_h is not None:
+            options["block_h"] = self.block_h
+        if self.dkv_buf_bytes is not None:
+            options["dkv_buf_bytes"] = self.dkv_buf_bytes
+        return options
+
+    def derived_rng(self, purpose: str) -> np.random.Generator:
+        """A generator for choices a property makes about this case (which heads, how many pads).
+
+        Seeded from the case's seed and the purpose's name, so a replayed case
+        makes the same choices on any machine.
+        """
+        return self._rng(1000 + zlib.crc32(purpose.encode()))
 
     # -- tensors ---------------------------------------------------------
     def _rng(self, stream: int) -> np.random.Generator:
@@ -99,7 +164,13 @@ class Case:
             kind = self.invalid[0] if self.invalid else "minus_one"
             flat = idx.reshape(B * S, L)
             flat[rows] = self._invalid_values(kind, rng, (len(rows), L))
+        if self.has_cancelling_pair:
+            idx[0, 1 : 2 * (S // 2) : 2] = idx[0, 0 : 2 * (S // 2) : 2]
         return idx.astype(np.int32)
+
+    @property
+    def has_cancelling_pair(self) -> bool:
+        return self.cancelling_rows and self.S >= 2
 
     def _invalid_values(self, kind, rng, shape):
         S_kv = self.S_kv
@@ -113,6 +184,10 @@ class Case:
             return np.full(shape, S_kv, np.int64)
         if kind == "above_s_kv":
             return S_kv + rng.integers(1, 1 << 20, size=shape)
+        if kind == "near_negative":
+            return -rng.integers(1, 2 * S_kv + 1, size=shape)
+        if kind == "near_above_s_kv":
+            return S_kv + rng.integers(0, 2 * S_kv, size=shape)
         return np.full(shape, INT32_MAX, np.int64)
 
     def attn_sink(self):
@@ -135,6 +210,10 @@ class Case:
         kv = rng.standard_normal((self.B, self.S_kv, self.d_k), dtype=np.float32).astype(bf16)
         grad_out = rng.standard_normal((self.B, self.S, self.H, self.d_v), dtype=np.float32).astype(bf16)
         idx = self.indices()
+        if self.has_cancelling_pair:
+            pairs = 2 * (self.S // 2)
+            q[0, 1:pairs:2] = q[0, 0:pairs:2]
+            grad_out[0, 1:pairs:2] = -grad_out[0, 0:pairs:2]
         sink = self.attn_sink()
         out, lse = oracle.forward(q, kv, idx, sink, self.sm_scale, self.d_v)
         return {
@@ -176,11 +255,17 @@ def to_framework(inputs: dict, framework: str = "torch", device: str = "cpu") ->
         elif framework == "paddle":
             import paddle
 
+            place = paddle.CUDAPlace(_cuda_index(device)) if str(device).startswith("cuda") else paddle.CPUPlace()
             if value.dtype == ml_dtypes.bfloat16:
-                t = paddle.to_tensor(value.view(np.uint16)).view(paddle.bfloat16)
+                t = paddle.to_tensor(value.view(np.uint16), place=place).view(paddle.bfloat16)
             else:
-                t = paddle.to_tensor(np.ascontiguousarray(value))
+                t = paddle.to_tensor(np.ascontiguousarray(value), place=place)
             out[name] = t
         else:
             raise ValueError(f"framework: {framework!r}")
     return out
+
+
+def _cuda_index(device) -> int:
+    text = str(device)
+    return int(text.split(":", 1)[1]) if ":" in text else 0

@@ -50,6 +50,16 @@ def bf16_ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.abs(ordered(a) - ordered(b))
 
 
+def f32_ulp_distance(a, b) -> np.ndarray:
+    """Number of float32 values between a and b."""
+
+    def ordered(x):
+        bits = np.asarray(x, dtype=np.float32).view(np.int32).astype(np.int64)
+        return np.where(bits < 0, -(bits & 0x7FFFFFFF), bits)  # monotone in the value; -0 == +0
+
+    return np.abs(ordered(a) - ordered(b))
+
+
 @dataclasses.dataclass
 class Comparison:
     name: str
@@ -61,8 +71,12 @@ class Comparison:
     total: int
     worst: list  # [(index tuple, got, want, ulp)]
     nonfinite: int
+    #: Why no element-wise comparison was possible (a shape mismatch), else "".
+    problem: str = ""
 
     def report(self) -> str:
+        if self.problem:
+            return f"{self.name}: MISMATCH: {self.problem}"
         verdict = "ok" if self.ok else "MISMATCH"
         lines = [
             f"{self.name}: {verdict}: max abs error {self.max_err:.3e} vs tolerance {self.tolerance:.3e} "
@@ -81,7 +95,8 @@ def compare(name, got, want, baseline, worst: int = 3) -> Comparison:
     want = np.asarray(want, dtype=np.float64)
     baseline = np.asarray(baseline, dtype=np.float64)
     if got.shape != want.shape:
-        return Comparison(name, False, np.inf, 0.0, 0.0, want.size, want.size, [], 0)
+        return Comparison(name, False, np.inf, 0.0, 0.0, want.size, want.size, [], 0,
+                          problem=f"shape {got.shape}, want {want.shape}")
     scale = float(np.max(np.abs(want))) if want.size else 0.0
     baseline_err = float(np.max(np.abs(baseline - want))) if want.size else 0.0
     tol = FACTOR * baseline_err + FLOOR_REL * max(scale, 1.0)
@@ -89,7 +104,7 @@ def compare(name, got, want, baseline, worst: int = 3) -> Comparison:
     nonfinite = int(np.count_nonzero(~np.isfinite(got)))
     diff = np.where(np.isfinite(got), diff, np.inf)
     over = diff > tol
-    order = np.argsort(diff, axis=None)[::-1][:worst] if want.size else []
+    order = np.argsort(diff, axis=None, kind="stable")[::-1][:worst] if want.size else []
     ulps = bf16_ulp_distance(got, want) if want.size else np.zeros(0)
     worst_list = [
         (tuple(int(i) for i in np.unravel_index(k, want.shape)), float(got.flat[k]), float(want.flat[k]), int(ulps.flat[k]))
@@ -99,27 +114,54 @@ def compare(name, got, want, baseline, worst: int = 3) -> Comparison:
     return Comparison(name, not over.any(), max_err, tol, baseline_err, int(over.sum()), want.size, worst_list, nonfinite)
 
 
-def first_difference(name, runs) -> str | None:
-    """Bitwise comparison of repeated results. None when all are identical bytes."""
-    first = np.ascontiguousarray(to_numpy(runs[0]))
-    distinct = {first.tobytes()}
+def _bits(x: np.ndarray) -> np.ndarray:
+    """[..., itemsize] bytes of each element."""
+    x = np.ascontiguousarray(x)
+    return x.view(np.uint8).reshape(x.shape + (x.dtype.itemsize,))
+
+
+def first_difference(name, runs, labels=None) -> str | None:
+    """Bitwise comparison of repeated results. None when all are identical bytes.
+
+    Otherwise says which run diverged first from run 0, in how many elements,
+    where the first differing element is (both values, bf16 ULP distance for
+    bf16 outputs), the largest difference, and how many distinct results the
+    runs produced. ``labels`` names the runs (default: "run 0", "run 1", ...).
+    """
+    label = (lambda i: labels[i]) if labels else (lambda i: f"run {i}")
+    arrays = [np.ascontiguousarray(to_numpy(r)) for r in runs]
+    first = arrays[0]
+    distinct = {(first.shape, first.dtype.str, first.tobytes())}
     report = None
-    for i, r in enumerate(runs[1:], start=1):
-        x = np.ascontiguousarray(to_numpy(r))
-        b = x.tobytes()
-        if b in distinct:
+    for i, x in enumerate(arrays[1:], start=1):
+        key = (x.shape, x.dtype.str, x.tobytes())
+        if key in distinct:
             continue
-        distinct.add(b)
-        if report is None:
-            a64, x64 = first.astype(np.float64), x.astype(np.float64)
-            differs = (first.view(np.uint8).reshape(first.shape + (-1,)) != x.view(np.uint8).reshape(x.shape + (-1,))).any(-1)
-            k = int(np.flatnonzero(differs)[0])
+        distinct.add(key)
+        if report is not None:
+            continue
+        if x.shape != first.shape or x.dtype != first.dtype:
+            report = f"{name}: {label(i)} has shape {x.shape} {x.dtype}, {label(0)} {first.shape} {first.dtype}"
+            continue
+        differs = (_bits(first) != _bits(x)).any(-1)
+        k = int(np.flatnonzero(differs)[0])
+        a64, x64 = first.astype(np.float64), x.astype(np.float64)
+        with np.errstate(invalid="ignore"):
             d = np.abs(a64 - x64)
-            report = (
-                f"{name}: run {i} differs from run 0 in {int(differs.sum())} of {differs.size} elements; "
-                f"first at {tuple(int(j) for j in np.unravel_index(k, first.shape))}: {a64.flat[k]!r} vs {x64.flat[k]!r}; "
-                f"max |diff| {np.nanmax(d):.3e}"
-            )
+        where = tuple(int(j) for j in np.unravel_index(k, first.shape))
+        ulp = ""
+        if first.dtype == ml_dtypes.bfloat16:
+            ulp = f" ({int(bf16_ulp_distance(a64.flat[k], x64.flat[k]))} bf16 ulp)"
+        elif first.dtype == np.float32:
+            ulp = f" ({int(f32_ulp_distance(first.flat[k], x.flat[k]))} fp32 ulp)"
+        finite = d[np.isfinite(d)]
+        report = (
+            f"{name}: {label(i)} differs from {label(0)} in {int(differs.sum())} of {differs.size} elements; "
+            f"first at {where}: {float(a64.flat[k])!r} vs {float(x64.flat[k])!r}{ulp}; "
+            f"max |diff| {finite.max() if finite.size else float('nan'):.3e}"
+        )
     if report is None:
         return None
-    return f"{report}; {len(distinct)} distinct results in {len(runs)} runs"
+    if len(arrays) > 2:
+        report += f"; {len(distinct)} distinct results in {len(arrays)} runs"
+    return report

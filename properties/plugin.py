@@ -1,0 +1,383 @@
+"""The pytest plugin of the property suite (registered by the root conftest.py).
+
+Options (``pytest --help``, group "mqa-bwd properties"):
+
+  --impl module:function   the implementation under test (default: ours)
+  --backend NAME           passed as backend= (default: mqa_bwd.default_backend())
+  --repeats N              determinism: calls per example (default 20)
+  --heads LO-HI            restrict the head counts the strategies draw
+  --mqa-profile NAME       Hypothesis profile: ci, dev, fuzz, repro ($MQA_PROFILE)
+  --replay CASE            run only this case (JSON text, or a case/failure file)
+  --summary-json PATH      per-property verdicts, example counts and seconds
+  --failures-dir DIR       where failing cases are saved (default tests/regressions/)
+
+A property test is written as::
+
+    @property_test("agreement")
+    def test_property_agreement(case, mqa):
+        mqa.check("agreement", case)
+
+``property_test`` draws cases with the strategies (or takes the --replay
+case) and replays the saved regression cases first, as explicit examples.
+``mqa.check`` runs the property; on failure it raises with the report and a
+REPRO line (one command replaying exactly that case and property), and the
+plugin saves the case as JSON in the failures folder.
+"""
+
+import collections
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import os
+import shlex
+import time
+from pathlib import Path
+
+import pytest
+from hypothesis import example, given
+from hypothesis import strategies as st
+
+from . import checks, profiles, strategies
+from .case import Case
+from .target import OURS, Target
+
+ROOT = Path(__file__).resolve().parents[1]
+REGRESSIONS_DIR = ROOT / "tests" / "regressions"
+DEFAULT_REPEATS = 20
+
+
+class PropertyFailure(AssertionError):
+    """A property does not hold for a case (the message is the report and the REPRO line)."""
+
+
+@dataclasses.dataclass
+class Harness:
+    """One pytest process's view of the suite: what is tested, how, and what happened."""
+
+    target: Target
+    options: checks.Options
+    space: strategies.Space
+    profile: str
+    replay: Case | None = None
+    failures_dir: Path | None = REGRESSIONS_DIR
+    regressions_dir: Path = REGRESSIONS_DIR
+    current_item: object = None
+    cases_run: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    failures: dict = dataclasses.field(default_factory=dict)  # nodeid -> [(property, case, report)]
+
+    def __repr__(self) -> str:  # Hypothesis prints the test's arguments: keep the fixture's line short
+        return f"<mqa harness: {self.target.spec} backend={self.target.backend} profile={self.profile}>"
+
+    def check(self, name: str, case: Case) -> None:
+        nodeid = self.current_item.nodeid if self.current_item is not None else name
+        self.cases_run[nodeid] += 1
+        verdict = checks.run_property(name, self.target, case, self.options)
+        if verdict.ok:
+            return
+        report = (f"property {name} FAILS for {self.target.spec} (backend {self.target.backend})\n"
+                  f"case: {checks.describe_case(case)}\n{verdict.report}")
+        if _is_final_example():
+            self.failures.setdefault(nodeid, []).append((name, case, report))
+        raise PropertyFailure(f"{report}\nREPRO: {self.repro_command(name, case)}")
+
+    def repro_command(self, name: str, case: Case) -> str:
+        path = "tests/test_properties.py"
+        if self.current_item is not None:
+            path = self.current_item.nodeid.split("::")[0]
+        words = ["python", "-m", "pytest", "-p", "no:xdist", f"{path}::test_property_{name}",
+                 "--replay", case.to_json(), "--backend", str(self.target.backend)]
+        if self.target.spec != OURS:
+            words += ["--impl", self.target.spec]
+        if name == "determinism" and self.options.repeats != DEFAULT_REPEATS:
+            words += ["--repeats", str(self.options.repeats)]
+        return " ".join(shlex.quote(w) for w in words)
+
+    def save_failure(self, name: str, case: Case, report: str) -> Path | None:
+        if self.failures_dir is None:
+            return None
+        self.failures_dir.mkdir(parents=True, exist_ok=True)
+        digest = hashlib.sha1(f"{name}\n{case.to_json()}".encode()).hexdigest()[:12]
+        path = self.failures_dir / f"{name}-{digest}.json"
+        record = {"case": case.to_dict(), "property": name, "backend": self.target.backend,
+                  "impl": self.target.spec, "report": report}
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
+        os.replace(tmp, path)  # a reader never sees half a file
+        return path
+
+
+_HARNESS: Harness | None = None
+
+
+def harness() -> Harness:
+    """The configured harness; outside pytest, one with the defaults."""
+    global _HARNESS
+    if _HARNESS is None:
+        _HARNESS = _build(None, None, DEFAULT_REPEATS, None, None, None, REGRESSIONS_DIR)
+    return _HARNESS
+
+
+def _is_final_example() -> bool:
+    """Is Hypothesis replaying the example it will report (not shrinking)? True outside Hypothesis."""
+    try:
+        from hypothesis.control import current_build_context
+
+        return bool(getattr(current_build_context(), "is_final", True))
+    except Exception:  # noqa: BLE001 - no build context: a plain call
+        return True
+
+
+# ---------------------------------------------------------------------------
+# Regression cases and the test decorator
+# ---------------------------------------------------------------------------
+
+
+def load_case_text(text: str) -> tuple:
+    """JSON of a Case, or of a failure record ({"case": ..., "property": ...}) -> (Case, property or None)."""
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise ValueError("expected a JSON object")
+    if "case" in data:
+        return Case.from_dict(data["case"]), data.get("property")
+    return Case.from_dict(data), None
+
+
+def regression_cases(name: str, directory: Path = REGRESSIONS_DIR) -> list:
+    """The saved cases of one property (a record without a property applies to all), in file order."""
+    found = []
+    for path in sorted(Path(directory).glob("*.json")):
+        try:
+            case, prop = load_case_text(path.read_text())
+        except (ValueError, TypeError) as err:
+            raise ValueError(f"regression case {path}: {err}") from None
+        if prop in (None, name):
+            found.append(case)
+    return found
+
+
+def _case_strategy():
+    h = harness()
+    if h.replay is not None:
+        return st.just(h.replay)
+    return strategies.cases(h.space)
+
+
+def property_test(name: str):
+    """Turn ``fn(case, mqa)`` into the Hypothesis test of property ``name``."""
+    if name not in checks.PROPERTIES:
+        raise ValueError(f"property_test: unknown property {name!r}")
+
+    def decorate(fn):
+        test = given(case=st.deferred(_case_strategy))(fn)
+        h = harness()
+        if h.replay is None:
+            # Explicit examples run before anything is generated: the saved
+            # regressions are always replayed first.
+            for case in reversed(regression_cases(name, h.regressions_dir)):
+                test = example(case=case)(test)
+        test._mqa_property = name
+        return test
+
+    return decorate
+
+
+# ---------------------------------------------------------------------------
+# pytest hooks
+# ---------------------------------------------------------------------------
+
+
+def pytest_addoption(parser):
+    group = parser.getgroup("mqa-bwd properties")
+    group.addoption("--impl", default=None, metavar="MODULE:FUNCTION",
+                    help=f"implementation under test, any function with the SPEC signature (default: {OURS})")
+    group.addoption("--backend", default=None, metavar="NAME",
+                    help="passed as backend= to the implementation (default: mqa_bwd.default_backend())")
+    group.addoption("--repeats", type=int, default=DEFAULT_REPEATS, metavar="N",
+                    help=f"determinism: calls per example, compared bitwise (default {DEFAULT_REPEATS})")
+    group.addoption("--heads", default=None, metavar="LO-HI", help="restrict the head counts the strategies draw")
+    group.addoption("--mqa-profile", default=None, metavar="NAME",
+                    help=f"Hypothesis profile: {', '.join(profiles.PROFILES)} (else ${profiles.ENV_VAR}, else ci)")
+    group.addoption("--replay", default=None, metavar="CASE",
+                    help="run only this case: Case JSON, or a path to a case or failure file")
+    group.addoption("--summary-json", default=None, metavar="PATH", help="write per-property verdicts as JSON")
+    group.addoption("--failures-dir", default=None, metavar="DIR",
+                    help="save failing cases here as JSON (default: tests/regressions/)")
+
+
+def _paddle_can_reach(device: str) -> bool:
+    if importlib.util.find_spec("paddle") is None:
+        return False
+    if device == "cpu":
+        return True
+    try:
+        import paddle
+
+        return bool(paddle.is_compiled_with_cuda())
+    except Exception:  # noqa: BLE001 - a broken paddle install is "no paddle"
+        return False
+
+
+def _build(impl, backend, repeats, heads, profile, replay, failures_dir) -> Harness:
+    target = Target.load(impl, backend)
+    space = strategies.Space(
+        heads=strategies.parse_heads(heads) if heads else (1, strategies.MAX_HEADS),
+        widths="production" if target.needs_gpu else "small",
+        frameworks=("torch", "paddle") if _paddle_can_reach(target.device) else ("torch",),
+    )
+    return Harness(target=target, options=checks.Options(repeats=repeats), space=space, profile=profile or "ci",
+                   replay=replay, failures_dir=failures_dir)
+
+
+def _replay_option(value: str) -> Case:
+    text = value
+    if not value.lstrip().startswith("{"):
+        path = Path(value)
+        if not path.is_file():
+            raise pytest.UsageError(f"--replay: {value!r} is neither Case JSON nor a file")
+        text = path.read_text()
+    try:
+        return load_case_text(text)[0]
+    except (ValueError, TypeError) as err:
+        raise pytest.UsageError(f"--replay: not a case: {err}") from None
+
+
+def pytest_configure(config):
+    global _HARNESS
+    opt = config.option
+    replay = _replay_option(opt.replay) if opt.replay else None
+    try:
+        profile = profiles.chosen(opt.mqa_profile or ("repro" if replay is not None and not os.environ.get(profiles.ENV_VAR) else None))
+        if opt.repeats < 2:
+            raise ValueError(f"--repeats: need at least 2 calls to compare, got {opt.repeats}")
+        failures_dir = Path(opt.failures_dir) if opt.failures_dir else REGRESSIONS_DIR
+        _HARNESS = _build(opt.impl, opt.backend, opt.repeats, opt.heads, profile, replay, failures_dir)
+    except ValueError as err:
+        raise pytest.UsageError(str(err)) from None
+    profiles.load(profile)
+    config._mqa_summary = {}  # property -> {"outcomes": [...], "cases": n, "seconds": t}
+    config._mqa_kill_rows = []
+
+
+def pytest_report_header(config):
+    h = harness()
+    return [f"mqa-bwd properties: impl {h.target.spec}, backend {h.target.backend} on {h.target.device}, "
+            f"profile {h.profile}, repeats {h.options.repeats}, heads {h.space.heads[0]}-{h.space.heads[1]}, "
+            f"widths {h.space.widths}, frameworks {'/'.join(h.space.frameworks)}"
+            + (", replaying one case" if h.replay is not None else "")]
+
+
+def pytest_collection_modifyitems(config, items):
+    h = harness()
+    why_not = h.target.unavailable()
+    for item in items:
+        if getattr(getattr(item, "obj", None), "_mqa_property", None) is None:
+            continue
+        if h.target.needs_gpu:
+            item.add_marker(pytest.mark.gpu)
+        if why_not:
+            item.add_marker(pytest.mark.skip(reason=why_not))
+
+
+@pytest.fixture(scope="session")
+def mqa():
+    """The harness: ``mqa.check(property, case)``."""
+    return harness()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    h = harness()
+    h.current_item = item
+    try:
+        yield
+    finally:
+        h.current_item = None
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    name = getattr(getattr(item, "obj", None), "_mqa_property", None)
+    if name is None:
+        return
+    h = harness()
+    report.user_properties.append(("mqa_property", name))
+    if call.when != "call":
+        return
+    report.user_properties.append(("mqa_cases", h.cases_run.get(item.nodeid, 0)))
+    for prop, case, text in h.failures.pop(item.nodeid, []):
+        if report.failed:
+            path = h.save_failure(prop, case, text)
+            if path is not None:
+                report.sections.append(("mqa-bwd failing case saved", f"{path}\n"))
+
+
+def _is_worker(config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+def pytest_runtest_logreport(report):
+    config = _CONFIG_FOR_REPORTS
+    if config is None or _is_worker(config):
+        return
+    props = dict(report.user_properties)
+    if "mqa_kill_row" in props and report.when == "call":  # record_property's entries ride on every later phase
+        config._mqa_kill_rows.append(props["mqa_kill_row"])
+    name = props.get("mqa_property")
+    if name is None:
+        return
+    entry = config._mqa_summary.setdefault(name, {"outcomes": [], "cases": 0, "seconds": 0.0, "xfail": None})
+    entry["seconds"] += float(report.duration or 0.0)
+    entry["cases"] += int(props.get("mqa_cases", 0))
+    if hasattr(report, "wasxfail"):
+        entry["outcomes"].append("fail")  # a known failure is still a property that does not hold
+        entry["xfail"] = report.wasxfail
+    elif report.failed:
+        entry["outcomes"].append("fail")
+    elif report.skipped:
+        entry["outcomes"].append("skip")
+    elif report.when == "call":
+        entry["outcomes"].append("pass")
+
+
+_CONFIG_FOR_REPORTS = None
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionstart(session):
+    global _CONFIG_FOR_REPORTS
+    _CONFIG_FOR_REPORTS = session.config
+    session.config._mqa_started = time.time()
+
+
+def summary(config) -> dict:
+    h = harness()
+    properties = {}
+    for name, entry in sorted(config._mqa_summary.items()):
+        outcomes = entry["outcomes"]
+        verdict = "fail" if "fail" in outcomes else "pass" if "pass" in outcomes else "skip"
+        properties[name] = {"verdict": verdict, "cases": entry["cases"], "seconds": round(entry["seconds"], 3)}
+        if entry["xfail"]:
+            properties[name]["known_failure"] = entry["xfail"]
+    return {"properties": properties, "backend": h.target.backend, "impl": h.target.spec, "profile": h.profile,
+            "repeats": h.options.repeats}
+
+
+def pytest_sessionfinish(session, exitstatus):
+    config = session.config
+    if _is_worker(config) or not config.option.summary_json:
+        return
+    path = Path(config.option.summary_json)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(summary(config), indent=1, sort_keys=True) + "\n")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    rows = getattr(config, "_mqa_kill_rows", [])
+    if rows:
+        from .mutants import format_kill_matrix
+
+        terminalreporter.write_sep("=", "mutant kill matrix (CPU model)")
+        terminalreporter.write_line(format_kill_matrix([json.loads(r) for r in rows]))
