@@ -206,6 +206,13 @@ def determinism(target: Target, case: Case, options: Options = Options()) -> Ver
             runs[name].append(host_copy(x))
         previous = result
     differences = {name: cmp.first_difference(name, runs[name]) for name in OUTPUT_NAMES}
+    for name, results in runs.items():
+        fresh_nan = np.isnan(results[0].astype(np.float32))
+        later = [i for i, r in enumerate(results[1:], start=1) if (np.isnan(r.astype(np.float32)) & ~fresh_nan).any()]
+        if later and differences[name]:
+            differences[name] += (f"\n    {name}: NaN in run {later[0]} where run 0 had a number: the poison put there "
+                                  "before the call survived it - the implementation did not write those elements itself "
+                                  "(reused or stale output memory)")
     ok = not any(differences.values())
     lines = [f"determinism over {options.repeats} runs {_describe_call(case)}, outputs NaN-poisoned between runs: "
              + ("bitwise identical" if ok else "DIFFERS")]

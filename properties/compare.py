@@ -154,11 +154,14 @@ def first_difference(name, runs, labels=None) -> str | None:
             ulp = f" ({int(bf16_ulp_distance(a64.flat[k], x64.flat[k]))} bf16 ulp)"
         elif first.dtype == np.float32:
             ulp = f" ({int(f32_ulp_distance(first.flat[k], x.flat[k]))} fp32 ulp)"
+        d = d[differs]
         finite = d[np.isfinite(d)]
+        nonfinite = d.size - finite.size
         report = (
             f"{name}: {label(i)} differs from {label(0)} in {int(differs.sum())} of {differs.size} elements; "
             f"first at {where}: {float(a64.flat[k])!r} vs {float(x64.flat[k])!r}{ulp}; "
-            f"max |diff| {finite.max() if finite.size else float('nan'):.3e}"
+            + (f"max |diff| {finite.max():.3e}" if finite.size else "no finite difference")
+            + (f"; {nonfinite} differ by NaN/inf (one side non-finite or NaN payloads)" if nonfinite else "")
         )
     if report is None:
         return None

@@ -19,6 +19,10 @@ one, and say which property caught it:
                            other out-of-range values address other rows
   dtype_unchecked          no dtype validation: float32 / float16 tensors run
   pad_dq_unsliced          the pad heads' dq rows are returned with the rest
+  outputs_reused           (a check of the harness) output buffers kept from
+                           the last call, rows with no valid slot not
+                           rewritten: only the NaN poisoning between reruns
+                           can tell it from ours
 
 A kill is a case on which the property fails for the mutant and holds for
 ours: a property that also fails on the original proves nothing about the
@@ -201,6 +205,32 @@ def pad_dq_unsliced(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
     return tuple(wrapper._from_torch(x, framework) for x in (dq, dkv, dsink[: p.H]))
 
 
+_persistent_outputs = {}
+
+
+def outputs_reused(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, **kwargs):
+    """Writes into output buffers kept from the previous call of the same shapes, skipping the dq
+    rows of query rows with no valid slot (it assumes those rows are still zero from last time)."""
+    import torch
+
+    from mqa_bwd import wrapper
+
+    dq, dkv, dsink = _ours()(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, **kwargs)
+    framework = wrapper._framework(dq)
+    dq_t, dkv_t, dsink_t = (wrapper._to_torch(n, x) for n, x in zip(("dq", "dkv", "d_attn_sink"), (dq, dkv, dsink)))
+    idx = wrapper._to_torch("token_indices", token_indices).to(torch.int64)
+    S_kv = wrapper._to_torch("kv", kv).shape[1]
+    has_valid = ((idx >= 0) & (idx < S_kv)).any(dim=2)  # [B, S]
+    key = (framework, tuple(dq_t.shape), tuple(dkv_t.shape), tuple(dsink_t.shape), str(dq_t.device))
+    if key not in _persistent_outputs:
+        _persistent_outputs[key] = tuple(torch.zeros_like(t) for t in (dq_t, dkv_t, dsink_t))
+    keep_dq, keep_dkv, keep_dsink = _persistent_outputs[key]
+    keep_dq[has_valid] = dq_t[has_valid]
+    keep_dkv.copy_(dkv_t)
+    keep_dsink.copy_(dsink_t)
+    return tuple(wrapper._from_torch(t, framework) for t in (keep_dq, keep_dkv, keep_dsink))
+
+
 @dataclasses.dataclass(frozen=True)
 class Mutant:
     name: str
@@ -232,6 +262,10 @@ MUTANTS = {
                _BENIGN.replace(B=2, invalid=("minus_one",), hole_rate=0.3)),
         Mutant("dtype_unchecked", dtype_unchecked, "dtype not checked", "rejection", _BENIGN),
         Mutant("pad_dq_unsliced", pad_dq_unsliced, "pad heads' dq not sliced", "output_contract", _BENIGN),
+        # Not in the issue's list: it checks the harness itself. Only the NaN poisoning between
+        # reruns can tell this mutant from ours: unpoisoned, its stale rows are the right zeros.
+        Mutant("outputs_reused", outputs_reused, "outputs kept between calls, rows without a valid slot not rewritten",
+               "determinism", _BENIGN),
     )
 }
 
@@ -301,6 +335,7 @@ def kill_row(name: str, ours: Target, options: checks.Options = checks.Options()
     """One row of the kill matrix: for every property, the killing case (or None)."""
     search_settings = search_settings or profiles.examples_for_mutant_kills()
     m = MUTANTS[name]
+    check_buildable(name, ours)  # an unbuildable mutant would raise everywhere: "killed" by every property
     mutant = mutant_target(name, ours)
     kills = {}
     for prop in checks.PROPERTY_NAMES:

@@ -25,7 +25,6 @@ plugin saves the case as JSON in the failures folder.
 """
 
 import collections
-import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -51,25 +50,27 @@ class PropertyFailure(AssertionError):
     """A property does not hold for a case (the message is the report and the REPRO line)."""
 
 
-@dataclasses.dataclass
 class Harness:
-    """One pytest process's view of the suite: what is tested, how, and what happened."""
+    """One pytest process's view of the suite: what is tested, how, and what happened.
 
-    target: Target
-    options: checks.Options
-    space: strategies.Space
-    profile: str
-    replay: Case | None = None
-    failures_dir: Path | None = REGRESSIONS_DIR
-    regressions_dir: Path = REGRESSIONS_DIR
-    current_item: object = None
-    cases_run: collections.Counter = dataclasses.field(default_factory=collections.Counter)
-    failures: dict = dataclasses.field(default_factory=dict)  # nodeid -> [(property, case, report)]
+    A plain class, not a dataclass: Hypothesis prints dataclass arguments
+    field by field, and this one is passed to every property test.
+    """
+
+    def __init__(self, target: Target, options: checks.Options, space: strategies.Space, profile: str,
+                 replay: Case | None = None, failures_dir: Path | None = REGRESSIONS_DIR,
+                 regressions_dir: Path = REGRESSIONS_DIR):
+        self.target, self.options, self.space, self.profile = target, options, space, profile
+        self.replay, self.failures_dir, self.regressions_dir = replay, failures_dir, regressions_dir
+        self.current_item = None
+        self.cases_run = collections.Counter()  # nodeid -> examples run
+        self.failures = {}  # nodeid -> [(property, case, report)] of the examples Hypothesis reports
 
     def __repr__(self) -> str:  # Hypothesis prints the test's arguments: keep the fixture's line short
         return f"<mqa harness: {self.target.spec} backend={self.target.backend} profile={self.profile}>"
 
     def check(self, name: str, case: Case) -> None:
+        __tracebackhide__ = True  # the report is the message; the harness's frames are noise
         nodeid = self.current_item.nodeid if self.current_item is not None else name
         self.cases_run[nodeid] += 1
         verdict = checks.run_property(name, self.target, case, self.options)
@@ -242,8 +243,28 @@ def _replay_option(value: str) -> Case:
         raise pytest.UsageError(f"--replay: not a case: {err}") from None
 
 
+def _one_thread_per_worker(config) -> None:
+    """In a pytest-xdist worker, run torch's CPU kernels on one thread.
+
+    Each worker already has a core; torch's default OpenMP pool (one thread
+    per core) makes the workers spin-wait against each other, which measured
+    10x slower on this suite's CPU model at -n 2. Children a worker starts
+    (command-line tests) inherit the setting through OMP_NUM_THREADS.
+    """
+    if not hasattr(config, "workerinput"):
+        return
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    try:
+        import torch
+
+        torch.set_num_threads(int(os.environ["OMP_NUM_THREADS"]))
+    except (ImportError, ValueError):
+        pass
+
+
 def pytest_configure(config):
     global _HARNESS
+    _one_thread_per_worker(config)
     opt = config.option
     replay = _replay_option(opt.replay) if opt.replay else None
     try:
