@@ -89,7 +89,10 @@ class ModelLauncher(Launcher):
         _shape_is("delta", "Sink2", sink2, (H,))
         d = (out.to(torch.float32) * grad_out.to(torch.float32)).sum(-1)
         delta.copy_(d)
-        dsink_rows.copy_(-torch.exp2(sink2.view(1, H) - lse2) * d)
+        # Per head, so that a head's value never depends on how many heads the
+        # call has (see wrapper.per_head): the kernel computes per element.
+        for h in range(H):
+            dsink_rows[:, h] = -torch.exp2(sink2[h] - lse2[:, h].contiguous()) * d[:, h].contiguous()
 
     # -- main backward -----------------------------------------------------
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, shard_base=0, n_shards=1):

@@ -268,6 +268,20 @@ def _pad_heads(x: torch.Tensor, padded: int, value: float, launcher) -> torch.Te
     return y
 
 
+def per_head(fn, rows: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
+    """fn(rows[:, h], heads[h]) for every head h, as an [R, H] tensor.
+
+    On a CPU, torch's vectorised transcendental functions round an element
+    differently in the vector body and in the scalar tail (AVX-512), so a
+    head's value would depend on how many heads share the call. One call per
+    head makes every head's arithmetic the same whatever H is. GPU kernels
+    compute per element already.
+    """
+    if rows.device.type != "cpu":
+        return fn(rows, heads.view(1, -1))
+    return torch.stack([fn(rows[:, h].contiguous(), heads[h]) for h in range(rows.shape[1])], dim=1)
+
+
 def _grouped(x: torch.Tensor, groups: int, width: int) -> torch.Tensor:
     """[R, G*width, ...] -> [G, R, width, ...], each group contiguous."""
     R = x.shape[0]
@@ -330,7 +344,7 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
     # Kernel convention: base 2, sink-inclusive. A row with no valid slot
     # (lse = -inf) has zero gradients, the sink's too: Lse2 = +inf there makes
     # both P and p_sink exactly 0, with or without a sink, and never NaN.
-    lse2 = torch.logaddexp(lse_p, sink_p.view(1, Hp)) * K.LOG2E
+    lse2 = per_head(lambda lse_h, sink_h: torch.logaddexp(lse_h, sink_h) * K.LOG2E, lse_p, sink_p)
     lse2 = torch.where(lse_p == -math.inf, torch.full_like(lse2, math.inf), lse2).contiguous()
     sink2 = (sink_p * K.LOG2E).contiguous()
     kv2 = kv.reshape(NKV, p.d_k).contiguous()
