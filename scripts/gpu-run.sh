@@ -2,12 +2,16 @@
 # One device-tool call on the H200: unpack tilelang, compile every kernel in
 # parallel (fills TileLang's cache), then run each argument as a shell command
 # with the environment set. Logs go to $OUT.
-# Usage (device tool, carry .gpu):
+# Usage (device tool, carry .gpu and .whl):
 #   bash scripts/gpu-run.sh 'python3 -m pytest -m gpu tests/' 'python3 -m mqa_bwd.bench --shapes dsv32'
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p /tmp/site "$OUT"
 [[ -d /tmp/site/tilelang ]] || tar -C /tmp/site -xJf .gpu/tilelang.tar.xz
+# Pure-Python packages the host may lack (rich, pytest-xdist, ...), carried as wheels in .whl.
+if [[ -d .whl ]] && ! python3 -c "import rich, xdist" 2>/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+fi
 export PYTHONPATH=/tmp/site:$PWD CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PYTHONUNBUFFERED=1 OUT
 nvidia-smi -L
 python3 -c "import tilelang, torch; print('tilelang', tilelang.__version__, 'torch', torch.__version__)"
