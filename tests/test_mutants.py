@@ -48,3 +48,36 @@ def test_mutant_is_killed(name, ours, record_property):
         f"caught by: {', '.join(killers)}\n" + mutants.kill_details(row)
     )
 
+
+
+def _pytest(*args, cwd):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "-p", "no:cacheprovider", "-q", *args],
+                          cwd=cwd, capture_output=True, text=True, timeout=300)
+
+
+def test_a_failure_is_saved_summarised_and_its_repro_line_replays_it(tmp_path):
+    import shlex
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    failures, summary = tmp_path / "failures", tmp_path / "summary.json"
+    first = _pytest("tests/test_properties.py::test_property_output_contract", "--impl", "properties.mutants:pad_dq_unsliced",
+                    "--backend", BACKEND, "--failures-dir", str(failures), "--summary-json", str(summary), cwd=root)
+    assert first.returncode == 1, first.stdout[-3000:]
+    (saved,) = failures.glob("output_contract-*.json")
+    record = json.loads(saved.read_text())
+    assert record["property"] == "output_contract" and record["impl"] == "properties.mutants:pad_dq_unsliced"
+    assert record["backend"] == BACKEND and "dq: shape" in record["report"]
+    verdicts = json.loads(summary.read_text())
+    assert verdicts["properties"]["output_contract"]["verdict"] == "fail"
+    assert verdicts["impl"] == "properties.mutants:pad_dq_unsliced" and verdicts["backend"] == BACKEND
+    repro_lines = [line.split("REPRO: ", 1)[1] for line in first.stdout.splitlines() if "REPRO: " in line]
+    assert repro_lines, first.stdout[-3000:]
+    words = shlex.split(repro_lines[-1])
+    assert words[:3] == ["python", "-m", "pytest"] and json.loads(words[words.index("--replay") + 1]) == record["case"]
+    again = _pytest(*words[3:], "--failures-dir", str(tmp_path / "again"), cwd=root)
+    assert again.returncode == 1 and "1 failed" in again.stdout, again.stdout[-3000:]
+    assert "dq: shape" in again.stdout
