@@ -349,6 +349,7 @@ def test_a_fatal_device_error_keeps_the_record_and_ends_the_worker(stub, tmp_pat
     """)
     env = dict(os.environ, MQA_FUZZ_TARGET="stub_impls:device_fault", MQA_FUZZ_RECORDS=str(tmp_path),
                PYTHONPATH=os.pathsep.join([str(stub), str(ROOT)]))
+    env.pop("PYTEST_XDIST_WORKER", None)  # the child is a main process, not this xdist worker
     done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, timeout=120)
     assert done.returncode == 70, done.stderr.decode()[-2000:]
     assert b"fatal device error, inputs saved" in done.stderr
