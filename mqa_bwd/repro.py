@@ -16,7 +16,6 @@ are apart, so that "which one drifts, and by how much" has an answer.
 
 import dataclasses
 import hashlib
-import importlib
 import json
 from pathlib import Path
 
@@ -116,21 +115,9 @@ class Implementation:
 
 def import_function(spec: str, option: str = "--impl"):
     """'package.module:function' -> the callable, imported from the Python path as given."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ValueError(f"{option}: expected 'module:function', got {spec!r}")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as e:
-        raise ValueError(f"{option}: cannot import module {module_name!r} ({e})") from None
-    obj = module
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ValueError(f"{option}: module {module_name!r} has no attribute {attr!r}")
-        obj = getattr(obj, part)
-    if not callable(obj):
-        raise ValueError(f"{option}: {spec!r} is not callable")
-    return obj
+    from properties.target import load_function
+
+    return load_function(spec, option)
 
 
 def resolve(impl=None, backend=None, *, option="--backend", device=None, framework="torch", block_h=None,

@@ -19,22 +19,25 @@ OURS = "mqa_bwd:mqa_latent_sparse_bwd"
 GPU_BACKENDS = ("tilelang", "tilelang-atomic")
 
 
-def load_function(spec: str) -> Callable:
-    """'package.module:function' (or 'module:Class.method') -> the callable."""
+def load_function(spec: str, option: str = "--impl") -> Callable:
+    """'package.module:function' (or 'module:Class.method') -> the callable.
+
+    Errors are ValueErrors naming ``option``, the flag or variable the spec came from.
+    """
     module_name, sep, attribute = spec.partition(":")
     if not sep or not module_name or not attribute:
-        raise ValueError(f"--impl: expected module:function, got {spec!r}")
+        raise ValueError(f"{option}: expected module:function, got {spec!r}")
     try:
         obj = importlib.import_module(module_name)
     except ImportError as err:
-        raise ValueError(f"--impl: cannot import module {module_name!r}: {err}") from err
+        raise ValueError(f"{option}: cannot import module {module_name!r}: {err}") from err
     for part in attribute.split("."):
         try:
             obj = getattr(obj, part)
         except AttributeError:
-            raise ValueError(f"--impl: {module_name!r} has no attribute {attribute!r}") from None
+            raise ValueError(f"{option}: {module_name!r} has no attribute {attribute!r}") from None
     if not callable(obj):
-        raise ValueError(f"--impl: {spec!r} is not callable")
+        raise ValueError(f"{option}: {spec!r} is not callable")
     return obj
 
 
