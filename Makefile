@@ -25,7 +25,6 @@ $(STAMP): pyproject.toml Makefile
 		echo "no GPU: installing the CPU build of torch ($(TORCH_CPU))"; \
 		$(BIN)/pip install -q $(if $(TORCH_CPU_INDEX),--extra-index-url $(TORCH_CPU_INDEX)) "$(TORCH_CPU)"; \
 	fi
-	$(BIN)/python -c "import torch; print('torch', torch.__version__)" > $(VENV)/torch-pin.txt
 	$(BIN)/pip freeze | grep -i '^torch==' > $(VENV)/constraints.txt
 	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e ".[torch,tilelang,paddle,test]"
 	touch $(STAMP)

@@ -1,6 +1,7 @@
 """Backend names and how to pick the best one a machine has."""
 
 import functools
+import warnings
 
 import torch
 
@@ -8,17 +9,24 @@ BACKENDS = ("tilelang", "tilelang-atomic", "model", "model-atomic")
 
 
 @functools.lru_cache(maxsize=None)
-def hopper_available() -> bool:
-    """A CUDA device of compute capability 9.x and an importable tilelang."""
+def _hopper_missing() -> str | None:
+    """Why the TileLang backends cannot run here, or None when they can."""
     if not torch.cuda.is_available():
-        return False
+        return "no CUDA device"
     if torch.cuda.get_device_capability()[0] != 9:
-        return False
+        return f"the CUDA device is {torch.cuda.get_device_name()}, not Hopper (sm_90)"
     try:
         import tilelang  # noqa: F401
-    except Exception:
-        return False
-    return True
+    except Exception as err:  # a broken install must say so, not quietly leave only the model
+        warnings.warn(f"a Hopper GPU is present but tilelang does not import ({err!r}); "
+                      "only the CPU model backends are available", stacklevel=2)
+        return f"tilelang does not import: {err!r}"
+    return None
+
+
+def hopper_available() -> bool:
+    """A CUDA device of compute capability 9.x and an importable tilelang."""
+    return _hopper_missing() is None
 
 
 def default_backend(device: torch.device | None = None) -> str:
@@ -38,5 +46,7 @@ def get_launcher(backend, device: torch.device | None = None):
     if backend.startswith("model"):
         return ModelLauncher(deterministic=backend == "model")
     if not hopper_available():
-        raise ValueError(f"backend: {backend!r} needs a Hopper GPU (sm_90) and tilelang; this machine has none")
-    return TileLangLauncher(deterministic=backend == "tilelang", device=device)
+        raise ValueError(f"backend: {backend!r} needs a Hopper GPU (sm_90) and tilelang: {_hopper_missing()}")
+    # CPU tensors are not the kernels' device: validation then names them.
+    cuda = device if device is not None and device.type == "cuda" else None
+    return TileLangLauncher(deterministic=backend == "tilelang", device=cuda)

@@ -27,7 +27,6 @@ either the old file or the new one, never half of one.
 import dataclasses
 import hashlib
 import json
-import math
 import numbers
 import os
 import secrets
@@ -132,8 +131,9 @@ def check_structure(tensors: dict, sm_scale) -> None:
         if any(want is not None and got != want for got, want in zip(t.shape, dims)):
             shown = tuple("*" if d is None else d for d in dims)
             raise ValueError(f"{name}: shape {tuple(t.shape)} does not match query's {shown}")
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real) or not math.isfinite(sm_scale) or sm_scale <= 0:
-        raise ValueError(f"sm_scale: expected a finite positive number, got {sm_scale!r}")
+    from .wrapper import check_sm_scale
+
+    check_sm_scale(sm_scale)
 
 
 # ---------------------------------------------------------------------------

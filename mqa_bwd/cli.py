@@ -54,7 +54,7 @@ examples:
   mqa-bwd check                              best backend on this machine
   mqa-bwd check --backend model              the CPU tile model
   mqa-bwd check --impl mypkg.ops:bwd         any function with the SPEC signature
-  mqa-bwd check --profile dev -k oracle      a quick loop on one property
+  mqa-bwd check --profile dev -k agreement   a quick loop on one property
   mqa-bwd check -- -x                        extra pytest arguments after --
 """
 
@@ -263,7 +263,7 @@ def main(argv=None) -> int:
         sys.path.append(os.getcwd())
     try:
         return args.handler(args)
-    except ValueError as e:
+    except (ValueError, OSError) as e:
         print(f"mqa-bwd {args.command}: error: {e}", file=sys.stderr)
         return 2
 
@@ -437,10 +437,10 @@ def cmd_check(args) -> int:
         with LiveProgress(console, f"check ({args.profile})") as view:
             run = fuzz.run_suite(command, cwd=_suite_cwd(tests), progress_dir=tmp / "progress", records_dir=None,
                                  log_path=tmp / "pytest.log", summary_json=summary_path, on_update=view.update)
-        return _check_report(console, run, failures_dir, before)
+        return _check_report(console, run, failures_dir, before, summary_path)
 
 
-def _check_report(console, run, failures_dir: Path, before: set) -> int:
+def _check_report(console, run, failures_dir: Path, before: set, summary_path: Path) -> int:
     from rich.table import Table
 
     from . import fuzz
@@ -467,7 +467,7 @@ def _check_report(console, run, failures_dir: Path, before: set) -> int:
             console.print(section, markup=False)
         elif run.returncode != 0:
             console.print(fuzz.log_tail(run.log_path), markup=False)
-    saved = _new_files(failures_dir, before)
+    saved = [p for p in _new_files(failures_dir, before) if p.resolve() != Path(summary_path).resolve()]  # a summary is no case
     for path in saved:
         console.print(f"saved failing case: {path}   replay: mqa-bwd repro {path}", markup=False)
     if not held:

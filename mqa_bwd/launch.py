@@ -2,8 +2,10 @@
 
 A ``Launcher`` is what the host wrapper drives: one method per kernel, each
 taking exactly the tensors the kernel takes (torch tensors, on the launcher's
-device). The wrapper never computes a gradient itself; it only lays out
-inputs, allocates through ``empty``/``zeros`` and launches.
+device). The wrapper never computes a gradient itself; it lays out inputs and
+launches. Scratch, outputs and padded copies are allocated through
+``empty``/``zeros`` (counted, guard-banded under ``GuardBands``); small index
+and layout tensors made by torch ops (slots, CSR, Lse2, grouped copies) are not.
 
 ``COUNTERS`` counts launches and allocations across every launcher, so that a
 test can prove that a rejected call launched and allocated nothing.

@@ -27,6 +27,7 @@ import torch
 
 from . import kernels as K
 from .launch import Launcher
+from .wrapper import per_head
 
 
 class TileBoundsError(IndexError):
@@ -91,8 +92,7 @@ class ModelLauncher(Launcher):
         delta.copy_(d)
         # Per head, so that a head's value never depends on how many heads the
         # call has (see wrapper.per_head): the kernel computes per element.
-        for h in range(H):
-            dsink_rows[:, h] = -torch.exp2(sink2[h] - lse2[:, h].contiguous()) * d[:, h].contiguous()
+        dsink_rows.copy_(-per_head(lambda lse_h, sink_h: torch.exp2(sink_h - lse_h), lse2, sink2) * d)
 
     # -- main backward -----------------------------------------------------
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, shard_base=0, n_shards=1):

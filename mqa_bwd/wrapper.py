@@ -58,7 +58,7 @@ class Problem:
     #: False reproduces the #1784 wrapper for the CPU model's self-test: a head
     #: count below block_h goes to the kernel as one group of H heads, unpadded.
     pad_heads: bool = True
-    #: How the deterministic path reduces dKV; None: chosen from the shapes.
+    #: How the deterministic path reduces dKV (DKV_DESIGNS); None: DEFAULT_DKV_DESIGN.
     dkv_design: str | None = None
 
     @property
@@ -167,6 +167,16 @@ def _require_dtype(name, t, dtype):
         raise ValueError(f"{name}: expected dtype {dtype}, got {t.dtype}")
 
 
+def check_sm_scale(sm_scale) -> None:
+    """sm_scale must be a finite positive real number (a huge int overflows float: also rejected)."""
+    try:
+        ok = not isinstance(sm_scale, bool) and isinstance(sm_scale, numbers.Real) and math.isfinite(sm_scale) and sm_scale > 0
+    except OverflowError:
+        ok = False
+    if not ok:
+        raise ValueError(f"sm_scale: expected a finite positive number, got {sm_scale!r}")
+
+
 def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h, dkv_buf_bytes, launcher,
              dkv_design=None):
     """Check every argument; return the Problem. Raises ValueError naming the argument.
@@ -197,8 +207,8 @@ def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, 
         _require_shape("attn_sink", attn_sink, (H,), "H")
         _require_dtype("attn_sink", attn_sink, torch.float32)
     _require_rank("token_indices", token_indices, 3, "B,S,L")
-    if token_indices.dtype not in (torch.int32, torch.int64, torch.int16, torch.int8, torch.uint8):
-        raise ValueError(f"token_indices: expected an integer dtype (int32 or int64), got {token_indices.dtype}")
+    if token_indices.dtype.is_floating_point or token_indices.dtype.is_complex or token_indices.dtype == torch.bool:
+        raise ValueError(f"token_indices: expected an integer dtype, got {token_indices.dtype}")
     if tuple(token_indices.shape[:2]) != (B, S):
         raise ValueError(f"token_indices: expected shape ({B}, {S}, L) [B,S,L], got {tuple(token_indices.shape)}")
     L_ = token_indices.shape[2]
@@ -209,8 +219,7 @@ def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, 
         raise ValueError(f"query: widths must be multiples of 16, got Dk={d_k}, Dv={d_v}")
     launcher.check_widths(d_k, d_v)
 
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, numbers.Real) or not math.isfinite(sm_scale) or sm_scale <= 0:
-        raise ValueError(f"sm_scale: expected a finite positive number, got {sm_scale!r}")
+    check_sm_scale(sm_scale)
 
     if block_h is None:
         block_h = 32 if H % 32 == 0 else 16
@@ -419,8 +428,6 @@ def mqa_latent_sparse_bwd(
     }
     tensors = {name: _to_torch(name, x) for name, x in named.items()}
     sink = None if attn_sink is None else _to_torch("attn_sink", attn_sink)
-    if framework is None:
-        raise ValueError(f"query: expected a torch or paddle tensor, got {type(query).__name__}")
     launcher = get_launcher(backend, tensors["query"].device)
     p = validate(
         tensors["query"], tensors["kv"], tensors["out"], tensors["grad_out"], tensors["lse"], sink,

@@ -9,11 +9,9 @@ tests against the real suite skip, saying why, until it exists.
 import importlib.util
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -410,12 +408,10 @@ def test_check_fails_on_a_wrong_implementation_and_saves_a_replayable_case(in_st
 
 
 def test_fuzz_on_the_model_with_one_worker_runs_cases_and_finds_nothing(in_stub, tmp_path, capsys):
-    started = time.time()
     code = cli.main(["fuzz", "--backend", "model", "--minutes", "0.1", "--workers", "1",
                      "--failures-dir", str(tmp_path / "f"), "--tests", str(in_stub / "test_properties.py")])
     out = capsys.readouterr().out
     assert code == 0, out
-    assert time.time() - started < 60
     total = int(out.split("no failure: ")[1].split(" cases")[0])
     assert total >= 2, out
     assert out.count("no failure (time slice used up)") + out.count("no failure (all examples ran)") == 2
