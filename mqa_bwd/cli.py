@@ -16,7 +16,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_SUITE = ROOT / "tests" / "test_properties.py"
 PROFILES = ("ci", "dev", "fuzz", "repro")
-MAX_HEADS = 128
+MAX_HEADS = 128  # shown in --help; parse_heads enforces properties.strategies.MAX_HEADS
 #: Where the property suite keeps failing cases and replays them first (its plugin's default).
 REGRESSIONS_DIR = ROOT / "tests" / "regressions"
 FUZZ_FAILURES_DIR = "fuzz-failures"
@@ -128,16 +128,13 @@ examples:
 
 
 def parse_heads(text: str) -> tuple:
-    """'1-64' or '8' -> (lo, hi), 1 <= lo <= hi <= 128."""
-    lo_text, sep, hi_text = text.partition("-")
+    """'1-64' or '8' -> (lo, hi), 1 <= lo <= hi <= 128: the plugin's own rule."""
+    from properties.strategies import parse_heads as parse
+
     try:
-        lo = int(lo_text)
-        hi = int(hi_text) if sep else lo
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected LO-HI (e.g. 1-64) or one number, got {text!r}") from None
-    if not 1 <= lo <= hi <= MAX_HEADS:
-        raise argparse.ArgumentTypeError(f"expected 1 <= LO <= HI <= {MAX_HEADS}, got {text!r}")
-    return lo, hi
+        return parse(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def _positive(kind):
@@ -431,7 +428,7 @@ def cmd_check(args) -> int:
         summary_path = args.summary_json or tmp / "summary.json"
         command = fuzz.build_pytest_command(
             tests, profile=args.profile, summary_json=summary_path.resolve(),
-            failures_dir=args.failures_dir.resolve() if args.failures_dir else None,
+            failures_dir=failures_dir.resolve(),
             backend=backend, impl=impl, heads=args.heads, repeats=args.repeats, workers=args.workers, gpus=gpus,
             extra=_extra_pytest_args(args))
         with LiveProgress(console, f"check ({args.profile})") as view:

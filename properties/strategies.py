@@ -51,8 +51,8 @@ class Space:
 
     def __post_init__(self):
         lo, hi = self.heads
-        if not 1 <= lo <= hi:
-            raise ValueError(f"heads: need 1 <= LO <= HI, got {lo}-{hi}")
+        if not 1 <= lo <= hi <= MAX_HEADS:
+            raise ValueError(f"heads: need 1 <= LO <= HI <= {MAX_HEADS}, got {lo}-{hi}")
         if self.widths not in ("small", "production"):
             raise ValueError(f"widths: 'small' or 'production', got {self.widths!r}")
 
