@@ -42,6 +42,8 @@ from pathlib import Path
 
 import pytest
 
+from properties.target import SPEC_ARGS as _SPEC_ARGS
+
 ENV_PROGRESS = "MQA_PROGRESS_DIR"  # where each process writes its progress file
 ENV_DEADLINE = "MQA_FUZZ_DEADLINE"  # epoch seconds: the end of the time budget
 ENV_TARGET = "MQA_FUZZ_TARGET"  # what guarded() runs: a backend name or module:function
@@ -213,7 +215,6 @@ def pytest_runtest_logreport(report):
 # ===========================================================================
 
 
-_SPEC_ARGS = ("query", "kv", "out", "grad_out", "lse", "attn_sink", "token_indices", "sm_scale")
 _FATAL_DEVICE_ERRORS = ("illegal memory access", "unspecified launch failure", "misaligned address",
                         "an illegal instruction", "CUDA error: device-side assert", "hardware exception")
 _target_cache = {}

@@ -23,12 +23,10 @@ import numpy as np
 
 from . import capture as capture_mod
 
-SPEC_ARGS = ("query", "kv", "out", "grad_out", "lse", "attn_sink", "token_indices", "sm_scale")
-OUTPUT_NAMES = ("dq", "dkv", "d_attn_sink")
+from properties.target import OURS, OUTPUT_NAMES, SPEC_ARGS, backend_device  # noqa: F401 (re-exported)
+
 #: The fuzzer's crash-recording wrapper: a failure file naming it means "the backend it wrapped".
 FUZZ_GUARD = "mqa_bwd.fuzz:guarded"
-#: Our implementation, as failure files name it.
-OURS = "mqa_bwd:mqa_latent_sparse_bwd"
 #: Above this many multiply-adds the float64 oracle takes minutes on a CPU.
 ORACLE_SLOW_MACS = 2e10
 
@@ -127,8 +125,6 @@ def resolve(impl=None, backend=None, *, option="--backend", device=None, framewo
     Ours without a backend gets the best one here. A backend this machine
     cannot run is a ValueError naming ``option``.
     """
-    import torch
-
     from . import backends
     from .wrapper import mqa_latent_sparse_bwd
 
@@ -142,17 +138,14 @@ def resolve(impl=None, backend=None, *, option="--backend", device=None, framewo
                          "(the CPU tile model is 'model')")
     if impl in (None, OURS):
         backend = backend or backends.default_backend()
-        wanted = "cuda" if backend.startswith("tilelang") else "cpu"
+        wanted = backend_device(backend)
         if device is not None and device != wanted:
             raise ValueError(f"--device: backend {backend!r} runs on {wanted}, not {device!r}")
         return Implementation(f"backend {backend!r}", mqa_latent_sparse_bwd, wanted, framework,
                               dict(config, backend=backend))
     function = import_function(impl, "--impl" if option == "--backend" else option)
     if device is None:
-        if backend is not None:
-            device = "cuda" if backend.startswith("tilelang") else "cpu"
-        else:
-            device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = backend_device(backend)
     kwargs = dict(config, backend=backend) if backend is not None else config
     label = impl + (f" (backend {backend!r})" if backend is not None else "")
     return Implementation(label, function, device, framework, kwargs)
