@@ -412,6 +412,18 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
     return dq, dkv.view(p.B, p.S_kv, p.d_k), dsink[: p.H].contiguous()
 
 
+def backward_with(launcher: L.Launcher, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, *,
+                  block_h=None, dkv_buf_bytes=None, dkv_design=None):
+    """Validate, then run on a given launcher; torch tensors in and out.
+
+    The public function below, tests and benchmarks all go through here;
+    ``dkv_design`` forces the deterministic design (see ``Problem.design``).
+    """
+    p = validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h, dkv_buf_bytes,
+                 launcher, dkv_design=dkv_design)
+    return run(p, query, kv, out, grad_out, lse, attn_sink, token_indices, float(sm_scale), launcher)
+
+
 def mqa_latent_sparse_bwd(
     query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, *, block_h=None, dkv_buf_bytes=None, backend=None
 ):
@@ -429,12 +441,8 @@ def mqa_latent_sparse_bwd(
     tensors = {name: _to_torch(name, x) for name, x in named.items()}
     sink = None if attn_sink is None else _to_torch("attn_sink", attn_sink)
     launcher = get_launcher(backend, tensors["query"].device)
-    p = validate(
-        tensors["query"], tensors["kv"], tensors["out"], tensors["grad_out"], tensors["lse"], sink,
-        tensors["token_indices"], sm_scale, block_h, dkv_buf_bytes, launcher,
-    )
-    dq, dkv, dsink = run(
-        p, tensors["query"], tensors["kv"], tensors["out"], tensors["grad_out"], tensors["lse"], sink,
-        tensors["token_indices"], float(sm_scale), launcher,
+    dq, dkv, dsink = backward_with(
+        launcher, tensors["query"], tensors["kv"], tensors["out"], tensors["grad_out"], tensors["lse"], sink,
+        tensors["token_indices"], sm_scale, block_h=block_h, dkv_buf_bytes=dkv_buf_bytes,
     )
     return tuple(_from_torch(t, framework) for t in (dq, dkv, dsink))

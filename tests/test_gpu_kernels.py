@@ -39,9 +39,7 @@ ARGS = ("query", "kv", "out", "grad_out", "lse", "attn_sink", "token_indices", "
 
 def call_design(args, design, dkv_buf_bytes=None):
     """The deterministic TileLang path with its dKV design forced."""
-    launcher = launch.TileLangLauncher()
-    p = wrapper.validate(*args, None, dkv_buf_bytes, launcher, dkv_design=design)
-    return wrapper.run(p, *args[:-1], args[-1], launcher)
+    return wrapper.backward_with(launch.TileLangLauncher(), *args, dkv_buf_bytes=dkv_buf_bytes, dkv_design=design)
 
 
 def _run(host: dict, design, guards=None):

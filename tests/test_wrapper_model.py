@@ -25,9 +25,8 @@ def call(inputs, **kw):
 
 def call_design(inputs, design, dkv_buf_bytes=None, launcher=None):
     """The wrapper with the deterministic dKV design forced ("shards" or "slots")."""
-    launcher = launcher or ModelLauncher()
-    p = wrapper.validate(*[inputs[k] for k in ARGS], None, dkv_buf_bytes, launcher, dkv_design=design)
-    return wrapper.run(p, *[inputs[k] for k in ARGS[:-1]], inputs["sm_scale"], launcher)
+    return wrapper.backward_with(launcher or ModelLauncher(), *[inputs[k] for k in ARGS],
+                                 dkv_buf_bytes=dkv_buf_bytes, dkv_design=design)
 
 
 def edge_cases():
@@ -159,8 +158,7 @@ def test_atomic_model_is_not_bitwise_reproducible():
     # GPU), so compare the fp32 accumulator the atomics produce.
     inputs = to_framework(Case(B=1, S=48, S_kv=2, H=16, L=8, d_k=32, d_v=16, seed=5).inputs())
     launcher = _RecordingAtomicModel()
-    p = wrapper.validate(*[inputs[k] for k in ARGS], None, None, launcher)
-    dqs = [wrapper.run(p, *[inputs[k] for k in ARGS[:-1]], inputs["sm_scale"], launcher)[0] for _ in range(4)]
+    dqs = [wrapper.backward_with(launcher, *[inputs[k] for k in ARGS])[0] for _ in range(4)]
     assert first_difference("dkv fp32 accumulator", launcher.accumulators) is not None
     assert first_difference("dq", dqs) is None  # dq has one writer per row
 
@@ -169,9 +167,8 @@ def test_deterministic_model_accumulator_is_bitwise_stable():
     inputs = to_framework(Case(B=1, S=48, S_kv=2, H=16, L=8, d_k=32, d_v=16, seed=5).inputs())
     launcher = _RecordingAtomicModel()
     launcher.deterministic = True
-    p = wrapper.validate(*[inputs[k] for k in ARGS], None, None, launcher)
     for _ in range(4):
-        wrapper.run(p, *[inputs[k] for k in ARGS[:-1]], inputs["sm_scale"], launcher)
+        wrapper.backward_with(launcher, *[inputs[k] for k in ARGS])
     assert first_difference("dkv fp32 accumulator", launcher.accumulators) is None
 
 
