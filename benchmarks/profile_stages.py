@@ -16,7 +16,7 @@ from mqa_bwd import wrapper
 from mqa_bwd.bench import flops, production_inputs
 from mqa_bwd.launch import TileLangLauncher
 
-KERNELS = ("delta", "main_bwd", "dkv_reduce", "shard_fold", "dsink_reduce", "cast_bf16")
+KERNELS = ("delta", "main_bwd", "dkv_reduce", "shard_fold", "dsink_reduce", "cast_bf16", "fixed_to_bf16")
 
 
 class TimedLauncher(TileLangLauncher):
@@ -52,6 +52,9 @@ class TimedLauncher(TileLangLauncher):
 
     def dsink_reduce(self, *a, **k):
         self._timed("dsink_reduce", super().dsink_reduce, *a, **k)
+
+    def fixed_to_bf16(self, *a, **k):
+        self._timed("fixed_to_bf16", super().fixed_to_bf16, *a, **k)
 
     def cast_bf16(self, *a, **k):
         self._timed("cast_bf16", super().cast_bf16, *a, **k)
@@ -93,6 +96,7 @@ def main():
     args = production_inputs(a.B, a.S, a.S_kv, a.H, a.L)
     variants = [
         ("atomic", False, None, None),
+        ("det fixed (default)", True, "fixed", None),
         ("det shards", True, "shards", None),
         ("det slots", True, "slots", None),
         ("probe: main without dKV", False, None, "none"),
@@ -100,10 +104,13 @@ def main():
     rows = [run_variant(args, label, det, design, probe, a.repeats) for label, det, design, probe in variants]
     work = flops(a.B, a.S, a.H, a.L, 576, 512)
     print(f"B={a.B} S={a.S} S_kv={a.S_kv} H={a.H} L={a.L}: per-kernel median ms (sum over launches)")
-    print(f"{'variant':<26} {'total':>8} {'TFLOP/s':>8} " + " ".join(f"{k:>12}" for k in KERNELS))
+    # "other": the call's time outside the kernels (torch layout ops, the
+    # fixed-point scales, allocation).
+    print(f"{'variant':<26} {'total':>8} {'TFLOP/s':>8} " + " ".join(f"{k:>13}" for k in KERNELS + ("other",)))
     for label, total, med in rows:
+        other = total - sum(med.values())
         print(f"{label:<26} {total:>8.2f} {work / (total * 1e-3) / 1e12:>8.1f} "
-              + " ".join(f"{med.get(k, 0.0):>12.2f}" for k in KERNELS))
+              + " ".join(f"{med.get(k, 0.0):>13.2f}" for k in KERNELS) + f" {other:>13.2f}")
 
 
 if __name__ == "__main__":

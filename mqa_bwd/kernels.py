@@ -14,8 +14,11 @@ is either a global kv row in [0, NKV) or -1. Head groups are contiguous:
 Kernels
   delta        Delta = rowsum(O * dO); DSinkRows = -exp2(Sink2 - Lse2) * Delta
   main_bwd     one CTA per query row: dQ of the group, and the per-slot dKV
-               contributions written to DKVSlot (deterministic) or added
+               contributions added into an int64 fixed-point accumulator
+               (deterministic: integer adds commute), written to per-slot or
+               per-shard scratch (the older deterministic designs), or added
                into DKVAcc with fp32 atomics (the control)
+  fixed_to_bf16 the fixed-point accumulator -> bf16 dKV, NaN when poisoned
   dkv_reduce   DKVAcc[k] += DKVSlot[e] for the entries e of kv row k in CSR
                order (the order is fixed by the indices alone)
   dsink_reduce DSink[h] = sum over rows r, in increasing r, of DSinkRows[r, h]
@@ -32,7 +35,10 @@ BLOCK_SLOTS = 32
 
 # (Dk, Dv) the kernels are built and tested for on Hopper.
 GPU_WIDTHS = ((576, 512), (512, 512))
-MAIN_MODES = ("write", "accumulate", "atomic", "shard")
+MAIN_MODES = ("fixed", "write", "accumulate", "atomic", "shard")
+# The softmax mass sum_j P of a head is at most 1 with the forward's lse; the
+# fixed-point range proof (mqa_bwd.fixed_point) allows up to this.
+MASS_LIMIT = 1.0 + 2.0**-6
 
 
 def next_power_of_2(n: int) -> int:
@@ -115,6 +121,13 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
     mode (how the per-slot dKV contributions leave the CTA):
       "write"       DKVSlot[r, j] = contribution           grid R, one CTA per row
       "accumulate"  DKVSlot[r, j] += contribution          grid R
+      "fixed"       DKVAcc[kv row] += rint(contribution * RowScale[kv row]) as int64
+                    (red.global.add.u64): integer addition is associative, so
+                    the sum has the same bits in any order. RowScale is a power
+                    of two per kv row chosen by mqa_bwd.fixed_point so that no
+                    partial sum can overflow, provided every head's softmax mass
+                    sum_j P is <= Allowance[r, h]; a CTA that sees more sets
+                    Flag[0] = 1 (the result is then poisoned, never wrong).
       "atomic"      DKVAcc[kv row] += contribution, fp32 atomics (the control)
       "shard"       DKVShard[b, kv row] += contribution, plain read-modify-write:
                     CTA b owns shard shard_base + b and walks its query rows
@@ -142,7 +155,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
     # Read-modify-writes of dKV scratch go in groups of RMW_SLOTS slots: all
     # loads of a group are issued before any store, so they overlap in flight.
     RMW_SLOTS = 8
-    dkv_shape = {"atomic": (NKV, Dk), "shard": (NSL, NKV, Dk), "none": (1,)}.get(mode, (R, Lp, Dk))
+    dkv_shape = {"atomic": (NKV, Dk), "fixed": (NKV, Dk), "shard": (NSL, NKV, Dk), "none": (1,)}.get(mode, (R, Lp, Dk))
+    dkv_dtype = "int64" if mode == "fixed" else "float32"
     grid = NSL if mode == "shard" else R
     has_tail = Dt > 0
 
@@ -155,7 +169,10 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
         Lse2: T.Tensor((R, Hg), f32),
         Delta: T.Tensor((R, Hg), f32),
         dQ: T.Tensor((R, Hg, Dk), bf16),
-        dKV: T.Tensor(dkv_shape, f32),
+        dKV: T.Tensor(dkv_shape, dkv_dtype),
+        RowScale: T.Tensor((NKV,), f32),
+        Allowance: T.Tensor((R, Hg), f32),
+        Flag: T.Tensor((1,), i32),
         sm_scale: T.float32,
         shard_base: T.int32,
         n_shards: T.int32,
@@ -185,6 +202,10 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
             acc_dp = T.alloc_fragment((block_H, BS), f32)
             acc_dq = T.alloc_fragment((block_H, Dv), f32)
             acc_dkv = T.alloc_fragment((BS, Dv), f32)
+            if mode == "fixed":
+                row_scale = T.alloc_shared((BS,), f32)
+                mass = T.alloc_fragment((block_H, BS), f32)
+                mass_row = T.alloc_fragment((block_H,), f32)
             if mode in ("accumulate", "shard"):
                 old = T.alloc_fragment((RMW_SLOTS, Dv), f32)
                 if has_tail:
@@ -209,10 +230,17 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
                 T.clear(acc_dq)
                 if has_tail:
                     T.clear(acc_dqt)
+                if mode == "fixed":
+                    T.clear(mass)
 
                 for t in T.Pipelined(NB, num_stages=stages):
                     for j in T.Parallel(BS):
                         slot[j] = Indices[r, t * BS + j]
+                    if mode == "fixed":
+                        for j in T.Parallel(BS):
+                            row_scale[j] = T.if_then_else(
+                                (slot[j] >= 0) and (slot[j] < NKV), RowScale[slot[j]], T.cast(0, f32)
+                            )
                     # Invalid slots (-1) are never read: their rows of KV_s are zero.
                     for j, d in T.Parallel(BS, Dv):
                         KV_s[j, d] = T.if_then_else(
@@ -235,6 +263,9 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
                             T.cast(0, f32),
                         )
                     T.copy(acc_s, P_s)
+                    if mode == "fixed":
+                        for h, j in T.Parallel(block_H, BS):
+                            mass[h, j] += acc_s[h, j]
 
                     # dP = dO KV_v^T; dS = P * (dP - Delta) * sm_scale.
                     T.gemm(dO_s, KV_s, acc_dp, transpose_B=True, clear_accum=True)
@@ -271,6 +302,20 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
                                     old_t[j, d] = dKV[r, t * BS + g8 * RMW_SLOTS + j, Dv + d]
                                 for j, d in T.Parallel(RMW_SLOTS, Dt):
                                     dKV[r, t * BS + g8 * RMW_SLOTS + j, Dv + d] = old_t[j, d] + dKVt_s[g8 * RMW_SLOTS + j, d]
+                    elif mode == "fixed":
+                        # x * 2^k is exact; __float2ll_rn rounds to nearest even.
+                        for j, d in T.Parallel(BS, Dv):
+                            if (slot[j] >= 0) and (slot[j] < NKV):
+                                T.atomic_add(
+                                    dKV[slot[j], d], T.call_extern("int64", "__float2ll_rn", dKV_s[j, d] * row_scale[j])
+                                )
+                        if has_tail:
+                            for j, d in T.Parallel(BS, Dt):
+                                if (slot[j] >= 0) and (slot[j] < NKV):
+                                    T.atomic_add(
+                                        dKV[slot[j], Dv + d],
+                                        T.call_extern("int64", "__float2ll_rn", dKVt_s[j, d] * row_scale[j]),
+                                    )
                     elif mode == "atomic":
                         for j, d in T.Parallel(BS, Dv):
                             if (slot[j] >= 0) and (slot[j] < NKV):
@@ -317,6 +362,11 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
                         # The next block's writes (other threads) must see these.
                         T.sync_threads()
 
+                if mode == "fixed":
+                    T.reduce_sum(mass, mass_row, dim=1)
+                    for h in T.Parallel(block_H):
+                        if mass_row[h] > Allowance[r, h]:
+                            Flag[0] = 1
                 T.copy(acc_dq, dQ_s)
                 T.copy(dQ_s, dQ[r, 0:block_H, 0:Dv])
                 if has_tail:
@@ -416,6 +466,37 @@ def dsink_reduce_program(threads: int = 128):
     return dsink_reduce
 
 
+def fixed_to_bf16_program(cols: int, block_rows: int = 16, threads: int = 128):
+    """Dst[k, c] = bf16(fp32(fp64(Acc[k, c]) / RowScale[k])), or NaN everywhere when Flag[0] != 0.
+
+    RowScale is a power of two, so the division is exact in fp64; a NaN
+    RowScale (a kv row whose range bound is not finite) makes its row NaN.
+    """
+    tilelang, T = _tl()
+    N = T.dynamic("N")
+    C = cols
+
+    @T.prim_func
+    def fixed_to_bf16(
+        Acc: T.Tensor((N, C), "int64"),
+        RowScale: T.Tensor((N,), "float32"),
+        Flag: T.Tensor((1,), "int32"),
+        Dst: T.Tensor((N, C), "bfloat16"),
+    ):
+        with T.Kernel(T.ceildiv(N, block_rows), threads=threads) as bx:
+            for i, c in T.Parallel(block_rows, C):
+                if bx * block_rows + i < N:
+                    value = T.cast(
+                        T.cast(Acc[bx * block_rows + i, c], "float64") / T.cast(RowScale[bx * block_rows + i], "float64"),
+                        "float32",
+                    )
+                    Dst[bx * block_rows + i, c] = T.cast(
+                        T.if_then_else(Flag[0] != 0, T.call_extern("float32", "__int_as_float", T.int32(0x7FC00000)), value), "bfloat16"
+                    )
+
+    return fixed_to_bf16
+
+
 def cast_bf16_program(cols: int, block_rows: int = 16, threads: int = 128):
     tilelang, T = _tl()
     N = T.dynamic("N")
@@ -452,6 +533,7 @@ def compiled(kind: str, *key):
         "dkv_reduce": dkv_reduce_program,
         "dsink_reduce": dsink_reduce_program,
         "cast_bf16": cast_bf16_program,
+        "fixed_to_bf16": fixed_to_bf16_program,
     }
     return compile_program(builders[kind](*key))
 
@@ -464,6 +546,7 @@ def gpu_configs(widths=GPU_WIDTHS, group_widths=(16, 32)):
         yield ("dkv_reduce", d_k)
         yield ("shard_fold", d_k)
         yield ("cast_bf16", d_k)
+        yield ("fixed_to_bf16", d_k)
         for heads in group_widths:
             for mode in MAIN_MODES:
                 yield ("main_bwd", heads, d_k, d_v, mode)

@@ -33,7 +33,7 @@ class Launcher:
 
     name = "abstract"
     device = torch.device("cpu")
-    #: True: dKV by per-slot scratch + fixed-order reduction. False: atomics.
+    #: True: a deterministic dKV design (fixed-point, slots or shards). False: fp32 atomics.
     deterministic = True
     #: Poison value for uninitialised floating allocations (None: leave as is).
     poison = None
@@ -65,7 +65,9 @@ class Launcher:
     def delta(self, out, grad_out, lse2, sink2, delta, dsink_rows):
         raise NotImplementedError
 
-    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, shard_base=0, n_shards=1):
+    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, shard_base=0, n_shards=1,
+                 row_scale=None, allowance=None, flag=None):
+        """``row_scale`` [NKV] f32, ``allowance`` [R, Hg] f32 and ``flag`` [1] i32: "fixed" mode only."""
         raise NotImplementedError
 
     def shard_fold(self, dkv_shards, dkv_acc):
@@ -78,6 +80,9 @@ class Launcher:
         raise NotImplementedError
 
     def cast_bf16(self, src, dst):
+        raise NotImplementedError
+
+    def fixed_to_bf16(self, acc, row_scale, flag, dst):
         raise NotImplementedError
 
 
@@ -103,10 +108,16 @@ class TileLangLauncher(Launcher):
         self.launched("delta")
         kernel(out, grad_out, lse2, sink2, delta, dsink_rows)
 
-    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, shard_base=0, n_shards=1):
+    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, shard_base=0, n_shards=1,
+                 row_scale=None, allowance=None, flag=None):
         kernel = K.compiled("main_bwd", q.shape[1], q.shape[2], grad_out.shape[2], mode)
+        if row_scale is None:  # other modes never read them; the signature is shared
+            row_scale = torch.empty((kv.shape[0],), dtype=torch.float32, device=kv.device)
+            allowance = torch.empty_like(lse2)
+            flag = torch.empty((1,), dtype=torch.int32, device=kv.device)
         self.launched("main_bwd")
-        kernel(q, kv, grad_out, indices, lse2, delta, dq, dkv, float(sm_scale), int(shard_base), int(n_shards))
+        kernel(q, kv, grad_out, indices, lse2, delta, dq, dkv, row_scale, allowance, flag, float(sm_scale),
+               int(shard_base), int(n_shards))
 
     def shard_fold(self, dkv_shards, dkv_acc):
         kernel = K.compiled("shard_fold", dkv_shards.shape[2])
@@ -127,6 +138,12 @@ class TileLangLauncher(Launcher):
         kernel = K.compiled("cast_bf16", src.shape[1])
         self.launched("cast_bf16")
         kernel(src, dst)
+
+
+    def fixed_to_bf16(self, acc, row_scale, flag, dst):
+        kernel = K.compiled("fixed_to_bf16", acc.shape[1])
+        self.launched("fixed_to_bf16")
+        kernel(acc, row_scale, flag, dst)
 
 
 class GuardBands:

@@ -95,7 +95,8 @@ class ModelLauncher(Launcher):
         dsink_rows.copy_(-per_head(lambda lse_h, sink_h: torch.exp2(sink_h - lse_h), lse2, sink2) * d)
 
     # -- main backward -----------------------------------------------------
-    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, shard_base=0, n_shards=1):
+    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, shard_base=0, n_shards=1,
+                 row_scale=None, allowance=None, flag=None):
         kernel = "main_bwd"
         self.launched(kernel)
         R, Hg, Dk = q.shape
@@ -116,15 +117,22 @@ class ModelLauncher(Launcher):
         _check_rows(kernel, "Delta", delta, 1, 0, block_H, "head row")
         _check_rows(kernel, "dQ", dq, 1, 0, block_H, "head row")
         _shape_is(kernel, "KV", kv, (NKV, Dk))
-        if mode == "atomic":
+        if mode in ("atomic", "fixed"):
             _shape_is(kernel, "dKV", dkv, (NKV, Dk))
+            if mode == "fixed":
+                if dkv.dtype != torch.int64:
+                    raise TileBoundsError(kernel, f"dKV (dtype {dkv.dtype}, fixed mode expects int64)", 0, 0)
+                _shape_is(kernel, "RowScale", row_scale, (NKV,))
+                _check_rows(kernel, "Allowance", allowance, 0, 0, R)
+                _check_rows(kernel, "Allowance", allowance, 1, 0, block_H, "head row")
+                _shape_is(kernel, "Flag", flag, (1,))
         elif mode == "shard":
             _shape_is(kernel, "dKV", dkv, (dkv.shape[0], NKV, Dk))
             if shard_base + dkv.shape[0] > n_shards:
                 raise TileBoundsError(kernel, "dKV shard", shard_base + dkv.shape[0] - 1, n_shards, "shard")
         else:
             _shape_is(kernel, "dKV", dkv, (R, Lp, Dk))
-        if mode in ("accumulate", "shard") and bool(torch.isnan(dkv).any()):
+        if mode in ("accumulate", "shard") and bool(torch.isnan(dkv).any()):  # int64 (fixed) is zeroed by contract
             # Accumulating onto scratch nobody wrote or zeroed: a launch-order bug.
             raise RuntimeError(f"main_bwd: {mode} mode read uninitialised dKV scratch (NaN poison)")
 
@@ -138,10 +146,14 @@ class ModelLauncher(Launcher):
         atomic_parts = []
         for s0 in range(0, rows.numel(), self.rows_per_step):
             step = rows[s0 : s0 + self.rows_per_step]
-            dq_step, contrib, slot = self._rows(q, kv, grad_out, indices, lse2, delta, step, sm_scale, Dv)
+            dq_step, contrib, slot, mass = self._rows(q, kv, grad_out, indices, lse2, delta, step, sm_scale, Dv)
             dq[step] = dq_step
             valid = (slot >= 0) & (slot < NKV)
-            if mode == "write":
+            if mode == "fixed":
+                if bool((mass > allowance[step]).any()):
+                    flag[0] = 1
+                self._fixed_add(dkv, slot[valid], contrib[valid], row_scale)
+            elif mode == "write":
                 dkv[step] = contrib
             elif mode == "accumulate":
                 dkv[step] += contrib
@@ -154,7 +166,8 @@ class ModelLauncher(Launcher):
 
     @staticmethod
     def _rows(q, kv, grad_out, indices, lse2, delta, step, sm_scale, Dv):
-        """One CTA's work for each query row in ``step``: (dQ bf16, dKV contributions, slots)."""
+        """One CTA's work for each query row in ``step``:
+        (dQ bf16, dKV contributions, slots, softmax mass per head in fp32)."""
         BS = K.BLOCK_SLOTS
         n, Hg, Dk = len(step), q.shape[1], q.shape[2]
         NKV, Lp = kv.shape[0], indices.shape[1]
@@ -166,6 +179,7 @@ class ModelLauncher(Launcher):
         slot_all = indices[step].to(torch.int64)
         acc_dq = torch.zeros((n, Hg, Dk), dtype=torch.float32)
         contrib_all = torch.zeros((n, Lp, Dk), dtype=torch.float32)
+        mass = torch.zeros((n, Hg), dtype=torch.float32)
         for t in range(Lp // BS):
             slot = slot_all[:, t * BS : (t + 1) * BS]
             valid = (slot >= 0) & (slot < NKV)
@@ -176,6 +190,7 @@ class ModelLauncher(Launcher):
 
             score = torch.einsum("rhd,rjd->rhj", qf, kv_t)
             p = torch.where(valid[:, None, :], torch.exp2(score * scale_log2 - lse_r), torch.zeros(()))
+            mass += p.sum(-1)
             dp = torch.einsum("rhd,rjd->rhj", dof, kv_t[..., :Dv])
             ds = p * (dp - delta_r) * float(sm_scale)
             p_b, ds_b = _bf16(p), _bf16(ds)  # the kernel's P_s and dS_s
@@ -183,7 +198,20 @@ class ModelLauncher(Launcher):
             contrib = torch.einsum("rhj,rhd->rjd", ds_b, qf)
             contrib[..., :Dv] += torch.einsum("rhj,rhd->rjd", p_b, dof)
             contrib_all[:, t * BS : (t + 1) * BS] = contrib
-        return acc_dq.to(torch.bfloat16), contrib_all, slot_all
+        return acc_dq.to(torch.bfloat16), contrib_all, slot_all, mass
+
+    @staticmethod
+    def _fixed_add(acc: torch.Tensor, rows: torch.Tensor, contrib: torch.Tensor, row_scale: torch.Tensor):
+        """acc[row] += rint(contribution * RowScale[row]) in int64, as the kernel's
+        __float2ll_rn (NaN -> 0, saturating) and red.global.add.u64 (wrapping).
+        Integer sums do not depend on the order, so none is modelled."""
+        if rows.numel() == 0:
+            return
+        scaled = (contrib * row_scale[rows].view(-1, 1)).numpy()  # fp32, exact: a power of two
+        limit = 9.2233720368547748e18  # the largest float64 below 2**63
+        ints = np.clip(np.nan_to_num(np.rint(scaled.astype(np.float64)), nan=0.0), -limit, limit).astype(np.int64)
+        with np.errstate(over="ignore"):
+            np.add.at(acc.numpy(), rows.numpy(), ints)
 
     @staticmethod
     def _shard_rmw(shards, step, slot, valid, contrib, shard_base, n_shards):
@@ -267,3 +295,14 @@ class ModelLauncher(Launcher):
         self.launched("cast_bf16")
         _shape_is("cast_bf16", "Dst", dst, tuple(src.shape))
         dst.copy_(src.to(torch.bfloat16))
+
+    def fixed_to_bf16(self, acc, row_scale, flag, dst):
+        kernel = "fixed_to_bf16"
+        self.launched(kernel)
+        _shape_is(kernel, "Dst", dst, tuple(acc.shape))
+        _shape_is(kernel, "RowScale", row_scale, (acc.shape[0],))
+        _shape_is(kernel, "Flag", flag, (1,))
+        value = (acc.to(torch.float64) / row_scale.to(torch.float64).view(-1, 1)).to(torch.float32)
+        if int(flag[0]) != 0:
+            value = torch.full_like(value, float("nan"))
+        dst.copy_(value.to(torch.bfloat16))

@@ -25,6 +25,7 @@ import numbers
 
 import torch
 
+from . import fixed_point
 from . import kernels as K
 from . import launch as L
 
@@ -37,11 +38,11 @@ INT32_MAX = 2**31 - 1
 # alone, never on the budget.
 MAX_SHARDS = 128
 SHARD_SCRATCH_BYTES = 2 << 30
-# The default deterministic design. Measured on the H200 (B=1 S=4096 S_kv=8192
-# H=64 L=2048): slots 58.5 ms, shards 103 ms (its read-modify-writes are
-# latency-bound), atomic control 38.8 ms. See benchmarks/profile_stages.py.
-DEFAULT_DKV_DESIGN = "slots"
-DKV_DESIGNS = ("shards", "slots")
+# The default deterministic design: int64 fixed-point atomics (see
+# mqa_bwd.fixed_point). The per-slot and per-shard designs stay as
+# alternatives to measure against. See benchmarks/profile_stages.py.
+DEFAULT_DKV_DESIGN = "fixed"
+DKV_DESIGNS = ("fixed", "shards", "slots")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -98,6 +99,11 @@ class Problem:
         return self.B * self.S_kv * self.d_k * 4
 
     @property
+    def fixed_bytes(self) -> int:
+        """The int64 fixed-point dKV accumulator: every kv row of every batch element."""
+        return self.B * self.S_kv * self.d_k * 8
+
+    @property
     def shards(self) -> int:
         return max(1, min(MAX_SHARDS, self.rows, SHARD_SCRATCH_BYTES // self.shard_bytes))
 
@@ -108,6 +114,8 @@ class Problem:
     @property
     def design(self) -> str:
         """How the deterministic path reduces dKV:
+        "fixed"  int64 fixed-point atomics into one [NKV, Dk] accumulator, one
+                 power-of-two scale per kv row (order-free integer sums);
         "slots"  per-slot scratch for a chunk of query rows, reduced per kv row
                  in CSR order (sorted by kv row, then flat slot position);
         "shards" query rows split over fixed shards, each one fp32 dKV buffer
@@ -242,6 +250,11 @@ def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, 
             f"dkv_buf_bytes: {dkv_buf_bytes} cannot hold one query row's slot scratch "
             f"({problem.slot_row_bytes} bytes = padded L {problem.padded_slots} x Dk {d_k} x 4)"
         )
+    if launcher.deterministic and problem.design == "fixed" and problem.fixed_bytes > problem.dkv_buf_bytes:
+        raise ValueError(
+            f"dkv_buf_bytes: {dkv_buf_bytes} cannot hold the fixed-point dKV accumulator "
+            f"({problem.fixed_bytes} bytes = B*S_kv {B * S_kv} x Dk {d_k} x 8)"
+        )
     if launcher.deterministic and problem.design == "shards" and problem.shard_bytes > problem.dkv_buf_bytes:
         raise ValueError(
             f"dkv_buf_bytes: {dkv_buf_bytes} cannot hold one dKV shard "
@@ -366,12 +379,24 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
     qg, dog = _grouped(q, G, bh), _grouped(do, G, bh)
     lse2g, deltag = _grouped(lse2, G, bh), _grouped(delta, G, bh)
     dqg = launcher.empty((G, R, bh, p.d_k), torch.bfloat16)
-    dkv_acc = launcher.zeros((NKV, p.d_k), f32)
+    fixed = launcher.deterministic and p.design == "fixed"
+    dkv_acc = None if fixed else launcher.zeros((NKV, p.d_k), f32)
 
     if not launcher.deterministic:
         for g in range(G):
             launcher.main_bwd(
                 qg[g], kv2, dog[g], slots, lse2g[g], deltag[g], dqg[g], dkv_acc, sm_scale=sm_scale, mode="atomic"
+            )
+    elif p.design == "fixed":
+        row_scale, allowance = fixed_point.plan(query, grad_out, delta[:, : p.H], kv2[:, : p.d_v], sm_scale)
+        # Padding heads (q = dO = 0) contribute nothing: no limit on their mass.
+        allowance_g = _grouped(_pad_heads(allowance, Hp, math.inf, launcher), G, bh)
+        flag = launcher.zeros((1,), torch.int32)
+        dkv_fixed = launcher.zeros((NKV, p.d_k), torch.int64)
+        for g in range(G):
+            launcher.main_bwd(
+                qg[g], kv2, dog[g], slots, lse2g[g], deltag[g], dqg[g], dkv_fixed, sm_scale=sm_scale, mode="fixed",
+                row_scale=row_scale, allowance=allowance_g[g], flag=flag,
             )
     elif p.design == "shards":
         # Shard s owns query rows s, s + n, s + 2n, ...; a launch runs shards
@@ -406,7 +431,10 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
     dsink = launcher.empty((Hp,), f32)
     launcher.dsink_reduce(dsink_rows, dsink)
     dkv = launcher.empty((NKV, p.d_k), torch.bfloat16)
-    launcher.cast_bf16(dkv_acc, dkv)
+    if fixed:
+        launcher.fixed_to_bf16(dkv_fixed, row_scale, flag, dkv)
+    else:
+        launcher.cast_bf16(dkv_acc, dkv)
 
     dq = dqg.transpose(0, 1).reshape(R, Hp, p.d_k)[:, : p.H].reshape(p.B, p.S, p.H, p.d_k).contiguous()
     return dq, dkv.view(p.B, p.S_kv, p.d_k), dsink[: p.H].contiguous()

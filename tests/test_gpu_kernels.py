@@ -51,8 +51,10 @@ def _run(host: dict, design, guards=None):
 
 def _grid_with_designs():
     for n, case in enumerate(_grid_cases()):
-        yield case, "shards"
-        if n % 4 == 0:
+        yield case, "fixed"
+        if n % 2 == 0:
+            yield case, "shards"
+        if n % 4 == 1:
             yield case, "slots"
 
 
@@ -88,19 +90,48 @@ def test_bitwise_identical_over_100_reruns_and_atomic_control_differs():
 
 
 @pytest.mark.determinism
-def test_slot_design_bitwise_over_reruns():
+@pytest.mark.parametrize("design", ["slots", "shards"])
+def test_other_designs_bitwise_over_reruns(design):
     args = production_inputs(B=1, S=1024, S_kv=8192, H=64, L=2048)
-    runs = [call_design(args, "slots") for _ in range(10)]
+    runs = [call_design(args, design) for _ in range(10)]
     for i, name in enumerate(("dq", "dkv", "d_attn_sink")):
         diff = first_difference(name, [r[i] for r in runs])
         assert diff is None, diff
 
 
 @pytest.mark.determinism
-@pytest.mark.parametrize("design,budget", [("slots", 37 * 2048 * 576 * 4), ("shards", 7 * 1024 * 576 * 4)])
+@pytest.mark.parametrize("design,budget", [
+    ("slots", 37 * 2048 * 576 * 4), ("shards", 7 * 1024 * 576 * 4), ("fixed", 1024 * 576 * 8),
+])
 def test_budget_invariance_on_gpu(design, budget):
     args = production_inputs(B=1, S=512, S_kv=1024, H=64, L=2048)
     whole = call_design(args, design)
     chunked = call_design(args, design, dkv_buf_bytes=budget)
     for name, a, b in zip(("dq", "dkv", "d_attn_sink"), whole, chunked):
         assert torch.equal(a, b), f"{name} changed with the scratch budget ({design})"
+
+
+def test_fixed_point_flag_poisons_dkv_on_an_inconsistent_lse():
+    case = Case(B=1, S=5, S_kv=300, H=33, L=129, d_k=576, d_v=512, sink="random", seed=7)
+    host = case.inputs()
+    _, (dq, dkv, dsink) = _run(host, "fixed")
+    assert torch.isfinite(dkv.float()).all()
+    bad = dict(host, lse=host["lse"].copy())
+    bad["lse"][0, 3, 32] -= 1.0  # head 32: the second group, past the first 32
+    _, (dq2, dkv2, dsink2) = _run(bad, "fixed")
+    assert torch.isnan(dkv2.float()).all(), "the kernel did not flag a softmax mass above the allowance"
+    assert torch.isfinite(dq2.float()).all() and torch.isfinite(dsink2).all()
+
+
+def test_fixed_point_non_finite_kv_row_poisons_only_its_row():
+    case = Case(B=1, S=5, S_kv=300, H=16, L=33, d_k=576, d_v=512, seed=8)
+    host = case.inputs()
+    used = set(host["token_indices"].reshape(-1).tolist())
+    spare = next(j for j in range(300) if j not in used)
+    _, (dq, dkv, _) = _run(host, "fixed")
+    bad = dict(host, kv=host["kv"].copy())
+    bad["kv"][0, spare, 3] = float("inf")
+    _, (dq2, dkv2, _) = _run(bad, "fixed")
+    others = [j for j in range(300) if j != spare]
+    assert torch.isnan(dkv2[0, spare].float()).all()
+    assert torch.equal(dkv2[0, others], dkv[0, others]) and torch.equal(dq2, dq)

@@ -1,6 +1,8 @@
 """Every TileLang kernel lowers and compiles for sm_90a with this machine's nvcc,
-and only the atomic control can issue an atomic: a change that brings atomics
-back into the deterministic path fails here, without a GPU."""
+and only the atomic control can issue a floating-point atomic: the fixed-point
+mode issues 64-bit integer adds only (exact, so order-free), every other
+deterministic kernel none. A change that brings floating-point atomics into
+the deterministic path fails here, without a GPU."""
 
 import re
 import shutil
@@ -29,8 +31,8 @@ def test_kernel_compiles_for_sm90a(config):
     kernel = K.compiled(*config)
     source = kernel.get_kernel_source()
     assert "__global__" in source
-    is_atomic = config[0] == "main_bwd" and config[-1] == "atomic"
-    assert ("atomic" in source.lower()) == is_atomic, f"{_id(config)}: atomic in CUDA source = {not is_atomic}"
+    has_atomics = config[0] == "main_bwd" and config[-1] in ("atomic", "fixed")
+    assert ("atomic" in source.lower()) == has_atomics, f"{_id(config)}: atomic in CUDA source = {not has_atomics}"
 
 
 # PTX of the kernels that touch dKV: the main backward in every mode, the
@@ -38,15 +40,20 @@ def test_kernel_compiles_for_sm90a(config):
 # the tail products.
 DKV_CONFIGS = [
     c for c in CONFIGS
-    if c[0] in ("dkv_reduce", "shard_fold") or (c[0] == "main_bwd" and c[2:4] == (576, 512))
+    if c[0] in ("dkv_reduce", "shard_fold", "fixed_to_bf16") or (c[0] == "main_bwd" and c[2:4] == (576, 512))
 ]
 
 
+INTEGER_ADDS = {"red.global.add.u64", "atom.global.add.u64", "red.global.add.s64", "atom.global.add.s64"}
+
+
 @pytest.mark.parametrize("config", DKV_CONFIGS, ids=_id)
-def test_only_the_atomic_control_has_atomic_instructions(config):
+def test_only_the_atomic_control_has_floating_point_atomics(config):
     found = sorted(set(ATOMIC_PTX.findall(K.ptx_of(config))))
     if config[-1] == "atomic":
-        assert any(op.startswith(("atom.global.add", "red.global.add")) for op in found), found
+        assert any(op.startswith(("atom.global.add", "red.global.add")) and op.endswith(".f32") for op in found), found
+    elif config[-1] == "fixed":
+        assert found and set(found) <= INTEGER_ADDS, f"{_id(config)}: expected 64-bit integer adds only, got {found}"
     else:
         assert found == [], f"{_id(config)} issues atomics: {found}"
 

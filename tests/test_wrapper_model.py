@@ -67,8 +67,9 @@ def test_both_group_widths_agree_with_oracle(block_h):
 def test_scratch_budget_changes_no_bit(design):
     case = Case(B=2, S=7, S_kv=6, H=20, L=40, d_k=32, d_v=16, duplicates=True, invalid=("minus_one",), hole_rate=0.1, seed=3)
     inputs = to_framework(case.inputs())
-    # One unit of scratch: a query row's slots (64 x 32 fp32) or a shard (2*6 kv rows x 32 fp32).
-    unit = 64 * 32 * 4 if design == "slots" else 12 * 32 * 4
+    # One unit of scratch: a query row's slots (64 x 32 fp32), a shard (2*6 kv
+    # rows x 32 fp32) or the fixed-point accumulator (2*6 kv rows x 32 int64).
+    unit = {"slots": 64 * 32 * 4, "shards": 12 * 32 * 4, "fixed": 12 * 32 * 8}[design]
     results = [call_design(inputs, design, unit * n) for n in (1, 2, 3, 5, 14, 1000)]
     for i, name in enumerate(("dq", "dkv", "d_attn_sink")):
         diff = first_difference(name, [r[i] for r in results])
@@ -78,8 +79,9 @@ def test_scratch_budget_changes_no_bit(design):
 def test_designs_share_dq_and_dsink_bitwise():
     case = Case(B=1, S=9, S_kv=5, H=16, L=33, d_k=32, d_v=16, duplicates=True, seed=8)
     inputs = to_framework(case.inputs())
-    shards, slots = call_design(inputs, "shards"), call_design(inputs, "slots")
-    assert torch.equal(shards[0], slots[0]) and torch.equal(shards[2], slots[2])
+    first, *others = [call_design(inputs, design) for design in wrapper.DKV_DESIGNS]
+    for other in others:
+        assert torch.equal(first[0], other[0]) and torch.equal(first[2], other[2])
 
 
 @pytest.mark.parametrize("design,unit,kernel,launches", [
@@ -92,6 +94,13 @@ def test_chunking_really_happens(design, unit, kernel, launches):
     before = launch.COUNTERS[f"launch:{kernel}"]
     call_design(inputs, design, unit * 2)
     assert launch.COUNTERS[f"launch:{kernel}"] - before == launches
+
+
+@pytest.mark.parametrize("S", [1, 4096, 1 << 20])
+def test_fixed_point_scratch_is_independent_of_s_and_l(S):
+    p = wrapper.Problem(B=1, S=S, S_kv=8192, H=128, L=2048, d_k=576, d_v=512, block_h=32,
+                        dkv_buf_bytes=wrapper.DEFAULT_DKV_BUF_BYTES)
+    assert p.design == "fixed" and p.fixed_bytes == 8192 * 576 * 8
 
 
 def test_shard_scratch_is_bounded_and_independent_of_s():
@@ -142,7 +151,8 @@ def test_pad_heads_are_inert_and_sliced():
 
 
 class _RecordingAtomicModel(ModelLauncher):
-    """The atomic control, keeping the fp32 dKV accumulator it casts at the end."""
+    """The atomic control, keeping the dKV accumulator it casts at the end
+    (fp32, or int64 fixed point when made deterministic)."""
 
     def __init__(self):
         super().__init__(deterministic=False)
@@ -151,6 +161,10 @@ class _RecordingAtomicModel(ModelLauncher):
     def cast_bf16(self, src, dst):
         self.accumulators.append(src.clone())
         super().cast_bf16(src, dst)
+
+    def fixed_to_bf16(self, acc, row_scale, flag, dst):
+        self.accumulators.append(acc.clone())
+        super().fixed_to_bf16(acc, row_scale, flag, dst)
 
 
 def test_atomic_model_is_not_bitwise_reproducible():
@@ -163,13 +177,15 @@ def test_atomic_model_is_not_bitwise_reproducible():
     assert first_difference("dq", dqs) is None  # dq has one writer per row
 
 
-def test_deterministic_model_accumulator_is_bitwise_stable():
+@pytest.mark.parametrize("design", wrapper.DKV_DESIGNS)
+def test_deterministic_model_accumulator_is_bitwise_stable(design):
     inputs = to_framework(Case(B=1, S=48, S_kv=2, H=16, L=8, d_k=32, d_v=16, seed=5).inputs())
     launcher = _RecordingAtomicModel()
     launcher.deterministic = True
     for _ in range(4):
-        wrapper.backward_with(launcher, *[inputs[k] for k in ARGS])
-    assert first_difference("dkv fp32 accumulator", launcher.accumulators) is None
+        wrapper.backward_with(launcher, *[inputs[k] for k in ARGS], dkv_design=design)
+    assert len(launcher.accumulators) == 4
+    assert first_difference("dkv accumulator", launcher.accumulators) is None
 
 
 def test_paddle_in_paddle_out():

@@ -1,0 +1,106 @@
+"""The fixed-point dKV accumulator: why it cannot overflow, and its scales.
+
+The deterministic design adds every per-slot dKV contribution c into an int64
+accumulator as ``rint(c * 2**k_j)``, where ``k_j`` is one exponent per kv row
+j. Integer addition is associative and commutative, so the sum has the same
+bits whatever order the atomics land in: determinism without scratch that
+grows with S or L (the accumulator is [B*S_kv, Dk] int64).
+
+The range proof. For query row r and head h, take the maxima of what the
+kernel reads: ``mq_rh = max_d |q[r,h,d]|``, ``mdo_rh = max_d |dO[r,h,d]|``,
+``Delta_rh``, and per kv row ``mv_j = max_d |kv[j, :Dv]|``. Then
+
+    |dP_j|  <= Dv * mdo_rh * mv_j               (dP_j = <dO_rh, kv_j[:Dv]>)
+    |dS_j|  <= P_j * sm_scale * (|dP_j| + |Delta_rh|)
+    |dS_j * q_d + P_j * dO_d| <= P_j * (mv_j * a_rh + b_rh),
+        a_rh = sm_scale * Dv * mdo_rh * mq_rh,   b_rh = sm_scale * |Delta_rh| * mq_rh + mdo_rh.
+
+Summed over the slots of (r, h) pointing at j, that is at most
+``m_rh * (mv_j * a_rh + b_rh)`` with ``m_rh = sum_j P_j`` the softmax mass.
+Only the rows of kv row j's own batch element b reach it. If every (r, h)
+there has ``m_rh * a_rh <= MASS_LIMIT * a_max`` and ``m_rh * b_rh <=
+MASS_LIMIT * b_max`` (maxima over the rows and heads of b), every partial sum
+of kv row j's column, over any subset of its contributions, is at most
+
+    bound_j = N_b * MASS_LIMIT * (mv_j * a_max + b_max),
+
+N_b being the number of (row, head) pairs of b with a_rh or b_rh nonzero (the
+others contribute exactly zero). Everything is per batch element, and heads
+of zeros change nothing, so a batch element's dKV has the same bits alone or
+in a batch, and with or without zero heads appended.
+
+With the forward's lse, m_rh <= 1 (the sink takes the rest), so the condition
+holds with room; a head with q = dO = 0 (a padding head, whatever its lse)
+contributes nothing and is exempt. The kernel checks ``m_rh <=
+allowance[r, h] = MASS_LIMIT * min(a_max / a_rh, b_max / b_rh)`` for every
+row and head and flags the call otherwise: dKV then comes back NaN, never
+silently wrong. The bf16 roundings of P and dS (2**-9 each) and the fp32
+products inflate the bound by under 3%. ``k_j`` is the largest exponent with
+``bound_j * 2**k_j <= 2**61``, so every partial sum stays below 2**62 < 2**63.
+
+Precision: a contribution is rounded to a multiple of ``2**-k_j``, at most
+``2**-60 * bound_j``; with N_b <= 2**31 that is below 2**-29 of the largest
+single (row, head) term bound, finer than float32 rounding of that term.
+Exponents are capped at FP32_MAX_EXPONENT so that 2**k_j is a normal float32;
+a row whose bound is not finite (a non-finite input) or needs an exponent
+below -FP32_MAX_EXPONENT gets a NaN scale and comes back NaN.
+
+The maxima are exact reductions (max has no rounding and no order), and
+everything else is evaluated in float64 with elementwise operations, so the scales are
+the same bits on every run, whatever the chunking or the device's scheduling.
+"""
+
+import torch
+
+from . import kernels as K
+
+#: Every partial sum of a kv row's column stays at or below 2**(PARTIAL_SUM_BITS + 1).
+PARTIAL_SUM_BITS = 61
+#: 2**k must be a normal float32 in the kernel, and 2**-k in the final division.
+FP32_MAX_EXPONENT = 126
+MASS_LIMIT = K.MASS_LIMIT
+
+
+def _max_abs(x: torch.Tensor, dim=None) -> torch.Tensor:
+    """max |x| as float64, without an |x| temporary as large as x; NaN propagates."""
+    if x.numel() == 0:
+        shape = () if dim is None else tuple(s for i, s in enumerate(x.shape) if i != dim)
+        return torch.zeros(shape, dtype=torch.float64, device=x.device)
+    lo, hi = torch.aminmax(x) if dim is None else torch.aminmax(x, dim=dim)
+    return torch.maximum(-lo.to(torch.float64), hi.to(torch.float64))
+
+
+def plan(query, grad_out, delta, kv_v, sm_scale: float):
+    """(row_scale float32 [NKV], allowance float32 [R, H]) of the module docstring.
+
+    query [B, S, H, Dk] and grad_out [B, S, H, Dv] hold the real heads, delta
+    [R, H] the Delta the kernel reads for them, kv_v [NKV, Dv] the value part
+    of every kv row (NKV = B * S_kv).
+    """
+    B, S, H = query.shape[:3]
+    R, NKV, d_v = B * S, kv_v.shape[0], kv_v.shape[1]
+    scale = abs(float(sm_scale))
+    mq = _max_abs(query.reshape(R, H, -1), dim=2)
+    mdo = _max_abs(grad_out.reshape(R, H, -1), dim=2)
+    a = (scale * d_v * mdo * mq).reshape(B, S * H)
+    b = (scale * delta.to(torch.float64).abs() * mq + mdo).reshape(B, S * H)
+    a_max, b_max = a.amax(dim=1, keepdim=True), b.amax(dim=1, keepdim=True)  # [B, 1]
+    live = ((a > 0) | (b > 0)).sum(dim=1, keepdim=True).to(torch.float64)  # N_b
+    inf = torch.full_like(a, float("inf"))
+    allowance = MASS_LIMIT * torch.minimum(torch.where(a > 0, a_max / a, inf), torch.where(b > 0, b_max / b, inf))
+    mv = _max_abs(kv_v, dim=1).reshape(B, NKV // B)
+    bounds = live * MASS_LIMIT * (mv * a_max + b_max)
+    return row_scales(bounds.reshape(NKV)), allowance.reshape(R, H).to(torch.float32).contiguous()
+
+
+def row_scales(bounds: torch.Tensor) -> torch.Tensor:
+    """2**k_j as float32 per kv row (NaN where the row cannot be represented)."""
+    # bound = mantissa * 2**e with mantissa in [0.5, 1): the smallest power of
+    # two at or above it is 2**(e - 1) when mantissa == 0.5, else 2**e.
+    mantissa, e = torch.frexp(bounds)
+    ceil_log2 = e.to(torch.int32) - (mantissa == 0.5).to(torch.int32)
+    k = torch.clamp(PARTIAL_SUM_BITS - ceil_log2, max=FP32_MAX_EXPONENT)
+    k = torch.where(bounds == 0, torch.full_like(k, FP32_MAX_EXPONENT), k)
+    scales = torch.ldexp(torch.ones_like(bounds, dtype=torch.float32), k)
+    bad = ~torch.isfinite(bounds) | (k < -FP32_MAX_EXPONENT)
+    return torch.where(bad, torch.full_like(scales, float("nan")), scales).contiguous()
