@@ -119,19 +119,40 @@ def plan(named=(), given=(), sweep=None) -> list:
 
 
 def production_inputs(B, S, S_kv, H, L, d_k=576, d_v=512, seed=0, device="cuda"):
-    """Random inputs with causal top-k indices, built on the device."""
+    """Random q, kv, grad_out, sink and causal top-k indices, built on the device,
+    with out and lse from the forward (so that every head's softmax mass is at
+    most 1, as in training: the fixed-point design checks it)."""
     import torch
 
     g = torch.Generator(device=device).manual_seed(seed)
     q = torch.randn((B, S, H, d_k), device=device, generator=g).bfloat16()
     kv = torch.randn((B, S_kv, d_k), device=device, generator=g).bfloat16()
-    out = (torch.randn((B, S, H, d_v), device=device, generator=g) * 0.1).bfloat16()
     grad_out = torch.randn((B, S, H, d_v), device=device, generator=g).bfloat16()
-    lse = torch.randn((B, S, H), device=device, generator=g) + 8.0
     sink = torch.randn((H,), device=device, generator=g)
     visible = torch.arange(S, device=device) + (S_kv - S) + 1
     idx = (torch.rand((B, S, L), device=device, generator=g) * visible.clamp(min=1).view(1, S, 1)).to(torch.int32)
-    return (q, kv, out, grad_out, lse, sink, idx, d_k**-0.5)
+    sm_scale = d_k**-0.5
+    out, lse = _forward(q, kv, idx, sink, sm_scale, d_v)
+    return (q, kv, out, grad_out, lse, sink, idx, sm_scale)
+
+
+def _forward(q, kv, idx, sink, sm_scale, d_v, rows_per_step=128):
+    """(out bf16, lse fp32) of SPEC's forward, in fp32, a block of query rows at a time."""
+    import torch
+
+    B, S, H, _ = q.shape
+    out = torch.empty((B, S, H, d_v), dtype=torch.bfloat16, device=q.device)
+    lse = torch.empty((B, S, H), dtype=torch.float32, device=q.device)
+    for b in range(B):
+        for s0 in range(0, S, rows_per_step):
+            rows = slice(s0, min(S, s0 + rows_per_step))
+            keys = kv[b][idx[b, rows].long()].float()  # [n, L, Dk]; every index here is valid
+            logits = torch.einsum("nhd,nld->nhl", q[b, rows].float(), keys) * sm_scale
+            lse_rows = torch.logsumexp(logits, dim=-1)
+            p = torch.exp(logits - torch.logaddexp(lse_rows, sink.view(1, H)).unsqueeze(-1))
+            out[b, rows] = torch.einsum("nhl,nld->nhd", p, keys[..., :d_v]).bfloat16()
+            lse[b, rows] = lse_rows
+    return out, lse
 
 
 def _event_time(fn) -> float:
@@ -176,7 +197,12 @@ def peak_scratch_bytes(fn) -> int:
 
 
 def _rel_l2(a, b) -> float:
+    """Relative L2 distance; inf when either side is not finite (a NaN never passes as agreement)."""
+    import torch
+
     a, b = a.float(), b.float()
+    if not (bool(torch.isfinite(a).all()) and bool(torch.isfinite(b).all())):
+        return float("inf")
     denominator = float(b.norm())
     return float((a - b).norm()) / denominator if denominator else float((a - b).norm())
 

@@ -151,6 +151,9 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
     block_H = main_tile_heads(Hg)
     # 8 warps need a tile of at least 32 head rows to partition the GEMMs.
     threads = threads or (256 if block_H >= 32 else 128)
+    n_warps = threads // 32
+    if mode == "fixed" and (Dv % 32 or (Dk - Dv) % 32 or BLOCK_SLOTS % n_warps):
+        raise ValueError(f"fixed mode needs Dv and Dk - Dv multiples of 32, got Dk={Dk}, Dv={Dv}")
     f32, bf16, i32 = "float32", "bfloat16", "int32"
     # Read-modify-writes of dKV scratch go in groups of RMW_SLOTS slots: all
     # loads of a group are issued before any store, so they overlap in flight.
@@ -206,6 +209,10 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
                 row_scale = T.alloc_shared((BS,), f32)
                 mass = T.alloc_fragment((block_H, BS), f32)
                 mass_row = T.alloc_fragment((block_H,), f32)
+                kv_row = T.alloc_local((1,), i32)
+                scale_r = T.alloc_local((1,), f32)
+                warp = T.get_thread_binding() // 32
+                lane = T.get_thread_binding() % 32
             if mode in ("accumulate", "shard"):
                 old = T.alloc_fragment((RMW_SLOTS, Dv), f32)
                 if has_tail:
@@ -303,19 +310,27 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
                                 for j, d in T.Parallel(RMW_SLOTS, Dt):
                                     dKV[r, t * BS + g8 * RMW_SLOTS + j, Dv + d] = old_t[j, d] + dKVt_s[g8 * RMW_SLOTS + j, d]
                     elif mode == "fixed":
-                        # x * 2^k is exact; __float2ll_rn rounds to nearest even.
-                        for j, d in T.Parallel(BS, Dv):
-                            if (slot[j] >= 0) and (slot[j] < NKV):
-                                T.atomic_add(
-                                    dKV[slot[j], d], T.call_extern("int64", "__float2ll_rn", dKV_s[j, d] * row_scale[j])
-                                )
-                        if has_tail:
-                            for j, d in T.Parallel(BS, Dt):
-                                if (slot[j] >= 0) and (slot[j] < NKV):
+                        # SIMT: warp w takes slots w, w + n_warps, ...; its lanes
+                        # walk the row 32 columns at a time, so every red.u64 is
+                        # one coalesced 256-byte row segment, and the slot's kv
+                        # row and scale are loaded once. x * 2^k is exact;
+                        # __float2ll_rn rounds to nearest even.
+                        for s_i in T.serial(BS // n_warps):
+                            j = warp + s_i * n_warps
+                            kv_row[0] = slot[j]
+                            scale_r[0] = row_scale[j]
+                            if (kv_row[0] >= 0) and (kv_row[0] < NKV):
+                                for c in T.unroll(Dv // 32):
                                     T.atomic_add(
-                                        dKV[slot[j], Dv + d],
-                                        T.call_extern("int64", "__float2ll_rn", dKVt_s[j, d] * row_scale[j]),
+                                        dKV[kv_row[0], c * 32 + lane],
+                                        T.call_extern("int64", "__float2ll_rn", dKV_s[j, c * 32 + lane] * scale_r[0]),
                                     )
+                                if has_tail:
+                                    for c in T.unroll(Dt // 32):
+                                        T.atomic_add(
+                                            dKV[kv_row[0], Dv + c * 32 + lane],
+                                            T.call_extern("int64", "__float2ll_rn", dKVt_s[j, c * 32 + lane] * scale_r[0]),
+                                        )
                     elif mode == "atomic":
                         for j, d in T.Parallel(BS, Dv):
                             if (slot[j] >= 0) and (slot[j] < NKV):
