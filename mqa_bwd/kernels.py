@@ -126,8 +126,9 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
                     the sum has the same bits in any order. RowScale is a power
                     of two per kv row chosen by mqa_bwd.fixed_point so that no
                     partial sum can overflow, provided every head's softmax mass
-                    sum_j P is <= Allowance[r, h]; a CTA that sees more sets
-                    Flag[0] = 1 (the result is then poisoned, never wrong).
+                    sum_j P is <= Allowance[r, h]; a CTA that sees more, or a
+                    NaN mass, sets Flag[0] = 1 (the result is then poisoned,
+                    never wrong).
       "atomic"      DKVAcc[kv row] += contribution, fp32 atomics (the control)
       "shard"       DKVShard[b, kv row] += contribution, plain read-modify-write:
                     CTA b owns shard shard_base + b and walks its query rows
@@ -380,7 +381,9 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
                 if mode == "fixed":
                     T.reduce_sum(mass, mass_row, dim=1)
                     for h in T.Parallel(block_H):
-                        if mass_row[h] > Allowance[r, h]:
+                        # A NaN mass (a NaN lse or score) flags too: its
+                        # contributions would otherwise convert to garbage.
+                        if (mass_row[h] > Allowance[r, h]) or T.isnan(mass_row[h]):
                             Flag[0] = 1
                 T.copy(acc_dq, dQ_s)
                 T.copy(dQ_s, dQ[r, 0:block_H, 0:Dv])

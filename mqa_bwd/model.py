@@ -150,7 +150,7 @@ class ModelLauncher(Launcher):
             dq[step] = dq_step
             valid = (slot >= 0) & (slot < NKV)
             if mode == "fixed":
-                if bool((mass > allowance[step]).any()):
+                if not bool((mass <= allowance[step]).all()):  # a NaN mass flags too
                     flag[0] = 1
                 self._fixed_add(dkv, slot[valid], contrib[valid], row_scale)
             elif mode == "write":

@@ -120,6 +120,15 @@ def test_an_lse_that_leaves_too_much_softmax_mass_poisons_dkv_not_dq():
     assert torch.isfinite(dq2.float()).all() and torch.isfinite(dsink2).all()
 
 
+def test_a_nan_lse_poisons_dkv_instead_of_dropping_its_contributions():
+    # NaN contributions would convert to integers silently; the NaN mass flags them.
+    host = _case().inputs()
+    bad = dict(host, lse=host["lse"].copy())
+    bad["lse"][0, 1, 0] = np.nan
+    _, dkv, _ = _run(bad)
+    assert torch.isnan(dkv.float()).all()
+
+
 def test_a_head_with_zero_q_and_grad_out_may_have_any_mass():
     host = _case().inputs()
     host = dict(host, query=host["query"].copy(), grad_out=host["grad_out"].copy(), lse=host["lse"].copy())

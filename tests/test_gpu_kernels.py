@@ -121,6 +121,10 @@ def test_fixed_point_flag_poisons_dkv_on_an_inconsistent_lse():
     _, (dq2, dkv2, dsink2) = _run(bad, "fixed")
     assert torch.isnan(dkv2.float()).all(), "the kernel did not flag a softmax mass above the allowance"
     assert torch.isfinite(dq2.float()).all() and torch.isfinite(dsink2).all()
+    bad["lse"] = host["lse"].copy()
+    bad["lse"][0, 1, 5] = float("nan")
+    _, (_, dkv3, _) = _run(bad, "fixed")
+    assert torch.isnan(dkv3.float()).all(), "the kernel did not flag a NaN softmax mass"
 
 
 def test_fixed_point_non_finite_kv_row_poisons_only_its_row():
