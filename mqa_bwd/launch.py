@@ -139,7 +139,6 @@ class TileLangLauncher(Launcher):
         self.launched("cast_bf16")
         kernel(src, dst)
 
-
     def fixed_to_bf16(self, acc, row_scale, flag, dst):
         kernel = K.compiled("fixed_to_bf16", acc.shape[1])
         self.launched("fixed_to_bf16")
