@@ -25,25 +25,38 @@ of kv row j's column, over any subset of its contributions, is at most
     bound_j = N_b * MASS_LIMIT * (mv_j * a_max + b_max),
 
 N_b being the number of (row, head) pairs of b with a_rh or b_rh nonzero (the
-others contribute exactly zero). Everything is per batch element, and heads
-of zeros change nothing, so a batch element's dKV has the same bits alone or
-in a batch, and with or without zero heads appended.
+others contribute exactly zero; so do rows with no valid slot, which are left
+out). The scales are per batch element and heads of zeros change nothing, so
+a batch element's dKV has the same bits alone or in a batch, and with or
+without zero heads appended, for every input the proof covers.
 
 With the forward's lse, m_rh <= 1 (the sink takes the rest), so the condition
 holds with room; a head with q = dO = 0 (a padding head, whatever its lse)
 contributes nothing and is exempt. The kernel checks ``m_rh <=
 allowance[r, h] = MASS_LIMIT * min(a_max / a_rh, b_max / b_rh)`` for every
-row and head and flags the call otherwise: dKV then comes back NaN, never
-silently wrong. The bf16 roundings of P and dS (2**-9 each) and the fp32
-products inflate the bound by under 3%. ``k_j`` is the largest exponent with
-``bound_j * 2**k_j <= 2**61``, so every partial sum stays below 2**62 < 2**63.
+row and head, and that no mass is NaN, and sets one flag per call otherwise:
+the whole call's dKV then comes back NaN (every batch element's: the flag is
+not per batch element), never silently wrong. The bf16 roundings of P and dS
+(unit roundoff 2**-8 each) and the fp32 products inflate the bound by about
+2%. ``k_j`` is the largest exponent with ``bound_j * 2**k_j <= 2**61``, so
+every partial sum, with its per-contribution integer rounding (at most 1/2
+each), stays below 2**62 < 2**63.
+
+The proof is exact arithmetic; the kernel computes dP, dS and the partial sums
+in fp32, which must not overflow (an infinite contribution would convert to a
+saturated integer). The plan bounds those intermediates too and poisons (NaN
+scale) every referenced kv row of a batch element where any could reach
+FP32_SAFE = 2**100: inputs beyond bf16 training magnitudes (~1e30).
 
 Precision: a contribution is rounded to a multiple of ``2**-k_j``, at most
-``2**-60 * bound_j``; with N_b <= 2**31 that is below 2**-29 of the largest
-single (row, head) term bound, finer than float32 rounding of that term.
-Exponents are capped at FP32_MAX_EXPONENT so that 2**k_j is a normal float32;
-a row whose bound is not finite (a non-finite input) or needs an exponent
-below -FP32_MAX_EXPONENT gets a NaN scale and comes back NaN.
+``2**-60 * bound_j``, that is ``2**-60 * N_b * MASS_LIMIT`` times the largest
+single (row, head) term bound: 2**-42 of it at the dsv32 shape (N_b = 2**18),
+far below float32 rounding. Exponents are capped at FP32_MAX_EXPONENT so that
+2**k_j is a normal float32 (only dKV below ~2**-60 of unit scale loses bits to
+the cap). A row whose bound is not finite (a non-finite input it is read
+with) or needs an exponent below -FP32_MAX_EXPONENT gets a NaN scale and comes
+back NaN. Rows no slot points at get nothing added and stay exactly 0,
+whatever their values.
 
 The maxima are exact reductions (max has no rounding and no order), and
 everything else is evaluated in float64 with elementwise operations, so the scales are
@@ -59,6 +72,8 @@ PARTIAL_SUM_BITS = 61
 #: 2**k must be a normal float32 in the kernel, and 2**-k in the final division.
 FP32_MAX_EXPONENT = 126
 MASS_LIMIT = K.MASS_LIMIT
+#: fp32 intermediates of the kernel must stay below this (float32 max is ~2**128).
+FP32_SAFE = 2.0**100
 
 
 def _max_abs(x: torch.Tensor, dim=None) -> torch.Tensor:
@@ -70,27 +85,56 @@ def _max_abs(x: torch.Tensor, dim=None) -> torch.Tensor:
     return torch.maximum(-lo.to(torch.float64), hi.to(torch.float64))
 
 
-def plan(query, grad_out, delta, kv_v, sm_scale: float):
+def plan(query, grad_out, delta, kv_v, slots, sm_scale: float):
     """(row_scale float32 [NKV], allowance float32 [R, H]) of the module docstring.
 
     query [B, S, H, Dk] and grad_out [B, S, H, Dv] hold the real heads, delta
     [R, H] the Delta the kernel reads for them, kv_v [NKV, Dv] the value part
-    of every kv row (NKV = B * S_kv).
+    of every kv row (NKV = B * S_kv), slots [R, Lp] the kernel's slot indices
+    (a global kv row or -1).
     """
     B, S, H = query.shape[:3]
     R, NKV, d_v = B * S, kv_v.shape[0], kv_v.shape[1]
     scale = abs(float(sm_scale))
-    mq = _max_abs(query.reshape(R, H, -1), dim=2)
-    mdo = _max_abs(grad_out.reshape(R, H, -1), dim=2)
-    a = (scale * d_v * mdo * mq).reshape(B, S * H)
-    b = (scale * delta.to(torch.float64).abs() * mq + mdo).reshape(B, S * H)
-    a_max, b_max = a.amax(dim=1, keepdim=True), b.amax(dim=1, keepdim=True)  # [B, 1]
-    live = ((a > 0) | (b > 0)).sum(dim=1, keepdim=True).to(torch.float64)  # N_b
+    # Rows with no valid slot contribute nothing, whatever their values.
+    live_row = (slots >= 0).any(dim=1).view(R, 1)
+    zero = torch.zeros((), dtype=torch.float64, device=query.device)
+    mq = torch.where(live_row, _max_abs(query.reshape(R, H, -1), dim=2), zero)
+    mdo = torch.where(live_row, _max_abs(grad_out.reshape(R, H, -1), dim=2), zero)
+    abs_delta = torch.where(live_row, delta.to(torch.float64).abs(), zero)
+    a = scale * d_v * mdo * mq
+    b = scale * abs_delta * mq + mdo
+    a_max = a.reshape(B, S * H).amax(dim=1, keepdim=True)  # [B, 1]
+    b_max = b.reshape(B, S * H).amax(dim=1, keepdim=True)
+    live = ((a > 0) | (b > 0)).reshape(B, S * H).sum(dim=1, keepdim=True).to(torch.float64)  # N_b
     inf = torch.full_like(a, float("inf"))
-    allowance = MASS_LIMIT * torch.minimum(torch.where(a > 0, a_max / a, inf), torch.where(b > 0, b_max / b, inf))
-    mv = _max_abs(kv_v, dim=1).reshape(B, NKV // B)
+    a_max_r, b_max_r = a_max.repeat_interleave(S, dim=0), b_max.repeat_interleave(S, dim=0)  # [R, 1]
+    allowance = MASS_LIMIT * torch.minimum(torch.where(a > 0, a_max_r / a, inf), torch.where(b > 0, b_max_r / b, inf))
+
+    # Only kv rows some slot points at receive anything; the others keep an
+    # exact zero whatever their values (scale 1, nothing added).
+    # (Invalid slots write to a spare entry: every write is True, so the order
+    # of duplicate writes cannot matter, and no mask means no host sync.)
+    referenced = torch.zeros(NKV + 1, dtype=torch.bool, device=query.device)
+    referenced[torch.where(slots >= 0, slots, NKV).long()] = True
+    referenced = referenced[:NKV]
+    mv = torch.where(referenced, _max_abs(kv_v, dim=1), zero).reshape(B, NKV // B)
     bounds = live * MASS_LIMIT * (mv * a_max + b_max)
-    return row_scales(bounds.reshape(NKV)), allowance.reshape(R, H).to(torch.float32).contiguous()
+
+    # The proof is exact arithmetic; the kernel's fp32 intermediates (dP, dS,
+    # the partial sums) must also stay finite, or an overflow would convert to
+    # a saturated integer. A batch element whose peaks could reach FP32_SAFE
+    # is poisoned (NaN) instead.
+    mv_max = mv.amax(dim=1, keepdim=True)  # [B, 1]
+    dp_peak = d_v * mdo.reshape(B, S * H).amax(dim=1, keepdim=True) * mv_max
+    ds_each = allowance * scale * (d_v * mdo * mv_max.repeat_interleave(S, dim=0) + abs_delta)
+    ds_peak = torch.where(torch.isinf(allowance), zero, ds_each).reshape(B, S * H).amax(dim=1, keepdim=True)
+    peak = torch.maximum(torch.maximum(dp_peak, ds_peak), bounds.amax(dim=1, keepdim=True))
+    unsafe = ~(peak < FP32_SAFE)  # NaN peaks included
+    scales = row_scales(bounds.reshape(NKV))
+    scales = torch.where(unsafe.expand(B, NKV // B).reshape(NKV), torch.full_like(scales, float("nan")), scales)
+    scales = torch.where(referenced, scales, torch.ones_like(scales))
+    return scales.contiguous(), allowance.to(torch.float32).contiguous()
 
 
 def row_scales(bounds: torch.Tensor) -> torch.Tensor:

@@ -67,6 +67,15 @@ def _bf16(x: torch.Tensor) -> torch.Tensor:
     return x.to(torch.bfloat16).to(torch.float32)
 
 
+def float_to_int64_rn(x: np.ndarray) -> np.ndarray:
+    """PTX cvt.rni.s64.f32: round half to even, NaN -> 0, out of range -> INT64_MIN / INT64_MAX."""
+    r = np.rint(np.asarray(x, dtype=np.float64))
+    big = 2.0**63
+    inside = np.where(np.isnan(r) | (r >= big) | (r < -big), 0.0, r).astype(np.int64)
+    info = np.iinfo(np.int64)
+    return np.where(r >= big, info.max, np.where(r < -big, info.min, inside)).astype(np.int64)
+
+
 class ModelLauncher(Launcher):
     """Runs the kernels' launch contracts on the CPU, bounds-checked."""
 
@@ -150,7 +159,7 @@ class ModelLauncher(Launcher):
             dq[step] = dq_step
             valid = (slot >= 0) & (slot < NKV)
             if mode == "fixed":
-                if not bool((mass <= allowance[step]).all()):  # a NaN mass flags too
+                if bool(((mass > allowance[step]) | torch.isnan(mass)).any()):  # as the kernel: NaN mass flags
                     flag[0] = 1
                 self._fixed_add(dkv, slot[valid], contrib[valid], row_scale)
             elif mode == "write":
@@ -208,10 +217,7 @@ class ModelLauncher(Launcher):
         if rows.numel() == 0:
             return
         scaled = (contrib * row_scale[rows].view(-1, 1)).numpy()  # fp32, exact: a power of two
-        limit = 9.2233720368547748e18  # the largest float64 below 2**63
-        ints = np.clip(np.nan_to_num(np.rint(scaled.astype(np.float64)), nan=0.0), -limit, limit).astype(np.int64)
-        with np.errstate(over="ignore"):
-            np.add.at(acc.numpy(), rows.numpy(), ints)
+        np.add.at(acc.numpy(), rows.numpy(), float_to_int64_rn(scaled))
 
     @staticmethod
     def _shard_rmw(shards, step, slot, valid, contrib, shard_base, n_shards):

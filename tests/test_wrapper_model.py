@@ -96,6 +96,21 @@ def test_chunking_really_happens(design, unit, kernel, launches):
     assert launch.COUNTERS[f"launch:{kernel}"] - before == launches
 
 
+@pytest.mark.parametrize("design", ["slots", "shards"])
+def test_a_budget_below_one_unit_of_scratch_is_rejected(design):
+    inputs = _good()
+    before = dict(launch.COUNTERS)
+    with pytest.raises(ValueError, match=r"^dkv_buf_bytes\b"):
+        call_design(inputs, design, 100)
+    assert dict(launch.COUNTERS) == before
+
+
+def test_the_fixed_point_design_needs_no_scratch_budget():
+    # Its accumulator is output-sized, like every design's fp32 accumulator.
+    inputs = _good()
+    assert torch.equal(call_design(inputs, "fixed", 8)[1], call_design(inputs, "fixed")[1])
+
+
 @pytest.mark.parametrize("S", [1, 4096, 1 << 20])
 def test_fixed_point_scratch_is_independent_of_s_and_l(S):
     p = wrapper.Problem(B=1, S=S, S_kv=8192, H=128, L=2048, d_k=576, d_v=512, block_h=32,
@@ -253,7 +268,7 @@ def test_illegal_block_h_is_rejected(block_h):
 
 @pytest.mark.parametrize("kw,argument", [
     (dict(dkv_buf_bytes=0), "dkv_buf_bytes"),
-    (dict(dkv_buf_bytes=100), "dkv_buf_bytes"),
+    (dict(dkv_buf_bytes=-8), "dkv_buf_bytes"),
     (dict(backend="cuda-magic"), "backend"),
 ])
 def test_bad_configuration_is_rejected(kw, argument):
