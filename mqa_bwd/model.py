@@ -141,7 +141,7 @@ class ModelLauncher(Launcher):
                 raise TileBoundsError(kernel, "dKV shard", shard_base + dkv.shape[0] - 1, n_shards, "shard")
         else:
             _shape_is(kernel, "dKV", dkv, (R, Lp, Dk))
-        if mode in ("accumulate", "shard") and bool(torch.isnan(dkv).any()):  # int64 (fixed) is zeroed by contract
+        if mode in ("accumulate", "shard") and bool(torch.isnan(dkv).any()):
             # Accumulating onto scratch nobody wrote or zeroed: a launch-order bug.
             raise RuntimeError(f"main_bwd: {mode} mode read uninitialised dKV scratch (NaN poison)")
 
