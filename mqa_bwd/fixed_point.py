@@ -76,12 +76,11 @@ MASS_LIMIT = K.MASS_LIMIT
 FP32_SAFE = 2.0**100
 
 
-def _max_abs(x: torch.Tensor, dim=None) -> torch.Tensor:
-    """max |x| as float64, without an |x| temporary as large as x; NaN propagates."""
-    if x.numel() == 0:
-        shape = () if dim is None else tuple(s for i, s in enumerate(x.shape) if i != dim)
-        return torch.zeros(shape, dtype=torch.float64, device=x.device)
-    lo, hi = torch.aminmax(x) if dim is None else torch.aminmax(x, dim=dim)
+def _max_abs(x: torch.Tensor) -> torch.Tensor:
+    """max |x| over the last axis as float64, without an |x| temporary as large as x; NaN propagates."""
+    if x.shape[-1] == 0:
+        return torch.zeros(x.shape[:-1], dtype=torch.float64, device=x.device)
+    lo, hi = torch.aminmax(x, dim=-1)
     return torch.maximum(-lo.to(torch.float64), hi.to(torch.float64))
 
 
@@ -99,8 +98,8 @@ def plan(query, grad_out, delta, kv_v, slots, sm_scale: float):
     # Rows with no valid slot contribute nothing, whatever their values.
     live_row = (slots >= 0).any(dim=1).view(R, 1)
     zero = torch.zeros((), dtype=torch.float64, device=query.device)
-    mq = torch.where(live_row, _max_abs(query.reshape(R, H, -1), dim=2), zero)
-    mdo = torch.where(live_row, _max_abs(grad_out.reshape(R, H, -1), dim=2), zero)
+    mq = torch.where(live_row, _max_abs(query.reshape(R, H, -1)), zero)
+    mdo = torch.where(live_row, _max_abs(grad_out.reshape(R, H, -1)), zero)
     abs_delta = torch.where(live_row, delta.to(torch.float64).abs(), zero)
     a = scale * d_v * mdo * mq
     b = scale * abs_delta * mq + mdo
@@ -118,7 +117,7 @@ def plan(query, grad_out, delta, kv_v, slots, sm_scale: float):
     referenced = torch.zeros(NKV + 1, dtype=torch.bool, device=query.device)
     referenced[torch.where(slots >= 0, slots, NKV).long()] = True
     referenced = referenced[:NKV]
-    mv = torch.where(referenced, _max_abs(kv_v, dim=1), zero).reshape(B, NKV // B)
+    mv = torch.where(referenced, _max_abs(kv_v), zero).reshape(B, NKV // B)
     bounds = live * MASS_LIMIT * (mv * a_max + b_max)
 
     # The proof is exact arithmetic; the kernel's fp32 intermediates (dP, dS,
