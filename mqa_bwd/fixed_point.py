@@ -34,9 +34,9 @@ With the forward's lse, m_rh <= 1 (the sink takes the rest), so the condition
 holds with room; a head with q = dO = 0 (a padding head, whatever its lse)
 contributes nothing and is exempt. The kernel checks ``m_rh <=
 allowance[r, h] = MASS_LIMIT * min(a_max / a_rh, b_max / b_rh)`` for every
-row and head, and that no mass is NaN, and sets one flag per call otherwise:
-the whole call's dKV then comes back NaN (every batch element's: the flag is
-not per batch element), never silently wrong. The bf16 roundings of P and dS
+row and head, and that no mass is NaN, and flags the row otherwise; every
+kv row of a flagged row's batch element then comes back NaN (the proof of
+that element no longer holds; the others' still does), never silently wrong. The bf16 roundings of P and dS
 (unit roundoff 2**-8 each) and the fp32 products inflate the bound by about
 2%. ``k_j`` is the largest exponent with ``bound_j * 2**k_j <= 2**61``, so
 every partial sum, with its per-contribution integer rounding (at most 1/2
@@ -134,6 +134,16 @@ def plan(query, grad_out, delta, kv_v, slots, sm_scale: float):
     scales = torch.where(unsafe.expand(B, NKV // B).reshape(NKV), torch.full_like(scales, float("nan")), scales)
     scales = torch.where(referenced, scales, torch.ones_like(scales))
     return scales.contiguous(), allowance.to(torch.float32).contiguous()
+
+
+def poison_flagged(row_scale: torch.Tensor, row_flags: torch.Tensor, batch: int) -> torch.Tensor:
+    """row_scale with NaN for every kv row of a batch element one of whose query rows the kernel flagged.
+
+    row_flags [R] int32 holds the kernel's per-row flags (R = batch * S).
+    """
+    flagged = row_flags.view(batch, -1).amax(dim=1) > 0  # [B]
+    flagged = flagged.repeat_interleave(row_scale.shape[0] // batch)
+    return torch.where(flagged, torch.full_like(row_scale, float("nan")), row_scale)
 
 
 def row_scales(bounds: torch.Tensor) -> torch.Tensor:

@@ -8,8 +8,9 @@ either through ``mqa_bwd.launch``.
 
 Layouts (the wrapper prepares them): query rows of every batch element are
 flattened into R = B*S rows, kv rows into NKV = B*S_kv rows, and a slot index
-is either a global kv row in [0, NKV) or -1. Head groups are contiguous:
-``q_group[r, h, :]`` for the Hg heads of one group.
+is either a global kv row in [0, NKV) or -1. The main backward reads one
+head group in place: heads [head_base, head_base + tile) of [R, HQ, ...]
+tensors that hold every (padded) head, so no per-group copies exist.
 
 Kernels
   delta        Delta = rowsum(O * dO); DSinkRows = -exp2(Sink2 - Lse2) * Delta
@@ -118,6 +119,10 @@ def delta_program(d_v: int, threads: int = 128):
 def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int = 0, threads: int = 0):
     """The main backward for one head group of ``heads`` heads.
 
+    Q, dO, Lse2, Delta, Allowance and dQ hold all HQ heads; the CTA moves the
+    tile's head rows [head_base, head_base + main_tile_heads(heads)) of each,
+    whatever HQ is (the caller keeps that range inside HQ).
+
     mode (how the per-slot dKV contributions leave the CTA):
       "write"       DKVSlot[r, j] = contribution           grid R, one CTA per row
       "accumulate"  DKVSlot[r, j] += contribution          grid R
@@ -126,9 +131,10 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
                     the sum has the same bits in any order. RowScale is a power
                     of two per kv row chosen by mqa_bwd.fixed_point so that no
                     partial sum can overflow, provided every head's softmax mass
-                    sum_j P is <= Allowance[r, h]; a CTA that sees more, or a
-                    NaN mass, sets Flag[0] = 1 (the result is then poisoned,
-                    never wrong).
+                    sum_j P is <= Allowance[r, h]; the CTA of row r sets
+                    Flag[r] = 1 when one of its heads has more, or a NaN
+                    mass (the caller then poisons that batch element's dKV:
+                    NaN, never wrong).
       "atomic"      DKVAcc[kv row] += contribution, fp32 atomics (the control)
       "shard"       DKVShard[b, kv row] += contribution, plain read-modify-write:
                     CTA b owns shard shard_base + b and walks its query rows
@@ -142,6 +148,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
     if mode not in MAIN_MODES + ("none",):
         raise ValueError(f"mode: {mode!r}")
     R = T.dynamic("R")
+    HQ = T.dynamic("HQ")  # every head of the call; the group starts at head_base
     NKV = T.dynamic("NKV")
     NSL = T.dynamic("NSL")  # shards in this launch
     Lp = T.dynamic("Lp")  # padded slots, a multiple of BLOCK_SLOTS
@@ -166,18 +173,19 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
 
     @T.prim_func
     def main_bwd(
-        Q: T.Tensor((R, Hg, Dk), bf16),
+        Q: T.Tensor((R, HQ, Dk), bf16),
         KV: T.Tensor((NKV, Dk), bf16),
-        dO: T.Tensor((R, Hg, Dv), bf16),
+        dO: T.Tensor((R, HQ, Dv), bf16),
         Indices: T.Tensor((R, Lp), i32),
-        Lse2: T.Tensor((R, Hg), f32),
-        Delta: T.Tensor((R, Hg), f32),
-        dQ: T.Tensor((R, Hg, Dk), bf16),
+        Lse2: T.Tensor((R, HQ), f32),
+        Delta: T.Tensor((R, HQ), f32),
+        dQ: T.Tensor((R, HQ, Dk), bf16),
         dKV: T.Tensor(dkv_shape, dkv_dtype),
         RowScale: T.Tensor((NKV,), f32),
-        Allowance: T.Tensor((R, Hg), f32),
-        Flag: T.Tensor((1,), i32),
+        Allowance: T.Tensor((R, HQ), f32),
+        Flag: T.Tensor((R,), i32),
         sm_scale: T.float32,
+        head_base: T.int32,
         shard_base: T.int32,
         n_shards: T.int32,
     ):
@@ -231,10 +239,11 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
                 r = first_row + it * row_stride
                 # The tile is block_H head rows, whatever Hg is: the wrapper must hand
                 # a group of exactly block_H heads (SPEC, "the kernel's own tile").
-                T.copy(Q[r, 0:block_H, 0:Dv], Q_s)
+                h0 = head_base
+                T.copy(Q[r, h0 : h0 + block_H, 0:Dv], Q_s)
                 if has_tail:
-                    T.copy(Q[r, 0:block_H, Dv:Dk], Qt_s)
-                T.copy(dO[r, 0:block_H, 0:Dv], dO_s)
+                    T.copy(Q[r, h0 : h0 + block_H, Dv:Dk], Qt_s)
+                T.copy(dO[r, h0 : h0 + block_H, 0:Dv], dO_s)
                 T.clear(acc_dq)
                 if has_tail:
                     T.clear(acc_dqt)
@@ -267,7 +276,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
                     for h, j in T.Parallel(block_H, BS):
                         acc_s[h, j] = T.if_then_else(
                             (slot[j] >= 0) and (slot[j] < NKV),
-                            T.exp2(acc_s[h, j] * scale_log2 - Lse2[r, h]),
+                            T.exp2(acc_s[h, j] * scale_log2 - Lse2[r, h0 + h]),
                             T.cast(0, f32),
                         )
                     T.copy(acc_s, P_s)
@@ -278,7 +287,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
                     # dP = dO KV_v^T; dS = P * (dP - Delta) * sm_scale.
                     T.gemm(dO_s, KV_s, acc_dp, transpose_B=True, clear_accum=True)
                     for h, j in T.Parallel(block_H, BS):
-                        acc_dp[h, j] = acc_s[h, j] * (acc_dp[h, j] - Delta[r, h]) * sm_scale
+                        acc_dp[h, j] = acc_s[h, j] * (acc_dp[h, j] - Delta[r, h0 + h]) * sm_scale
                     T.copy(acc_dp, dS_s)
 
                     # dQ += dS KV.
@@ -383,13 +392,13 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
                     for h in T.Parallel(block_H):
                         # A NaN mass (a NaN lse or score) flags too: its
                         # contributions would otherwise convert to garbage.
-                        if (mass_row[h] > Allowance[r, h]) or T.isnan(mass_row[h]):
-                            Flag[0] = 1
+                        if (mass_row[h] > Allowance[r, h0 + h]) or T.isnan(mass_row[h]):
+                            Flag[r] = 1
                 T.copy(acc_dq, dQ_s)
-                T.copy(dQ_s, dQ[r, 0:block_H, 0:Dv])
+                T.copy(dQ_s, dQ[r, h0 : h0 + block_H, 0:Dv])
                 if has_tail:
                     T.copy(acc_dqt, dQt_s)
-                    T.copy(dQt_s, dQ[r, 0:block_H, Dv:Dk])
+                    T.copy(dQt_s, dQ[r, h0 : h0 + block_H, Dv:Dk])
 
     return main_bwd
 
@@ -485,10 +494,11 @@ def dsink_reduce_program(threads: int = 128):
 
 
 def fixed_to_bf16_program(cols: int, block_rows: int = 16, threads: int = 128):
-    """Dst[k, c] = bf16(fp32(fp64(Acc[k, c]) / RowScale[k])), or NaN everywhere when Flag[0] != 0.
+    """Dst[k, c] = bf16(fp32(fp64(Acc[k, c]) / RowScale[k])).
 
     RowScale is a power of two, so the division is exact in fp64; a NaN
-    RowScale (a kv row whose range bound is not finite) makes its row NaN.
+    RowScale (a kv row whose range bound is not finite, or whose batch element
+    a main_bwd CTA flagged) makes its row NaN.
     """
     tilelang, T = _tl()
     N = T.dynamic("N")
@@ -498,19 +508,13 @@ def fixed_to_bf16_program(cols: int, block_rows: int = 16, threads: int = 128):
     def fixed_to_bf16(
         Acc: T.Tensor((N, C), "int64"),
         RowScale: T.Tensor((N,), "float32"),
-        Flag: T.Tensor((1,), "int32"),
         Dst: T.Tensor((N, C), "bfloat16"),
     ):
         with T.Kernel(T.ceildiv(N, block_rows), threads=threads) as bx:
             for i, c in T.Parallel(block_rows, C):
                 if bx * block_rows + i < N:
-                    value = T.cast(
-                        T.cast(Acc[bx * block_rows + i, c], "float64") / T.cast(RowScale[bx * block_rows + i], "float64"),
-                        "float32",
-                    )
-                    Dst[bx * block_rows + i, c] = T.cast(
-                        T.if_then_else(Flag[0] != 0, T.call_extern("float32", "__int_as_float", T.int32(0x7FC00000)), value), "bfloat16"
-                    )
+                    value = T.cast(Acc[bx * block_rows + i, c], "float64") / T.cast(RowScale[bx * block_rows + i], "float64")
+                    Dst[bx * block_rows + i, c] = T.cast(T.cast(value, "float32"), "bfloat16")
 
     return fixed_to_bf16
 

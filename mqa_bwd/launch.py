@@ -5,7 +5,7 @@ taking exactly the tensors the kernel takes (torch tensors, on the launcher's
 device). The wrapper never computes a gradient itself; it lays out inputs and
 launches. Scratch, outputs and padded copies are allocated through
 ``empty``/``zeros`` (counted, guard-banded under ``GuardBands``); small index
-and layout tensors made by torch ops (slots, CSR, Lse2, grouped copies) are not.
+and layout tensors made by torch ops (slots, CSR, Lse2, fixed-point scales) are not.
 
 ``COUNTERS`` counts launches and allocations across every launcher, so that a
 test can prove that a rejected call launched and allocated nothing.
@@ -65,9 +65,11 @@ class Launcher:
     def delta(self, out, grad_out, lse2, sink2, delta, dsink_rows):
         raise NotImplementedError
 
-    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, shard_base=0, n_shards=1,
-                 row_scale=None, allowance=None, flag=None):
-        """``row_scale`` [NKV] f32, ``allowance`` [R, Hg] f32 and ``flag`` [1] i32: "fixed" mode only."""
+    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, heads=None, head_base=0,
+                 shard_base=0, n_shards=1, row_scale=None, allowance=None, flag=None):
+        """One head group: ``heads`` heads (default: all of q's) from ``head_base`` of the
+        [R, HQ, ...] tensors q, grad_out, lse2, delta, dq (and allowance).
+        ``row_scale`` [NKV] f32, ``allowance`` [R, HQ] f32 and ``flag`` [R] i32: "fixed" mode only."""
         raise NotImplementedError
 
     def shard_fold(self, dkv_shards, dkv_acc):
@@ -82,7 +84,7 @@ class Launcher:
     def cast_bf16(self, src, dst):
         raise NotImplementedError
 
-    def fixed_to_bf16(self, acc, row_scale, flag, dst):
+    def fixed_to_bf16(self, acc, row_scale, dst):
         raise NotImplementedError
 
 
@@ -108,16 +110,16 @@ class TileLangLauncher(Launcher):
         self.launched("delta")
         kernel(out, grad_out, lse2, sink2, delta, dsink_rows)
 
-    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, shard_base=0, n_shards=1,
-                 row_scale=None, allowance=None, flag=None):
-        kernel = K.compiled("main_bwd", q.shape[1], q.shape[2], grad_out.shape[2], mode)
+    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, heads=None, head_base=0,
+                 shard_base=0, n_shards=1, row_scale=None, allowance=None, flag=None):
+        kernel = K.compiled("main_bwd", heads or q.shape[1], q.shape[2], grad_out.shape[2], mode)
         if row_scale is None:  # other modes never read them; the signature is shared
             row_scale = torch.empty((kv.shape[0],), dtype=torch.float32, device=kv.device)
             allowance = torch.empty_like(lse2)
-            flag = torch.empty((1,), dtype=torch.int32, device=kv.device)
+            flag = torch.empty((q.shape[0],), dtype=torch.int32, device=kv.device)
         self.launched("main_bwd")
         kernel(q, kv, grad_out, indices, lse2, delta, dq, dkv, row_scale, allowance, flag, float(sm_scale),
-               int(shard_base), int(n_shards))
+               int(head_base), int(shard_base), int(n_shards))
 
     def shard_fold(self, dkv_shards, dkv_acc):
         kernel = K.compiled("shard_fold", dkv_shards.shape[2])
@@ -139,10 +141,10 @@ class TileLangLauncher(Launcher):
         self.launched("cast_bf16")
         kernel(src, dst)
 
-    def fixed_to_bf16(self, acc, row_scale, flag, dst):
+    def fixed_to_bf16(self, acc, row_scale, dst):
         kernel = K.compiled("fixed_to_bf16", acc.shape[1])
         self.launched("fixed_to_bf16")
-        kernel(acc, row_scale, flag, dst)
+        kernel(acc, row_scale, dst)
 
 
 class GuardBands:

@@ -104,27 +104,29 @@ class ModelLauncher(Launcher):
         dsink_rows.copy_(-per_head(lambda lse_h, sink_h: torch.exp2(sink_h - lse_h), lse2, sink2) * d)
 
     # -- main backward -----------------------------------------------------
-    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, shard_base=0, n_shards=1,
-                 row_scale=None, allowance=None, flag=None):
+    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, heads=None, head_base=0,
+                 shard_base=0, n_shards=1, row_scale=None, allowance=None, flag=None):
         kernel = "main_bwd"
         self.launched(kernel)
-        R, Hg, Dk = q.shape
+        R, _, Dk = q.shape
         NKV = kv.shape[0]
         Dv = grad_out.shape[2]
         Lp = indices.shape[1]
         BS = K.BLOCK_SLOTS
-        block_H = K.main_tile_heads(Hg)
+        block_H = K.main_tile_heads(heads or q.shape[1])
+        h0, h1 = head_base, head_base + block_H
         if Lp % BS:
             raise TileBoundsError(kernel, "Indices", Lp, Lp - Lp % BS, "slot")
-        # The CTA moves block_H head rows of Q, dO, Lse2 and Delta and stores
-        # block_H rows of dQ, whatever Hg is (the order the kernel touches them).
-        _check_rows(kernel, "Q", q, 1, 0, block_H, "head row")
-        _check_rows(kernel, "dO", grad_out, 1, 0, block_H, "head row")
+        # The CTA moves head rows [h0, h0 + block_H) of Q, dO, Lse2 and Delta and
+        # stores those rows of dQ, whatever the group is (in the order the kernel
+        # touches them).
+        _check_rows(kernel, "Q", q, 1, h0, h1, "head row")
+        _check_rows(kernel, "dO", grad_out, 1, h0, h1, "head row")
         for name, t in (("Indices", indices), ("Lse2", lse2), ("Delta", delta), ("dO", grad_out), ("dQ", dq)):
             _check_rows(kernel, name, t, 0, 0, R)
-        _check_rows(kernel, "Lse2", lse2, 1, 0, block_H, "head row")
-        _check_rows(kernel, "Delta", delta, 1, 0, block_H, "head row")
-        _check_rows(kernel, "dQ", dq, 1, 0, block_H, "head row")
+        _check_rows(kernel, "Lse2", lse2, 1, h0, h1, "head row")
+        _check_rows(kernel, "Delta", delta, 1, h0, h1, "head row")
+        _check_rows(kernel, "dQ", dq, 1, h0, h1, "head row")
         _shape_is(kernel, "KV", kv, (NKV, Dk))
         if mode in ("atomic", "fixed"):
             _shape_is(kernel, "dKV", dkv, (NKV, Dk))
@@ -133,8 +135,8 @@ class ModelLauncher(Launcher):
                     raise TileBoundsError(kernel, f"dKV (dtype {dkv.dtype}, fixed mode expects int64)", 0, 0)
                 _shape_is(kernel, "RowScale", row_scale, (NKV,))
                 _check_rows(kernel, "Allowance", allowance, 0, 0, R)
-                _check_rows(kernel, "Allowance", allowance, 1, 0, block_H, "head row")
-                _shape_is(kernel, "Flag", flag, (1,))
+                _check_rows(kernel, "Allowance", allowance, 1, h0, h1, "head row")
+                _shape_is(kernel, "Flag", flag, (R,))
         elif mode == "shard":
             _shape_is(kernel, "dKV", dkv, (dkv.shape[0], NKV, Dk))
             if shard_base + dkv.shape[0] > n_shards:
@@ -152,15 +154,19 @@ class ModelLauncher(Launcher):
             ]).sort().values if R else torch.zeros(0, dtype=torch.int64)
         else:
             rows = torch.arange(R)
+        group = slice(h0, h1)
         atomic_parts = []
         for s0 in range(0, rows.numel(), self.rows_per_step):
             step = rows[s0 : s0 + self.rows_per_step]
-            dq_step, contrib, slot, mass = self._rows(q, kv, grad_out, indices, lse2, delta, step, sm_scale, Dv)
-            dq[step] = dq_step
+            dq_step, contrib, slot, mass = self._rows(
+                q[:, group], kv, grad_out[:, group], indices, lse2[:, group], delta[:, group], step, sm_scale, Dv
+            )
+            dq[step, group] = dq_step
             valid = (slot >= 0) & (slot < NKV)
             if mode == "fixed":
-                if bool(((mass > allowance[step]) | torch.isnan(mass)).any()):  # as the kernel: NaN mass flags
-                    flag[0] = 1
+                # As the kernel: row r's CTA flags a mass over its allowance, or a NaN one.
+                over = (mass > allowance[step, group]) | torch.isnan(mass)
+                flag[step[over.any(dim=1)]] = 1
                 self._fixed_add(dkv, slot[valid], contrib[valid], row_scale)
             elif mode == "write":
                 dkv[step] = contrib
@@ -302,13 +308,10 @@ class ModelLauncher(Launcher):
         _shape_is("cast_bf16", "Dst", dst, tuple(src.shape))
         dst.copy_(src.to(torch.bfloat16))
 
-    def fixed_to_bf16(self, acc, row_scale, flag, dst):
+    def fixed_to_bf16(self, acc, row_scale, dst):
         kernel = "fixed_to_bf16"
         self.launched(kernel)
         _shape_is(kernel, "Dst", dst, tuple(acc.shape))
         _shape_is(kernel, "RowScale", row_scale, (acc.shape[0],))
-        _shape_is(kernel, "Flag", flag, (1,))
         value = (acc.to(torch.float64) / row_scale.to(torch.float64).view(-1, 1)).to(torch.float32)
-        if int(flag[0]) != 0:
-            value = torch.full_like(value, float("nan"))
         dst.copy_(value.to(torch.bfloat16))

@@ -10,13 +10,21 @@ Order of work, which the properties rely on:
   4. launches through a ``Launcher`` (TileLang on a GPU, the tile model on a CPU);
   5. results sliced back to H and handed back in the caller's framework.
 
-dKV is deterministic by construction on the deterministic launchers: the main
-kernel writes each query row's per-slot contributions to scratch, and
-``dkv_reduce`` adds them into an fp32 accumulator per kv row in the order of a
-CSR built from the indices alone (sorted by (kv row, flat slot position)).
-Query rows are processed in chunks that fit ``dkv_buf_bytes``; each chunk
-continues the same accumulator in the same global order, so dq, dkv and
-d_attn_sink are bitwise identical for every budget.
+dKV is deterministic by construction on the deterministic launchers. The
+default design ("fixed") adds every contribution into an int64 fixed-point
+accumulator with integer atomics, whose sum has the same bits in any order
+(``mqa_bwd.fixed_point`` holds the range proof). The older designs keep fp32:
+"slots" writes each query row's per-slot contributions to scratch and
+``dkv_reduce`` adds them per kv row in the order of a CSR built from the
+indices alone; "shards" gives each shard of query rows its own buffer, written
+in a fixed row order and folded in shard order. Scratch is bounded by
+``dkv_buf_bytes`` (query rows in chunks, or shards per launch), and every
+budget gives bitwise identical dq, dkv and d_attn_sink.
+
+The main kernel reads each head group in place from the [R, H_padded, ...]
+tensors (a head offset per launch), so the only scratch that grows with S is
+O(S * H) floats (Lse2, Delta, the fixed-point allowance), and the head padding
+copies when H is not a multiple of the group width.
 """
 
 import dataclasses
@@ -301,13 +309,6 @@ def per_head(fn, rows: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
     return torch.stack([fn(rows[:, h].contiguous(), heads[h]) for h in range(rows.shape[1])], dim=1)
 
 
-def _grouped(x: torch.Tensor, groups: int, width: int) -> torch.Tensor:
-    """[R, G*width, ...] -> [G, R, width, ...], each group contiguous."""
-    R = x.shape[0]
-    y = x.reshape((R, groups, width) + tuple(x.shape[2:])).transpose(0, 1)
-    return y.contiguous()
-
-
 def global_slots(token_indices: torch.Tensor, p: Problem) -> torch.Tensor:
     """[B,S,L] any integer -> [R, Lp] int32: b*S_kv + index when 0 <= index < S_kv, else -1."""
     idx = token_indices.to(torch.int64)
@@ -373,28 +374,29 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
     dsink_rows = launcher.empty((R, Hp), f32)
     launcher.delta(o, do, lse2, sink2, delta, dsink_rows)
 
-    qg, dog = _grouped(q, G, bh), _grouped(do, G, bh)
-    lse2g, deltag = _grouped(lse2, G, bh), _grouped(delta, G, bh)
-    dqg = launcher.empty((G, R, bh, p.d_k), torch.bfloat16)
+    # Every launch reads its head group in place (head_base): no per-group copies.
+    dq = launcher.empty((R, Hp, p.d_k), torch.bfloat16)
     fixed = launcher.deterministic and p.design == "fixed"
     dkv_acc = None if fixed else launcher.zeros((NKV, p.d_k), f32)
 
+    def group(g):
+        return {"sm_scale": sm_scale, "heads": bh, "head_base": g * bh}
+
     if not launcher.deterministic:
         for g in range(G):
-            launcher.main_bwd(
-                qg[g], kv2, dog[g], slots, lse2g[g], deltag[g], dqg[g], dkv_acc, sm_scale=sm_scale, mode="atomic"
-            )
+            launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, dkv_acc, mode="atomic", **group(g))
     elif p.design == "fixed":
         row_scale, allowance = fixed_point.plan(query, grad_out, delta[:, : p.H], kv2[:, : p.d_v], slots, sm_scale)
         # Padding heads (q = dO = 0) contribute nothing: no limit on their mass.
-        allowance_g = _grouped(_pad_heads(allowance, Hp, math.inf, launcher), G, bh)
-        flag = launcher.zeros((1,), torch.int32)
+        allowance = _pad_heads(allowance, Hp, math.inf, launcher)
+        row_flags = launcher.zeros((R,), torch.int32)
         dkv_fixed = launcher.zeros((NKV, p.d_k), torch.int64)
         for g in range(G):
             launcher.main_bwd(
-                qg[g], kv2, dog[g], slots, lse2g[g], deltag[g], dqg[g], dkv_fixed, sm_scale=sm_scale, mode="fixed",
-                row_scale=row_scale, allowance=allowance_g[g], flag=flag,
+                q, kv2, do, slots, lse2, delta, dq, dkv_fixed, mode="fixed", **group(g),
+                row_scale=row_scale, allowance=allowance, flag=row_flags,
             )
+        row_scale = fixed_point.poison_flagged(row_scale, row_flags, p.B)
     elif p.design == "shards":
         # Shard s owns query rows s, s + n, s + 2n, ...; a launch runs shards
         # [c0, c1) (as many as the budget holds), then folds them in shard order.
@@ -406,8 +408,7 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
             buf.zero_()
             for g in range(G):
                 launcher.main_bwd(
-                    qg[g], kv2, dog[g], slots, lse2g[g], deltag[g], dqg[g], buf,
-                    sm_scale=sm_scale, mode="shard", shard_base=c0, n_shards=n,
+                    q, kv2, do, slots, lse2, delta, dq, buf, mode="shard", **group(g), shard_base=c0, n_shards=n,
                 )
             launcher.shard_fold(buf, dkv_acc)
     else:
@@ -419,8 +420,8 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
             buf = slot_buf[: r1 - r0]
             for g in range(G):
                 launcher.main_bwd(
-                    qg[g, r0:r1], kv2, dog[g, r0:r1], slots[r0:r1], lse2g[g, r0:r1], deltag[g, r0:r1],
-                    dqg[g, r0:r1], buf, sm_scale=sm_scale, mode="write" if g == 0 else "accumulate",
+                    q[r0:r1], kv2, do[r0:r1], slots[r0:r1], lse2[r0:r1], delta[r0:r1], dq[r0:r1], buf,
+                    mode="write" if g == 0 else "accumulate", **group(g),
                 )
             lo, hi = csr.bounds(NKV, r0 * Lp, r1 * Lp)
             launcher.dkv_reduce(buf.view((r1 - r0) * Lp, p.d_k), csr.slot_of_entry, lo, hi, dkv_acc, r0 * Lp)
@@ -429,11 +430,11 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
     launcher.dsink_reduce(dsink_rows, dsink)
     dkv = launcher.empty((NKV, p.d_k), torch.bfloat16)
     if fixed:
-        launcher.fixed_to_bf16(dkv_fixed, row_scale, flag, dkv)
+        launcher.fixed_to_bf16(dkv_fixed, row_scale, dkv)
     else:
         launcher.cast_bf16(dkv_acc, dkv)
 
-    dq = dqg.transpose(0, 1).reshape(R, Hp, p.d_k)[:, : p.H].reshape(p.B, p.S, p.H, p.d_k).contiguous()
+    dq = dq[:, : p.H].reshape(p.B, p.S, p.H, p.d_k).contiguous()  # a copy only when heads were padded
     return dq, dkv.view(p.B, p.S_kv, p.d_k), dsink[: p.H].contiguous()
 
 

@@ -164,6 +164,17 @@ def test_an_lse_that_leaves_too_much_softmax_mass_poisons_dkv_not_dq():
     assert torch.isfinite(dq2.float()).all() and torch.isfinite(dsink2).all()
 
 
+def test_a_flag_poisons_only_its_own_batch_element():
+    # The scales are per batch element, so a broken proof in one leaves the others exact.
+    host = Case(B=2, S=6, S_kv=40, H=5, L=9, d_k=32, d_v=16, sink="random", seed=11).inputs()
+    _, dkv, _ = _run(host)
+    bad = dict(host, lse=host["lse"].copy())
+    bad["lse"][1, 2, 3] -= 10.0
+    _, dkv2, _ = _run(bad)
+    assert torch.isnan(dkv2[1].float()).all()
+    assert torch.isfinite(dkv[0].float()).all() and torch.equal(dkv2[0], dkv[0])
+
+
 def test_a_nan_lse_poisons_dkv_instead_of_dropping_its_contributions():
     # NaN contributions would convert to integers silently; the NaN mass flags them.
     host = _case().inputs()

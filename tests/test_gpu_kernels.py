@@ -111,20 +111,22 @@ def test_budget_invariance_on_gpu(design, budget):
         assert torch.equal(a, b), f"{name} changed with the scratch budget ({design})"
 
 
-def test_fixed_point_flag_poisons_dkv_on_an_inconsistent_lse():
-    case = Case(B=1, S=5, S_kv=300, H=33, L=129, d_k=576, d_v=512, sink="random", seed=7)
+def test_fixed_point_flag_poisons_only_the_flagged_batch_element():
+    case = Case(B=2, S=5, S_kv=300, H=33, L=129, d_k=576, d_v=512, sink="random", seed=7)
     host = case.inputs()
     _, (dq, dkv, dsink) = _run(host, "fixed")
     assert torch.isfinite(dkv.float()).all()
     bad = dict(host, lse=host["lse"].copy())
-    bad["lse"][0, 3, 32] -= 1.0  # head 32: the second group, past the first 32
+    bad["lse"][1, 3, 32] -= 1.0  # head 32: the second group, past the first 32
     _, (dq2, dkv2, dsink2) = _run(bad, "fixed")
-    assert torch.isnan(dkv2.float()).all(), "the kernel did not flag a softmax mass above the allowance"
+    assert torch.isnan(dkv2[1].float()).all(), "the kernel did not flag a softmax mass above the allowance"
+    assert torch.equal(dkv2[0], dkv[0]), "a flag in batch element 1 changed batch element 0"
     assert torch.isfinite(dq2.float()).all() and torch.isfinite(dsink2).all()
     bad["lse"] = host["lse"].copy()
     bad["lse"][0, 1, 5] = float("nan")
     _, (_, dkv3, _) = _run(bad, "fixed")
-    assert torch.isnan(dkv3.float()).all(), "the kernel did not flag a NaN softmax mass"
+    assert torch.isnan(dkv3[0].float()).all(), "the kernel did not flag a NaN softmax mass"
+    assert torch.equal(dkv3[1], dkv[1])
 
 
 def test_fixed_point_non_finite_kv_rows_poison_their_row_only_when_read():

@@ -118,6 +118,30 @@ def test_fixed_point_scratch_is_independent_of_s_and_l(S):
     assert p.design == "fixed" and p.fixed_bytes == 8192 * 576 * 8
 
 
+class _AllocationLog(ModelLauncher):
+    def __init__(self):
+        super().__init__()
+        self.shapes = []
+
+    def _allocate(self, shape, dtype):
+        self.shapes.append(tuple(shape))
+        return super()._allocate(shape, dtype)
+
+
+@pytest.mark.parametrize("design", wrapper.DKV_DESIGNS)
+def test_head_groups_are_read_in_place_not_copied(design):
+    # Per-group copies of q, dO and dq would make scratch grow with S * H * Dk.
+    R, H, d_k = 10, 96, 32
+    inputs = to_framework(Case(B=2, S=5, S_kv=9, H=H, L=33, d_k=d_k, d_v=16, seed=4).inputs())
+    launcher = _AllocationLog()
+    before = launch.COUNTERS["launch:main_bwd"]
+    call_design(inputs, design, launcher=launcher)
+    groups = launch.COUNTERS["launch:main_bwd"] - before
+    assert groups == H // 32  # three groups of 32, one launch each under the default budget
+    per_row_head_wide = [s for s in launcher.shapes if s[:2] == (R, H) and len(s) == 3]
+    assert per_row_head_wide == [(R, H, d_k)], "only dq itself may be [R, H, width]"
+
+
 def test_shard_scratch_is_bounded_and_independent_of_s():
     p = wrapper.Problem(B=1, S=4096, S_kv=8192, H=64, L=2048, d_k=576, d_v=512, block_h=32,
                         dkv_buf_bytes=wrapper.DEFAULT_DKV_BUF_BYTES, dkv_design="shards")
@@ -177,9 +201,9 @@ class _RecordingAtomicModel(ModelLauncher):
         self.accumulators.append(src.clone())
         super().cast_bf16(src, dst)
 
-    def fixed_to_bf16(self, acc, row_scale, flag, dst):
+    def fixed_to_bf16(self, acc, row_scale, dst):
         self.accumulators.append(acc.clone())
-        super().fixed_to_bf16(acc, row_scale, flag, dst)
+        super().fixed_to_bf16(acc, row_scale, dst)
 
 
 def test_atomic_model_is_not_bitwise_reproducible():
