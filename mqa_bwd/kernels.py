@@ -157,6 +157,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
     BS = BLOCK_SLOTS
     NB = Lp // BS
     block_H = main_tile_heads(Hg)
+    DKV_SPLIT = 2 if Dv % 32 == 0 else 1
+    Dc = Dv // DKV_SPLIT
     # 8 warps need a tile of at least 32 head rows to partition the GEMMs.
     threads = threads or (256 if block_H >= 32 else 128)
     n_warps = threads // 32
@@ -201,6 +203,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
             # would otherwise put 8 lanes on one bank (row stride 512 words).
             dKV_s = T.alloc_shared((BS, Dv + 4), f32)
             slot = T.alloc_shared((BS,), i32)
+            lse_s = T.alloc_shared((block_H,), f32)
+            delta_s = T.alloc_shared((block_H,), f32)
             leader = T.alloc_shared((BS,), i32)
             if has_tail:
                 Qt_s = T.alloc_shared((block_H, Dt), bf16)
@@ -213,7 +217,9 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
             acc_s = T.alloc_fragment((block_H, BS), f32)
             acc_dp = T.alloc_fragment((block_H, BS), f32)
             acc_dq = T.alloc_fragment((block_H, Dv), f32)
-            acc_dkv = T.alloc_fragment((BS, Dv), f32)
+            # dKV of a slot block is produced in DKV_SPLIT column chunks: a
+            # fragment of the whole width would keep 64 more registers live.
+            acc_dkv = T.alloc_fragment((BS, Dv // DKV_SPLIT), f32)
             if mode == "fixed":
                 row_scale = T.alloc_shared((BS,), f32)
                 mass = T.alloc_fragment((block_H, BS), f32)
@@ -244,6 +250,11 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
                 if has_tail:
                     T.copy(Q[r, h0 : h0 + block_H, Dv:Dk], Qt_s)
                 T.copy(dO[r, h0 : h0 + block_H, 0:Dv], dO_s)
+                # Staged once per row: the slot loop then indexes shared memory,
+                # not [R, HQ] tensors (their 64-bit addressing costs registers).
+                for h in T.Parallel(block_H):
+                    lse_s[h] = Lse2[r, h0 + h]
+                    delta_s[h] = Delta[r, h0 + h]
                 T.clear(acc_dq)
                 if has_tail:
                     T.clear(acc_dqt)
@@ -276,7 +287,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
                     for h, j in T.Parallel(block_H, BS):
                         acc_s[h, j] = T.if_then_else(
                             (slot[j] >= 0) and (slot[j] < NKV),
-                            T.exp2(acc_s[h, j] * scale_log2 - Lse2[r, h0 + h]),
+                            T.exp2(acc_s[h, j] * scale_log2 - lse_s[h]),
                             T.cast(0, f32),
                         )
                     T.copy(acc_s, P_s)
@@ -287,7 +298,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
                     # dP = dO KV_v^T; dS = P * (dP - Delta) * sm_scale.
                     T.gemm(dO_s, KV_s, acc_dp, transpose_B=True, clear_accum=True)
                     for h, j in T.Parallel(block_H, BS):
-                        acc_dp[h, j] = acc_s[h, j] * (acc_dp[h, j] - Delta[r, h0 + h]) * sm_scale
+                        acc_dp[h, j] = acc_s[h, j] * (acc_dp[h, j] - delta_s[h]) * sm_scale
                     T.copy(acc_dp, dS_s)
 
                     # dQ += dS KV.
@@ -297,9 +308,10 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
 
                     if mode != "none":
                         # dKV of this slot block = dS^T Q (all columns) + P^T dO (first Dv).
-                        T.gemm(dS_s, Q_s, acc_dkv, transpose_A=True, clear_accum=True)
-                        T.gemm(P_s, dO_s, acc_dkv, transpose_A=True)
-                        T.copy(acc_dkv, dKV_s[0:BS, 0:Dv])
+                        for c in T.unroll(DKV_SPLIT):
+                            T.gemm(dS_s, Q_s[0:block_H, c * Dc : (c + 1) * Dc], acc_dkv, transpose_A=True, clear_accum=True)
+                            T.gemm(P_s, dO_s[0:block_H, c * Dc : (c + 1) * Dc], acc_dkv, transpose_A=True)
+                            T.copy(acc_dkv, dKV_s[0:BS, c * Dc : (c + 1) * Dc])
                         if has_tail:
                             T.gemm(dS_s, Qt_s, acc_dkvt, transpose_A=True, clear_accum=True)
                             T.copy(acc_dkvt, dKVt_s[0:BS, 0:Dt])
