@@ -66,6 +66,7 @@ the same bits on every run, whatever the chunking or the device's scheduling.
 import torch
 
 from . import kernels as K
+from . import launch
 
 #: Every partial sum of a kv row's column stays at or below 2**(PARTIAL_SUM_BITS + 1).
 PARTIAL_SUM_BITS = 61
@@ -95,8 +96,22 @@ def plan(query, grad_out, delta, kv_v, slots, sm_scale: float):
     B, S, H = query.shape[:3]
     R, NKV, d_v = B * S, kv_v.shape[0], kv_v.shape[1]
     scale = abs(float(sm_scale))
-    # Rows with no valid slot contribute nothing, whatever their values.
-    live_row = (slots >= 0).any(dim=1).view(R, 1)
+    # Rows with no valid slot contribute nothing, whatever their values. Only
+    # kv rows some slot points at receive anything; the others keep an exact
+    # zero whatever their values (scale 1, nothing added). Both are found a
+    # bounded number of slots at a time (int64 indices of every slot at once
+    # would be the largest temporary of the call). Invalid slots mark a spare
+    # entry: every write is True, so the order of duplicate writes cannot
+    # matter, and no mask means no host sync.
+    live_row = torch.empty((R,), dtype=torch.bool, device=query.device)
+    referenced = torch.zeros(NKV + 1, dtype=torch.bool, device=query.device)
+    step = max(1, launch.INDEX_STEP // slots.shape[1])
+    for r0 in range(0, R, step):
+        part = slots[r0 : r0 + step]
+        live_row[r0 : r0 + step] = (part >= 0).any(dim=1)
+        referenced[torch.where(part >= 0, part, NKV).long()] = True
+    referenced = referenced[:NKV]
+    live_row = live_row.view(R, 1)
     zero = torch.zeros((), dtype=torch.float64, device=query.device)
     mq = torch.where(live_row, _max_abs(query.reshape(R, H, -1)), zero)
     mdo = torch.where(live_row, _max_abs(grad_out.reshape(R, H, -1)), zero)
@@ -110,13 +125,6 @@ def plan(query, grad_out, delta, kv_v, slots, sm_scale: float):
     a_max_r, b_max_r = a_max.repeat_interleave(S, dim=0), b_max.repeat_interleave(S, dim=0)  # [R, 1]
     allowance = MASS_LIMIT * torch.minimum(torch.where(a > 0, a_max_r / a, inf), torch.where(b > 0, b_max_r / b, inf))
 
-    # Only kv rows some slot points at receive anything; the others keep an
-    # exact zero whatever their values (scale 1, nothing added).
-    # (Invalid slots write to a spare entry: every write is True, so the order
-    # of duplicate writes cannot matter, and no mask means no host sync.)
-    referenced = torch.zeros(NKV + 1, dtype=torch.bool, device=query.device)
-    referenced[torch.where(slots >= 0, slots, NKV).long()] = True
-    referenced = referenced[:NKV]
     mv = torch.where(referenced, _max_abs(kv_v), zero).reshape(B, NKV // B)
     bounds = live * MASS_LIMIT * (mv * a_max + b_max)
 

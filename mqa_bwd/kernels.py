@@ -157,11 +157,17 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
     BS = BLOCK_SLOTS
     NB = Lp // BS
     block_H = main_tile_heads(Hg)
-    DKV_SPLIT = 2 if Dv % 32 == 0 else 1
-    Dc = Dv // DKV_SPLIT
     # 8 warps need a tile of at least 32 head rows to partition the GEMMs.
     threads = threads or (256 if block_H >= 32 else 128)
     n_warps = threads // 32
+    # dKV of a slot block is produced in DKV_SPLIT column chunks of Dc, so that
+    # its accumulator fragment holds at most 32 fp32 per thread (16 in the
+    # scratch-writing modes, whose stores hold more): the whole width would
+    # keep 64 more registers live and spill at 255 (tests/test_kernels_compile).
+    per_thread = 16 if mode in ("write", "accumulate", "shard") else 32
+    split = max(1, BS * Dv // (threads * per_thread))
+    DKV_SPLIT = split if Dv % (split * 16) == 0 else 1
+    Dc = Dv // DKV_SPLIT
     if mode == "fixed" and (Dv % 32 or (Dk - Dv) % 32 or BLOCK_SLOTS % n_warps):
         raise ValueError(f"fixed mode needs Dv and Dk - Dv multiples of 32, got Dk={Dk}, Dv={Dv}")
     f32, bf16, i32 = "float32", "bfloat16", "int32"
@@ -217,9 +223,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
             acc_s = T.alloc_fragment((block_H, BS), f32)
             acc_dp = T.alloc_fragment((block_H, BS), f32)
             acc_dq = T.alloc_fragment((block_H, Dv), f32)
-            # dKV of a slot block is produced in DKV_SPLIT column chunks: a
-            # fragment of the whole width would keep 64 more registers live.
-            acc_dkv = T.alloc_fragment((BS, Dv // DKV_SPLIT), f32)
+            acc_dkv = T.alloc_fragment((BS, Dc), f32)
             if mode == "fixed":
                 row_scale = T.alloc_shared((BS,), f32)
                 mass = T.alloc_fragment((block_H, BS), f32)
@@ -586,12 +590,9 @@ def gpu_configs(widths=GPU_WIDTHS, group_widths=(16, 32)):
                 yield ("main_bwd", heads, d_k, d_v, mode)
 
 
-def ptx_of(config) -> str:
-    """PTX of a compiled configuration, assembled with the machine's nvcc (no GPU needed).
-
-    PTX shows every atomic the kernel can issue (atom.*, red.*), whether it came
-    from the kernel body or from a library template it includes.
-    """
+def _nvcc(config, output: str, code: str, extra=()):
+    """Compile a configuration's CUDA source with the machine's nvcc (no GPU needed):
+    (the output file's text, nvcc's stderr)."""
     import os
     import subprocess
     import tempfile
@@ -601,16 +602,42 @@ def ptx_of(config) -> str:
     source = compiled(*config).get_kernel_source()
     nvcc = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
     with tempfile.TemporaryDirectory() as tmp:
-        cu, ptx = os.path.join(tmp, "kernel.cu"), os.path.join(tmp, "kernel.ptx")
+        cu, out = os.path.join(tmp, "kernel.cu"), os.path.join(tmp, "kernel.out")
         with open(cu, "w") as f:
             f.write(source)
-        subprocess.run(
-            [nvcc, "-ptx", "-std=c++17", "-gencode=arch=compute_90a,code=compute_90a", "-DENABLE_BF16",
-             "-I" + env.TILELANG_TEMPLATE_PATH, "-I" + env.CUTLASS_INCLUDE_DIR, "-w", cu, "-o", ptx],
+        done = subprocess.run(
+            [nvcc, output, "-std=c++17", f"-gencode=arch=compute_90a,code={code}", "-DENABLE_BF16",
+             "-I" + env.TILELANG_TEMPLATE_PATH, "-I" + env.CUTLASS_INCLUDE_DIR, "-w", *extra, cu, "-o", out],
             check=True, capture_output=True, text=True,
         )
-        with open(ptx) as f:
-            return f.read()
+        with open(out, errors="replace") as f:
+            return f.read(), done.stderr
+
+
+def ptx_of(config) -> str:
+    """PTX of a compiled configuration.
+
+    PTX shows every atomic the kernel can issue (atom.*, red.*), whether it came
+    from the kernel body or from a library template it includes.
+    """
+    return _nvcc(config, "-ptx", "compute_90a")[0]
+
+
+def ptxas_info(config) -> dict:
+    """ptxas's resource report for sm_90a: registers, spill_stores, spill_loads (bytes), stack (bytes)."""
+    import re
+
+    report = _nvcc(config, "-cubin", "sm_90a", ("-Xptxas", "-v"))[1]
+    numbers = {
+        "registers": r"Used (\d+) registers",
+        "spill_stores": r"(\d+) bytes spill stores",
+        "spill_loads": r"(\d+) bytes spill loads",
+        "stack": r"(\d+) bytes stack frame",
+    }
+    found = {key: re.findall(pattern, report) for key, pattern in numbers.items()}
+    if not all(found.values()):
+        raise RuntimeError(f"unexpected ptxas report for {config}:\n{report}")
+    return {key: max(int(v) for v in values) for key, values in found.items()}
 
 
 def _compile_source(config):

@@ -18,6 +18,10 @@ import torch
 
 from . import kernels as K
 
+#: Host-side index layout work (slots, referenced kv rows) goes this many slots
+#: at a time, so its int64 temporaries stay bounded whatever S and L.
+INDEX_STEP = 1 << 24
+
 COUNTERS = collections.Counter()
 _lock = threading.Lock()
 _guards = threading.local()

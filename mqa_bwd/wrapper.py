@@ -311,13 +311,16 @@ def per_head(fn, rows: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
 
 def global_slots(token_indices: torch.Tensor, p: Problem) -> torch.Tensor:
     """[B,S,L] any integer -> [R, Lp] int32: b*S_kv + index when 0 <= index < S_kv, else -1."""
-    idx = token_indices.to(torch.int64)
-    valid = (idx >= 0) & (idx < p.S_kv)
-    base = (torch.arange(p.B, device=idx.device, dtype=torch.int64) * p.S_kv).view(p.B, 1, 1)
-    g = torch.where(valid, idx + base, torch.full_like(idx, -1)).reshape(p.rows, p.L)
-    if p.padded_slots != p.L:
-        g = torch.nn.functional.pad(g, (0, p.padded_slots - p.L), value=-1)
-    return g.to(torch.int32).contiguous()
+    flat = token_indices.reshape(p.rows, p.L)
+    slots = torch.full((p.rows, p.padded_slots), -1, dtype=torch.int32, device=flat.device)
+    step = max(1, L.INDEX_STEP // p.L)
+    for r0 in range(0, p.rows, step):
+        idx = flat[r0 : r0 + step].to(torch.int64)
+        valid = (idx >= 0) & (idx < p.S_kv)
+        batch = torch.arange(r0, r0 + idx.shape[0], device=idx.device, dtype=torch.int64) // p.S
+        # B*S_kv < 2**31 (validated), so every valid global row fits int32.
+        slots[r0 : r0 + step, : p.L] = torch.where(valid, idx + (batch * p.S_kv).view(-1, 1), -1)
+    return slots
 
 
 @dataclasses.dataclass

@@ -2,7 +2,8 @@
 and only the atomic control can issue a floating-point atomic: the fixed-point
 mode issues 64-bit integer adds only (exact, so order-free), every other
 deterministic kernel none. A change that brings floating-point atomics into
-the deterministic path fails here, without a GPU."""
+the deterministic path fails here, without a GPU; so does one that makes the
+main kernel spill registers."""
 
 import re
 import shutil
@@ -61,3 +62,15 @@ def test_only_the_atomic_control_has_floating_point_atomics(config):
 def test_head_tile_rule():
     # SPEC: padded_H = max(next_power_of_2(H), 16), block_H = min(64, padded_H).
     assert [K.main_tile_heads(h) for h in (1, 8, 15, 16, 17, 32, 33, 64, 65, 128)] == [16, 16, 16, 16, 32, 32, 64, 64, 64, 64]
+
+
+MAIN_CONFIGS = [c for c in CONFIGS if c[0] == "main_bwd" and c[2:4] == (576, 512)]
+
+
+@pytest.mark.parametrize("config", MAIN_CONFIGS, ids=_id)
+def test_main_kernel_does_not_spill_registers(config):
+    # One CTA per SM at up to 255 registers a thread: a kernel change that
+    # pushes live values past that spills to local memory inside the slot loop.
+    info = K.ptxas_info(config)
+    assert info["registers"] <= 255
+    assert info["spill_stores"] == info["spill_loads"] == info["stack"] == 0, f"{_id(config)}: {info}"

@@ -76,6 +76,19 @@ def test_scratch_budget_changes_no_bit(design):
         assert diff is None, diff
 
 
+@pytest.mark.parametrize("step", [1, 100])
+def test_index_layout_in_bounded_steps_changes_no_bit(monkeypatch, step):
+    # The slot layout and the fixed-point plan scan the indices a bounded
+    # number of slots at a time; the step must not show in any output.
+    case = Case(B=2, S=7, S_kv=9, H=20, L=40, invalid=INVALID_KINDS, hole_rate=0.2, empty_rows=1, seed=12)
+    inputs = to_framework(case.inputs())
+    whole = call_design(inputs, "fixed")
+    monkeypatch.setattr(launch, "INDEX_STEP", step)
+    stepped = call_design(inputs, "fixed")
+    for name, a, b in zip(("dq", "dkv", "d_attn_sink"), whole, stepped):
+        assert torch.equal(a, b), name
+
+
 def test_designs_share_dq_and_dsink_bitwise():
     case = Case(B=1, S=9, S_kv=5, H=16, L=33, d_k=32, d_v=16, duplicates=True, seed=8)
     inputs = to_framework(case.inputs())
