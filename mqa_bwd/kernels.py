@@ -166,7 +166,9 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
     # keep 64 more registers live and spill at 255 (tests/test_kernels_compile).
     per_thread = 16 if mode in ("write", "accumulate", "shard") else 32
     split = max(1, BS * Dv // (threads * per_thread))
-    DKV_SPLIT = split if Dv % (split * 16) == 0 else 1
+    while Dv % (split * 16):  # chunks must be whole 16-column GEMM tiles
+        split -= 1
+    DKV_SPLIT = split
     Dc = Dv // DKV_SPLIT
     if mode == "fixed" and (Dv % 32 or (Dk - Dv) % 32 or BLOCK_SLOTS % n_warps):
         raise ValueError(f"fixed mode needs Dv and Dk - Dv multiples of 32, got Dk={Dk}, Dv={Dv}")

@@ -71,9 +71,11 @@ class Launcher:
 
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, heads=None, head_base=0,
                  shard_base=0, n_shards=1, row_scale=None, allowance=None, flag=None):
-        """One head group: ``heads`` heads (default: all of q's) from ``head_base`` of the
-        [R, HQ, ...] tensors q, grad_out, lse2, delta, dq (and allowance).
-        ``row_scale`` [NKV] f32, ``allowance`` [R, HQ] f32 and ``flag`` [R] i32: "fixed" mode only."""
+        """One head group: ``heads`` heads from ``head_base`` of the [R, HQ, ...] tensors q,
+        grad_out, lse2, delta, dq (and allowance). The kernel's tile is
+        ``main_tile_heads(heads)`` rows, whatever ``heads`` is (SPEC); ``heads``
+        defaults to HQ. ``row_scale`` [NKV] f32, ``allowance`` [R, HQ] f32 and
+        ``flag`` [R] i32: "fixed" mode only."""
         raise NotImplementedError
 
     def shard_fold(self, dkv_shards, dkv_acc):
@@ -117,9 +119,9 @@ class TileLangLauncher(Launcher):
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, heads=None, head_base=0,
                  shard_base=0, n_shards=1, row_scale=None, allowance=None, flag=None):
         kernel = K.compiled("main_bwd", heads or q.shape[1], q.shape[2], grad_out.shape[2], mode)
-        if row_scale is None:  # other modes never read them; the signature is shared
+        if row_scale is None:  # other modes never touch them; the signature is shared
             row_scale = torch.empty((kv.shape[0],), dtype=torch.float32, device=kv.device)
-            allowance = torch.empty_like(lse2)
+            allowance = lse2  # the right shape, never read
             flag = torch.empty((q.shape[0],), dtype=torch.int32, device=kv.device)
         self.launched("main_bwd")
         kernel(q, kv, grad_out, indices, lse2, delta, dq, dkv, row_scale, allowance, flag, float(sm_scale),

@@ -33,9 +33,9 @@ from .wrapper import per_head
 class TileBoundsError(IndexError):
     """A kernel touched a row outside a tensor."""
 
-    def __init__(self, kernel: str, tensor: str, row: int, extent: int, axis: str = "row"):
+    def __init__(self, kernel: str, tensor: str, row: int, extent: int, axis: str = "row", first: int = 0):
         self.kernel, self.tensor, self.row, self.extent = kernel, tensor, row, extent
-        super().__init__(f"{kernel}: {tensor} {axis} {row} is outside [0, {extent})")
+        super().__init__(f"{kernel}: {tensor} {axis} {row} is outside [{first}, {extent})")
 
 
 def _check_rows(kernel, tensor, t: torch.Tensor, axis: int, first: int, end: int, axis_name="row"):
@@ -113,13 +113,18 @@ class ModelLauncher(Launcher):
         Dv = grad_out.shape[2]
         Lp = indices.shape[1]
         BS = K.BLOCK_SLOTS
-        block_H = K.main_tile_heads(heads or q.shape[1])
+        heads = heads or q.shape[1]
+        block_H = K.main_tile_heads(heads)
         h0, h1 = head_base, head_base + block_H
         if Lp % BS:
             raise TileBoundsError(kernel, "Indices", Lp, Lp - Lp % BS, "slot")
         # The CTA moves head rows [h0, h0 + block_H) of Q, dO, Lse2 and Delta and
         # stores those rows of dQ, whatever the group is (in the order the kernel
-        # touches them).
+        # touches them). A tile wider than the group reads and writes the next
+        # group's rows (#1784), inside the tensor or past its end.
+        if block_H > heads:
+            end = min(h0 + heads, q.shape[1])
+            raise TileBoundsError(kernel, "Q", end, end, "head row", first=h0)
         _check_rows(kernel, "Q", q, 1, h0, h1, "head row")
         _check_rows(kernel, "dO", grad_out, 1, h0, h1, "head row")
         for name, t in (("Indices", indices), ("Lse2", lse2), ("Delta", delta), ("dO", grad_out), ("dQ", dq)):

@@ -22,9 +22,12 @@ in a fixed row order and folded in shard order. Scratch is bounded by
 budget gives bitwise identical dq, dkv and d_attn_sink.
 
 The main kernel reads each head group in place from the [R, H_padded, ...]
-tensors (a head offset per launch), so the only scratch that grows with S is
-O(S * H) floats (Lse2, Delta, the fixed-point allowance), and the head padding
-copies when H is not a multiple of the group width.
+tensors (a head offset per launch): no per-group copies. What else grows with
+S: the int32 slot layout [R, Lp] (built a bounded number of slots at a time),
+a few floats or flags per (row, head) (Lse2, Delta, the d_sink rows, the
+fixed-point allowance and row flags), the "slots" design's int64 CSR keys, and
+the zero-padded copies of q, out and grad_out when H is not a multiple of the
+group width.
 """
 
 import dataclasses

@@ -64,13 +64,9 @@ def test_head_tile_rule():
     assert [K.main_tile_heads(h) for h in (1, 8, 15, 16, 17, 32, 33, 64, 65, 128)] == [16, 16, 16, 16, 32, 32, 64, 64, 64, 64]
 
 
-MAIN_CONFIGS = [c for c in CONFIGS if c[0] == "main_bwd" and c[2:4] == (576, 512)]
-
-
-@pytest.mark.parametrize("config", MAIN_CONFIGS, ids=_id)
+@pytest.mark.parametrize("config", [c for c in CONFIGS if c[0] == "main_bwd"], ids=_id)
 def test_main_kernel_does_not_spill_registers(config):
     # One CTA per SM at up to 255 registers a thread: a kernel change that
     # pushes live values past that spills to local memory inside the slot loop.
     info = K.ptxas_info(config)
-    assert info["registers"] <= 255
     assert info["spill_stores"] == info["spill_loads"] == info["stack"] == 0, f"{_id(config)}: {info}"

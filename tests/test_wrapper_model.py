@@ -131,28 +131,49 @@ def test_fixed_point_scratch_is_independent_of_s_and_l(S):
     assert p.design == "fixed" and p.fixed_bytes == 8192 * 576 * 8
 
 
-class _AllocationLog(ModelLauncher):
+class _LaunchLog(ModelLauncher):
+    """Records what every main_bwd launch was handed."""
+
     def __init__(self):
         super().__init__()
-        self.shapes = []
+        self.launches = []
 
-    def _allocate(self, shape, dtype):
-        self.shapes.append(tuple(shape))
-        return super()._allocate(shape, dtype)
+    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, **kw):
+        self.launches.append({"q": q, "dO": grad_out, "dQ": dq, **kw})
+        super().main_bwd(q, kv, grad_out, indices, lse2, delta, dq, dkv, **kw)
 
 
 @pytest.mark.parametrize("design", wrapper.DKV_DESIGNS)
 def test_head_groups_are_read_in_place_not_copied(design):
-    # Per-group copies of q, dO and dq would make scratch grow with S * H * Dk.
-    R, H, d_k = 10, 96, 32
-    inputs = to_framework(Case(B=2, S=5, S_kv=9, H=H, L=33, d_k=d_k, d_v=16, seed=4).inputs())
-    launcher = _AllocationLog()
-    before = launch.COUNTERS["launch:main_bwd"]
+    # Per-group copies of q, dO and dq would make scratch grow with S * H * Dk:
+    # every group's launch gets the caller's q and grad_out storage, one dq,
+    # and its own head offset.
+    H = 96
+    inputs = to_framework(Case(B=2, S=5, S_kv=9, H=H, L=33, d_k=32, d_v=16, seed=4).inputs())
+    launcher = _LaunchLog()
     call_design(inputs, design, launcher=launcher)
-    groups = launch.COUNTERS["launch:main_bwd"] - before
-    assert groups == H // 32  # three groups of 32, one launch each under the default budget
-    per_row_head_wide = [s for s in launcher.shapes if s[:2] == (R, H) and len(s) == 3]
-    assert per_row_head_wide == [(R, H, d_k)], "only dq itself may be [R, H, width]"
+    assert [(x["heads"], x["head_base"]) for x in launcher.launches] == [(32, 0), (32, 32), (32, 64)]
+    for x in launcher.launches:
+        assert x["q"].data_ptr() == inputs["query"].data_ptr()
+        assert x["dO"].data_ptr() == inputs["grad_out"].data_ptr()
+        assert x["dQ"].data_ptr() == launcher.launches[0]["dQ"].data_ptr() and x["dQ"].shape[1] == H
+
+
+def test_a_tile_wider_than_its_group_is_caught_inside_a_wider_tensor():
+    # #1784 in place: a group of 8 heads at head_base 8 of a 32-head tensor. The
+    # 16-row tile would read and write heads 16-23 (the next group's), still
+    # inside the tensor, where no guard band can see it.
+    R, HQ, Dk, Dv, NKV = 2, 32, 32, 16, 4
+    t = {
+        "q": torch.zeros((R, HQ, Dk), dtype=torch.bfloat16), "kv": torch.zeros((NKV, Dk), dtype=torch.bfloat16),
+        "grad_out": torch.zeros((R, HQ, Dv), dtype=torch.bfloat16), "indices": torch.zeros((R, 32), dtype=torch.int32),
+        "lse2": torch.zeros((R, HQ)), "delta": torch.zeros((R, HQ)), "dq": torch.zeros((R, HQ, Dk), dtype=torch.bfloat16),
+        "dkv": torch.zeros((NKV, Dk)),
+    }
+    with pytest.raises(TileBoundsError, match=r"main_bwd: Q head row 16 is outside \[8, 16\)"):
+        ModelLauncher(deterministic=False).main_bwd(*t.values(), sm_scale=1.0, mode="atomic", heads=8, head_base=8)
+    # The same group in 16-head steps is legal.
+    ModelLauncher(deterministic=False).main_bwd(*t.values(), sm_scale=1.0, mode="atomic", heads=16, head_base=16)
 
 
 def test_shard_scratch_is_bounded_and_independent_of_s():
