@@ -36,9 +36,9 @@ contributes nothing and is exempt. The kernel checks ``m_rh <=
 allowance[r, h] = MASS_LIMIT * min(a_max / a_rh, b_max / b_rh)`` for every
 row and head, and that no mass is NaN, and flags the row otherwise; every
 kv row of a flagged row's batch element then comes back NaN (the proof of
-that element no longer holds; the others' still does), never silently wrong. The bf16 roundings of P and dS
-(unit roundoff 2**-8 each) and the fp32 products inflate the bound by about
-2%. ``k_j`` is the largest exponent with ``bound_j * 2**k_j <= 2**61``, so
+that element no longer holds; the others' still does), never silently
+wrong. The bf16 roundings of P and dS (unit roundoff 2**-8 each) and the
+fp32 products inflate the bound by about 2%. ``k_j`` is the largest exponent with ``bound_j * 2**k_j <= 2**61``, so
 every partial sum, with its per-contribution integer rounding (at most 1/2
 each), stays below 2**62 < 2**63.
 
