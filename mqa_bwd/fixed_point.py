@@ -105,10 +105,9 @@ def plan(query, grad_out, delta, kv_v, slots, sm_scale: float):
     # matter, and no mask means no host sync.
     live_row = torch.empty((R,), dtype=torch.bool, device=query.device)
     referenced = torch.zeros(NKV + 1, dtype=torch.bool, device=query.device)
-    step = max(1, launch.INDEX_STEP // slots.shape[1])
-    for r0 in range(0, R, step):
-        part = slots[r0 : r0 + step]
-        live_row[r0 : r0 + step] = (part >= 0).any(dim=1)
+    for rows in launch.index_row_slices(R, slots.shape[1]):
+        part = slots[rows]
+        live_row[rows] = (part >= 0).any(dim=1)
         referenced[torch.where(part >= 0, part, NKV).long()] = True
     referenced = referenced[:NKV]
     live_row = live_row.view(R, 1)

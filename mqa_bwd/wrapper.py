@@ -316,13 +316,12 @@ def global_slots(token_indices: torch.Tensor, p: Problem) -> torch.Tensor:
     """[B,S,L] any integer -> [R, Lp] int32: b*S_kv + index when 0 <= index < S_kv, else -1."""
     flat = token_indices.reshape(p.rows, p.L)
     slots = torch.full((p.rows, p.padded_slots), -1, dtype=torch.int32, device=flat.device)
-    step = max(1, L.INDEX_STEP // p.L)
-    for r0 in range(0, p.rows, step):
-        idx = flat[r0 : r0 + step].to(torch.int64)
+    for rows in L.index_row_slices(p.rows, p.L):
+        idx = flat[rows].to(torch.int64)
         valid = (idx >= 0) & (idx < p.S_kv)
-        batch = torch.arange(r0, r0 + idx.shape[0], device=idx.device, dtype=torch.int64) // p.S
+        batch = torch.arange(rows.start, rows.stop, device=idx.device, dtype=torch.int64) // p.S
         # B*S_kv < 2**31 (validated), so every valid global row fits int32.
-        slots[r0 : r0 + step, : p.L] = torch.where(valid, idx + (batch * p.S_kv).view(-1, 1), -1)
+        slots[rows, : p.L] = torch.where(valid, idx + (batch * p.S_kv).view(-1, 1), -1)
     return slots
 
 

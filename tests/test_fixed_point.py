@@ -195,7 +195,7 @@ def test_a_head_with_zero_q_and_grad_out_may_have_any_mass():
     assert torch.isfinite(result.float()).all() and torch.equal(result, reference)
 
 
-def test_non_finite_kv_rows_poison_their_dkv_row_only_when_read():
+def test_non_finite_kv_rows_poison_dkv_only_when_read():
     host = _case().inputs()
     referenced = sorted(set(np.asarray(host["token_indices"]).reshape(-1).tolist()) & set(range(40)))
     spare = next(j for j in range(40) if j not in referenced)

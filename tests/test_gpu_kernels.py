@@ -129,7 +129,7 @@ def test_fixed_point_flag_poisons_only_the_flagged_batch_element():
     assert torch.equal(dkv3[1], dkv[1])
 
 
-def test_fixed_point_non_finite_kv_rows_poison_their_row_only_when_read():
+def test_fixed_point_non_finite_kv_rows_poison_dkv_only_when_read():
     case = Case(B=1, S=5, S_kv=300, H=16, L=33, d_k=576, d_v=512, seed=8)
     host = case.inputs()
     used = sorted(set(host["token_indices"].reshape(-1).tolist()) & set(range(300)))

@@ -49,7 +49,6 @@ def test_mutant_is_killed(name, ours, record_property):
     )
 
 
-
 def _pytest(*args, cwd):
     import subprocess
     import sys

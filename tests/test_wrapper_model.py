@@ -24,7 +24,7 @@ def call(inputs, **kw):
 
 
 def call_design(inputs, design, dkv_buf_bytes=None, launcher=None):
-    """The wrapper with the deterministic dKV design forced ("shards" or "slots")."""
+    """The wrapper with the deterministic dKV design forced (one of wrapper.DKV_DESIGNS)."""
     return wrapper.backward_with(launcher or ModelLauncher(), *[inputs[k] for k in ARGS],
                                  dkv_buf_bytes=dkv_buf_bytes, dkv_design=design)
 
