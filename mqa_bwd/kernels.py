@@ -46,11 +46,6 @@ def next_power_of_2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-def main_config(heads: int, d_k: int, d_v: int, mode: str, cluster: int = 1) -> tuple:
-    """The compiled() key of a main_bwd configuration (one head group per CTA: no cluster entry)."""
-    return ("main_bwd", heads, d_k, d_v, mode) + ((cluster,) if cluster > 1 else ())
-
-
 def main_tile_heads(heads: int) -> int:
     """The head tile the main backward derives from the H it is handed."""
     return min(64, max(next_power_of_2(heads), 16))
@@ -121,96 +116,12 @@ def delta_program(d_v: int, threads: int = 128):
     return delta
 
 
-# Cluster head groups (SM90 thread-block clusters): the C CTAs of a cluster
-# take the same query row and C consecutive head groups. After each slot
-# block, CTA k issues the global adds for its 1/C of the slots, each the sum
-# of all C CTAs' contributions read through distributed shared memory, so a
-# row's dKV leaves the SM once instead of once per head group. The barriers
-# carry release/acquire semantics at cluster scope, and the "memory" clobbers
-# keep the compiler from moving shared-memory accesses across them.
-CLUSTER_PRELUDE = r"""
-__device__ __forceinline__ void mqa_cluster_arrive() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void mqa_cluster_wait() {
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// Both helpers add one slot's row of dKV_s (src, at the same shared-memory
-// offset in every CTA of the cluster) into kv row kv_row of a [nkv, STRIDE]
-// tensor, from the column dst_col points at; nothing when kv_row is invalid.
-// Fixed point: dst[lane + 32c] += sum over CTAs p of rint(src_p[lane + 32c] * scale)
-// for c < N, one red.global.add.u64 per element. Each term is rounded as a
-// CTA of its own would round it, and integer addition is associative (mod
-// 2^64), so the result has the bits of C separate adds. All loads first: their
-// latencies overlap.
-template <int C, int N, int STRIDE, typename Dst>
-__device__ __forceinline__ void mqa_cluster_red_fixed(Dst* dst_col, int kv_row, int nkv, const float* src, float scale,
-                                                      int lane) {
-  if (kv_row < 0 || kv_row >= nkv) return;
-  Dst* dst = dst_col + static_cast<long long>(kv_row) * STRIDE;
-  unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(src + lane));
-  float v[C][N];
-#pragma unroll
-  for (int p = 0; p < C; ++p) {
-    unsigned remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(p));
-#pragma unroll
-    for (int c = 0; c < N; ++c)
-      asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v[p][c]) : "r"(remote + 128u * c) : "memory");
-  }
-#pragma unroll
-  for (int c = 0; c < N; ++c) {
-    unsigned long long sum = 0;
-#pragma unroll
-    for (int p = 0; p < C; ++p) sum += static_cast<unsigned long long>(__float2ll_rn(v[p][c] * scale));
-    atomicAdd(reinterpret_cast<unsigned long long*>(dst + lane + 32 * c), sum);
-  }
-}
-// The control: dst[4 lane + 128c .. +4] += the fp32 sum over CTAs p in rank
-// order, one red.global.add.v4.f32 per 4 columns; lanes >= ACTIVE idle.
-template <int C, int N, int ACTIVE, int STRIDE>
-__device__ __forceinline__ void mqa_cluster_red_atomic(float* dst_col, int kv_row, int nkv, const float* src, float scale,
-                                                       int lane) {
-  if (kv_row < 0 || kv_row >= nkv || lane >= ACTIVE) return;
-  float* dst = dst_col + static_cast<long long>(kv_row) * STRIDE;
-  unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(src + 4 * lane));
-  float4 v[C][N];
-#pragma unroll
-  for (int p = 0; p < C; ++p) {
-    unsigned remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(p));
-#pragma unroll
-    for (int c = 0; c < N; ++c)
-      asm volatile("ld.shared::cluster.v4.f32 {%0, %1, %2, %3}, [%4];\n"
-                   : "=f"(v[p][c].x), "=f"(v[p][c].y), "=f"(v[p][c].z), "=f"(v[p][c].w)
-                   : "r"(remote + 512u * c) : "memory");
-  }
-#pragma unroll
-  for (int c = 0; c < N; ++c) {
-    float4 sum = v[0][c];
-#pragma unroll
-    for (int p = 1; p < C; ++p) {
-      sum.x += v[p][c].x; sum.y += v[p][c].y; sum.z += v[p][c].z; sum.w += v[p][c].w;
-    }
-    atomicAdd(reinterpret_cast<float4*>(dst + 4 * lane + 128 * c), sum);
-  }
-}
-"""
-CLUSTER_SIZES = (1, 2, 4)
+def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int = 0, threads: int = 0):
+    """The main backward for one head group of ``heads`` heads.
 
-
-def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int = 1, stages: int = 0, threads: int = 0):
-    """The main backward for ``cluster`` consecutive head groups of ``heads`` heads each.
-
-    Q, dO, Lse2, Delta, Allowance and dQ hold all HQ heads; a CTA moves the
-    tile's head rows [h0, h0 + main_tile_heads(heads)) of each, whatever HQ is
-    (the caller keeps the launch's range inside HQ), h0 = head_base + k * tile
-    for the CTA of rank k in its cluster.
-
-    cluster (1, 2 or 4; "fixed" and "atomic" only): the CTAs of a cluster take
-    one query row and consecutive head groups, and sum their dKV contributions
-    through distributed shared memory before the global adds (CLUSTER_PRELUDE):
-    1/cluster of the global adds. "fixed" gives the bits of separate launches.
+    Q, dO, Lse2, Delta, Allowance and dQ hold all HQ heads; the CTA moves the
+    tile's head rows [head_base, head_base + main_tile_heads(heads)) of each,
+    whatever HQ is (the caller keeps that range inside HQ).
 
     mode (how the per-slot dKV contributions leave the CTA):
       "write"       DKVSlot[r, j] = contribution           grid R, one CTA per row
@@ -236,8 +147,6 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     tilelang, T = _tl()
     if mode not in MAIN_MODES + ("none",):
         raise ValueError(f"mode: {mode!r}")
-    if cluster not in CLUSTER_SIZES or (cluster > 1 and mode not in ("fixed", "atomic")):
-        raise ValueError(f"cluster: {cluster} (1, 2 or 4, fixed and atomic modes only)")
     R = T.dynamic("R")
     HQ = T.dynamic("HQ")  # every head of the call; the group starts at head_base
     NKV = T.dynamic("NKV")
@@ -269,28 +178,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     RMW_SLOTS = 8
     dkv_shape = {"atomic": (NKV, Dk), "fixed": (NKV, Dk), "shard": (NSL, NKV, Dk), "none": (1,)}.get(mode, (R, Lp, Dk))
     dkv_dtype = "int64" if mode == "fixed" else "float32"
-    grid = NSL if mode == "shard" else R * cluster
+    grid = NSL if mode == "shard" else R
     has_tail = Dt > 0
-    C = cluster
-    share = BS // C  # slots whose global adds one CTA of the cluster issues
-    if C > 1 and (share % n_warps or Dv % 128 or Dt % 64 or Dt > 128):
-        raise ValueError(f"cluster {C} needs {n_warps} warps to divide {share} slots and Dv % 128 == Dt % 64 == 0")
-    kernel_args = {"threads": threads}
-    if C > 1:
-        kernel_args.update(cluster_dims=C, prelude=CLUSTER_PRELUDE)
-
-    if mode == "fixed":
-        red_main = f"mqa_cluster_red_fixed<{C}, {Dv // 32}, {Dk}>"
-        red_tail = f"mqa_cluster_red_fixed<{C}, {Dt // 32}, {Dk}>"
-    else:
-        red_main = f"mqa_cluster_red_atomic<{C}, {Dv // 128}, 32, {Dk}>"
-        red_tail = f"mqa_cluster_red_atomic<{C}, 1, {Dt // 4}, {Dk}>"
-
-    def mqa_cluster_arrive():
-        return T.call_extern("handle", "mqa_cluster_arrive")
-
-    def mqa_cluster_wait():
-        return T.call_extern("handle", "mqa_cluster_wait")
 
     @T.prim_func
     def main_bwd(
@@ -310,7 +199,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
         shard_base: T.int32,
         n_shards: T.int32,
     ):
-        with T.Kernel(grid, **kernel_args) as b:
+        with T.Kernel(grid, threads=threads) as b:
             scale_log2 = sm_scale * LOG2E
             Q_s = T.alloc_shared((block_H, Dv), bf16)
             dO_s = T.alloc_shared((block_H, Dv), bf16)
@@ -337,12 +226,10 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
             acc_dp = T.alloc_fragment((block_H, BS), f32)
             acc_dq = T.alloc_fragment((block_H, Dv), f32)
             acc_dkv = T.alloc_fragment((BS, Dc), f32)
-            if mode == "fixed" or C > 1:
-                row_scale = T.alloc_shared((BS,), f32)  # never filled in atomic mode
             if mode == "fixed":
+                row_scale = T.alloc_shared((BS,), f32)
                 mass = T.alloc_fragment((block_H, BS), f32)
                 mass_row = T.alloc_fragment((block_H,), f32)
-            if mode == "fixed" or C > 1:
                 kv_row = T.alloc_local((1,), i32)
                 scale_r = T.alloc_local((1,), f32)
                 warp = T.get_thread_binding() // 32
@@ -357,17 +244,14 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                 row_stride = n_shards
                 rows = T.max(0, T.ceildiv(R - first_row, row_stride))
             else:
-                first_row = b // C
+                first_row = b
                 row_stride = 1
                 rows = 1
-            if C > 1:
-                mqa_cluster_arrive()  # pairs with the first block's wait
             for it in T.serial(rows):
                 r = first_row + it * row_stride
                 # The tile is block_H head rows, whatever Hg is: the wrapper must hand
-                # groups of exactly block_H heads (SPEC, "the kernel's own tile").
-                # The rank of a CTA in its cluster is b % C (1-D grid and cluster).
-                h0 = head_base + (b % C) * block_H
+                # a group of exactly block_H heads (SPEC, "the kernel's own tile").
+                h0 = head_base
                 T.copy(Q[r, h0 : h0 + block_H, 0:Dv], Q_s)
                 if has_tail:
                     T.copy(Q[r, h0 : h0 + block_H, Dv:Dk], Qt_s)
@@ -428,8 +312,6 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                     if has_tail:
                         T.gemm(dS_s, KVt_s, acc_dqt)
 
-                    if C > 1:
-                        mqa_cluster_wait()  # every CTA has read the previous block's dKV_s
                     if mode != "none":
                         # dKV of this slot block = dS^T Q (all columns) + P^T dO (first Dv).
                         for c in T.unroll(DKV_SPLIT):
@@ -440,21 +322,6 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                             T.gemm(dS_s, Qt_s, acc_dkvt, transpose_A=True, clear_accum=True)
                             T.copy(acc_dkvt, dKVt_s[0:BS, 0:Dt])
 
-                    if C > 1:
-                        # dKV_s of every CTA of the cluster is complete; CTA k
-                        # adds slots [k * share, (k + 1) * share), warp w taking
-                        # slots w, w + n_warps, ... of them; then it arrives to
-                        # say it has read its peers' dKV_s.
-                        mqa_cluster_arrive()
-                        mqa_cluster_wait()
-                        for s_i in T.serial(share // n_warps):
-                            j = (b % C) * share + warp + s_i * n_warps
-                            T.call_extern("handle", red_main, T.address_of(dKV[0, 0]), slot[j], NKV,
-                                          T.address_of(dKV_s[j, 0]), row_scale[j], lane)
-                            if has_tail:
-                                T.call_extern("handle", red_tail, T.address_of(dKV[0, Dv]), slot[j], NKV,
-                                              T.address_of(dKVt_s[j, 0]), row_scale[j], lane)
-                        mqa_cluster_arrive()
                     if mode == "write":
                         T.copy(dKV_s[0:BS, 0:Dv], dKV[r, t * BS : (t + 1) * BS, 0:Dv])
                         if has_tail:
@@ -470,7 +337,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                                     old_t[j, d] = dKV[r, t * BS + g8 * RMW_SLOTS + j, Dv + d]
                                 for j, d in T.Parallel(RMW_SLOTS, Dt):
                                     dKV[r, t * BS + g8 * RMW_SLOTS + j, Dv + d] = old_t[j, d] + dKVt_s[g8 * RMW_SLOTS + j, d]
-                    elif mode == "fixed" and C == 1:
+                    elif mode == "fixed":
                         # SIMT: warp w takes slots w, w + n_warps, ...; its lanes
                         # walk the row 32 columns at a time, so every red.u64 is
                         # one coalesced 256-byte row segment, and the slot's kv
@@ -492,7 +359,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                                             dKV[kv_row[0], Dv + c * 32 + lane],
                                             T.call_extern("int64", "__float2ll_rn", dKVt_s[j, c * 32 + lane] * scale_r[0]),
                                         )
-                    elif mode == "atomic" and C == 1:
+                    elif mode == "atomic":
                         for j, d in T.Parallel(BS, Dv):
                             if (slot[j] >= 0) and (slot[j] < NKV):
                                 T.atomic_add(dKV[slot[j], d], dKV_s[j, d])
@@ -538,8 +405,6 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         # The next block's writes (other threads) must see these.
                         T.sync_threads()
 
-                if C > 1:
-                    mqa_cluster_wait()  # no CTA leaves while a peer may read its dKV_s
                 if mode == "fixed":
                     T.reduce_sum(mass, mass_row, dim=1)
                     for h in T.Parallel(block_H):
@@ -703,7 +568,7 @@ def compile_program(program, target=None):
 def compiled(kind: str, *key):
     builders = {
         "delta": delta_program,
-        "main_bwd": lambda h, dk, dv, mode, cluster=1: main_bwd_program(h, dk, dv, mode=mode, cluster=cluster),
+        "main_bwd": lambda h, dk, dv, mode, stages=0: main_bwd_program(h, dk, dv, mode=mode, stages=stages),
         "shard_fold": shard_fold_program,
         "dkv_reduce": dkv_reduce_program,
         "dsink_reduce": dsink_reduce_program,
@@ -725,9 +590,6 @@ def gpu_configs(widths=GPU_WIDTHS, group_widths=(16, 32)):
         for heads in group_widths:
             for mode in MAIN_MODES:
                 yield ("main_bwd", heads, d_k, d_v, mode)
-            for mode in ("fixed", "atomic"):
-                for cluster in CLUSTER_SIZES[1:]:
-                    yield ("main_bwd", heads, d_k, d_v, mode, cluster)
 
 
 def _nvcc(config, output: str, code: str, extra=()):

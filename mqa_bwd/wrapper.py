@@ -72,8 +72,6 @@ class Problem:
     pad_heads: bool = True
     #: How the deterministic path reduces dKV (DKV_DESIGNS); None: DEFAULT_DKV_DESIGN.
     dkv_design: str | None = None
-    #: Head groups per launch (fixed and atomic designs); None: 1 (see ``cluster``).
-    cluster_groups: int | None = None
 
     @property
     def group_width(self) -> int:
@@ -88,15 +86,6 @@ class Problem:
     @property
     def padded_heads(self) -> int:
         return self.groups * self.group_width
-
-    @property
-    def cluster(self) -> int:
-        """Head groups per launch in the fixed and atomic designs: the CTAs of a
-        query row's groups form a cluster that adds its dKV once (kernels.CLUSTER_PRELUDE).
-        Fixed-point sums have the same bits whatever it is. Default 1: on the
-        H200, clusters of 2 left the fixed design's time unchanged and slowed
-        the atomic one by 9 %; clusters of 4 slowed both by 12-24 %."""
-        return 1 if self.cluster_groups is None else self.cluster_groups
 
     @property
     def padded_slots(self) -> int:
@@ -210,11 +199,10 @@ def check_sm_scale(sm_scale) -> None:
 
 
 def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h, dkv_buf_bytes, launcher,
-             dkv_design=None, cluster=None):
+             dkv_design=None):
     """Check every argument; return the Problem. Raises ValueError naming the argument.
 
-    ``dkv_design`` forces the deterministic dKV design and ``cluster`` the head
-    groups per launch (tests and benchmarks)."""
+    ``dkv_design`` forces the deterministic dKV design (tests and benchmarks)."""
     for name, t in (("query", query), ("kv", kv), ("out", out), ("grad_out", grad_out)):
         _require_dtype(name, t, torch.bfloat16)
     _require_rank("query", query, 4, "B,S,H,Dk")
@@ -269,10 +257,7 @@ def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, 
 
     if dkv_design not in (None,) + DKV_DESIGNS:
         raise ValueError(f"dkv_design: one of {DKV_DESIGNS}, got {dkv_design!r}")
-    problem = Problem(B, S, S_kv, H, L_, d_k, d_v, int(block_h), int(dkv_buf_bytes), dkv_design=dkv_design,
-                      cluster_groups=cluster)
-    if cluster is not None and (isinstance(cluster, bool) or cluster not in K.CLUSTER_SIZES or problem.groups % cluster):
-        raise ValueError(f"cluster: one of {K.CLUSTER_SIZES} dividing the {problem.groups} head groups, got {cluster!r}")
+    problem = Problem(B, S, S_kv, H, L_, d_k, d_v, int(block_h), int(dkv_buf_bytes), dkv_design=dkv_design)
     if launcher.deterministic and problem.design == "slots" and problem.slot_row_bytes > problem.dkv_buf_bytes:
         raise ValueError(
             f"dkv_buf_bytes: {dkv_buf_bytes} cannot hold one query row's slot scratch "
@@ -402,22 +387,18 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
     def group(g):
         return {"sm_scale": sm_scale, "heads": bh, "head_base": g * bh}
 
-    # fixed and atomic: one launch per C groups, whose CTAs of a row (a
-    # cluster) sum their dKV on chip before the global adds.
-    C = p.cluster
-
     if not launcher.deterministic:
-        for g in range(0, G, C):
-            launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, dkv_acc, mode="atomic", **group(g), cluster=C)
+        for g in range(G):
+            launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, dkv_acc, mode="atomic", **group(g))
     elif p.design == "fixed":
         row_scale, allowance = fixed_point.plan(query, grad_out, delta[:, : p.H], kv2[:, : p.d_v], slots, sm_scale)
         # Padding heads (q = dO = 0) contribute nothing: no limit on their mass.
         allowance = _pad_heads(allowance, Hp, math.inf, launcher)
         row_flags = launcher.zeros((R,), torch.int32)
         dkv_fixed = launcher.zeros((NKV, p.d_k), torch.int64)
-        for g in range(0, G, C):
+        for g in range(G):
             launcher.main_bwd(
-                q, kv2, do, slots, lse2, delta, dq, dkv_fixed, mode="fixed", **group(g), cluster=C,
+                q, kv2, do, slots, lse2, delta, dq, dkv_fixed, mode="fixed", **group(g),
                 row_scale=row_scale, allowance=allowance, flag=row_flags,
             )
         row_scale = fixed_point.poison_flagged(row_scale, row_flags, p.B)
@@ -463,15 +444,14 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
 
 
 def backward_with(launcher: L.Launcher, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, *,
-                  block_h=None, dkv_buf_bytes=None, dkv_design=None, cluster=None):
+                  block_h=None, dkv_buf_bytes=None, dkv_design=None):
     """Validate, then run on a given launcher; torch tensors in and out.
 
     The public function below, tests and benchmarks all go through here;
-    ``dkv_design`` forces the deterministic design (see ``Problem.design``),
-    ``cluster`` the head groups per launch (see ``Problem.cluster``).
+    ``dkv_design`` forces the deterministic design (see ``Problem.design``).
     """
     p = validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h, dkv_buf_bytes,
-                 launcher, dkv_design=dkv_design, cluster=cluster)
+                 launcher, dkv_design=dkv_design)
     return run(p, query, kv, out, grad_out, lse, attn_sink, token_indices, float(sm_scale), launcher)
 
 
