@@ -33,9 +33,6 @@ LOG2E = 1.4426950408889634
 
 # Slots gathered per main-loop step: the kernel's slot block. L is padded to it.
 BLOCK_SLOTS = 32
-# fixed and atomic modes: the pieces a slot block's global adds are issued in,
-# during the next block (see main_bwd_program).
-ADD_PIECES = 4
 
 # (Dk, Dv) the kernels are built and tested for on Hopper.
 GPU_WIDTHS = ((576, 512), (512, 512))
@@ -186,7 +183,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
     # cores work instead of stalling every warp in one burst after the dKV
     # GEMMs: on the H200 10 % (fixed) and 8 % (atomic) faster at dsv32 H=64.
     deferred = mode in ("fixed", "atomic")
-    PIECES = ADD_PIECES
+    PIECES = 4  # one before each GEMM stage (four call sites below)
     piece = BS // PIECES
     if deferred and piece % n_warps:
         raise ValueError(f"{n_warps} warps must divide the {piece} slots of a piece of global adds")
