@@ -21,13 +21,12 @@ def main():
     for key, default in (("B", 1), ("S", 4096), ("S_kv", 8192), ("H", 64), ("L", 2048)):
         parser.add_argument(f"--{key}", type=int, default=default)
     parser.add_argument("--calls", type=int, default=2)
-    parser.add_argument("--cluster", type=int, default=None, help="head groups per launch (default: the wrapper's)")
     a = parser.parse_args()
     args = production_inputs(a.B, a.S, a.S_kv, a.H, a.L)
     deterministic = a.design != "atomic"
     launcher = launch.TileLangLauncher(deterministic=deterministic)
     for _ in range(a.calls):
-        wrapper.backward_with(launcher, *args, dkv_design=a.design if deterministic else None, cluster=a.cluster)
+        wrapper.backward_with(launcher, *args, dkv_design=a.design if deterministic else None)
     torch.cuda.synchronize()
     print(f"{a.calls} calls of design {a.design} at B={a.B} S={a.S} S_kv={a.S_kv} H={a.H} L={a.L}")
 

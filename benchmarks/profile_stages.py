@@ -1,7 +1,7 @@
 """Where the time goes: per-kernel CUDA-event times of one backward call, per
 design, plus probes that drop a stage (the main kernel without any dKV output).
 
-    python benchmarks/profile_stages.py [--H 64] [--S 4096] [--S_kv 8192] [--L 2048] [--cluster 2]
+    python benchmarks/profile_stages.py [--H 64] [--S 4096] [--S_kv 8192] [--L 2048]
 
 Prints one table; the differences between rows are the stage costs.
 """
@@ -64,12 +64,12 @@ class TimedLauncher(TileLangLauncher):
         return {name: sum(s.elapsed_time(e) for s, e in evs) for name, evs in self.events.items()}
 
 
-def run_variant(args, label, deterministic, design=None, probe_mode=None, repeats=5, cluster=None):
+def run_variant(args, label, deterministic, design=None, probe_mode=None, repeats=5):
     totals = []
     stages = collections.defaultdict(list)
     for i in range(repeats + 1):
         launcher = TimedLauncher(deterministic, probe_mode)
-        p = wrapper.validate(*args, None, None, launcher, dkv_design=design, cluster=cluster)
+        p = wrapper.validate(*args, None, None, launcher, dkv_design=design)
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
         wrapper.run(p, *args[:-1], args[-1], launcher)
@@ -92,21 +92,16 @@ def main():
     parser.add_argument("--H", type=int, default=64)
     parser.add_argument("--L", type=int, default=2048)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--cluster", type=int, default=None, help="also time the fixed design with this many head groups per launch")
     a = parser.parse_args()
     args = production_inputs(a.B, a.S, a.S_kv, a.H, a.L)
-    # (label, deterministic, design, probe mode, head groups per launch; None: the default cluster)
     variants = [
-        ("atomic", False, None, None, None),
-        ("det fixed (default)", True, "fixed", None, None),
-        ("det shards", True, "shards", None, None),
-        ("det slots", True, "slots", None, None),
-        ("probe: main without dKV", False, None, "none", None),
+        ("atomic", False, None, None),
+        ("det fixed (default)", True, "fixed", None),
+        ("det shards", True, "shards", None),
+        ("det slots", True, "slots", None),
+        ("probe: main without dKV", False, None, "none"),
     ]
-    if a.cluster is not None:
-        variants[2:2] = [(f"det fixed, cluster {a.cluster}", True, "fixed", None, a.cluster)]
-    rows = [run_variant(args, label, det, design, probe, a.repeats, cluster)
-            for label, det, design, probe, cluster in variants]
+    rows = [run_variant(args, label, det, design, probe, a.repeats) for label, det, design, probe in variants]
     work = flops(a.B, a.S, a.H, a.L, 576, 512)
     print(f"B={a.B} S={a.S} S_kv={a.S_kv} H={a.H} L={a.L}: per-kernel median ms (sum over launches)")
     # "other": the call's time outside the kernels (torch layout ops, the

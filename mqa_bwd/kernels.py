@@ -46,11 +46,6 @@ def next_power_of_2(n: int) -> int:
     return 1 << max(0, (int(n) - 1).bit_length())
 
 
-def main_config(heads: int, d_k: int, d_v: int, mode: str, cluster: int = 1) -> tuple:
-    """The compiled() key of a main_bwd configuration (one head group per CTA: no cluster entry)."""
-    return ("main_bwd", heads, d_k, d_v, mode) + ((cluster,) if cluster > 1 else ())
-
-
 def main_tile_heads(heads: int) -> int:
     """The head tile the main backward derives from the H it is handed."""
     return min(64, max(next_power_of_2(heads), 16))
@@ -121,56 +116,7 @@ def delta_program(d_v: int, threads: int = 128):
     return delta
 
 
-#: Head groups per main_bwd launch (1, or 2 in fixed mode: see CLUSTER_PRELUDE).
-CLUSTER_SIZES = (1, 2)
-
-# Pairs of head groups (fixed mode, SM90 thread-block clusters of 2): the two
-# CTAs of a cluster take one query row and consecutive head groups; CTA k adds
-# half of each slot block, every element the sum of both CTAs' rounded
-# contributions read through distributed shared memory: half the global adds,
-# the same bits (integer sums). The barriers release and acquire at cluster
-# scope; the "memory" clobbers keep the compiler from moving shared-memory
-# accesses across them.
-CLUSTER_PRELUDE = r"""
-__device__ __forceinline__ void mqa_cluster_arrive() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\n" ::: "memory");
-}
-__device__ __forceinline__ void mqa_cluster_wait() {
-  asm volatile("barrier.cluster.wait.acquire.aligned;\n" ::: "memory");
-}
-// dst_col[kv_row * STRIDE + lane + 32c] += sum over the C CTAs p of
-// rint(src_p[lane + 32c] * scale) for c < N (src: the same shared-memory
-// offset in every CTA), one red.global.add.u64 per element; nothing when
-// kv_row is invalid. Each term is rounded as a CTA of its own would round it
-// and integer addition is associative (mod 2^64): the bits of C separate adds.
-// All loads first, so that their latencies overlap.
-template <int C, int N, int STRIDE, typename Dst>
-__device__ __forceinline__ void mqa_cluster_red_fixed(Dst* dst_col, int kv_row, int nkv, const float* src, float scale,
-                                                      int lane) {
-  if (kv_row < 0 || kv_row >= nkv) return;
-  Dst* dst = dst_col + static_cast<long long>(kv_row) * STRIDE;
-  unsigned local = static_cast<unsigned>(__cvta_generic_to_shared(src + lane));
-  float v[C][N];
-#pragma unroll
-  for (int p = 0; p < C; ++p) {
-    unsigned remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;\n" : "=r"(remote) : "r"(local), "r"(p));
-#pragma unroll
-    for (int c = 0; c < N; ++c)
-      asm volatile("ld.shared::cluster.f32 %0, [%1];\n" : "=f"(v[p][c]) : "r"(remote + 128u * c) : "memory");
-  }
-#pragma unroll
-  for (int c = 0; c < N; ++c) {
-    unsigned long long sum = 0;
-#pragma unroll
-    for (int p = 0; p < C; ++p) sum += static_cast<unsigned long long>(__float2ll_rn(v[p][c] * scale));
-    atomicAdd(reinterpret_cast<unsigned long long*>(dst + lane + 32 * c), sum);
-  }
-}
-"""
-
-
-def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int = 1, stages: int = 0, threads: int = 0):
+def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int = 0, threads: int = 0):
     """The main backward for one head group of ``heads`` heads.
 
     Q, dO, Lse2, Delta, Allowance and dQ hold all HQ heads; the CTA moves the
@@ -241,25 +187,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     piece = BS // PIECES
     if deferred and piece % n_warps:
         raise ValueError(f"{n_warps} warps must divide the {piece} slots of a piece of global adds")
-    # cluster 2 (fixed mode): CTA k adds slots [16k, 16k + 16) of each block,
-    # in two pieces of 8 (before the S and dP GEMMs), then arrives; the wait
-    # for its peer to have read its dKV_s comes only before the next dKV
-    # GEMMs, and the wait for the peer's dKV_s before the first piece, so
-    # both barrier latencies hide behind GEMMs.
-    C = cluster
-    if C not in (1, 2) or (C > 1 and mode != "fixed"):
-        raise ValueError(f"cluster: {cluster} (1, or 2 in fixed mode)")
-    share = BS // C
-    cpiece = share // 2
-    if C > 1 and cpiece % n_warps:
-        raise ValueError(f"{n_warps} warps must divide the {cpiece} slots of a piece of cluster adds")
-    red_main = f"mqa_cluster_red_fixed<{C}, {Dv // 32}, {Dk}>"
-    red_tail = f"mqa_cluster_red_fixed<{C}, {max(1, Dt // 32)}, {Dk}>"
-    kernel_args = {"threads": threads}
-    if C > 1:
-        kernel_args.update(cluster_dims=C, prelude=CLUSTER_PRELUDE)
     dkv_dtype = "int64" if mode == "fixed" else "float32"
-    grid = NSL if mode == "shard" else R * C
+    grid = NSL if mode == "shard" else R
     has_tail = Dt > 0
 
     @T.macro
@@ -296,23 +225,6 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                     if (slots[k * piece + j] >= 0) and (slots[k * piece + j] < NKV):
                         T.atomic_add(dKV[slots[k * piece + j], Dv + d], dKVt_s[k * piece + j, d])
 
-    @T.macro
-    def add_cluster_piece(dKV, dKV_s, dKVt_s, slots, scales, k, rank, warp, lane, NKV):
-        """Slots [rank * share + k * cpiece, + cpiece) of the block in both CTAs' dKV_s."""
-        for s_i in T.serial(cpiece // n_warps):
-            j = rank * share + k * cpiece + warp + s_i * n_warps
-            T.call_extern("handle", red_main, T.address_of(dKV[0, 0]), slots[j], NKV,
-                          T.address_of(dKV_s[j, 0]), scales[j], lane)
-            if has_tail:
-                T.call_extern("handle", red_tail, T.address_of(dKV[0, Dv]), slots[j], NKV,
-                              T.address_of(dKVt_s[j, 0]), scales[j], lane)
-
-    def mqa_cluster_arrive():
-        return T.call_extern("handle", "mqa_cluster_arrive")
-
-    def mqa_cluster_wait():
-        return T.call_extern("handle", "mqa_cluster_wait")
-
     @T.prim_func
     def main_bwd(
         Q: T.Tensor((R, HQ, Dk), bf16),
@@ -331,7 +243,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
         shard_base: T.int32,
         n_shards: T.int32,
     ):
-        with T.Kernel(grid, **kernel_args) as b:
+        with T.Kernel(grid, threads=threads) as b:
             scale_log2 = sm_scale * LOG2E
             Q_s = T.alloc_shared((block_H, Dv), bf16)
             dO_s = T.alloc_shared((block_H, Dv), bf16)
@@ -380,15 +292,14 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                 row_stride = n_shards
                 rows = T.max(0, T.ceildiv(R - first_row, row_stride))
             else:
-                first_row = b // C
+                first_row = b
                 row_stride = 1
                 rows = 1
             for it in T.serial(rows):
                 r = first_row + it * row_stride
                 # The tile is block_H head rows, whatever Hg is: the wrapper must hand
                 # a group of exactly block_H heads (SPEC, "the kernel's own tile").
-                # The rank of a CTA in its cluster is b % C (1-D grid and cluster).
-                h0 = head_base + (b % C) * block_H
+                h0 = head_base
                 T.copy(Q[r, h0 : h0 + block_H, 0:Dv], Q_s)
                 if has_tail:
                     T.copy(Q[r, h0 : h0 + block_H, Dv:Dk], Qt_s)
@@ -423,11 +334,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                                 (slot[j] >= 0) and (slot[j] < NKV), KV[slot[j], Dv + d], T.cast(0, bf16)
                             )
 
-                    if deferred and C == 1 and t > 0:
+                    if deferred and t > 0:
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 0, warp, lane, kv_row, scale_r, NKV)
-                    if C > 1 and t > 0:
-                        mqa_cluster_wait()  # the peer's dKV_s holds the previous block
-                        add_cluster_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 0, b % C, warp, lane, NKV)
                     # Scores, then P = exp2(score * scale * log2e - Lse2), 0 on invalid slots.
                     T.gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True)
                     if has_tail:
@@ -443,28 +351,23 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         for h, j in T.Parallel(block_H, BS):
                             mass[h, j] += acc_s[h, j]
 
-                    if deferred and C == 1 and t > 0:
+                    if deferred and t > 0:
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 1, warp, lane, kv_row, scale_r, NKV)
-                    if C > 1 and t > 0:
-                        add_cluster_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 1, b % C, warp, lane, NKV)
-                        mqa_cluster_arrive()  # done reading the peer's dKV_s
                     # dP = dO KV_v^T; dS = P * (dP - Delta) * sm_scale.
                     T.gemm(dO_s, KV_s, acc_dp, transpose_B=True, clear_accum=True)
                     for h, j in T.Parallel(block_H, BS):
                         acc_dp[h, j] = acc_s[h, j] * (acc_dp[h, j] - delta_s[h]) * sm_scale
                     T.copy(acc_dp, dS_s)
 
-                    if deferred and C == 1 and t > 0:
+                    if deferred and t > 0:
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 2, warp, lane, kv_row, scale_r, NKV)
                     # dQ += dS KV.
                     T.gemm(dS_s, KV_s, acc_dq)
                     if has_tail:
                         T.gemm(dS_s, KVt_s, acc_dqt)
 
-                    if deferred and C == 1 and t > 0:
+                    if deferred and t > 0:
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 3, warp, lane, kv_row, scale_r, NKV)
-                    if C > 1 and t > 0:
-                        mqa_cluster_wait()  # the peer is done reading this CTA's dKV_s
                     if mode != "none":
                         # dKV of this slot block = dS^T Q (all columns) + P^T dO (first Dv).
                         for c in T.unroll(DKV_SPLIT):
@@ -496,8 +399,6 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                             slot_prev[j] = slot[j]
                             if mode == "fixed":
                                 scale_prev[j] = row_scale[j]
-                        if C > 1:
-                            mqa_cluster_arrive()  # this CTA's dKV_s holds the block
                     elif mode == "shard":
                         # leader[j]: the first slot of this block with the same kv row.
                         for j in T.Parallel(BS):
@@ -536,15 +437,9 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         # The next block's writes (other threads) must see these.
                         T.sync_threads()
 
-                if deferred and C == 1:  # the last block's adds
+                if deferred:  # the last block's adds
                     for k in T.unroll(PIECES):
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, k, warp, lane, kv_row, scale_r, NKV)
-                if C > 1:  # the last block's adds; no CTA leaves while its peer may read it
-                    mqa_cluster_wait()
-                    for k in T.unroll(2):
-                        add_cluster_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, k, b % C, warp, lane, NKV)
-                    mqa_cluster_arrive()
-                    mqa_cluster_wait()
                 if mode == "fixed":
                     T.reduce_sum(mass, mass_row, dim=1)
                     for h in T.Parallel(block_H):
@@ -708,7 +603,7 @@ def compile_program(program, target=None):
 def compiled(kind: str, *key):
     builders = {
         "delta": delta_program,
-        "main_bwd": lambda h, dk, dv, mode, cluster=1: main_bwd_program(h, dk, dv, mode=mode, cluster=cluster),
+        "main_bwd": lambda h, dk, dv, mode, stages=0: main_bwd_program(h, dk, dv, mode=mode, stages=stages),
         "shard_fold": shard_fold_program,
         "dkv_reduce": dkv_reduce_program,
         "dsink_reduce": dsink_reduce_program,
@@ -730,7 +625,6 @@ def gpu_configs(widths=GPU_WIDTHS, group_widths=(16, 32)):
         for heads in group_widths:
             for mode in MAIN_MODES:
                 yield ("main_bwd", heads, d_k, d_v, mode)
-            yield ("main_bwd", heads, d_k, d_v, "fixed", 2)
 
 
 def _nvcc(config, output: str, code: str, extra=()):

@@ -76,14 +76,12 @@ class Launcher:
         raise NotImplementedError
 
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, heads=None, head_base=0,
-                 cluster=1, shard_base=0, n_shards=1, row_scale=None, allowance=None, flag=None):
-        """``cluster`` consecutive head groups of ``heads`` heads from ``head_base`` of the
-        [R, HQ, ...] tensors q, grad_out, lse2, delta, dq (and allowance). The
-        kernel's tile is ``main_tile_heads(heads)`` rows, whatever ``heads`` is
-        (SPEC); ``heads`` defaults to HQ. ``cluster`` 2 ("fixed" only): one CTA
-        per group and row, the row's two CTAs summing their dKV through
-        distributed shared memory. ``row_scale`` [NKV] f32, ``allowance``
-        [R, HQ] f32 and ``flag`` [R] i32: "fixed" mode only."""
+                 shard_base=0, n_shards=1, row_scale=None, allowance=None, flag=None):
+        """One head group: ``heads`` heads from ``head_base`` of the [R, HQ, ...] tensors q,
+        grad_out, lse2, delta, dq (and allowance). The kernel's tile is
+        ``main_tile_heads(heads)`` rows, whatever ``heads`` is (SPEC); ``heads``
+        defaults to HQ. ``row_scale`` [NKV] f32, ``allowance`` [R, HQ] f32 and
+        ``flag`` [R] i32: "fixed" mode only."""
         raise NotImplementedError
 
     def shard_fold(self, dkv_shards, dkv_acc):
@@ -125,8 +123,8 @@ class TileLangLauncher(Launcher):
         kernel(out, grad_out, lse2, sink2, delta, dsink_rows)
 
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, heads=None, head_base=0,
-                 cluster=1, shard_base=0, n_shards=1, row_scale=None, allowance=None, flag=None):
-        kernel = K.compiled(*K.main_config(heads or q.shape[1], q.shape[2], grad_out.shape[2], mode, cluster))
+                 shard_base=0, n_shards=1, row_scale=None, allowance=None, flag=None):
+        kernel = K.compiled("main_bwd", heads or q.shape[1], q.shape[2], grad_out.shape[2], mode)
         if row_scale is None:  # other modes never touch them; the signature is shared
             row_scale = torch.empty((kv.shape[0],), dtype=torch.float32, device=kv.device)
             allowance = lse2  # the right shape, never read

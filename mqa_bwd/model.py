@@ -105,21 +105,9 @@ class ModelLauncher(Launcher):
 
     # -- main backward -----------------------------------------------------
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, heads=None, head_base=0,
-                 cluster=1, shard_base=0, n_shards=1, row_scale=None, allowance=None, flag=None):
-        if cluster not in K.CLUSTER_SIZES or (cluster > 1 and mode != "fixed"):
-            raise ValueError(f"cluster: {cluster} (1, or 2 in fixed mode)")
-        self.launched("main_bwd")
-        # The CTAs of a cluster take consecutive groups: CTA k the one at
-        # head_base + k * tile. Their summed integer dKV adds equal separate adds.
-        block_H = K.main_tile_heads(heads or q.shape[1])
-        for rank in range(cluster):
-            self._main_group(q, kv, grad_out, indices, lse2, delta, dq, dkv, sm_scale=sm_scale, mode=mode, heads=heads,
-                             head_base=head_base + rank * block_H, shard_base=shard_base, n_shards=n_shards,
-                             row_scale=row_scale, allowance=allowance, flag=flag)
-
-    def _main_group(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, heads, head_base,
-                    shard_base, n_shards, row_scale, allowance, flag):
+                 shard_base=0, n_shards=1, row_scale=None, allowance=None, flag=None):
         kernel = "main_bwd"
+        self.launched(kernel)
         R, _, Dk = q.shape
         NKV = kv.shape[0]
         Dv = grad_out.shape[2]

@@ -72,8 +72,6 @@ class Problem:
     pad_heads: bool = True
     #: How the deterministic path reduces dKV (DKV_DESIGNS); None: DEFAULT_DKV_DESIGN.
     dkv_design: str | None = None
-    #: Head groups per launch of the fixed design; None: see ``cluster``.
-    cluster_groups: int | None = None
 
     @property
     def group_width(self) -> int:
@@ -88,16 +86,6 @@ class Problem:
     @property
     def padded_heads(self) -> int:
         return self.groups * self.group_width
-
-    @property
-    def cluster(self) -> int:
-        """Head groups per launch of the fixed design: the two CTAs of a query
-        row's pair of groups form a cluster that adds their dKV once
-        (kernels.CLUSTER_PRELUDE). Fixed-point sums have the same bits whatever
-        it is."""
-        if self.cluster_groups is not None:
-            return self.cluster_groups
-        return 2 if self.groups % 2 == 0 else 1
 
     @property
     def padded_slots(self) -> int:
@@ -211,11 +199,10 @@ def check_sm_scale(sm_scale) -> None:
 
 
 def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h, dkv_buf_bytes, launcher,
-             dkv_design=None, cluster=None):
+             dkv_design=None):
     """Check every argument; return the Problem. Raises ValueError naming the argument.
 
-    ``dkv_design`` forces the deterministic dKV design and ``cluster`` the head
-    groups per launch (tests and benchmarks)."""
+    ``dkv_design`` forces the deterministic dKV design (tests and benchmarks)."""
     for name, t in (("query", query), ("kv", kv), ("out", out), ("grad_out", grad_out)):
         _require_dtype(name, t, torch.bfloat16)
     _require_rank("query", query, 4, "B,S,H,Dk")
@@ -270,10 +257,7 @@ def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, 
 
     if dkv_design not in (None,) + DKV_DESIGNS:
         raise ValueError(f"dkv_design: one of {DKV_DESIGNS}, got {dkv_design!r}")
-    problem = Problem(B, S, S_kv, H, L_, d_k, d_v, int(block_h), int(dkv_buf_bytes), dkv_design=dkv_design,
-                      cluster_groups=cluster)
-    if cluster is not None and (isinstance(cluster, bool) or cluster not in K.CLUSTER_SIZES or problem.groups % cluster):
-        raise ValueError(f"cluster: one of {K.CLUSTER_SIZES} dividing the {problem.groups} head groups, got {cluster!r}")
+    problem = Problem(B, S, S_kv, H, L_, d_k, d_v, int(block_h), int(dkv_buf_bytes), dkv_design=dkv_design)
     if launcher.deterministic and problem.design == "slots" and problem.slot_row_bytes > problem.dkv_buf_bytes:
         raise ValueError(
             f"dkv_buf_bytes: {dkv_buf_bytes} cannot hold one query row's slot scratch "
@@ -412,12 +396,9 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
         allowance = _pad_heads(allowance, Hp, math.inf, launcher)
         row_flags = launcher.zeros((R,), torch.int32)
         dkv_fixed = launcher.zeros((NKV, p.d_k), torch.int64)
-        # One launch per C groups: the CTAs of a row (a cluster) sum their dKV
-        # on chip before the global adds.
-        C = p.cluster
-        for g in range(0, G, C):
+        for g in range(G):
             launcher.main_bwd(
-                q, kv2, do, slots, lse2, delta, dq, dkv_fixed, mode="fixed", **group(g), cluster=C,
+                q, kv2, do, slots, lse2, delta, dq, dkv_fixed, mode="fixed", **group(g),
                 row_scale=row_scale, allowance=allowance, flag=row_flags,
             )
         row_scale = fixed_point.poison_flagged(row_scale, row_flags, p.B)
@@ -463,15 +444,14 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
 
 
 def backward_with(launcher: L.Launcher, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, *,
-                  block_h=None, dkv_buf_bytes=None, dkv_design=None, cluster=None):
+                  block_h=None, dkv_buf_bytes=None, dkv_design=None):
     """Validate, then run on a given launcher; torch tensors in and out.
 
     The public function below, tests and benchmarks all go through here;
-    ``dkv_design`` forces the deterministic design (see ``Problem.design``),
-    ``cluster`` the head groups per launch (see ``Problem.cluster``).
+    ``dkv_design`` forces the deterministic design (see ``Problem.design``).
     """
     p = validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h, dkv_buf_bytes,
-                 launcher, dkv_design=dkv_design, cluster=cluster)
+                 launcher, dkv_design=dkv_design)
     return run(p, query, kv, out, grad_out, lse, attn_sink, token_indices, float(sm_scale), launcher)
 
 

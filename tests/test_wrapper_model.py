@@ -159,59 +159,6 @@ def test_head_groups_are_read_in_place_not_copied(design):
         assert x["dQ"].data_ptr() == launcher.launches[0]["dQ"].data_ptr() and x["dQ"].shape[1] == H
 
 
-def test_cluster_launches_cover_every_head_group_once():
-    # Fixed design: one launch per `cluster` consecutive groups, each CTA of a
-    # cluster taking one group (head_base + rank * tile). A launch loop that
-    # skipped or repeated a group would leave NaN-poisoned dq rows or double dkv.
-    # The default pairs the groups when their count is even.
-    case = Case(B=1, S=3, S_kv=9, H=128, L=33, d_k=32, d_v=16, invalid=INVALID_KINDS, sink="random", seed=5)
-    host = case.inputs()
-    inputs = to_framework(host)
-    (e64, eb) = expected(host)
-    for cluster, launches in ((None, [(32, 0, 2), (32, 64, 2)]), (2, [(32, 0, 2), (32, 64, 2)]),
-                              (1, [(32, 0, 1), (32, 32, 1), (32, 64, 1), (32, 96, 1)])):
-        launcher = _LaunchLog()
-        got = wrapper.backward_with(launcher, *[inputs[k] for k in ARGS], dkv_design="fixed", cluster=cluster)
-        assert [(x["heads"], x["head_base"], x["cluster"]) for x in launcher.launches] == launches
-        reports = [compare(n, g, a, b) for n, g, a, b in zip(("dq", "dkv", "d_attn_sink"), got, e64, eb)]
-        bad = [r.report() for r in reports if not r.ok]
-        assert not bad, f"cluster={cluster}\n" + "\n".join(bad)
-
-
-def test_fixed_point_bits_do_not_depend_on_the_cluster():
-    # Integer sums: the cluster's on-chip sum gives the bits of separate adds.
-    case = Case(B=2, S=3, S_kv=9, H=57, L=65, d_k=32, d_v=16, invalid=INVALID_KINDS, hole_rate=0.2,
-                duplicates=True, sink="random", seed=6)
-    inputs = to_framework(case.inputs())
-    runs = [wrapper.backward_with(ModelLauncher(), *[inputs[k] for k in ARGS], dkv_design="fixed", cluster=c)
-            for c in (1, 2)]
-    for i, name in enumerate(("dq", "dkv", "d_attn_sink")):
-        diff = first_difference(name, [r[i] for r in runs])
-        assert diff is None, diff
-
-
-@pytest.mark.parametrize("cluster", [0, 3, 4, True, 2])
-def test_a_cluster_that_does_not_divide_the_head_groups_is_rejected(cluster):
-    # H=96 at block_h 32: three groups, so 2 does not divide them.
-    inputs = to_framework(Case(B=1, S=2, S_kv=5, H=96, L=4, d_k=32, d_v=16, seed=3).inputs())
-    launch.COUNTERS.clear()
-    with pytest.raises(ValueError, match="cluster"):
-        wrapper.backward_with(ModelLauncher(), *[inputs[k] for k in ARGS], cluster=cluster)
-    assert launch.COUNTERS["launches"] == launch.COUNTERS["allocations"] == 0
-
-
-def test_the_model_rejects_a_cluster_outside_the_fixed_mode():
-    R, HQ, Dk, Dv, NKV = 2, 32, 32, 16, 4
-    args = (torch.zeros((R, HQ, Dk), dtype=torch.bfloat16), torch.zeros((NKV, Dk), dtype=torch.bfloat16),
-            torch.zeros((R, HQ, Dv), dtype=torch.bfloat16), torch.zeros((R, 32), dtype=torch.int32),
-            torch.zeros((R, HQ)), torch.zeros((R, HQ)), torch.zeros((R, HQ, Dk), dtype=torch.bfloat16),
-            torch.zeros((R, 32, Dk)))
-    with pytest.raises(ValueError, match="cluster"):
-        ModelLauncher().main_bwd(*args, sm_scale=1.0, mode="write", heads=16, cluster=2)
-    with pytest.raises(ValueError, match="cluster"):
-        ModelLauncher().main_bwd(*args[:7], torch.zeros((NKV, Dk)), sm_scale=1.0, mode="atomic", heads=16, cluster=2)
-
-
 def test_a_tile_wider_than_its_group_is_caught_inside_a_wider_tensor():
     # #1784 in place: a group of 8 heads at head_base 8 of a 32-head tensor. The
     # 16-row tile would read and write heads 16-23 (the next group's), still
