@@ -318,11 +318,6 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
                 for t in T.Pipelined(NB, num_stages=stages):
                     for j in T.Parallel(BS):
                         slot[j] = Indices[r, t * BS + j]
-                    if mode == "fixed":
-                        for j in T.Parallel(BS):
-                            row_scale[j] = T.if_then_else(
-                                (slot[j] >= 0) and (slot[j] < NKV), RowScale[slot[j]], T.cast(0, f32)
-                            )
                     # Invalid slots (-1) are never read: their rows of KV_s are zero.
                     for j, d in T.Parallel(BS, Dv):
                         KV_s[j, d] = T.if_then_else(
@@ -332,6 +327,13 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
                         for j, d in T.Parallel(BS, Dt):
                             KVt_s[j, d] = T.if_then_else(
                                 (slot[j] >= 0) and (slot[j] < NKV), KV[slot[j], Dv + d], T.cast(0, bf16)
+                            )
+                    if mode == "fixed":
+                        # After the slot sync, beside the gather: the scale's load
+                        # latency overlaps the gather's instead of delaying it.
+                        for j in T.Parallel(BS):
+                            row_scale[j] = T.if_then_else(
+                                (slot[j] >= 0) and (slot[j] < NKV), RowScale[slot[j]], T.cast(0, f32)
                             )
 
                     if deferred and t > 0:
