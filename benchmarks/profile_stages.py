@@ -16,7 +16,7 @@ from mqa_bwd import wrapper
 from mqa_bwd.bench import flops, production_inputs
 from mqa_bwd.launch import TileLangLauncher
 
-KERNELS = ("delta", "main_bwd", "dkv_reduce", "shard_fold", "dsink_reduce", "cast_bf16", "fixed_to_bf16")
+KERNELS = ("delta", "mark_slots", "main_bwd", "dkv_reduce", "shard_fold", "dsink_reduce", "cast_bf16", "fixed_to_bf16")
 
 
 class TimedLauncher(TileLangLauncher):
@@ -52,6 +52,9 @@ class TimedLauncher(TileLangLauncher):
 
     def dsink_reduce(self, *a, **k):
         self._timed("dsink_reduce", super().dsink_reduce, *a, **k)
+
+    def mark_slots(self, *a, **k):
+        self._timed("mark_slots", super().mark_slots, *a, **k)
 
     def fixed_to_bf16(self, *a, **k):
         self._timed("fixed_to_bf16", super().fixed_to_bf16, *a, **k)

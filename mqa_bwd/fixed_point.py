@@ -66,7 +66,6 @@ the same bits on every run, whatever the chunking or the device's scheduling.
 import torch
 
 from . import kernels as K
-from . import launch
 
 #: Every partial sum of a kv row's column stays at or below 2**(PARTIAL_SUM_BITS + 1).
 PARTIAL_SUM_BITS = 61
@@ -85,32 +84,23 @@ def _max_abs(x: torch.Tensor) -> torch.Tensor:
     return torch.maximum(-lo.to(torch.float64), hi.to(torch.float64))
 
 
-def plan(query, grad_out, delta, kv_v, slots, sm_scale: float):
+def plan(query, grad_out, delta, kv_v, referenced, live_row, sm_scale: float):
     """(row_scale float32 [NKV], allowance float32 [R, H]) of the module docstring.
 
     query [B, S, H, Dk] and grad_out [B, S, H, Dv] hold the real heads, delta
     [R, H] the Delta the kernel reads for them, kv_v [NKV, Dv] the value part
-    of every kv row (NKV = B * S_kv), slots [R, Lp] the kernel's slot indices
-    (a global kv row or -1).
+    of every kv row (NKV = B * S_kv); referenced [NKV] and live_row [R] are the
+    mark_slots kernel's marks (nonzero: some valid slot names the kv row; the
+    query row has a valid slot).
     """
     B, S, H = query.shape[:3]
     R, NKV, d_v = B * S, kv_v.shape[0], kv_v.shape[1]
     scale = abs(float(sm_scale))
     # Rows with no valid slot contribute nothing, whatever their values. Only
     # kv rows some slot points at receive anything; the others keep an exact
-    # zero whatever their values (scale 1, nothing added). Both are found a
-    # bounded number of slots at a time. Invalid slots count into a spare bin;
-    # counts are integers (the same in any order), and no mask means no host
-    # sync. A histogram, not an indexed store: on the H200 it marks the 8.4M
-    # slots of the dsv32 shape in 0.28 ms instead of 1.19 ms.
-    live_row = torch.empty((R,), dtype=torch.bool, device=query.device)
-    referenced = torch.zeros(NKV + 1, dtype=torch.bool, device=query.device)
-    for rows in launch.index_row_slices(R, slots.shape[1]):
-        part = slots[rows]
-        live_row[rows] = (part >= 0).any(dim=1)
-        referenced |= torch.bincount(torch.where(part >= 0, part, NKV).reshape(-1), minlength=NKV + 1) > 0
-    referenced = referenced[:NKV]
-    live_row = live_row.view(R, 1)
+    # zero whatever their values (scale 1, nothing added).
+    referenced = referenced != 0
+    live_row = (live_row != 0).view(R, 1)
     zero = torch.zeros((), dtype=torch.float64, device=query.device)
     mq = torch.where(live_row, _max_abs(query.reshape(R, H, -1)), zero)
     mdo = torch.where(live_row, _max_abs(grad_out.reshape(R, H, -1)), zero)

@@ -23,6 +23,8 @@ Kernels
   dkv_reduce   DKVAcc[k] += DKVSlot[e] for the entries e of kv row k in CSR
                order (the order is fixed by the indices alone)
   dsink_reduce DSink[h] = sum over rows r, in increasing r, of DSinkRows[r, h]
+  mark_slots   Referenced[k] = 1 for every kv row a valid slot names, LiveRow[r] = 1
+               for every row with a valid slot (the fixed-point plan's inputs)
   cast_bf16    fp32 -> bf16, round to nearest even
 """
 
@@ -526,6 +528,34 @@ def dkv_reduce_program(d_k: int, threads: int = 128):
     return dkv_reduce
 
 
+def mark_slots_program(threads: int = 128):
+    """Referenced[k] = 1 for every kv row k a valid slot names; LiveRow[r] = 1 when row r has a valid slot.
+
+    Both are zeroed by the caller. Every write stores 1, so writes of the same
+    element by different threads agree: the result is the same on every run.
+    One launch with plain stores: no host sync and no int64 index temporaries.
+    """
+    tilelang, T = _tl()
+    R = T.dynamic("R")
+    Lp = T.dynamic("Lp")
+    NKV = T.dynamic("NKV")
+    i32 = "int32"
+
+    @T.prim_func
+    def mark_slots(Slots: T.Tensor((R, Lp), i32), Referenced: T.Tensor((NKV,), i32), LiveRow: T.Tensor((R,), i32)):
+        with T.Kernel(R, threads=threads) as r:
+            k = T.alloc_local((1,), i32)
+            tx = T.get_thread_binding()
+            for i in T.serial(T.ceildiv(Lp, threads)):
+                if i * threads + tx < Lp:
+                    k[0] = Slots[r, i * threads + tx]
+                    if (k[0] >= 0) and (k[0] < NKV):
+                        Referenced[k[0]] = 1
+                        LiveRow[r] = 1
+
+    return mark_slots
+
+
 def dsink_reduce_program(threads: int = 128):
     """DSink[h] = sum of DSinkRows[r, h] over r = 0, 1, ..., R-1, in that order, in fp32."""
     tilelang, T = _tl()
@@ -609,6 +639,7 @@ def compiled(kind: str, *key):
         "shard_fold": shard_fold_program,
         "dkv_reduce": dkv_reduce_program,
         "dsink_reduce": dsink_reduce_program,
+        "mark_slots": mark_slots_program,
         "cast_bf16": cast_bf16_program,
         "fixed_to_bf16": fixed_to_bf16_program,
     }
@@ -618,6 +649,7 @@ def compiled(kind: str, *key):
 def gpu_configs(widths=GPU_WIDTHS, group_widths=(16, 32)):
     """Every kernel configuration the wrapper can launch for these widths."""
     yield ("dsink_reduce",)
+    yield ("mark_slots",)
     for d_k, d_v in widths:
         yield ("delta", d_v)
         yield ("dkv_reduce", d_k)

@@ -18,7 +18,7 @@ import torch
 
 from . import kernels as K
 
-#: Host-side index layout work (slots, referenced kv rows) goes this many slots
+#: Host-side index layout work (the slot layout) goes this many slots
 #: at a time, so its int64 temporaries stay bounded whatever S and L.
 INDEX_STEP = 1 << 24
 
@@ -93,6 +93,9 @@ class Launcher:
     def dsink_reduce(self, dsink_rows, dsink):
         raise NotImplementedError
 
+    def mark_slots(self, slots, referenced, live_row):
+        raise NotImplementedError
+
     def cast_bf16(self, src, dst):
         raise NotImplementedError
 
@@ -147,6 +150,11 @@ class TileLangLauncher(Launcher):
         kernel = K.compiled("dsink_reduce")
         self.launched("dsink_reduce")
         kernel(dsink_rows, dsink)
+
+    def mark_slots(self, slots, referenced, live_row):
+        kernel = K.compiled("mark_slots")
+        self.launched("mark_slots")
+        kernel(slots, referenced, live_row)
 
     def cast_bf16(self, src, dst):
         kernel = K.compiled("cast_bf16", src.shape[1])

@@ -298,6 +298,14 @@ class ModelLauncher(Launcher):
         for shard in dkv_shards:  # shard order: one fp32 chain per element
             dkv_acc += shard
 
+    # -- slot marks --------------------------------------------------------------
+    def mark_slots(self, slots, referenced, live_row):
+        self.launched("mark_slots")
+        _shape_is("mark_slots", "LiveRow", live_row, (slots.shape[0],))
+        valid = (slots >= 0) & (slots < referenced.shape[0])
+        referenced[slots[valid].long()] = 1
+        live_row[valid.any(dim=1)] = 1
+
     # -- d_sink reduction ----------------------------------------------------
     def dsink_reduce(self, dsink_rows, dsink):
         self.launched("dsink_reduce")

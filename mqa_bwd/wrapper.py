@@ -391,7 +391,11 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
         for g in range(G):
             launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, dkv_acc, mode="atomic", **group(g))
     elif p.design == "fixed":
-        row_scale, allowance = fixed_point.plan(query, grad_out, delta[:, : p.H], kv2[:, : p.d_v], slots, sm_scale)
+        referenced = launcher.zeros((NKV,), torch.int32)
+        live_row = launcher.zeros((R,), torch.int32)
+        launcher.mark_slots(slots, referenced, live_row)
+        row_scale, allowance = fixed_point.plan(query, grad_out, delta[:, : p.H], kv2[:, : p.d_v], referenced, live_row,
+                                                sm_scale)
         # Padding heads (q = dO = 0) contribute nothing: no limit on their mass.
         allowance = _pad_heads(allowance, Hp, math.inf, launcher)
         row_flags = launcher.zeros((R,), torch.int32)

@@ -70,7 +70,10 @@ def scales_for(host: dict) -> torch.Tensor:
     delta = (t["out"].float() * t["grad_out"].float()).sum(-1).reshape(B * S, H)
     kv = t["kv"].reshape(-1, t["kv"].shape[-1])
     d_v = t["grad_out"].shape[-1]
-    scales, _ = fixed_point.plan(t["query"], t["grad_out"], delta, kv[:, :d_v], kernel_slots(host), host["sm_scale"])
+    slots = kernel_slots(host)
+    referenced, live_row = torch.zeros(kv.shape[0], dtype=torch.int32), torch.zeros(B * S, dtype=torch.int32)
+    ModelLauncher().mark_slots(slots, referenced, live_row)
+    scales, _ = fixed_point.plan(t["query"], t["grad_out"], delta, kv[:, :d_v], referenced, live_row, host["sm_scale"])
     return scales
 
 

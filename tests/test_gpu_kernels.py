@@ -12,6 +12,7 @@ torch = pytest.importorskip("torch")
 
 from mqa_bwd import backends, launch, mqa_latent_sparse_bwd, wrapper  # noqa: E402
 from mqa_bwd.bench import production_inputs  # noqa: E402
+from mqa_bwd.model import ModelLauncher  # noqa: E402
 from properties.case import INVALID_KINDS, Case, expected, to_framework  # noqa: E402
 from properties.compare import compare, first_difference  # noqa: E402
 
@@ -109,6 +110,24 @@ def test_budget_invariance_on_gpu(design, budget):
     chunked = call_design(args, design, dkv_buf_bytes=budget)
     for name, a, b in zip(("dq", "dkv", "d_attn_sink"), whole, chunked):
         assert torch.equal(a, b), f"{name} changed with the scratch budget ({design})"
+
+
+def test_slot_marks_match_the_model():
+    # The fixed-point plan's marks: which kv rows some valid slot names, which
+    # query rows have one. Out-of-range slots of both signs are not marks.
+    g = torch.Generator().manual_seed(3)
+    R, Lp, NKV = 300, 160, 1000
+    slots = torch.randint(-3, NKV + 3, (R, Lp), generator=g, dtype=torch.int32)
+    slots[7] = -1  # a row with no valid slot
+    marks = {}
+    for name, launcher, device in (("model", ModelLauncher(), "cpu"), ("tilelang", launch.TileLangLauncher(), "cuda")):
+        referenced = torch.zeros(NKV, dtype=torch.int32, device=device)
+        live_row = torch.zeros(R, dtype=torch.int32, device=device)
+        launcher.mark_slots(slots.to(device), referenced, live_row)
+        marks[name] = (referenced.cpu(), live_row.cpu())
+    assert torch.equal(marks["model"][0], marks["tilelang"][0])
+    assert torch.equal(marks["model"][1], marks["tilelang"][1])
+    assert int(marks["tilelang"][1][7]) == 0 and int(marks["tilelang"][1].sum()) == R - 1
 
 
 def test_fixed_point_flag_poisons_only_the_flagged_batch_element():

@@ -78,8 +78,8 @@ def test_scratch_budget_changes_no_bit(design):
 
 @pytest.mark.parametrize("step", [1, 100])
 def test_index_layout_in_bounded_steps_changes_no_bit(monkeypatch, step):
-    # The slot layout and the fixed-point plan scan the indices a bounded
-    # number of slots at a time; the step must not show in any output.
+    # The slot layout scans the indices a bounded number of slots at a time;
+    # the step must not show in any output.
     case = Case(B=2, S=7, S_kv=9, H=20, L=40, invalid=INVALID_KINDS, hole_rate=0.2, empty_rows=1, seed=12)
     inputs = to_framework(case.inputs())
     whole = call_design(inputs, "fixed")
