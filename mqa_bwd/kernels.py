@@ -123,7 +123,9 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
 
     Q, dO, Lse2, Delta, Allowance and dQ hold all HQ heads; the CTA moves the
     tile's head rows [head_base, head_base + main_tile_heads(heads)) of each,
-    whatever HQ is (the caller keeps that range inside HQ).
+    whatever HQ is (the caller keeps that range inside HQ). Lp is a multiple of
+    BLOCK_SLOTS, at least one block in the fixed and atomic modes (they add
+    the last block after the loop).
 
     mode (how the per-slot dKV contributions leave the CTA):
       "write"       DKVSlot[r, j] = contribution           grid R, one CTA per row

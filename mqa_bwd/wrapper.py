@@ -25,7 +25,7 @@ The main kernel reads each head group in place from the [R, H_padded, ...]
 tensors (a head offset per launch): no per-group copies. What else grows with
 S: the int32 slot layout [R, Lp] (built a bounded number of slots at a time),
 a few floats or flags per (row, head) or row (Lse2, Delta, the d_sink rows,
-the fixed-point allowance, row flags and slot marks), the "slots" design's
+the fixed-point allowance, row flags and row marks), the "slots" design's
 int64 CSR keys, and the zero-padded copies of q, out and grad_out when H is
 not a multiple of the group width.
 """

@@ -159,6 +159,28 @@ def test_head_groups_are_read_in_place_not_copied(design):
         assert x["dQ"].data_ptr() == launcher.launches[0]["dQ"].data_ptr() and x["dQ"].shape[1] == H
 
 
+def test_model_slot_marks():
+    # mark_slots: kv rows some valid slot names; query rows with a valid slot.
+    # Slots past either end (12 and 13 with 12 kv rows, -3) mark nothing.
+    slots = torch.tensor([[0, 5, -1, 9], [-1, -1, -1, -1], [12, 13, 12, -3]], dtype=torch.int32)
+    referenced, live_row = torch.zeros(12, dtype=torch.int32), torch.zeros(3, dtype=torch.int32)
+    ModelLauncher().mark_slots(slots, referenced, live_row)
+    assert torch.nonzero(referenced).reshape(-1).tolist() == [0, 5, 9]
+    assert live_row.tolist() == [1, 0, 0]
+
+
+@pytest.mark.parametrize("mode", ["fixed", "atomic"])
+def test_the_deferred_modes_need_a_slot_block(mode):
+    # They add the last block after the loop, from the state it leaves.
+    R, HQ, Dk, Dv, NKV = 2, 16, 32, 16, 4
+    t = (torch.zeros((R, HQ, Dk), dtype=torch.bfloat16), torch.zeros((NKV, Dk), dtype=torch.bfloat16),
+         torch.zeros((R, HQ, Dv), dtype=torch.bfloat16), torch.zeros((R, 0), dtype=torch.int32),
+         torch.zeros((R, HQ)), torch.zeros((R, HQ)), torch.zeros((R, HQ, Dk), dtype=torch.bfloat16))
+    dkv = torch.zeros((NKV, Dk), dtype=torch.int64 if mode == "fixed" else torch.float32)
+    with pytest.raises(RuntimeError, match="at least one slot block"):
+        ModelLauncher().main_bwd(*t, dkv, sm_scale=1.0, mode=mode, heads=16)
+
+
 def test_a_tile_wider_than_its_group_is_caught_inside_a_wider_tensor():
     # #1784 in place: a group of 8 heads at head_base 8 of a 32-head tensor. The
     # 16-row tile would read and write heads 16-23 (the next group's), still
