@@ -18,16 +18,6 @@ import torch
 
 from . import kernels as K
 
-#: Host-side index layout work (the slot layout) goes this many slots
-#: at a time, so its int64 temporaries stay bounded whatever S and L.
-INDEX_STEP = 1 << 24
-
-
-def index_row_slices(rows: int, width: int) -> list:
-    """Row slices of a [rows, width] index tensor, INDEX_STEP slots (at least one row) each."""
-    step = max(1, INDEX_STEP // width)
-    return [slice(r0, min(rows, r0 + step)) for r0 in range(0, rows, step)]
-
 COUNTERS = collections.Counter()
 _lock = threading.Lock()
 _guards = threading.local()

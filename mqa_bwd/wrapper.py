@@ -312,11 +312,18 @@ def per_head(fn, rows: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
     return torch.stack([fn(rows[:, h].contiguous(), heads[h]) for h in range(rows.shape[1])], dim=1)
 
 
+#: The slot layout is built this many slots at a time, so its int64
+#: temporaries stay bounded whatever S and L.
+INDEX_STEP = 1 << 24
+
+
 def global_slots(token_indices: torch.Tensor, p: Problem) -> torch.Tensor:
     """[B,S,L] any integer -> [R, Lp] int32: b*S_kv + index when 0 <= index < S_kv, else -1."""
     flat = token_indices.reshape(p.rows, p.L)
     slots = torch.full((p.rows, p.padded_slots), -1, dtype=torch.int32, device=flat.device)
-    for rows in L.index_row_slices(p.rows, p.L):
+    step = max(1, INDEX_STEP // p.L)  # rows per step, at least one
+    for r0 in range(0, p.rows, step):
+        rows = slice(r0, min(p.rows, r0 + step))
         idx = flat[rows].to(torch.int64)
         valid = (idx >= 0) & (idx < p.S_kv)
         batch = torch.arange(rows.start, rows.stop, device=idx.device, dtype=torch.int64) // p.S

@@ -83,7 +83,7 @@ def test_index_layout_in_bounded_steps_changes_no_bit(monkeypatch, step):
     case = Case(B=2, S=7, S_kv=9, H=20, L=40, invalid=INVALID_KINDS, hole_rate=0.2, empty_rows=1, seed=12)
     inputs = to_framework(case.inputs())
     whole = call_design(inputs, "fixed")
-    monkeypatch.setattr(launch, "INDEX_STEP", step)
+    monkeypatch.setattr(wrapper, "INDEX_STEP", step)
     stepped = call_design(inputs, "fixed")
     for name, a, b in zip(("dq", "dkv", "d_attn_sink"), whole, stepped):
         assert torch.equal(a, b), name
