@@ -536,6 +536,8 @@ def mark_slots_program(threads: int = 128):
     Both are zeroed by the caller. Every write stores 1, so writes of the same
     element by different threads agree: the result is the same on every run.
     One launch with plain stores: no host sync and no int64 index temporaries.
+    A kv row already marked is not stored again, and a thread marks its row
+    once at the end: stores to one address from many threads serialize.
     """
     tilelang, T = _tl()
     R = T.dynamic("R")
@@ -547,13 +549,18 @@ def mark_slots_program(threads: int = 128):
     def mark_slots(Slots: T.Tensor((R, Lp), i32), Referenced: T.Tensor((NKV,), i32), LiveRow: T.Tensor((R,), i32)):
         with T.Kernel(R, threads=threads) as r:
             k = T.alloc_local((1,), i32)
+            live = T.alloc_local((1,), i32)
             tx = T.get_thread_binding()
+            live[0] = 0
             for i in T.serial(T.ceildiv(Lp, threads)):
                 if i * threads + tx < Lp:
                     k[0] = Slots[r, i * threads + tx]
                     if (k[0] >= 0) and (k[0] < NKV):
-                        Referenced[k[0]] = 1
-                        LiveRow[r] = 1
+                        live[0] = 1
+                        if Referenced[k[0]] == 0:
+                            Referenced[k[0]] = 1
+            if live[0] == 1:
+                LiveRow[r] = 1
 
     return mark_slots
 
