@@ -118,7 +118,24 @@ def delta_program(d_v: int, threads: int = 128):
     return delta
 
 
-def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int = 0, threads: int = 0):
+# The KV gather of slot block t + 1 is issued asynchronously (cp.async, zero
+# fill for invalid slots) right after block t's last read of KV_s, the dQ
+# GEMM, so it lands while the dKV GEMMs and adds run; False gathers each block
+# synchronously at its top (the earlier kernel, kept for A/B runs).
+PREFETCH_KV = True
+# cp.async of 16 bytes; src-size 0 (an invalid slot) reads nothing and zero-fills.
+GATHER_SOURCE = r"""
+__device__ __forceinline__ void mqa_cp_async16(void* smem, const void* gmem, bool valid) {
+  unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(s), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void mqa_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void mqa_cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+"""
+
+
+def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int = 0, threads: int = 0,
+                     prefetch: bool = PREFETCH_KV):
     """The main backward for one head group of ``heads`` heads.
 
     Q, dO, Lse2, Delta, Allowance and dQ hold all HQ heads; the CTA moves the
@@ -196,6 +213,23 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
     has_tail = Dt > 0
 
     @T.macro
+    def gather_async(KV, KV_s, KVt_s, rows, NKV):
+        """cp.async of the kv rows named by ``rows`` into KV_s / KVt_s, 16 bytes a copy;
+        an invalid slot reads nothing (source size 0) and gets zeros."""
+        for j, c in T.Parallel(BS, Dv // 8):
+            T.call_extern(
+                "handle", "mqa_cp_async16", T.address_of(KV_s[j, c * 8]),
+                T.address_of(KV[T.max(T.min(rows[j], NKV - 1), 0), c * 8]), (rows[j] >= 0) and (rows[j] < NKV),
+            )
+        if has_tail:
+            for j, c in T.Parallel(BS, Dt // 8):
+                T.call_extern(
+                    "handle", "mqa_cp_async16", T.address_of(KVt_s[j, c * 8]),
+                    T.address_of(KV[T.max(T.min(rows[j], NKV - 1), 0), Dv + c * 8]), (rows[j] >= 0) and (rows[j] < NKV),
+                )
+        T.call_extern("handle", "mqa_cp_async_commit")
+
+    @T.macro
     def add_piece(dKV, dKV_s, dKVt_s, slots, scales, k, warp, lane, kv_row, scale_r, NKV):
         """The global adds of slots [k * piece, (k + 1) * piece) of the block held in dKV_s."""
         if mode == "fixed":
@@ -259,10 +293,12 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
             # would otherwise put 8 lanes on one bank (row stride 512 words).
             dKV_s = T.alloc_shared((BS, Dv + 4), f32)
             slot = T.alloc_shared((BS,), i32)
+            slot_next = T.alloc_shared((BS,), i32)  # prefetch: the rows of the block in flight
             lse_s = T.alloc_shared((block_H,), f32)
             delta_s = T.alloc_shared((block_H,), f32)
             leader = T.alloc_shared((BS,), i32)
             dKVt_s = dKV_s  # without a tail, add_piece never reads it
+            KVt_s = None  # nor gather_async this one
             if has_tail:
                 Qt_s = T.alloc_shared((block_H, Dt), bf16)
                 KVt_s = T.alloc_shared((BS, Dt), bf16)
@@ -319,19 +355,34 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
                 if mode == "fixed":
                     T.clear(mass)
 
-                for t in T.Pipelined(NB, num_stages=stages):
+                if prefetch:
+                    T.import_source(GATHER_SOURCE)
                     for j in T.Parallel(BS):
-                        slot[j] = Indices[r, t * BS + j]
-                    # Invalid slots (-1) are never read: their rows of KV_s are zero.
-                    for j, d in T.Parallel(BS, Dv):
-                        KV_s[j, d] = T.if_then_else(
-                            (slot[j] >= 0) and (slot[j] < NKV), KV[slot[j], d], T.cast(0, bf16)
-                        )
-                    if has_tail:
-                        for j, d in T.Parallel(BS, Dt):
-                            KVt_s[j, d] = T.if_then_else(
-                                (slot[j] >= 0) and (slot[j] < NKV), KV[slot[j], Dv + d], T.cast(0, bf16)
+                        slot_next[j] = Indices[r, j]
+                    gather_async(KV, KV_s, KVt_s, slot_next, NKV)
+                for t in T.Pipelined(NB, num_stages=stages):
+                    if prefetch:
+                        # Block t's rows are in flight since block t - 1; the
+                        # next block's indices are read now, used after the dQ GEMM.
+                        for j in T.Parallel(BS):
+                            slot[j] = slot_next[j]
+                            if t + 1 < NB:
+                                slot_next[j] = Indices[r, (t + 1) * BS + j]
+                        T.call_extern("handle", "mqa_cp_async_wait_all")
+                        T.sync_threads()
+                    else:
+                        for j in T.Parallel(BS):
+                            slot[j] = Indices[r, t * BS + j]
+                        # Invalid slots (-1) are never read: their rows of KV_s are zero.
+                        for j, d in T.Parallel(BS, Dv):
+                            KV_s[j, d] = T.if_then_else(
+                                (slot[j] >= 0) and (slot[j] < NKV), KV[slot[j], d], T.cast(0, bf16)
                             )
+                        if has_tail:
+                            for j, d in T.Parallel(BS, Dt):
+                                KVt_s[j, d] = T.if_then_else(
+                                    (slot[j] >= 0) and (slot[j] < NKV), KV[slot[j], Dv + d], T.cast(0, bf16)
+                                )
                     if mode == "fixed":
                         # After the slot sync, beside the gather: the scale's load
                         # latency overlaps the gather's instead of delaying it.
@@ -371,6 +422,10 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, stages: int =
                     T.gemm(dS_s, KV_s, acc_dq)
                     if has_tail:
                         T.gemm(dS_s, KVt_s, acc_dqt)
+                    if prefetch:
+                        T.sync_threads()  # every warp is done with KV_s
+                        if t + 1 < NB:
+                            gather_async(KV, KV_s, KVt_s, slot_next, NKV)
 
                     if deferred and t > 0:
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 3, warp, lane, kv_row, scale_r, NKV)
@@ -644,7 +699,9 @@ def compile_program(program, target=None):
 def compiled(kind: str, *key):
     builders = {
         "delta": delta_program,
-        "main_bwd": lambda h, dk, dv, mode, stages=0: main_bwd_program(h, dk, dv, mode=mode, stages=stages),
+        "main_bwd": lambda h, dk, dv, mode, stages=0, prefetch=PREFETCH_KV: main_bwd_program(
+            h, dk, dv, mode=mode, stages=stages, prefetch=prefetch
+        ),
         "shard_fold": shard_fold_program,
         "dkv_reduce": dkv_reduce_program,
         "dsink_reduce": dsink_reduce_program,
@@ -667,7 +724,7 @@ def gpu_configs(widths=GPU_WIDTHS, group_widths=(16, 32)):
         yield ("fixed_to_bf16", d_k)
         for heads in group_widths:
             for mode in MAIN_MODES:
-                yield ("main_bwd", heads, d_k, d_v, mode)
+                yield ("main_bwd", heads, d_k, d_v, mode, 0, PREFETCH_KV)
 
 
 def _nvcc(config, output: str, code: str, extra=()):
