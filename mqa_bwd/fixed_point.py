@@ -63,6 +63,8 @@ everything else is evaluated in float64 with elementwise operations, so the scal
 the same bits on every run, whatever the chunking or the device's scheduling.
 """
 
+import math
+
 import torch
 
 from . import kernels as K
@@ -77,11 +79,15 @@ FP32_SAFE = 2.0**100
 
 
 def _max_abs(x: torch.Tensor) -> torch.Tensor:
-    """max |x| over the last axis as float64, without an |x| temporary as large as x; NaN propagates."""
+    """max |x| over the last axis as float64 (exact: the largest |element|), without an |x| temporary; NaN propagates."""
     if x.shape[-1] == 0:
         return torch.zeros(x.shape[:-1], dtype=torch.float64, device=x.device)
-    lo, hi = torch.aminmax(x, dim=-1)
-    return torch.maximum(-lo.to(torch.float64), hi.to(torch.float64))
+    return torch.linalg.vector_norm(x, ord=math.inf, dim=-1).to(torch.float64)
+
+
+# On a GPU every torch op below is a tiny kernel whose cost is its launch from
+# the host, so the plan is written in few ops: per-batch quantities are
+# [B, 1] and broadcast against [B, S*H] views, scalars stay Python numbers.
 
 
 def plan(query, grad_out, delta, kv_v, referenced, live_row, sm_scale: float):
@@ -100,21 +106,18 @@ def plan(query, grad_out, delta, kv_v, referenced, live_row, sm_scale: float):
     # kv rows some slot points at receive anything; the others keep an exact
     # zero whatever their values (scale 1, nothing added).
     referenced = referenced != 0
-    live_row = (live_row != 0).view(R, 1)
-    zero = torch.zeros((), dtype=torch.float64, device=query.device)
-    mq = torch.where(live_row, _max_abs(query.reshape(R, H, -1)), zero)
-    mdo = torch.where(live_row, _max_abs(grad_out.reshape(R, H, -1)), zero)
-    abs_delta = torch.where(live_row, delta.to(torch.float64).abs(), zero)
+    live_row = (live_row != 0).view(B, S, 1)
+    mq = torch.where(live_row, _max_abs(query), 0.0).view(B, S * H)
+    mdo = torch.where(live_row, _max_abs(grad_out), 0.0).view(B, S * H)
+    abs_delta = torch.where(live_row, delta.view(B, S, H).abs().to(torch.float64), 0.0).view(B, S * H)
     a = scale * d_v * mdo * mq
     b = scale * abs_delta * mq + mdo
-    a_max = a.reshape(B, S * H).amax(dim=1, keepdim=True)  # [B, 1]
-    b_max = b.reshape(B, S * H).amax(dim=1, keepdim=True)
-    live = ((a > 0) | (b > 0)).reshape(B, S * H).sum(dim=1, keepdim=True).to(torch.float64)  # N_b
-    inf = torch.full_like(a, float("inf"))
-    a_max_r, b_max_r = a_max.repeat_interleave(S, dim=0), b_max.repeat_interleave(S, dim=0)  # [R, 1]
-    allowance = MASS_LIMIT * torch.minimum(torch.where(a > 0, a_max_r / a, inf), torch.where(b > 0, b_max_r / b, inf))
+    a_max = a.amax(dim=1, keepdim=True)  # [B, 1]
+    b_max = b.amax(dim=1, keepdim=True)
+    live = ((a > 0) | (b > 0)).sum(dim=1, keepdim=True, dtype=torch.float64)  # N_b
+    allowance = MASS_LIMIT * torch.minimum(torch.where(a > 0, a_max / a, math.inf), torch.where(b > 0, b_max / b, math.inf))
 
-    mv = torch.where(referenced, _max_abs(kv_v), zero).reshape(B, NKV // B)
+    mv = torch.where(referenced, _max_abs(kv_v), 0.0).view(B, NKV // B)
     bounds = live * MASS_LIMIT * (mv * a_max + b_max)
 
     # The proof is exact arithmetic; the kernel's fp32 intermediates (dP, dS,
@@ -122,15 +125,14 @@ def plan(query, grad_out, delta, kv_v, referenced, live_row, sm_scale: float):
     # a saturated integer. A batch element whose peaks could reach FP32_SAFE
     # is poisoned (NaN) instead.
     mv_max = mv.amax(dim=1, keepdim=True)  # [B, 1]
-    dp_peak = d_v * mdo.reshape(B, S * H).amax(dim=1, keepdim=True) * mv_max
-    ds_each = allowance * scale * (d_v * mdo * mv_max.repeat_interleave(S, dim=0) + abs_delta)
-    ds_peak = torch.where(torch.isinf(allowance), zero, ds_each).reshape(B, S * H).amax(dim=1, keepdim=True)
+    dp_peak = d_v * mdo.amax(dim=1, keepdim=True) * mv_max
+    ds_each = allowance * scale * (d_v * mdo * mv_max + abs_delta)
+    ds_peak = torch.where(torch.isinf(allowance), 0.0, ds_each).amax(dim=1, keepdim=True)
     peak = torch.maximum(torch.maximum(dp_peak, ds_peak), bounds.amax(dim=1, keepdim=True))
-    unsafe = ~(peak < FP32_SAFE)  # NaN peaks included
-    scales = row_scales(bounds.reshape(NKV))
-    scales = torch.where(unsafe.expand(B, NKV // B).reshape(NKV), torch.full_like(scales, float("nan")), scales)
-    scales = torch.where(referenced, scales, torch.ones_like(scales))
-    return scales.contiguous(), allowance.to(torch.float32).contiguous()
+    unsafe = ~(peak < FP32_SAFE)  # [B, 1]; NaN peaks included
+    scales = torch.where(unsafe, math.nan, row_scales(bounds).view(B, NKV // B)).view(NKV)
+    scales = torch.where(referenced, scales, 1.0)
+    return scales, allowance.to(torch.float32).view(R, H)
 
 
 def poison_flagged(row_scale: torch.Tensor, row_flags: torch.Tensor, batch: int) -> torch.Tensor:
@@ -138,9 +140,8 @@ def poison_flagged(row_scale: torch.Tensor, row_flags: torch.Tensor, batch: int)
 
     row_flags [R] int32 holds the kernel's per-row flags (R = batch * S).
     """
-    flagged = row_flags.view(batch, -1).amax(dim=1) > 0  # [B]
-    flagged = flagged.repeat_interleave(row_scale.shape[0] // batch)
-    return torch.where(flagged, torch.full_like(row_scale, float("nan")), row_scale)
+    flagged = row_flags.view(batch, -1).amax(dim=1, keepdim=True) > 0  # [B, 1]
+    return torch.where(flagged, math.nan, row_scale.view(batch, -1)).view(-1)
 
 
 def row_scales(bounds: torch.Tensor) -> torch.Tensor:
@@ -148,9 +149,8 @@ def row_scales(bounds: torch.Tensor) -> torch.Tensor:
     # bound = mantissa * 2**e with mantissa in [0.5, 1): the smallest power of
     # two at or above it is 2**(e - 1) when mantissa == 0.5, else 2**e.
     mantissa, e = torch.frexp(bounds)
-    ceil_log2 = e.to(torch.int32) - (mantissa == 0.5).to(torch.int32)
-    k = torch.clamp(PARTIAL_SUM_BITS - ceil_log2, max=FP32_MAX_EXPONENT)
-    k = torch.where(bounds == 0, torch.full_like(k, FP32_MAX_EXPONENT), k)
-    scales = torch.ldexp(torch.ones_like(bounds, dtype=torch.float32), k)
+    k = torch.clamp(PARTIAL_SUM_BITS - (e - (mantissa == 0.5).to(e.dtype)), max=FP32_MAX_EXPONENT)
+    k = torch.where(bounds == 0, FP32_MAX_EXPONENT, k)
     bad = ~torch.isfinite(bounds) | (k < -FP32_MAX_EXPONENT)
-    return torch.where(bad, torch.full_like(scales, float("nan")), scales).contiguous()
+    scales = torch.ldexp(torch.ones_like(bounds, dtype=torch.float32), k)
+    return torch.where(bad, math.nan, scales)
