@@ -79,15 +79,10 @@ FP32_SAFE = 2.0**100
 
 
 def _max_abs(x: torch.Tensor) -> torch.Tensor:
-    """max |x| over the last axis as float64 (exact: the largest |element|), without an |x| temporary; NaN propagates."""
+    """max |x| over the last axis, in x's dtype (exact: the largest |element|), without an |x| temporary; NaN propagates."""
     if x.shape[-1] == 0:
-        return torch.zeros(x.shape[:-1], dtype=torch.float64, device=x.device)
-    return torch.linalg.vector_norm(x, ord=math.inf, dim=-1).to(torch.float64)
-
-
-# On a GPU every torch op below is a tiny kernel whose cost is its launch from
-# the host, so the plan is written in few ops: per-batch quantities are
-# [B, 1] and broadcast against [B, S*H] views, scalars stay Python numbers.
+        return torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
+    return torch.linalg.vector_norm(x, ord=math.inf, dim=-1)
 
 
 def plan(query, grad_out, delta, kv_v, referenced, live_row, sm_scale: float):
@@ -98,17 +93,66 @@ def plan(query, grad_out, delta, kv_v, referenced, live_row, sm_scale: float):
     of every kv row (NKV = B * S_kv); referenced [NKV] and live_row [R] are the
     mark_slots kernel's marks (nonzero: some valid slot names the kv row; the
     query row has a valid slot).
+
+    The three maxima read the large tensors; everything after them works on
+    [R, H] and [NKV] values: some 80 small ops, which on a GPU cost their
+    launches from the host, not their work. There they run as one CUDA graph
+    per shape (the same kernels, so the same bits), replayed on copies of
+    the inputs.
     """
     B, S, H = query.shape[:3]
-    R, NKV, d_v = B * S, kv_v.shape[0], kv_v.shape[1]
-    scale = abs(float(sm_scale))
+    small = (_max_abs(query), _max_abs(grad_out), _max_abs(kv_v), delta, referenced, live_row)
+    shape = dict(B=B, S=S, H=H, d_v=kv_v.shape[1], scale=abs(float(sm_scale)))
+    if query.device.type == "cuda" and USE_CUDA_GRAPHS:
+        return _graphed(_plan_small, small, shape)
+    return _plan_small(*small, **shape)
+
+
+#: Replay the plan's small ops as a CUDA graph on a GPU (False: eager, as on a CPU).
+USE_CUDA_GRAPHS = True
+_GRAPHS = {}  # (device, shape, input dtypes and shapes) -> (graph, static inputs, static outputs)
+_GRAPHS_KEPT = 8
+
+
+def _graphed(fn, inputs, shape):
+    """fn(*inputs, **shape) through a CUDA graph captured once per key; outputs are fresh tensors."""
+    key = (inputs[0].device, tuple(sorted(shape.items())), tuple((t.dtype, tuple(t.shape)) for t in inputs))
+    entry = _GRAPHS.pop(key, None)
+    if entry is None:
+        static = tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in inputs)
+        for s, t in zip(static, inputs):
+            s.copy_(t)
+        side = torch.cuda.Stream(device=static[0].device)
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):  # warm-up outside the capture, as torch.cuda.graph asks
+            fn(*static, **shape)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            outputs = fn(*static, **shape)
+        entry = (graph, static, outputs)
+        while len(_GRAPHS) >= _GRAPHS_KEPT:
+            _GRAPHS.pop(next(iter(_GRAPHS)))
+    _GRAPHS[key] = entry  # most recent last
+    graph, static, outputs = entry
+    for s, t in zip(static, inputs):
+        s.copy_(t)
+    graph.replay()
+    return tuple(o.clone() for o in outputs)
+
+
+# Written in few ops (each is a kernel launch on a GPU): per-batch quantities
+# are [B, 1] and broadcast against [B, S*H] views, scalars stay Python numbers.
+def _plan_small(mq, mdo, mv, delta, referenced, live_row, *, B, S, H, d_v, scale):
+    """The plan from the maxima: mq, mdo [B, S, H] and mv [NKV] in the inputs' dtypes."""
+    R, NKV = B * S, mv.shape[0]
     # Rows with no valid slot contribute nothing, whatever their values. Only
     # kv rows some slot points at receive anything; the others keep an exact
     # zero whatever their values (scale 1, nothing added).
     referenced = referenced != 0
     live_row = (live_row != 0).view(B, S, 1)
-    mq = torch.where(live_row, _max_abs(query), 0.0).view(B, S * H)
-    mdo = torch.where(live_row, _max_abs(grad_out), 0.0).view(B, S * H)
+    mq = torch.where(live_row, mq.to(torch.float64), 0.0).view(B, S * H)
+    mdo = torch.where(live_row, mdo.to(torch.float64), 0.0).view(B, S * H)
     abs_delta = torch.where(live_row, delta.view(B, S, H).abs().to(torch.float64), 0.0).view(B, S * H)
     a = scale * d_v * mdo * mq
     b = scale * abs_delta * mq + mdo
@@ -117,7 +161,7 @@ def plan(query, grad_out, delta, kv_v, referenced, live_row, sm_scale: float):
     live = ((a > 0) | (b > 0)).sum(dim=1, keepdim=True, dtype=torch.float64)  # N_b
     allowance = MASS_LIMIT * torch.minimum(torch.where(a > 0, a_max / a, math.inf), torch.where(b > 0, b_max / b, math.inf))
 
-    mv = torch.where(referenced, _max_abs(kv_v), 0.0).view(B, NKV // B)
+    mv = torch.where(referenced, mv.to(torch.float64), 0.0).view(B, NKV // B)
     bounds = live * MASS_LIMIT * (mv * a_max + b_max)
 
     # The proof is exact arithmetic; the kernel's fp32 intermediates (dP, dS,

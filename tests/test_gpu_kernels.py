@@ -151,6 +151,41 @@ def test_slot_marks_match_the_model_inside_guard_bands():
     assert marks["tilelang"][1][7:10].tolist() == [0, 0, 0] and int(marks["tilelang"][1].sum()) == R - 3
 
 
+def test_plan_graph_replays_equal_the_eager_plan(monkeypatch):
+    # The plan's small ops replay as a CUDA graph per shape: the same kernels,
+    # so the same bits as eager, on every call's own inputs (a replay that
+    # read stale inputs, or the wrong graph for a shape, differs here).
+    from mqa_bwd import fixed_point
+
+    def inputs(B, S, H, S_kv, seed, poison=False):
+        g = torch.Generator().manual_seed(seed)
+        q = torch.randn((B, S, H, 576), generator=g).bfloat16()
+        do = torch.randn((B, S, H, 512), generator=g).bfloat16()
+        if poison:
+            q[-1, 0, 0, 5] = float("nan")
+        delta = torch.randn((B * S, H + 3), generator=g)[:, :H]  # a strided slice, as the wrapper passes
+        kv_v = torch.randn((B * S_kv, 512), generator=g).bfloat16()
+        referenced = (torch.rand(B * S_kv, generator=g) < 0.7).to(torch.int32)
+        live_row = (torch.rand(B * S, generator=g) < 0.9).to(torch.int32)
+        live_row[(B - 1) * S] = referenced[(B - 1) * S_kv] = 1  # the poisoned row counts
+        return [t.cuda() for t in (q, do, delta, kv_v, referenced, live_row)]
+
+    fixed_point._GRAPHS.clear()
+    for n, (shape, poison) in enumerate([((1, 64, 8, 256), False), ((2, 33, 3, 100), True), ((1, 64, 8, 256), False),
+                                         ((1, 64, 8, 256), True), ((2, 33, 3, 100), False)]):
+        args = inputs(*shape, seed=n, poison=poison) + [0.0417]
+        monkeypatch.setattr(fixed_point, "USE_CUDA_GRAPHS", False)
+        eager = fixed_point.plan(*args)
+        monkeypatch.setattr(fixed_point, "USE_CUDA_GRAPHS", True)
+        graphed = fixed_point.plan(*args)
+        for name, a, b in zip(("row_scale", "allowance"), eager, graphed):
+            assert a.dtype == b.dtype and a.shape == b.shape, name
+            assert torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(a.nan_to_num(-1.0), b.nan_to_num(-1.0)), \
+                f"call {n} {shape}: graphed {name} differs from eager"
+        assert bool(torch.isnan(graphed[0]).any()) == poison
+    assert len(fixed_point._GRAPHS) == 2  # one graph per shape, reused
+
+
 def test_fixed_point_flag_poisons_only_the_flagged_batch_element():
     case = Case(B=2, S=5, S_kv=300, H=33, L=129, d_k=576, d_v=512, sink="random", seed=7)
     host = case.inputs()
