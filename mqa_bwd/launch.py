@@ -98,9 +98,8 @@ class TileLangLauncher(Launcher):
 
     name = "tilelang"
 
-    def __init__(self, deterministic: bool = True, device=None, prefetch: bool = K.PREFETCH_KV):
+    def __init__(self, deterministic: bool = True, device=None):
         self.deterministic = deterministic
-        self.prefetch = prefetch  # the main kernel's asynchronous KV gather (kernels.PREFETCH_KV)
         self.name = "tilelang" if deterministic else "tilelang-atomic"
         self.device = torch.device(device if device is not None else "cuda")
 
@@ -118,7 +117,7 @@ class TileLangLauncher(Launcher):
 
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, heads=None, head_base=0,
                  shard_base=0, n_shards=1, row_scale=None, allowance=None, flag=None):
-        kernel = K.compiled("main_bwd", heads or q.shape[1], q.shape[2], grad_out.shape[2], mode, 0, self.prefetch)
+        kernel = K.compiled("main_bwd", heads or q.shape[1], q.shape[2], grad_out.shape[2], mode)
         if row_scale is None:  # other modes never touch them; the signature is shared
             row_scale = torch.empty((kv.shape[0],), dtype=torch.float32, device=kv.device)
             allowance = lse2  # the right shape, never read

@@ -28,7 +28,7 @@ def _id(config):
 
 
 def _mode(config):
-    """The main kernel's dKV mode (its configuration is (name, heads, Dk, Dv, mode, stages, prefetch))."""
+    """The main kernel's dKV mode (its configuration is (name, heads, Dk, Dv, mode))."""
     return config[4] if config[0] == "main_bwd" else None
 
 
