@@ -97,13 +97,14 @@ def plan(query, grad_out, delta, kv_v, referenced, live_row, sm_scale: float):
     The three maxima read the large tensors; everything after them works on
     [R, H] and [NKV] values: some 80 small ops, which on a GPU cost their
     launches from the host, not their work. There they run as one CUDA graph
-    per shape (the same kernels, so the same bits), replayed on copies of
-    the inputs.
+    per shape seen twice (the same kernels, so the same bits), replayed on
+    copies of the inputs.
     """
     B, S, H = query.shape[:3]
     small = (_max_abs(query), _max_abs(grad_out), _max_abs(kv_v), delta, referenced, live_row)
     shape = dict(B=B, S=S, H=H, d_v=kv_v.shape[1], scale=abs(float(sm_scale)))
-    if query.device.type == "cuda" and USE_CUDA_GRAPHS:
+    # Inside a caller's own graph capture the ops are simply captured there.
+    if query.device.type == "cuda" and USE_CUDA_GRAPHS and not torch.cuda.is_current_stream_capturing():
         return _graphed(_plan_small, small, shape)
     return _plan_small(*small, **shape)
 
@@ -111,13 +112,22 @@ def plan(query, grad_out, delta, kv_v, referenced, live_row, sm_scale: float):
 #: Replay the plan's small ops as a CUDA graph on a GPU (False: eager, as on a CPU).
 USE_CUDA_GRAPHS = True
 _GRAPHS = {}  # (device, shape, input dtypes and shapes) -> (graph, static inputs, static outputs)
-_GRAPHS_KEPT = 8
+_SEEN = {}  # keys called once, without a graph yet (insertion-ordered, bounded)
+# Each graph keeps its inputs and temporaries (about ten [B*S*H] float64
+# tensors); shapes that change every call (variable sequence lengths) run
+# eagerly instead of capturing each time: a graph is made on a key's second call.
+_GRAPHS_KEPT = 4
 
 
 def _graphed(fn, inputs, shape):
-    """fn(*inputs, **shape) through a CUDA graph captured once per key; outputs are fresh tensors."""
+    """fn(*inputs, **shape), through a CUDA graph once its key has been seen before; outputs are fresh tensors."""
     key = (inputs[0].device, tuple(sorted(shape.items())), tuple((t.dtype, tuple(t.shape)) for t in inputs))
     entry = _GRAPHS.pop(key, None)
+    if entry is None and _SEEN.pop(key, False) is False:
+        while len(_SEEN) >= 64:
+            _SEEN.pop(next(iter(_SEEN)))
+        _SEEN[key] = True
+        return fn(*inputs, **shape)
     if entry is None:
         static = tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in inputs)
         for s, t in zip(static, inputs):
