@@ -64,6 +64,7 @@ the same bits on every run, whatever the chunking or the device's scheduling.
 """
 
 import math
+import threading
 
 import torch
 
@@ -111,44 +112,62 @@ def plan(query, grad_out, delta, kv_v, referenced, live_row, sm_scale: float):
 
 #: Replay the plan's small ops as a CUDA graph on a GPU (False: eager, as on a CPU).
 USE_CUDA_GRAPHS = True
-_GRAPHS = {}  # (device, shape, input dtypes and shapes) -> (graph, static inputs, static outputs)
-_SEEN = {}  # keys called once, without a graph yet (insertion-ordered, bounded)
 # Each graph keeps its inputs and temporaries (about ten [B*S*H] float64
-# tensors); shapes that change every call (variable sequence lengths) run
-# eagerly instead of capturing each time: a graph is made on a key's second call.
+# tensors). A key gets a graph on its second call, and only while fewer than
+# _GRAPHS_KEPT exist: shapes that change every call, or more recurring
+# shapes than that, run eagerly instead of capturing again and again.
 _GRAPHS_KEPT = 4
+_GRAPHS = {}  # key -> (graph, static inputs, static outputs)
+_SEEN = {}  # keys called once without a graph (insertion-ordered, bounded)
+# Callers sharing a graph share its buffers: the key holds the stream (calls
+# on one stream are ordered), the lock keeps two threads' enqueues apart.
+_LOCK = threading.Lock()
 
 
 def _graphed(fn, inputs, shape):
     """fn(*inputs, **shape), through a CUDA graph once its key has been seen before; outputs are fresh tensors."""
-    key = (inputs[0].device, tuple(sorted(shape.items())), tuple((t.dtype, tuple(t.shape)) for t in inputs))
-    entry = _GRAPHS.pop(key, None)
-    if entry is None and _SEEN.pop(key, False) is False:
-        while len(_SEEN) >= 64:
-            _SEEN.pop(next(iter(_SEEN)))
-        _SEEN[key] = True
+    with torch.cuda.device(inputs[0].device):
+        stream = torch.cuda.current_stream()
+        key = (inputs[0].device, stream.cuda_stream, tuple(sorted(shape.items())),
+               tuple((t.dtype, tuple(t.shape)) for t in inputs))
+        with _LOCK:
+            entry = _GRAPHS.get(key)
+            if entry is None and key in _SEEN and len(_GRAPHS) < _GRAPHS_KEPT:
+                entry = _capture(fn, inputs, shape)
+                if entry is not None:
+                    _GRAPHS[key] = entry
+                    del _SEEN[key]
+            if entry is not None:
+                graph, static, outputs = entry
+                for s, t in zip(static, inputs):
+                    s.copy_(t)
+                graph.replay()
+                return tuple(o.clone() for o in outputs)
+            if key not in _SEEN:
+                while len(_SEEN) >= 64:
+                    _SEEN.pop(next(iter(_SEEN)))
+                _SEEN[key] = True
         return fn(*inputs, **shape)
-    if entry is None:
-        static = tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in inputs)
-        for s, t in zip(static, inputs):
-            s.copy_(t)
-        side = torch.cuda.Stream(device=static[0].device)
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up outside the capture, as torch.cuda.graph asks
-            fn(*static, **shape)
-        torch.cuda.current_stream().wait_stream(side)
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            outputs = fn(*static, **shape)
-        entry = (graph, static, outputs)
-        while len(_GRAPHS) >= _GRAPHS_KEPT:
-            _GRAPHS.pop(next(iter(_GRAPHS)))
-    _GRAPHS[key] = entry  # most recent last
-    graph, static, outputs = entry
+
+
+def _capture(fn, inputs, shape):
+    """(graph, static inputs, static outputs) of fn, or None when the capture fails (the caller runs eagerly)."""
+    static = tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in inputs)
     for s, t in zip(static, inputs):
         s.copy_(t)
-    graph.replay()
-    return tuple(o.clone() for o in outputs)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside the capture, as torch.cuda.graph asks
+        fn(*static, **shape)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        # thread_local: other threads' CUDA calls stay legal during the capture.
+        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            outputs = fn(*static, **shape)
+    except RuntimeError:
+        return None
+    return graph, static, outputs
 
 
 # Written in few ops (each is a kernel launch on a GPU): per-batch quantities

@@ -152,25 +152,46 @@ def test_slot_marks_match_the_model_inside_guard_bands():
 
 
 SANITIZED_CALL = """
+import torch
 from properties.case import ALL_INVALID_KINDS, Case, to_framework
 from mqa_bwd import launch, wrapper
 ARGS = ("query", "kv", "out", "grad_out", "lse", "attn_sink", "token_indices", "sm_scale")
+# Whole calls: every invalid kind (the wrapper maps them to -1), duplicates, an empty row, both head tiles.
 for H, L in ((5, 33), (40, 129)):
     case = Case(B=2, S=4, S_kv=200, H=H, L=L, d_k=576, d_v=512, invalid=ALL_INVALID_KINDS, duplicates=True,
                 empty_rows=1, sink="random", seed=H)
     inputs = to_framework(case.inputs(), "torch", "cuda")
     for deterministic in (True, False):
         wrapper.backward_with(launch.TileLangLauncher(deterministic=deterministic), *[inputs[k] for k in ARGS])
+# The main kernel alone, with slots outside [0, NKV) that the wrapper never hands it: its own bounds test.
+R, HQ, NKV, Lp = 8, 32, 100, 64
+g = torch.Generator().manual_seed(0)
+idx = torch.randint(0, NKV, (R, Lp), generator=g, dtype=torch.int32)
+odd = torch.tensor([-7, -1, NKV, NKV + 5, 2**31 - 1, -2**31], dtype=torch.int32)
+idx[:, ::5] = odd[torch.arange(R * 13) % len(odd)].view(R, 13)
+q = torch.randn(R, HQ, 576, generator=g).bfloat16().cuda()
+kv = torch.randn(NKV, 576, generator=g).bfloat16().cuda()
+do = torch.randn(R, HQ, 512, generator=g).bfloat16().cuda()
+lse2, delta = torch.full((R, HQ), 30.0).cuda(), torch.randn(R, HQ, generator=g).cuda()
+for mode in ("atomic", "fixed"):
+    dq = torch.empty(R, HQ, 576, dtype=torch.bfloat16).cuda()
+    dkv = torch.zeros(NKV, 576, dtype=torch.float32 if mode == "atomic" else torch.int64).cuda()
+    extra = {} if mode == "atomic" else dict(row_scale=torch.ones(NKV).cuda(), flag=torch.zeros(R, dtype=torch.int32).cuda(),
+                                             allowance=torch.full((R, HQ), float("inf")).cuda())
+    launch.TileLangLauncher(deterministic=mode == "fixed").main_bwd(q, kv, do, idx.cuda(), lse2, delta, dq, dkv,
+                                                                    sm_scale=0.04, mode=mode, heads=32, **extra)
+torch.cuda.synchronize()
 print("sanitized calls done")
 """
 
 
 @pytest.mark.slow
 def test_no_invalid_memory_access_under_compute_sanitizer():
-    # Guard bands see stray writes, not stray reads. memcheck sees both: every
-    # kind of invalid index (the asynchronous KV gather reads nothing for them),
-    # both head tiles, the deterministic path and the atomic control.
+    # Guard bands see stray writes, not stray reads. memcheck sees both, with
+    # the caching allocator off so that a read just past a buffer is past an
+    # allocation. It does not see shared-memory races (racecheck would).
     import os
+    import pathlib
     import shutil
     import subprocess
     import sys
@@ -179,17 +200,21 @@ def test_no_invalid_memory_access_under_compute_sanitizer():
                                                               "compute-sanitizer")
     if not os.path.exists(tool):
         pytest.skip("needs compute-sanitizer (CUDA toolkit)")
+    root = pathlib.Path(__file__).resolve().parents[1]
+    env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1",
+               PYTHONPATH=os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH")))))
     done = subprocess.run([tool, "--tool", "memcheck", "--error-exitcode", "99", sys.executable, "-c", SANITIZED_CALL],
-                          capture_output=True, text=True, timeout=900)
+                          capture_output=True, text=True, timeout=900, cwd=root, env=env)
     report = (done.stdout + done.stderr)[-4000:]
     assert done.returncode == 0 and "sanitized calls done" in done.stdout, report
     assert "ERROR SUMMARY: 0 errors" in report, report
 
 
-def test_plan_graph_replays_equal_the_eager_plan(monkeypatch):
-    # The plan's small ops replay as a CUDA graph per shape: the same kernels,
-    # so the same bits as eager, on every call's own inputs (a replay that
-    # read stale inputs, or the wrong graph for a shape, differs here).
+def test_plan_graph_replays_equal_the_eager_plan(monkeypatch, device="cuda"):
+    # The plan's small ops replay as a CUDA graph per key: the same kernels, so
+    # the same bits as eager, on every call's own inputs. A replay that read
+    # stale inputs, a graph for the wrong shape or sm_scale, or outputs that a
+    # later replay overwrites (rechecked at the end) differ here.
     from mqa_bwd import fixed_point
 
     def inputs(B, S, H, S_kv, seed, poison=False):
@@ -203,23 +228,30 @@ def test_plan_graph_replays_equal_the_eager_plan(monkeypatch):
         referenced = (torch.rand(B * S_kv, generator=g) < 0.7).to(torch.int32)
         live_row = (torch.rand(B * S, generator=g) < 0.9).to(torch.int32)
         live_row[(B - 1) * S] = referenced[(B - 1) * S_kv] = 1  # the poisoned row counts
-        return [t.cuda() for t in (q, do, delta, kv_v, referenced, live_row)]
+        return [t.to(device) for t in (q, do, delta, kv_v, referenced, live_row)]
 
-    fixed_point._GRAPHS.clear()
-    fixed_point._SEEN.clear()
-    for n, (shape, poison) in enumerate([((1, 64, 8, 256), False), ((2, 33, 3, 100), True), ((1, 64, 8, 256), False),
-                                         ((1, 64, 8, 256), True), ((2, 33, 3, 100), False)]):
-        args = inputs(*shape, seed=n, poison=poison) + [0.0417]
+    monkeypatch.setattr(fixed_point, "_GRAPHS", {})
+    monkeypatch.setattr(fixed_point, "_SEEN", {})
+    monkeypatch.setattr(fixed_point, "_GRAPHS_KEPT", 2)
+    a, b = (1, 64, 8, 256), (2, 33, 3, 100)
+    # a: eager, then captured and replayed; b likewise; a at another sm_scale is
+    # a new key, and with both graph slots taken it stays eager.
+    calls = [(a, False, 0.0417), (b, True, 0.0417), (a, False, 0.0417), (a, True, 0.0417), (b, False, 0.0417),
+             (a, False, 0.125), (a, False, 0.125)]
+    results = []
+    for n, (shape, poison, sm_scale) in enumerate(calls):
+        args = inputs(*shape, seed=n, poison=poison) + [sm_scale]
         monkeypatch.setattr(fixed_point, "USE_CUDA_GRAPHS", False)
         eager = fixed_point.plan(*args)
         monkeypatch.setattr(fixed_point, "USE_CUDA_GRAPHS", True)
-        graphed = fixed_point.plan(*args)
-        for name, a, b in zip(("row_scale", "allowance"), eager, graphed):
-            assert a.dtype == b.dtype and a.shape == b.shape, name
-            assert torch.equal(torch.isnan(a), torch.isnan(b)) and torch.equal(a.nan_to_num(-1.0), b.nan_to_num(-1.0)), \
+        results.append((n, shape, eager, fixed_point.plan(*args)))
+        assert bool(torch.isnan(results[-1][3][0]).any()) == poison
+    for n, shape, eager, graphed in results:
+        for name, x, y in zip(("row_scale", "allowance"), eager, graphed):
+            assert x.dtype == y.dtype and x.shape == y.shape, name
+            assert torch.equal(torch.isnan(x), torch.isnan(y)) and torch.equal(x.nan_to_num(-1.0), y.nan_to_num(-1.0)), \
                 f"call {n} {shape}: graphed {name} differs from eager"
-        assert bool(torch.isnan(graphed[0]).any()) == poison
-    assert len(fixed_point._GRAPHS) == 2  # one graph per shape seen twice, reused
+    assert len(fixed_point._GRAPHS) == 2, "one graph per key seen twice, none past the limit"
 
 
 def test_fixed_point_flag_poisons_only_the_flagged_batch_element():
