@@ -241,3 +241,69 @@ def test_the_model_converts_like_ptx_cvt_rni_s64_f32():
     info = np.iinfo(np.int64)
     want = [0, 2, -2, 0, info.max, info.min, info.max, info.min, 2**62]
     assert float_to_int64_rn(x).tolist() == want
+
+
+class _ReplayingGraph:
+    """Stands in for torch.cuda.CUDAGraph on a CPU: replay re-runs what was captured."""
+
+    captures = []
+
+    def replay(self):
+        fn, static, shape, outputs = self.recorded
+        for out, new in zip(outputs, fn(*static, **shape)):
+            out.copy_(new)
+
+
+def test_plan_graph_cache_bookkeeping_on_the_cpu(monkeypatch):
+    # The CUDA-graph path of fixed_point.plan with torch.cuda's graph API
+    # replaced by a re-running stand-in, so that its bookkeeping runs in CI:
+    # a key is eager on its first call and captured on its second, the
+    # sm_scale and the shape are in the key, no graph is made past the limit,
+    # and every call's outputs stay its own (a replay does not overwrite them).
+    import contextlib
+
+    class Stream:
+        cuda_stream = 1
+
+        def wait_stream(self, other):
+            pass
+
+    captured = []
+    real_capture = fixed_point._capture
+
+    def capture(fn, inputs, shape):
+        graph, static, outputs = real_capture(fn, inputs, shape)
+        graph.recorded = (fn, static, shape, outputs)
+        captured.append(shape)
+        return graph, static, outputs
+
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda *a: Stream())
+    monkeypatch.setattr(torch.cuda, "Stream", lambda *a, **k: Stream())
+    monkeypatch.setattr(torch.cuda, "stream", lambda s: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "graph", lambda graph, capture_error_mode: contextlib.nullcontext())
+    monkeypatch.setattr(torch.cuda, "CUDAGraph", _ReplayingGraph)
+    monkeypatch.setattr(fixed_point, "_capture", capture)
+    monkeypatch.setattr(fixed_point, "_GRAPHS", {})
+    monkeypatch.setattr(fixed_point, "_SEEN", {})
+    monkeypatch.setattr(fixed_point, "_GRAPHS_KEPT", 2)
+
+    def small(seed, S):
+        g = torch.Generator().manual_seed(seed)
+        q, do = torch.randn(1, S, 3, 8, generator=g).bfloat16(), torch.randn(1, S, 3, 6, generator=g).bfloat16()
+        kv = torch.randn(10, 6, generator=g).bfloat16()
+        marks = torch.ones(10, dtype=torch.int32), torch.ones(S, dtype=torch.int32)
+        return (fixed_point._max_abs(q), fixed_point._max_abs(do), fixed_point._max_abs(kv),
+                torch.randn(S, 3, generator=g), *marks)
+
+    calls = [(6, 0.1), (6, 0.1), (6, 0.1), (9, 0.1), (9, 0.1), (6, 0.2), (6, 0.2)]
+    results = []
+    for seed, (S, scale) in enumerate(calls):
+        inputs, shape = small(seed, S), dict(B=1, S=S, H=3, d_v=6, scale=scale)
+        results.append((fixed_point._graphed(fixed_point._plan_small, inputs, shape),
+                        fixed_point._plan_small(*inputs, **shape)))
+    assert [(c["S"], c["scale"]) for c in captured] == [(6, 0.1), (9, 0.1)]  # second calls; (6, 0.2) past the limit
+    assert len(fixed_point._GRAPHS) == 2
+    for n, (got, want) in enumerate(results):
+        for x, y in zip(got, want):
+            assert torch.equal(x.nan_to_num(-1.0), y.nan_to_num(-1.0)), f"call {n}: outputs differ from eager"
