@@ -75,3 +75,17 @@ def test_main_kernel_does_not_spill_registers(config):
     # pushes live values past that spills to local memory inside the slot loop.
     info = K.ptxas_info(config)
     assert info["spill_stores"] == info["spill_loads"] == info["stack"] == 0, f"{_id(config)}: {info}"
+
+
+CP_ASYNC = re.compile(r"cp\.async\.(?:ca|cg)\.shared\.global\S*\s+\[[^\]]+\],\s*\[[^\]]+\],\s*\d+(?P<src_size>,\s*[^;]+)?;")
+
+
+@pytest.mark.parametrize("config", [c for c in DKV_CONFIGS if c[0] == "main_bwd"], ids=_id)
+def test_every_kv_gather_copy_can_read_nothing(config):
+    # The main kernel gathers KV rows with cp.async a block ahead. An invalid
+    # slot must read nothing: every copy carries a source size (0 for an
+    # invalid slot, which zero-fills). A copy without one always reads.
+    copies = list(CP_ASYNC.finditer(K.ptx_of(config)))
+    assert copies, f"{_id(config)}: no cp.async gather in the PTX"
+    unguarded = [m.group(0) for m in copies if not m.group("src_size")]
+    assert not unguarded, f"{_id(config)}: cp.async without a source size: {unguarded[:3]}"
