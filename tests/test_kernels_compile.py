@@ -3,7 +3,8 @@ and only the atomic control can issue a floating-point atomic: the fixed-point
 mode issues 64-bit integer adds only (exact, so order-free), every other
 deterministic kernel none. A change that brings floating-point atomics into
 the deterministic path fails here, without a GPU; so does one that makes the
-main kernel spill registers."""
+main kernel spill registers, or gathers KV rows with a copy that cannot skip
+an invalid slot."""
 
 import re
 import shutil
