@@ -137,8 +137,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, threads: int 
     Q, dO, Lse2, Delta, Allowance and dQ hold all HQ heads; the CTA moves the
     tile's head rows [head_base, head_base + main_tile_heads(heads)) of each,
     whatever HQ is (the caller keeps that range inside HQ). Lp is a multiple of
-    BLOCK_SLOTS, at least one block in the fixed and atomic modes (they add
-    the last block after the loop).
+    BLOCK_SLOTS, at least one block (the first block's gather is issued before
+    the loop; the fixed and atomic modes add the last block after it).
 
     mode (how the per-slot dKV contributions leave the CTA):
       "write"       DKVSlot[r, j] = contribution           grid R, one CTA per row

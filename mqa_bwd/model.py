@@ -118,9 +118,10 @@ class ModelLauncher(Launcher):
         h0, h1 = head_base, head_base + block_H
         if Lp % BS:
             raise TileBoundsError(kernel, "Indices", Lp, Lp - Lp % BS, "slot")
-        if Lp == 0 and mode in ("fixed", "atomic"):
-            # These modes add the last slot block after the loop, from state the
-            # loop leaves: with no block it would be uninitialised.
+        if Lp == 0:
+            # The kernel gathers the first slot block before its loop (and the
+            # fixed and atomic modes add the last one after it): every mode
+            # reads at least one block.
             raise RuntimeError(f"main_bwd: {mode} mode needs at least one slot block of {BS} slots, got none")
         # The CTA moves head rows [h0, h0 + block_H) of Q, dO, Lse2 and Delta and
         # stores those rows of dQ, whatever the group is (in the order the kernel

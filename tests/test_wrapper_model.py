@@ -169,14 +169,16 @@ def test_model_slot_marks():
     assert live_row.tolist() == [1, 0, 0]
 
 
-@pytest.mark.parametrize("mode", ["fixed", "atomic"])
-def test_the_deferred_modes_need_a_slot_block(mode):
-    # They add the last block after the loop, from the state it leaves.
+@pytest.mark.parametrize("mode", ["fixed", "atomic", "write", "accumulate", "shard"])
+def test_every_mode_needs_a_slot_block(mode):
+    # The kernel gathers the first block before its loop; the fixed and atomic
+    # modes also add the last block after it, from the state the loop leaves.
     R, HQ, Dk, Dv, NKV = 2, 16, 32, 16, 4
     t = (torch.zeros((R, HQ, Dk), dtype=torch.bfloat16), torch.zeros((NKV, Dk), dtype=torch.bfloat16),
          torch.zeros((R, HQ, Dv), dtype=torch.bfloat16), torch.zeros((R, 0), dtype=torch.int32),
          torch.zeros((R, HQ)), torch.zeros((R, HQ)), torch.zeros((R, HQ, Dk), dtype=torch.bfloat16))
-    dkv = torch.zeros((NKV, Dk), dtype=torch.int64 if mode == "fixed" else torch.float32)
+    shape = {"write": (R, 0, Dk), "accumulate": (R, 0, Dk), "shard": (1, NKV, Dk)}.get(mode, (NKV, Dk))
+    dkv = torch.zeros(shape, dtype=torch.int64 if mode == "fixed" else torch.float32)
     with pytest.raises(RuntimeError, match="at least one slot block"):
         ModelLauncher().main_bwd(*t, dkv, sm_scale=1.0, mode=mode, heads=16)
 
