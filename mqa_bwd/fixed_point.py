@@ -152,9 +152,7 @@ def _graphed(fn, inputs, shape):
 
 def _capture(fn, inputs, shape):
     """(graph, static inputs, static outputs) of fn, or None when the capture fails (the caller runs eagerly)."""
-    static = tuple(torch.empty(t.shape, dtype=t.dtype, device=t.device) for t in inputs)
-    for s, t in zip(static, inputs):
-        s.copy_(t)
+    static = tuple(t.clone(memory_format=torch.contiguous_format) for t in inputs)
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up outside the capture, as torch.cuda.graph asks
