@@ -1,0 +1,106 @@
+"""What the main kernel's global dKV adds cost: every variant times the same
+calls with all of them, every other slot's, or none (GPU only).
+
+    python benchmarks/add_cost.py [--H 64] [--S 4096] [--S_kv 8192] [--L 2048] [--repeats 7]
+
+The variants are copies of ``mqa_bwd.kernels`` whose add guards also test the
+slot (``slot % 2 == 0`` for half, never for none); everything else, the dKV
+GEMMs included, runs as is. Their outputs are wrong: only the time means
+anything. Both the fixed-point design and the atomic control are timed,
+interleaved in one process. Halving the adds tells a shared resource that
+saturates (the L2 reduction units: the time drops by more than half the
+adds' cost) from adds that hide behind the tensor cores (it does not move).
+"""
+
+import argparse
+import importlib.util
+import inspect
+import os
+import statistics
+import tempfile
+
+import torch
+
+from mqa_bwd import kernels, launch, wrapper
+from mqa_bwd.bench import production_inputs
+
+# The guards in front of the adds (main_bwd_program's add_piece): one for the
+# fixed-point adds (its warp's slot), two for the atomic control's (per slot
+# of the piece: value part and tail).
+# Each starts at a line start, so that one indentation never matches inside another.
+FIXED_GUARD = "\n                if (kv_row[0] >= 0) and (kv_row[0] < NKV):\n"
+ATOMIC_GUARDS = (
+    "\n                if (slots[k * piece + j] >= 0) and (slots[k * piece + j] < NKV):\n",
+    "\n                    if (slots[k * piece + j] >= 0) and (slots[k * piece + j] < NKV):\n",
+)
+# Extra condition per variant: (fixed: on the warp, whose slot is warp + i *
+# n_warps with n_warps even; atomic: on the slot within the piece).
+DROPS = {"all": None, "half": ("warp % 2 == 0", "j % 2 == 0"), "none": ("warp < 0", "j < 0")}
+
+
+def variant_source(adds: str, source: str | None = None) -> str:
+    """mqa_bwd.kernels' source with the adds of ``DROPS[adds]`` dropped."""
+    source = inspect.getsource(kernels) if source is None else source
+    if DROPS[adds] is None:
+        return source
+    fixed_cond, atomic_cond = DROPS[adds]
+    for guard, cond in ((FIXED_GUARD, fixed_cond),) + tuple((g, atomic_cond) for g in ATOMIC_GUARDS):
+        if source.count(guard) != 1:
+            raise RuntimeError(f"add_cost: the add guard {guard.strip()!r} is not in mqa_bwd.kernels once; update this tool")
+        source = source.replace(guard, guard.replace(":\n", f" and ({cond}):\n"))
+    return source
+
+
+def variant_module(adds: str):
+    """The kernels module of a variant (TileLang parses kernels from their file, so it gets one)."""
+    if DROPS[adds] is None:
+        return kernels
+    path = os.path.join(tempfile.mkdtemp(prefix="add_cost_"), f"kernels_adds_{adds}.py")
+    with open(path, "w") as f:
+        f.write(variant_source(adds))
+    spec = importlib.util.spec_from_file_location(f"kernels_adds_{adds}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def timed_call(args, module, deterministic: bool) -> float:
+    """ms of one whole call with ``module``'s kernels."""
+    launch.K = module  # the launcher compiles and launches through launch.K
+    try:
+        launcher = launch.TileLangLauncher(deterministic)
+        p = wrapper.validate(*args, None, None, launcher)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        wrapper.run(p, *args[:-1], args[-1], launcher)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end)
+    finally:
+        launch.K = kernels
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for key, default in (("B", 1), ("S", 4096), ("S_kv", 8192), ("H", 64), ("L", 2048), ("repeats", 7)):
+        parser.add_argument(f"--{key}", type=int, default=default)
+    a = parser.parse_args()
+    args = production_inputs(a.B, a.S, a.S_kv, a.H, a.L)
+    modules = {adds: variant_module(adds) for adds in DROPS}
+    variants = [(design, adds) for design in ("fixed", "atomic") for adds in DROPS]
+    for design, adds in variants:  # warm-up: compilation, allocator
+        timed_call(args, modules[adds], design == "fixed")
+    times = {v: [] for v in variants}
+    for _ in range(a.repeats):
+        for design, adds in variants:
+            times[(design, adds)].append(timed_call(args, modules[adds], design == "fixed"))
+    print(f"B={a.B} S={a.S} S_kv={a.S_kv} H={a.H} L={a.L}: whole calls, median of {a.repeats} (interleaved)")
+    print(f"{'design':<8} {'adds':<6} {'ms':>8} {'min':>8} {'saved':>8}")
+    for design, adds in variants:
+        ms = statistics.median(times[(design, adds)])
+        saved = statistics.median(times[(design, "all")]) - ms
+        print(f"{design:<8} {adds:<6} {ms:>8.2f} {min(times[(design, adds)]):>8.2f} {saved:>8.2f}")
+
+
+if __name__ == "__main__":
+    main()
