@@ -246,8 +246,6 @@ def test_the_model_converts_like_ptx_cvt_rni_s64_f32():
 class _ReplayingGraph:
     """Stands in for torch.cuda.CUDAGraph on a CPU: replay re-runs what was captured."""
 
-    captures = []
-
     def replay(self):
         fn, static, shape, outputs = self.recorded
         for out, new in zip(outputs, fn(*static, **shape)):
