@@ -164,15 +164,19 @@ __device__ __forceinline__ void mqa_mbar_arrive_peer(void* bars, int i, int rank
   unsigned a = mqa_peer(mqa_smem(static_cast<unsigned long long*>(bars) + i), rank);
   asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" :: "r"(a) : "memory");
 }
-// ((float*)base)[offset] in CTA ``rank`` = v, completing 4 bytes on that CTA's bars[i]; the sender never waits.
-__device__ __forceinline__ void mqa_store_peer(void* base, int offset, float v, void* bars, int i, int rank) {
-  unsigned d = mqa_peer(mqa_smem(static_cast<float*>(base) + offset), rank);
-  unsigned m = mqa_peer(mqa_smem(static_cast<unsigned long long*>(bars) + i), rank);
-  asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.f32 [%0], %1, [%2];" :: "r"(d), "f"(v), "r"(m) : "memory");
+// Generic-proxy stores to shared memory become visible to the bulk copies issued after a barrier.
+__device__ __forceinline__ void mqa_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// Bulk copy of ``bytes`` from this CTA's base + src to CTA ``rank``'s base + dst (byte offsets),
+// completing on that CTA's bars[i]: one instruction, and the issuing thread never waits.
+__device__ __forceinline__ void mqa_bulk_to_peer(void* base, int src, int dst, int bytes, void* bars, int i, int rank) {
+  unsigned b = mqa_smem(base);
+  unsigned d = mqa_peer(b + dst, rank), m = mqa_peer(mqa_smem(static_cast<unsigned long long*>(bars) + i), rank);
+  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               :: "r"(d), "r"(b + src), "r"(bytes), "r"(m) : "memory");
 }
 """
 #: Head groups one deterministic launch may sum on chip (a thread block cluster):
-#: two at most, as every CTA keeps a double-buffered inbox for its peer's partials.
+#: two at most, as every CTA keeps a staging copy and an inbox of partials for its peer.
 CLUSTER_SIZES = (1, 2)
 #: The largest cluster the wrapper launches (fixed design).
 MAX_CLUSTER = 2
@@ -281,12 +285,14 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     tail_per_share = (tail_chunks + cluster - 1) // cluster
     if cluster > 1 and (piece % cluster or part_cols % 32):
         raise ValueError(f"cluster {cluster} must divide the {piece} slots of a piece and Dv / 32 = {Dv // 32}")
-    # dKV_s rows: the block's partials (one row per slot); in a cluster of two,
-    # the partials of this CTA's own slots (j % 2 == rank, row j // 2), then a
-    # double-buffered inbox where the peer stores its partials of them.
+    # dKV_s rows: the block's partials (one row per slot). In a cluster of
+    # two: rows [0, n) the partials of this CTA's own slots (j % 2 == rank, row
+    # j // 2), [n, 2n) its partials of the peer's slots (staging, sent to the
+    # peer in one bulk copy), [2n, 3n) the peer's partials of this CTA's slots
+    # (the inbox), n = BS / 2. The dKVt_s rows alike.
     own_rows = BS // cluster
     dkv_rows = BS if cluster == 1 else own_rows * 3
-    inbox_bytes = own_rows * Dk * 4  # what the peer stores per block: its partials of this CTA's slots
+    inbox_bytes = own_rows * ((Dv + 4) + (Dt + 4 if Dt > 0 else 0)) * 4  # one block's bulk copies
     dkv_dtype = "int64" if mode == "fixed" else "float32"
     grid = NSL if mode == "shard" else R
     has_tail = Dt > 0
@@ -309,19 +315,11 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
         T.call_extern("handle", "mqa_cp_async_commit")
 
     @T.macro
-    def store_partials(acc, buf, col0, width, rank, inbox, bars, parity):
+    def store_partials(acc, buf, col0, width, rank):
         """Cluster of two: the fragment's rows of this CTA's slots into its own rows
-        of buf, the others into the peer's inbox ``parity`` (st.async, completing
-        on the peer's full barrier of that inbox)."""
+        of buf, those of the peer's slots into the staging rows."""
         for j, d in T.Parallel(BS, width):
-            if j % cluster == rank:
-                buf[j // cluster, col0 + d] = acc[j, d]
-            else:
-                # The buffer's handle and a row-major offset, not an element
-                # address: TileLang would fence every element of the loop
-                # against the local stores. The mbarriers order these.
-                T.call_extern("handle", "mqa_store_peer", buf.data, (inbox + j // cluster) * buf.shape[1] + col0 + d,
-                              acc[j, d], bars, parity, 1 - rank)
+            buf[j // cluster + own_rows * ((j + rank) % cluster), col0 + d] = acc[j, d]
 
     @T.macro
     def add_piece(dKV, dKV_s, dKVt_s, slots, scales, k, warp, lane, kv_row, scale_r, NKV, rank, inbox):
@@ -419,7 +417,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
             delta_s = T.alloc_shared((block_H,), f32)
             leader = T.alloc_shared((BS,), i32)
             if cluster > 1:
-                bars = T.alloc_shared((4,), "uint64")  # mbarriers: full[inbox 0, 1], empty[inbox 0, 1]
+                bars = T.alloc_shared((2,), "uint64")  # mbarriers: 0 full (the inbox holds the peer's block), 1 empty (the peer read ours)
                 tid = T.get_thread_binding()
             dKVt_s = dKV_s  # without a tail, add_piece never reads it
             KVt_s = None  # nor gather_async this one
@@ -489,19 +487,19 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                 for j in T.Parallel(BS):
                     slot_next[j] = Indices[r, j]
                 gather_async(KV, KV_s, KVt_s, slot_next, NKV)
-                # Cluster: block t's partials of the peer's slots go to the
-                # peer's inbox t % 2 with st.async, completing on the peer's
-                # full[t % 2]; the peer waits on it one GEMM stage into block
-                # t + 1, adds, and arrives on this CTA's empty[t % 2], which
-                # this CTA waits on before filling that inbox again (block
-                # t + 2). No thread ever waits for its own stores.
+                # Cluster: block t's partials of the peer's slots are staged,
+                # then bulk-copied to the peer's inbox, completing on its full
+                # barrier. The peer waits on it one GEMM stage into block t + 1,
+                # adds, and arrives on this CTA's empty barrier, which this CTA
+                # waits on one GEMM into block t + 1 before it restages (and so
+                # before it refills the peer's inbox). Only the barrier of the
+                # data a thread is about to read or overwrite is ever waited on.
                 if cluster > 1:
                     if tid == 0:
-                        T.call_extern("handle", "mqa_mbar_init", bars.data, 4)
+                        T.call_extern("handle", "mqa_mbar_init", bars.data, 2)
                     T.call_extern("handle", "mqa_cluster_sync")  # the peer's barriers exist
                     if tid == 0:
                         T.call_extern("handle", "mqa_mbar_expect", bars.data, 0, inbox_bytes)
-                        T.call_extern("handle", "mqa_mbar_expect", bars.data, 1, inbox_bytes)
                 for t in T.Pipelined(NB, num_stages=0):
                     # Block t's rows are in flight since block t - 1; the next
                     # block's indices are read now, used after the dQ GEMM.
@@ -537,12 +535,12 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                     if deferred and t > 0 and cluster == 1:
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 1, warp, lane, kv_row, scale_r, NKV, rank, 0)
                     if cluster > 1 and t > 0:
-                        # The peer's partials of block t - 1 are in; re-arm that inbox for block t + 1.
-                        T.call_extern("handle", "mqa_mbar_wait", bars.data, (t - 1) % 2, ((t - 1) // 2) % 2)
-                        if tid == 0 and t + 1 < NB:
-                            T.call_extern("handle", "mqa_mbar_expect", bars.data, (t - 1) % 2, inbox_bytes)
+                        # The peer's partials of block t - 1 are in; expect those of block t.
+                        T.call_extern("handle", "mqa_mbar_wait", bars.data, 0, (t - 1) % 2)
+                        if tid == 0:
+                            T.call_extern("handle", "mqa_mbar_expect", bars.data, 0, inbox_bytes)
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 0, warp, lane, kv_row, scale_r, NKV, rank,
-                                  own_rows + ((t - 1) % 2) * own_rows)
+                                  2 * own_rows)
                     # dP = dO KV_v^T; dS = P * (dP - Delta) * sm_scale.
                     T.gemm(dO_s, KV_s, acc_dp, transpose_B=True, clear_accum=True)
                     for h, j in T.Parallel(block_H, BS):
@@ -553,7 +551,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 2, warp, lane, kv_row, scale_r, NKV, rank, 0)
                     if cluster > 1 and t > 0:
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 1, warp, lane, kv_row, scale_r, NKV, rank,
-                                  own_rows + ((t - 1) % 2) * own_rows)
+                                  2 * own_rows)
                     # dQ += dS KV.
                     T.gemm(dS_s, KV_s, acc_dq)
                     if has_tail:
@@ -567,12 +565,10 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                     if cluster > 1 and t > 0:
                         for k in T.unroll(2, PIECES):
                             add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, k, warp, lane, kv_row, scale_r, NKV, rank,
-                                      own_rows + ((t - 1) % 2) * own_rows)
-                        T.sync_threads()  # every thread is done with inbox (t - 1) % 2
+                                      2 * own_rows)
+                        T.sync_threads()  # every thread is done with the inbox
                         if tid == 0:
-                            T.call_extern("handle", "mqa_mbar_arrive_peer", bars.data, 2 + (t - 1) % 2, 1 - rank)
-                    if cluster > 1 and t >= 2:  # the peer is done with its inbox t % 2 (block t - 2)
-                        T.call_extern("handle", "mqa_mbar_wait", bars.data, 2 + t % 2, ((t - 2) // 2) % 2)
+                            T.call_extern("handle", "mqa_mbar_arrive_peer", bars.data, 1, 1 - rank)
                     if mode != "none":
                         # dKV of this slot block = dS^T Q (all columns) + P^T dO (first Dv).
                         for c in T.unroll(DKV_SPLIT):
@@ -581,13 +577,24 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                             if cluster == 1:
                                 T.copy(acc_dkv, dKV_s[0:BS, c * Dc : (c + 1) * Dc])
                             else:
-                                store_partials(acc_dkv, dKV_s, c * Dc, Dc, rank, own_rows + (t % 2) * own_rows, bars.data, t % 2)
+                                if c == 0 and t > 0:  # the peer has our block t - 1: staging and its inbox are free
+                                    T.call_extern("handle", "mqa_mbar_wait", bars.data, 1, (t - 1) % 2)
+                                store_partials(acc_dkv, dKV_s, c * Dc, Dc, rank)
                         if has_tail:
                             T.gemm(dS_s, Qt_s, acc_dkvt, transpose_A=True, clear_accum=True)
                             if cluster == 1:
                                 T.copy(acc_dkvt, dKVt_s[0:BS, 0:Dt])
                             else:
-                                store_partials(acc_dkvt, dKVt_s, 0, Dt, rank, own_rows + (t % 2) * own_rows, bars.data, t % 2)
+                                store_partials(acc_dkvt, dKVt_s, 0, Dt, rank)
+                        if cluster > 1:  # send the staged partials to the peer's inbox
+                            T.call_extern("handle", "mqa_fence_proxy_async")
+                            T.sync_threads()
+                            if tid == 0:
+                                T.call_extern("handle", "mqa_bulk_to_peer", dKV_s.data, own_rows * (Dv + 4) * 4,
+                                              2 * own_rows * (Dv + 4) * 4, own_rows * (Dv + 4) * 4, bars.data, 0, 1 - rank)
+                                if has_tail:
+                                    T.call_extern("handle", "mqa_bulk_to_peer", dKVt_s.data, own_rows * (Dt + 4) * 4,
+                                                  2 * own_rows * (Dt + 4) * 4, own_rows * (Dt + 4) * 4, bars.data, 0, 1 - rank)
 
                     if mode == "write":
                         T.copy(dKV_s[0:BS, 0:Dv], dKV[r, t * BS : (t + 1) * BS, 0:Dv])
@@ -653,10 +660,10 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         for k in T.unroll(PIECES):
                             add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, k, warp, lane, kv_row, scale_r, NKV, rank, 0)
                     else:
-                        T.call_extern("handle", "mqa_mbar_wait", bars.data, (NB - 1) % 2, ((NB - 1) // 2) % 2)
+                        T.call_extern("handle", "mqa_mbar_wait", bars.data, 0, (NB - 1) % 2)
                         for k in T.unroll(PIECES):
                             add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, k, warp, lane, kv_row, scale_r, NKV, rank,
-                                      own_rows + ((NB - 1) % 2) * own_rows)
+                                      2 * own_rows)
                         # A CTA's shared memory must outlive the peer's remote arrivals on it.
                         T.call_extern("handle", "mqa_cluster_sync")
                 if mode == "fixed":
