@@ -148,7 +148,7 @@ __device__ __forceinline__ void mqa_mbar_init(void* bars, int n) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(mqa_smem(static_cast<unsigned long long*>(bars) + i)) : "memory");
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
-// The one arrival of bars[i]'s current phase, which also expects ``bytes`` of st.async data.
+// The one arrival of bars[i]'s current phase, which also expects ``bytes`` of bulk-copied data.
 __device__ __forceinline__ void mqa_mbar_expect(void* bars, int i, int bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
                :: "r"(mqa_smem(static_cast<unsigned long long*>(bars) + i)), "r"(bytes) : "memory");
@@ -224,13 +224,13 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                     slot (in slot order), so the block's writes never collide.
       "none"        no dKV at all (a benchmark probe: the cost of everything else)
 
-    cluster (fixed mode): the launch covers ``cluster`` consecutive head groups
-    [head_base + g * tile, ...), g = 0 .. cluster - 1, as one thread block
-    cluster per query row (grid R x cluster). Each slot's dKV contribution is
-    the fp32 sum of the groups' partials in group order, added once: the
-    fixed-point adds shrink by the cluster size. CTA g adds the slots of each
-    piece with slot % cluster == g, reading the peers' dKV_s through
-    distributed shared memory between two cluster barriers per slot block.
+    cluster (fixed mode, 2): the launch covers two consecutive head groups
+    [head_base + g * tile, ...), g = 0, 1, as one thread block cluster per
+    query row (grid R x 2). Each slot's dKV contribution is the fp32 sum of
+    the two groups' partials (one add: the same bits in either order), added
+    once: half the fixed-point adds. CTA g adds the slots j with j % 2 == g;
+    each block, it receives the peer's partials of those slots as one bulk
+    copy into its inbox (mbarrier handshakes, see the loop).
     """
     tilelang, T = _tl()
     if mode not in MAIN_MODES + ("none",):
