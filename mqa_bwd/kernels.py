@@ -159,10 +159,14 @@ __device__ __forceinline__ void mqa_mbar_wait(void* bars, int i, int parity) {
                "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n\t"
                "@!done bra MQA_WAIT_%=;\n\t}" :: "r"(a), "r"(parity) : "memory");
 }
-// The one arrival of bars[i] in CTA ``rank`` of the cluster.
+// The one arrival of bars[i] in CTA ``rank`` of the cluster. Default semantics
+// (release at CTA scope), as CUTLASS's cluster barriers: ``.release.cluster``
+// compiles to a GPU-wide MEMBAR on every call. What it orders, this CTA's
+// reads of its inbox, are done: their values fed the adds before the
+// __syncthreads that precedes the arrival.
 __device__ __forceinline__ void mqa_mbar_arrive_peer(void* bars, int i, int rank) {
   unsigned a = mqa_peer(mqa_smem(static_cast<unsigned long long*>(bars) + i), rank);
-  asm volatile("mbarrier.arrive.release.cluster.shared::cluster.b64 _, [%0];" :: "r"(a) : "memory");
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" :: "r"(a) : "memory");
 }
 // Generic-proxy stores to shared memory become visible to the bulk copies issued after a barrier.
 __device__ __forceinline__ void mqa_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
@@ -175,6 +179,15 @@ __device__ __forceinline__ void mqa_bulk_to_peer(void* base, int src, int dst, i
                :: "r"(d), "r"(b + src), "r"(bytes), "r"(m) : "memory");
 }
 """
+#: Words of padding per fp32 row of dKV_s (row stride Dv + 8, 8 mod 32 banks).
+#: A warp stores an mma accumulator fragment as float2 per lane: rows
+#: lane // 4, columns 2 * (lane % 4). With a stride of 8 mod 32 those 8 rows
+#: cover the 32 banks exactly twice (two wavefronts, the minimum); with the
+#: former 4 words, neighbouring rows overlapped (2-way conflicts), and the
+#: cluster's interleaved own/staging rows 4-way (ncu on the H200: 1141 M
+#: shared-store wavefronts for 285 M ideal per dsv32 H=64 launch).
+F32_ROW_PAD = 8
+
 #: Head groups one deterministic launch may sum on chip (a thread block cluster):
 #: two at most, as every CTA keeps a staging copy and an inbox of partials for its peer.
 CLUSTER_SIZES = (1, 2)
@@ -292,7 +305,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     # (the inbox), n = BS / 2. The dKVt_s rows alike.
     own_rows = BS // cluster
     dkv_rows = BS if cluster == 1 else own_rows * 3
-    inbox_bytes = own_rows * ((Dv + 4) + (Dt + 4 if Dt > 0 else 0)) * 4  # one block's bulk copies
+    inbox_bytes = own_rows * ((Dv + F32_ROW_PAD) + (Dt + F32_ROW_PAD if Dt > 0 else 0)) * 4  # one block's bulk copies
     dkv_dtype = "int64" if mode == "fixed" else "float32"
     grid = NSL if mode == "shard" else R
     has_tail = Dt > 0
@@ -408,9 +421,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
             P_s = T.alloc_shared((block_H, BS), bf16)
             dS_s = T.alloc_shared((block_H, BS), bf16)
             dQ_s = T.alloc_shared((block_H, Dv), bf16)
-            # fp32 rows padded by 4 words: the accumulator fragment's stores
-            # would otherwise put 8 lanes on one bank (row stride 512 words).
-            dKV_s = T.alloc_shared((dkv_rows, Dv + 4), f32)
+            dKV_s = T.alloc_shared((dkv_rows, Dv + F32_ROW_PAD), f32)
             slot = T.alloc_shared((BS,), i32)
             slot_next = T.alloc_shared((BS,), i32)  # the rows of the block in flight
             lse_s = T.alloc_shared((block_H,), f32)
@@ -425,7 +436,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                 Qt_s = T.alloc_shared((block_H, Dt), bf16)
                 KVt_s = T.alloc_shared((BS, Dt), bf16)
                 dQt_s = T.alloc_shared((block_H, Dt), bf16)
-                dKVt_s = T.alloc_shared((dkv_rows, Dt + 4), f32)
+                dKVt_s = T.alloc_shared((dkv_rows, Dt + F32_ROW_PAD), f32)
                 acc_dqt = T.alloc_fragment((block_H, Dt), f32)
                 acc_dkvt = T.alloc_fragment((BS, Dt), f32)
 
@@ -590,11 +601,11 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                             T.call_extern("handle", "mqa_fence_proxy_async")
                             T.sync_threads()
                             if tid == 0:
-                                T.call_extern("handle", "mqa_bulk_to_peer", dKV_s.data, own_rows * (Dv + 4) * 4,
-                                              2 * own_rows * (Dv + 4) * 4, own_rows * (Dv + 4) * 4, bars.data, 0, 1 - rank)
+                                T.call_extern("handle", "mqa_bulk_to_peer", dKV_s.data, own_rows * (Dv + F32_ROW_PAD) * 4,
+                                              2 * own_rows * (Dv + F32_ROW_PAD) * 4, own_rows * (Dv + F32_ROW_PAD) * 4, bars.data, 0, 1 - rank)
                                 if has_tail:
-                                    T.call_extern("handle", "mqa_bulk_to_peer", dKVt_s.data, own_rows * (Dt + 4) * 4,
-                                                  2 * own_rows * (Dt + 4) * 4, own_rows * (Dt + 4) * 4, bars.data, 0, 1 - rank)
+                                    T.call_extern("handle", "mqa_bulk_to_peer", dKVt_s.data, own_rows * (Dt + F32_ROW_PAD) * 4,
+                                                  2 * own_rows * (Dt + F32_ROW_PAD) * 4, own_rows * (Dt + F32_ROW_PAD) * 4, bars.data, 0, 1 - rank)
 
                     if mode == "write":
                         T.copy(dKV_s[0:BS, 0:Dv], dKV[r, t * BS : (t + 1) * BS, 0:Dv])
