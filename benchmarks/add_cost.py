@@ -29,6 +29,7 @@ from mqa_bwd.bench import production_inputs
 # of the piece: value part and tail).
 # Each starts at a line start, so that one indentation never matches inside another.
 FIXED_GUARD = "\n                if (kv_row[0] >= 0) and (kv_row[0] < NKV):\n"
+FIXED_GUARDS = 2
 ATOMIC_GUARDS = (
     "\n                if (slots[k * piece + j] >= 0) and (slots[k * piece + j] < NKV):\n",
     "\n                    if (slots[k * piece + j] >= 0) and (slots[k * piece + j] < NKV):\n",
@@ -44,9 +45,12 @@ def variant_source(adds: str, source: str | None = None) -> str:
     if DROPS[adds] is None:
         return source
     fixed_cond, atomic_cond = DROPS[adds]
-    for guard, cond in ((FIXED_GUARD, fixed_cond),) + tuple((g, atomic_cond) for g in ATOMIC_GUARDS):
-        if source.count(guard) != 1:
-            raise RuntimeError(f"add_cost: the add guard {guard.strip()!r} is not in mqa_bwd.kernels once; update this tool")
+    # The fixed-point guard is in each of add_piece's paths (one head group, a
+    # cluster of groups); the atomic control's guards are there once each.
+    for guard, cond, wanted in ((FIXED_GUARD, fixed_cond, FIXED_GUARDS),) + tuple((g, atomic_cond, 1) for g in ATOMIC_GUARDS):
+        if source.count(guard) != wanted:
+            raise RuntimeError(f"add_cost: the add guard {guard.strip()!r} is not in mqa_bwd.kernels {wanted} time(s); "
+                               "update this tool")
         source = source.replace(guard, guard.replace(":\n", f" and ({cond}):\n"))
     return source
 

@@ -130,8 +130,84 @@ __device__ __forceinline__ void mqa_cp_async_commit() { asm volatile("cp.async.c
 __device__ __forceinline__ void mqa_cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 """
 
+# A cluster of CTAs (the head groups of one query row) sums its dKV partials
+# through distributed shared memory: every CTA's dKV_s sits at the same offset.
+CLUSTER_SOURCE = r"""
+__device__ __forceinline__ unsigned mqa_smem(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ unsigned mqa_peer(unsigned addr, int rank) {
+  unsigned r;
+  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ void mqa_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
+// mbarriers bars[0 .. n) with one arrival each, visible to the cluster after a cluster sync.
+__device__ __forceinline__ void mqa_mbar_init(void* bars, int n) {
+  for (int i = 0; i < n; ++i)
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(mqa_smem(static_cast<unsigned long long*>(bars) + i)) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// The one arrival of bars[i]'s current phase, which also expects ``bytes`` of bulk-copied data.
+__device__ __forceinline__ void mqa_mbar_expect(void* bars, int i, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               :: "r"(mqa_smem(static_cast<unsigned long long*>(bars) + i)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mqa_mbar_wait(void* bars, int i, int parity) {
+  unsigned a = mqa_smem(static_cast<unsigned long long*>(bars) + i);
+  asm volatile("{\n\t.reg .pred done;\n\tMQA_WAIT_%=:\n\t"
+               "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n\t"
+               "@!done bra MQA_WAIT_%=;\n\t}" :: "r"(a), "r"(parity) : "memory");
+}
+// The one arrival of bars[i] in CTA ``rank`` of the cluster. Default semantics
+// (release at CTA scope), as CUTLASS's cluster barriers: ``.release.cluster``
+// compiles to a GPU-wide MEMBAR on every call. What it orders, this CTA's
+// reads of its inbox, are done: their values fed the adds before the
+// __syncthreads that precedes the arrival.
+__device__ __forceinline__ void mqa_mbar_arrive_peer(void* bars, int i, int rank) {
+  unsigned a = mqa_peer(mqa_smem(static_cast<unsigned long long*>(bars) + i), rank);
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" :: "r"(a) : "memory");
+}
+// Generic-proxy stores to shared memory become visible to the bulk copies issued after a barrier.
+__device__ __forceinline__ void mqa_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// Bulk copy of ``bytes`` from this CTA's base + src to CTA ``rank``'s base + dst (byte offsets),
+// completing on that CTA's bars[i]: one instruction, and the issuing thread never waits.
+__device__ __forceinline__ void mqa_bulk_to_peer(void* base, int src, int dst, int bytes, void* bars, int i, int rank) {
+  unsigned b = mqa_smem(base);
+  unsigned d = mqa_peer(b + dst, rank), m = mqa_peer(mqa_smem(static_cast<unsigned long long*>(bars) + i), rank);
+  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               :: "r"(d), "r"(b + src), "r"(bytes), "r"(m) : "memory");
+}
+"""
+#: Words of padding per fp32 row of dKV_s (row stride Dv + 8, 8 mod 32 banks).
+#: A warp stores an mma accumulator fragment as float2 per lane: rows
+#: lane // 4, columns 2 * (lane % 4). With a stride of 8 mod 32 those 8 rows
+#: cover the 32 banks exactly twice (two wavefronts, the minimum); with the
+#: former 4 words, neighbouring rows overlapped (2-way conflicts), and the
+#: cluster's interleaved own/staging rows 4-way (ncu on the H200: 1141 M
+#: shared-store wavefronts for 285 M ideal per dsv32 H=64 launch).
+F32_ROW_PAD = 8
 
-def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, threads: int = 0):
+#: Head groups one deterministic launch may sum on chip (a thread block cluster):
+#: two at most, as every CTA keeps a staging copy and an inbox of partials for its peer.
+CLUSTER_SIZES = (1, 2)
+#: The largest cluster the wrapper launches (fixed design).
+MAX_CLUSTER = 2
+
+
+def cluster_launches(groups: int, largest: int | None = None) -> list:
+    """[(first group, cluster size)] covering ``groups`` head groups, largest clusters first
+    (at most ``largest``, default MAX_CLUSTER)."""
+    largest = MAX_CLUSTER if largest is None else largest
+    launches, g = [], 0
+    while g < groups:
+        size = max(c for c in CLUSTER_SIZES if c <= min(largest, groups - g))
+        launches.append((g, size))
+        g += size
+    return launches
+
+
+def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int = 1, threads: int = 0):
     """The main backward for one head group of ``heads`` heads.
 
     Q, dO, Lse2, Delta, Allowance and dQ hold all HQ heads; the CTA moves the
@@ -160,10 +236,20 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, threads: int 
                     rows inside a slot block are first summed onto their first
                     slot (in slot order), so the block's writes never collide.
       "none"        no dKV at all (a benchmark probe: the cost of everything else)
+
+    cluster (fixed mode, 2): the launch covers two consecutive head groups
+    [head_base + g * tile, ...), g = 0, 1, as one thread block cluster per
+    query row (grid R x 2). Each slot's dKV contribution is the fp32 sum of
+    the two groups' partials (one add: the same bits in either order), added
+    once: half the fixed-point adds. CTA g adds the slots j with j % 2 == g;
+    each block, it receives the peer's partials of those slots as one bulk
+    copy into its inbox (mbarrier handshakes, see the loop).
     """
     tilelang, T = _tl()
     if mode not in MAIN_MODES + ("none",):
         raise ValueError(f"mode: {mode!r}")
+    if cluster not in CLUSTER_SIZES or (cluster > 1 and mode != "fixed"):
+        raise ValueError(f"cluster: {cluster!r} (one of {CLUSTER_SIZES}; above 1 in fixed mode only)")
     R = T.dynamic("R")
     HQ = T.dynamic("HQ")  # every head of the call; the group starts at head_base
     NKV = T.dynamic("NKV")
@@ -204,6 +290,22 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, threads: int 
     piece = BS // PIECES
     if deferred and piece % n_warps:
         raise ValueError(f"{n_warps} warps must divide the {piece} slots of a piece of global adds")
+    # Fixed mode in a cluster: a piece's slots of this CTA, each added by
+    # ``cluster`` warps, a ``part_cols`` share of the Dv columns each (and
+    # every cluster-th 32-column chunk of the tail).
+    part_cols = Dv // cluster
+    tail_chunks = Dt // 32
+    tail_per_share = (tail_chunks + cluster - 1) // cluster
+    if cluster > 1 and (piece % cluster or part_cols % 32):
+        raise ValueError(f"cluster {cluster} must divide the {piece} slots of a piece and Dv / 32 = {Dv // 32}")
+    # dKV_s rows: the block's partials (one row per slot). In a cluster of
+    # two: rows [0, n) the partials of this CTA's own slots (j % 2 == rank, row
+    # j // 2), [n, 2n) its partials of the peer's slots (staging, sent to the
+    # peer in one bulk copy), [2n, 3n) the peer's partials of this CTA's slots
+    # (the inbox), n = BS / 2. The dKVt_s rows alike.
+    own_rows = BS // cluster
+    dkv_rows = BS if cluster == 1 else own_rows * 3
+    inbox_bytes = own_rows * ((Dv + F32_ROW_PAD) + (Dt + F32_ROW_PAD if Dt > 0 else 0)) * 4  # one block's bulk copies
     dkv_dtype = "int64" if mode == "fixed" else "float32"
     grid = NSL if mode == "shard" else R
     has_tail = Dt > 0
@@ -226,9 +328,43 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, threads: int 
         T.call_extern("handle", "mqa_cp_async_commit")
 
     @T.macro
-    def add_piece(dKV, dKV_s, dKVt_s, slots, scales, k, warp, lane, kv_row, scale_r, NKV):
+    def store_partials(acc, buf, col0, width, rank):
+        """Cluster of two: the fragment's rows of this CTA's slots into its own rows
+        of buf, those of the peer's slots into the staging rows."""
+        for j, d in T.Parallel(BS, width):
+            buf[j // cluster + own_rows * ((j + rank) % cluster), col0 + d] = acc[j, d]
+
+    @T.macro
+    def add_piece(dKV, dKV_s, dKVt_s, slots, scales, k, warp, lane, kv_row, scale_r, NKV, rank, inbox):
         """The global adds of slots [k * piece, (k + 1) * piece) of the block held in dKV_s."""
-        if mode == "fixed":
+        if mode == "fixed" and cluster > 1:
+            # This CTA adds the slots j of the piece with j % 2 == rank, each
+            # by two warps (a column half each): own partial (row j // 2) plus
+            # the peer's (its inbox row). One fp32 add of two values has the
+            # same bits in either order, so both CTAs would agree.
+            for s_i in T.serial(piece // n_warps):
+                j = k * piece + (warp + s_i * n_warps) // cluster * cluster + rank
+                share = (warp + s_i * n_warps) % cluster
+                kv_row[0] = slots[j]
+                scale_r[0] = scales[j]
+                if (kv_row[0] >= 0) and (kv_row[0] < NKV):
+                    for c in T.unroll(part_cols // 32):
+                        T.atomic_add(
+                            dKV[kv_row[0], share * part_cols + c * 32 + lane],
+                            T.call_extern("int64", "__float2ll_rn", (
+                                dKV_s[j // cluster, share * part_cols + c * 32 + lane]
+                                + dKV_s[inbox + j // cluster, share * part_cols + c * 32 + lane]) * scale_r[0]),
+                        )
+                    if has_tail:
+                        for c in T.unroll(tail_per_share):
+                            if c * cluster + share < tail_chunks:
+                                T.atomic_add(
+                                    dKV[kv_row[0], Dv + (c * cluster + share) * 32 + lane],
+                                    T.call_extern("int64", "__float2ll_rn", (
+                                        dKVt_s[j // cluster, (c * cluster + share) * 32 + lane]
+                                        + dKVt_s[inbox + j // cluster, (c * cluster + share) * 32 + lane]) * scale_r[0]),
+                                )
+        elif mode == "fixed":
             # SIMT: warp w takes slots w, w + n_warps, ... of the piece; its
             # lanes walk the row 32 columns at a time, so every red.u64 is one
             # coalesced 256-byte row segment, and the slot's kv row and scale
@@ -277,7 +413,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, threads: int 
         shard_base: T.int32,
         n_shards: T.int32,
     ):
-        with T.Kernel(grid, threads=threads) as b:
+        with T.Kernel(grid, cluster, threads=threads, cluster_dims=(1, cluster, 1) if cluster > 1 else None) as (b, rank):
             scale_log2 = sm_scale * LOG2E
             Q_s = T.alloc_shared((block_H, Dv), bf16)
             dO_s = T.alloc_shared((block_H, Dv), bf16)
@@ -285,21 +421,22 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, threads: int 
             P_s = T.alloc_shared((block_H, BS), bf16)
             dS_s = T.alloc_shared((block_H, BS), bf16)
             dQ_s = T.alloc_shared((block_H, Dv), bf16)
-            # fp32 rows padded by 4 words: the accumulator fragment's stores
-            # would otherwise put 8 lanes on one bank (row stride 512 words).
-            dKV_s = T.alloc_shared((BS, Dv + 4), f32)
+            dKV_s = T.alloc_shared((dkv_rows, Dv + F32_ROW_PAD), f32)
             slot = T.alloc_shared((BS,), i32)
             slot_next = T.alloc_shared((BS,), i32)  # the rows of the block in flight
             lse_s = T.alloc_shared((block_H,), f32)
             delta_s = T.alloc_shared((block_H,), f32)
             leader = T.alloc_shared((BS,), i32)
+            if cluster > 1:
+                bars = T.alloc_shared((2,), "uint64")  # mbarriers: 0 full (the inbox holds the peer's block), 1 empty (the peer read ours)
+                tid = T.get_thread_binding()
             dKVt_s = dKV_s  # without a tail, add_piece never reads it
             KVt_s = None  # nor gather_async this one
             if has_tail:
                 Qt_s = T.alloc_shared((block_H, Dt), bf16)
                 KVt_s = T.alloc_shared((BS, Dt), bf16)
                 dQt_s = T.alloc_shared((block_H, Dt), bf16)
-                dKVt_s = T.alloc_shared((BS, Dt + 4), f32)
+                dKVt_s = T.alloc_shared((dkv_rows, Dt + F32_ROW_PAD), f32)
                 acc_dqt = T.alloc_fragment((block_H, Dt), f32)
                 acc_dkvt = T.alloc_fragment((BS, Dt), f32)
 
@@ -335,7 +472,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, threads: int 
                 r = first_row + it * row_stride
                 # The tile is block_H head rows, whatever Hg is: the wrapper must hand
                 # a group of exactly block_H heads (SPEC, "the kernel's own tile").
-                h0 = head_base
+                h0 = head_base if cluster == 1 else head_base + rank * block_H
                 T.copy(Q[r, h0 : h0 + block_H, 0:Dv], Q_s)
                 if has_tail:
                     T.copy(Q[r, h0 : h0 + block_H, Dv:Dk], Qt_s)
@@ -357,10 +494,23 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, threads: int 
                 # (fixed) and 18 % (atomic) faster than gathering each block
                 # at its top, commit 679c2e6). Invalid slots are never read:
                 # their rows of KV_s are zero.
-                T.import_source(GATHER_SOURCE)
+                T.import_source(GATHER_SOURCE + (CLUSTER_SOURCE if cluster > 1 else ""))
                 for j in T.Parallel(BS):
                     slot_next[j] = Indices[r, j]
                 gather_async(KV, KV_s, KVt_s, slot_next, NKV)
+                # Cluster: block t's partials of the peer's slots are staged,
+                # then bulk-copied to the peer's inbox, completing on its full
+                # barrier. The peer waits on it one GEMM stage into block t + 1,
+                # adds, and arrives on this CTA's empty barrier, which this CTA
+                # waits on one GEMM into block t + 1 before it restages (and so
+                # before it refills the peer's inbox). Only the barrier of the
+                # data a thread is about to read or overwrite is ever waited on.
+                if cluster > 1:
+                    if tid == 0:
+                        T.call_extern("handle", "mqa_mbar_init", bars.data, 2)
+                    T.call_extern("handle", "mqa_cluster_sync")  # the peer's barriers exist
+                    if tid == 0:
+                        T.call_extern("handle", "mqa_mbar_expect", bars.data, 0, inbox_bytes)
                 for t in T.Pipelined(NB, num_stages=0):
                     # Block t's rows are in flight since block t - 1; the next
                     # block's indices are read now, used after the dQ GEMM.
@@ -376,8 +526,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, threads: int 
                                 (slot[j] >= 0) and (slot[j] < NKV), RowScale[slot[j]], T.cast(0, f32)
                             )
 
-                    if deferred and t > 0:
-                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 0, warp, lane, kv_row, scale_r, NKV)
+                    if deferred and t > 0 and cluster == 1:
+                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 0, warp, lane, kv_row, scale_r, NKV, rank, 0)
                     # Scores, then P = exp2(score * scale * log2e - Lse2), 0 on invalid slots.
                     T.gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True)
                     if has_tail:
@@ -393,16 +543,26 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, threads: int 
                         for h, j in T.Parallel(block_H, BS):
                             mass[h, j] += acc_s[h, j]
 
-                    if deferred and t > 0:
-                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 1, warp, lane, kv_row, scale_r, NKV)
+                    if deferred and t > 0 and cluster == 1:
+                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 1, warp, lane, kv_row, scale_r, NKV, rank, 0)
+                    if cluster > 1 and t > 0:
+                        # The peer's partials of block t - 1 are in; expect those of block t.
+                        T.call_extern("handle", "mqa_mbar_wait", bars.data, 0, (t - 1) % 2)
+                        if tid == 0:
+                            T.call_extern("handle", "mqa_mbar_expect", bars.data, 0, inbox_bytes)
+                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 0, warp, lane, kv_row, scale_r, NKV, rank,
+                                  2 * own_rows)
                     # dP = dO KV_v^T; dS = P * (dP - Delta) * sm_scale.
                     T.gemm(dO_s, KV_s, acc_dp, transpose_B=True, clear_accum=True)
                     for h, j in T.Parallel(block_H, BS):
                         acc_dp[h, j] = acc_s[h, j] * (acc_dp[h, j] - delta_s[h]) * sm_scale
                     T.copy(acc_dp, dS_s)
 
-                    if deferred and t > 0:
-                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 2, warp, lane, kv_row, scale_r, NKV)
+                    if deferred and t > 0 and cluster == 1:
+                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 2, warp, lane, kv_row, scale_r, NKV, rank, 0)
+                    if cluster > 1 and t > 0:
+                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 1, warp, lane, kv_row, scale_r, NKV, rank,
+                                  2 * own_rows)
                     # dQ += dS KV.
                     T.gemm(dS_s, KV_s, acc_dq)
                     if has_tail:
@@ -411,17 +571,41 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, threads: int 
                     if t + 1 < NB:
                         gather_async(KV, KV_s, KVt_s, slot_next, NKV)
 
-                    if deferred and t > 0:
-                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 3, warp, lane, kv_row, scale_r, NKV)
+                    if deferred and t > 0 and cluster == 1:
+                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 3, warp, lane, kv_row, scale_r, NKV, rank, 0)
+                    if cluster > 1 and t > 0:
+                        for k in T.unroll(2, PIECES):
+                            add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, k, warp, lane, kv_row, scale_r, NKV, rank,
+                                      2 * own_rows)
+                        T.sync_threads()  # every thread is done with the inbox
+                        if tid == 0:
+                            T.call_extern("handle", "mqa_mbar_arrive_peer", bars.data, 1, 1 - rank)
                     if mode != "none":
                         # dKV of this slot block = dS^T Q (all columns) + P^T dO (first Dv).
                         for c in T.unroll(DKV_SPLIT):
                             T.gemm(dS_s, Q_s[0:block_H, c * Dc : (c + 1) * Dc], acc_dkv, transpose_A=True, clear_accum=True)
                             T.gemm(P_s, dO_s[0:block_H, c * Dc : (c + 1) * Dc], acc_dkv, transpose_A=True)
-                            T.copy(acc_dkv, dKV_s[0:BS, c * Dc : (c + 1) * Dc])
+                            if cluster == 1:
+                                T.copy(acc_dkv, dKV_s[0:BS, c * Dc : (c + 1) * Dc])
+                            else:
+                                if c == 0 and t > 0:  # the peer has our block t - 1: staging and its inbox are free
+                                    T.call_extern("handle", "mqa_mbar_wait", bars.data, 1, (t - 1) % 2)
+                                store_partials(acc_dkv, dKV_s, c * Dc, Dc, rank)
                         if has_tail:
                             T.gemm(dS_s, Qt_s, acc_dkvt, transpose_A=True, clear_accum=True)
-                            T.copy(acc_dkvt, dKVt_s[0:BS, 0:Dt])
+                            if cluster == 1:
+                                T.copy(acc_dkvt, dKVt_s[0:BS, 0:Dt])
+                            else:
+                                store_partials(acc_dkvt, dKVt_s, 0, Dt, rank)
+                        if cluster > 1:  # send the staged partials to the peer's inbox
+                            T.call_extern("handle", "mqa_fence_proxy_async")
+                            T.sync_threads()
+                            if tid == 0:
+                                T.call_extern("handle", "mqa_bulk_to_peer", dKV_s.data, own_rows * (Dv + F32_ROW_PAD) * 4,
+                                              2 * own_rows * (Dv + F32_ROW_PAD) * 4, own_rows * (Dv + F32_ROW_PAD) * 4, bars.data, 0, 1 - rank)
+                                if has_tail:
+                                    T.call_extern("handle", "mqa_bulk_to_peer", dKVt_s.data, own_rows * (Dt + F32_ROW_PAD) * 4,
+                                                  2 * own_rows * (Dt + F32_ROW_PAD) * 4, own_rows * (Dt + F32_ROW_PAD) * 4, bars.data, 0, 1 - rank)
 
                     if mode == "write":
                         T.copy(dKV_s[0:BS, 0:Dv], dKV[r, t * BS : (t + 1) * BS, 0:Dv])
@@ -483,8 +667,16 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, threads: int 
                         T.sync_threads()
 
                 if deferred:  # the last block's adds
-                    for k in T.unroll(PIECES):
-                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, k, warp, lane, kv_row, scale_r, NKV)
+                    if cluster == 1:
+                        for k in T.unroll(PIECES):
+                            add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, k, warp, lane, kv_row, scale_r, NKV, rank, 0)
+                    else:
+                        T.call_extern("handle", "mqa_mbar_wait", bars.data, 0, (NB - 1) % 2)
+                        for k in T.unroll(PIECES):
+                            add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, k, warp, lane, kv_row, scale_r, NKV, rank,
+                                      2 * own_rows)
+                        # A CTA's shared memory must outlive the peer's remote arrivals on it.
+                        T.call_extern("handle", "mqa_cluster_sync")
                 if mode == "fixed":
                     T.reduce_sum(mass, mass_row, dim=1)
                     for h in T.Parallel(block_H):
@@ -683,7 +875,7 @@ def compile_program(program, target=None):
 def compiled(kind: str, *key):
     builders = {
         "delta": delta_program,
-        "main_bwd": lambda h, dk, dv, mode: main_bwd_program(h, dk, dv, mode=mode),
+        "main_bwd": lambda h, dk, dv, mode, cluster=1: main_bwd_program(h, dk, dv, mode=mode, cluster=cluster),
         "shard_fold": shard_fold_program,
         "dkv_reduce": dkv_reduce_program,
         "dsink_reduce": dsink_reduce_program,
@@ -707,6 +899,8 @@ def gpu_configs(widths=GPU_WIDTHS, group_widths=(16, 32)):
         for heads in group_widths:
             for mode in MAIN_MODES:
                 yield ("main_bwd", heads, d_k, d_v, mode)
+            for cluster in CLUSTER_SIZES[1:]:
+                yield ("main_bwd", heads, d_k, d_v, "fixed", cluster)
 
 
 def _nvcc(config, output: str, code: str, extra=()):

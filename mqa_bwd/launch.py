@@ -66,12 +66,14 @@ class Launcher:
         raise NotImplementedError
 
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, heads=None, head_base=0,
-                 shard_base=0, n_shards=1, row_scale=None, allowance=None, flag=None):
+                 shard_base=0, n_shards=1, row_scale=None, allowance=None, flag=None, cluster=1):
         """One head group: ``heads`` heads from ``head_base`` of the [R, HQ, ...] tensors q,
         grad_out, lse2, delta, dq (and allowance). The kernel's tile is
         ``main_tile_heads(heads)`` rows, whatever ``heads`` is (SPEC); ``heads``
         defaults to HQ. ``row_scale`` [NKV] f32, ``allowance`` [R, HQ] f32 and
-        ``flag`` [R] i32: "fixed" mode only."""
+        ``flag`` [R] i32: "fixed" mode only. ``cluster`` > 1 ("fixed" mode
+        only): that many consecutive groups from ``head_base``, their dKV
+        partials summed in group order before each fixed-point add."""
         raise NotImplementedError
 
     def shard_fold(self, dkv_shards, dkv_acc):
@@ -116,8 +118,9 @@ class TileLangLauncher(Launcher):
         kernel(out, grad_out, lse2, sink2, delta, dsink_rows)
 
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, heads=None, head_base=0,
-                 shard_base=0, n_shards=1, row_scale=None, allowance=None, flag=None):
-        kernel = K.compiled("main_bwd", heads or q.shape[1], q.shape[2], grad_out.shape[2], mode)
+                 shard_base=0, n_shards=1, row_scale=None, allowance=None, flag=None, cluster=1):
+        key = (heads or q.shape[1], q.shape[2], grad_out.shape[2], mode) + ((cluster,) if cluster > 1 else ())
+        kernel = K.compiled("main_bwd", *key)
         if row_scale is None:  # other modes never touch them; the signature is shared
             row_scale = torch.empty((kv.shape[0],), dtype=torch.float32, device=kv.device)
             allowance = lse2  # the right shape, never read

@@ -105,8 +105,10 @@ class ModelLauncher(Launcher):
 
     # -- main backward -----------------------------------------------------
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, heads=None, head_base=0,
-                 shard_base=0, n_shards=1, row_scale=None, allowance=None, flag=None):
+                 shard_base=0, n_shards=1, row_scale=None, allowance=None, flag=None, cluster=1):
         kernel = "main_bwd"
+        if cluster not in K.CLUSTER_SIZES or (cluster > 1 and mode != "fixed"):  # the kernel builder's check
+            raise ValueError(f"cluster: {cluster!r} (one of {K.CLUSTER_SIZES}; above 1 in fixed mode only)")
         self.launched(kernel)
         R, _, Dk = q.shape
         NKV = kv.shape[0]
@@ -115,7 +117,7 @@ class ModelLauncher(Launcher):
         BS = K.BLOCK_SLOTS
         heads = heads or q.shape[1]
         block_H = K.main_tile_heads(heads)
-        h0, h1 = head_base, head_base + block_H
+        h0, h1 = head_base, head_base + cluster * block_H  # CTA g of a cluster: [h0 + g * block_H, + block_H)
         if Lp % BS:
             raise TileBoundsError(kernel, "Indices", Lp, Lp - Lp % BS, "slot")
         if Lp == 0:
@@ -168,10 +170,20 @@ class ModelLauncher(Launcher):
         atomic_parts = []
         for s0 in range(0, rows.numel(), self.rows_per_step):
             step = rows[s0 : s0 + self.rows_per_step]
-            dq_step, contrib, slot, mass = self._rows(
-                q[:, group], kv, grad_out[:, group], indices, lse2[:, group], delta[:, group], step, sm_scale, Dv
-            )
-            dq[step, group] = dq_step
+            # Per CTA of the cluster; the dKV contribution of a slot is the sum
+            # of the CTAs' partials in group order, in fp32, as the kernel adds
+            # them through distributed shared memory.
+            dq_parts, contrib, masses = [], None, []
+            for g in range(cluster):
+                tile = slice(h0 + g * block_H, h0 + (g + 1) * block_H)
+                dq_g, contrib_g, slot, mass_g = self._rows(
+                    q[:, tile], kv, grad_out[:, tile], indices, lse2[:, tile], delta[:, tile], step, sm_scale, Dv
+                )
+                dq_parts.append(dq_g)
+                masses.append(mass_g)
+                contrib = contrib_g if contrib is None else contrib + contrib_g
+            dq[step, group] = torch.cat(dq_parts, dim=1)
+            mass = torch.cat(masses, dim=1)
             valid = (slot >= 0) & (slot < NKV)
             if mode == "fixed":
                 # As the kernel: row r's CTA flags a mass over its allowance, or a NaN one.

@@ -407,10 +407,12 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
         allowance = _pad_heads(allowance, Hp, math.inf, launcher)
         row_flags = launcher.zeros((R,), torch.int32)
         dkv_fixed = launcher.zeros((NKV, p.d_k), torch.int64)
-        for g in range(G):
+        # Consecutive head groups run as one cluster per query row, which sums
+        # their dKV partials on chip: fewer fixed-point adds.
+        for g, size in K.cluster_launches(G):
             launcher.main_bwd(
                 q, kv2, do, slots, lse2, delta, dq, dkv_fixed, mode="fixed", **group(g),
-                row_scale=row_scale, allowance=allowance, flag=row_flags,
+                row_scale=row_scale, allowance=allowance, flag=row_flags, cluster=size,
             )
         row_scale = fixed_point.poison_flagged(row_scale, row_flags, p.B)
     elif p.design == "shards":

@@ -147,12 +147,17 @@ class _LaunchLog(ModelLauncher):
 def test_head_groups_are_read_in_place_not_copied(design):
     # Per-group copies of q, dO and dq would make scratch grow with S * H * Dk:
     # every group's launch gets the caller's q and grad_out storage, one dq,
-    # and its own head offset.
+    # and its own head offset. The fixed design runs groups 0 and 1 as one
+    # cluster launch (their dKV partials summed on chip), group 2 alone.
     H = 96
     inputs = to_framework(Case(B=2, S=5, S_kv=9, H=H, L=33, d_k=32, d_v=16, seed=4).inputs())
     launcher = _LaunchLog()
     call_design(inputs, design, launcher=launcher)
-    assert [(x["heads"], x["head_base"]) for x in launcher.launches] == [(32, 0), (32, 32), (32, 64)]
+    launches = [(x["heads"], x["head_base"], x.get("cluster", 1)) for x in launcher.launches]
+    if design == "fixed":
+        assert launches == [(32, 0, 2), (32, 64, 1)]
+    else:
+        assert launches == [(32, 0, 1), (32, 32, 1), (32, 64, 1)]
     for x in launcher.launches:
         assert x["q"].data_ptr() == inputs["query"].data_ptr()
         assert x["dO"].data_ptr() == inputs["grad_out"].data_ptr()
@@ -364,3 +369,57 @@ def test_bad_configuration_is_rejected(kw, argument):
 def test_gpu_backend_refused_without_a_gpu():
     with pytest.raises(ValueError, match=r"^backend\b"):
         call(_good(), backend="tilelang")
+
+
+def _fixed_launch_inputs(seed=0, R=3, HQ=32, Dk=32, Dv=16, NKV=8, Lp=32):
+    g = torch.Generator().manual_seed(seed)
+    bf = lambda *s: (torch.randn(*s, generator=g) * 0.5).to(torch.bfloat16)  # noqa: E731
+    indices = torch.randint(-1, NKV, (R, Lp), generator=g, dtype=torch.int32)
+    return {
+        "q": bf(R, HQ, Dk), "kv": bf(NKV, Dk), "grad_out": bf(R, HQ, Dv), "indices": indices,
+        "lse2": torch.full((R, HQ), 6.0), "delta": torch.randn(R, HQ, generator=g) * 0.1,
+        "dq": torch.zeros((R, HQ, Dk), dtype=torch.bfloat16), "dkv": torch.zeros((NKV, Dk), dtype=torch.int64),
+    }
+
+
+def _fixed(t, **kw):
+    NKV, R, HQ = t["kv"].shape[0], t["q"].shape[0], t["q"].shape[1]
+    ModelLauncher().main_bwd(*t.values(), sm_scale=0.125, mode="fixed", heads=16,
+                             row_scale=torch.full((NKV,), 2.0**20), allowance=torch.full((R, HQ), float("inf")),
+                             flag=torch.zeros(R, dtype=torch.int32), **kw)
+    return t
+
+
+def test_a_cluster_adds_its_groups_partials_once():
+    # A cluster of two head groups adds rint((p0 + p1) * scale) per slot, two
+    # launches rint(p0 * scale) + rint(p1 * scale): the same dq bits, dKV
+    # within one rounding unit (plus the fp32 sum's rounding) per contribution.
+    pair = _fixed(_fixed_launch_inputs(), cluster=2)
+    apart = _fixed_launch_inputs()
+    _fixed(apart, head_base=0)
+    _fixed(apart, head_base=16)
+    assert torch.equal(pair["dq"], apart["dq"])
+    valid = pair["indices"][(pair["indices"] >= 0)].long()
+    contributions = torch.bincount(valid, minlength=pair["kv"].shape[0]).view(-1, 1)
+    diff = (pair["dkv"] - apart["dkv"]).abs()
+    assert bool((diff <= 2 * contributions).all()), f"max diff {int(diff.max())}"
+    assert bool((diff > 0).any())  # the rounding point did move: the test sees the cluster path
+
+
+def test_a_cluster_with_zero_heads_adds_the_bits_of_the_other_group_alone():
+    # Padding heads (q = dO = 0) stay inert in a cluster: their partial is an
+    # exact zero, so the cluster's sum is the first group's partial.
+    pair = _fixed_launch_inputs()
+    pair["q"][:, 16:] = 0
+    pair["grad_out"][:, 16:] = 0
+    _fixed(pair, cluster=2)
+    alone = _fixed(_fixed_launch_inputs(), head_base=0)
+    assert torch.equal(pair["dkv"], alone["dkv"])
+    assert torch.equal(pair["dq"][:, :16], alone["dq"][:, :16])
+
+
+@pytest.mark.parametrize("mode", ["atomic", "write", "accumulate", "shard"])
+def test_clusters_are_for_the_fixed_mode_only(mode):
+    t = _fixed_launch_inputs()
+    with pytest.raises(ValueError, match="cluster"):
+        ModelLauncher().main_bwd(*t.values(), sm_scale=0.125, mode=mode, heads=16, cluster=2)
