@@ -164,7 +164,7 @@ for H, L in ((5, 33), (40, 129)):
     for deterministic in (True, False):
         wrapper.backward_with(launch.TileLangLauncher(deterministic=deterministic), *[inputs[k] for k in ARGS])
 # The main kernel alone, with slots outside [0, NKV) that the wrapper never hands it: its own bounds test.
-R, HQ, NKV, Lp = 8, 32, 100, 64
+R, HQ, NKV, Lp = 8, 64, 100, 64
 g = torch.Generator().manual_seed(0)
 idx = torch.randint(0, NKV, (R, Lp), generator=g, dtype=torch.int32)
 odd = torch.tensor([-7, -1, NKV, NKV + 5, 2**31 - 1, -2**31], dtype=torch.int32)
@@ -173,23 +173,57 @@ q = torch.randn(R, HQ, 576, generator=g).bfloat16().cuda()
 kv = torch.randn(NKV, 576, generator=g).bfloat16().cuda()
 do = torch.randn(R, HQ, 512, generator=g).bfloat16().cuda()
 lse2, delta = torch.full((R, HQ), 30.0).cuda(), torch.randn(R, HQ, generator=g).cuda()
-for mode in ("atomic", "fixed"):
+for mode, cluster in (("atomic", 1), ("fixed", 1), ("fixed", 2)):  # cluster 2: both groups, partials exchanged
     dq = torch.empty(R, HQ, 576, dtype=torch.bfloat16).cuda()
     dkv = torch.zeros(NKV, 576, dtype=torch.float32 if mode == "atomic" else torch.int64).cuda()
     extra = {} if mode == "atomic" else dict(row_scale=torch.ones(NKV).cuda(), flag=torch.zeros(R, dtype=torch.int32).cuda(),
                                              allowance=torch.full((R, HQ), float("inf")).cuda())
     launch.TileLangLauncher(deterministic=mode == "fixed").main_bwd(q, kv, do, idx.cuda(), lse2, delta, dq, dkv,
-                                                                    sm_scale=0.04, mode=mode, heads=32, **extra)
+                                                                    sm_scale=0.04, mode=mode, heads=32, cluster=cluster, **extra)
 torch.cuda.synchronize()
 print("sanitized calls done")
 """
 
 
-@pytest.mark.slow
-def test_no_invalid_memory_access_under_compute_sanitizer():
-    # Guard bands see stray writes, not stray reads. memcheck sees both, with
-    # the caching allocator off so that a read just past a buffer is past an
-    # allocation. It does not see shared-memory races (racecheck would).
+SHARED_MEMORY_CALL = """
+import importlib.util, inspect, os, sys, tempfile
+import torch
+from mqa_bwd import kernels, launch
+# The main kernel alone, two slot blocks, each design's shared-memory protocol:
+# the atomic control, one fixed-point group, and a cluster of two groups that
+# exchange dKV partials (bulk copy, mbarriers).
+DROP = os.environ.get("DROP_BARRIER")  # a mutant: the kernels without the barrier of this comment
+if DROP:
+    source = inspect.getsource(kernels)
+    assert source.count(f"T.sync_threads()  # {DROP}") == 1, DROP
+    path = os.path.join(tempfile.mkdtemp(), "kernels_mutant.py")
+    with open(path, "w") as f:
+        f.write(source.replace(f"T.sync_threads()  # {DROP}", "pass"))
+    spec = importlib.util.spec_from_file_location("kernels_mutant", path)
+    launch.K = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(launch.K)
+R, HQ, NKV, Lp = 4, 64, 100, 64
+g = torch.Generator().manual_seed(1)
+idx = torch.randint(-1, NKV, (R, Lp), generator=g, dtype=torch.int32).cuda()
+q = torch.randn(R, HQ, 576, generator=g).bfloat16().cuda()
+kv = torch.randn(NKV, 576, generator=g).bfloat16().cuda()
+do = torch.randn(R, HQ, 512, generator=g).bfloat16().cuda()
+lse2, delta = torch.full((R, HQ), 30.0).cuda(), torch.randn(R, HQ, generator=g).cuda()
+for mode, cluster in (("atomic", 1), ("fixed", 1), ("fixed", 2)):
+    dq = torch.empty(R, HQ, 576, dtype=torch.bfloat16).cuda()
+    dkv = torch.zeros(NKV, 576, dtype=torch.float32 if mode == "atomic" else torch.int64).cuda()
+    extra = {} if mode == "atomic" else dict(row_scale=torch.ones(NKV).cuda(), flag=torch.zeros(R, dtype=torch.int32).cuda(),
+                                             allowance=torch.full((R, HQ), float("inf")).cuda())
+    launch.TileLangLauncher(deterministic=mode == "fixed").main_bwd(q, kv, do, idx, lse2, delta, dq, dkv, sm_scale=0.04,
+                                                                    mode=mode, heads=32, cluster=cluster, **extra)
+torch.cuda.synchronize()
+print("sanitized calls done")
+"""
+
+
+def run_under_compute_sanitizer(tool_name: str, script: str, **env_extra) -> tuple:
+    """(exit code, report tail) of ``script`` run by compute-sanitizer's ``tool_name``
+    (exit code 99: the tool found errors); fails if the script did not finish."""
     import os
     import pathlib
     import shutil
@@ -202,12 +236,42 @@ def test_no_invalid_memory_access_under_compute_sanitizer():
         pytest.skip("needs compute-sanitizer (CUDA toolkit)")
     root = pathlib.Path(__file__).resolve().parents[1]
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1",
-               PYTHONPATH=os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH")))))
-    done = subprocess.run([tool, "--tool", "memcheck", "--error-exitcode", "99", sys.executable, "-c", SANITIZED_CALL],
+               PYTHONPATH=os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH")))), **env_extra)
+    done = subprocess.run([tool, "--tool", tool_name, "--error-exitcode", "99", sys.executable, "-c", script],
                           capture_output=True, text=True, timeout=900, cwd=root, env=env)
     report = (done.stdout + done.stderr)[-4000:]
-    assert done.returncode == 0 and "sanitized calls done" in done.stdout, report
-    assert "ERROR SUMMARY: 0 errors" in report, report
+    assert "sanitized calls done" in done.stdout, report
+    return done.returncode, report
+
+
+@pytest.mark.slow
+def test_no_invalid_memory_access_under_compute_sanitizer():
+    # Guard bands see stray writes, not stray reads. memcheck sees both, with
+    # the caching allocator off so that a read just past a buffer is past an
+    # allocation. It does not see shared-memory races (the next test).
+    code, report = run_under_compute_sanitizer("memcheck", SANITIZED_CALL)
+    assert code == 0 and "ERROR SUMMARY: 0 errors" in report, report
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tool_name,clean", [("racecheck", "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"),
+                                             ("synccheck", "ERROR SUMMARY: 0 errors")])
+def test_no_shared_memory_hazard_under_compute_sanitizer(tool_name, clean):
+    # racecheck: two threads of a CTA touching one shared-memory word without
+    # a barrier between them; synccheck: barriers that not every thread
+    # reaches. Neither sees the cluster's cross-CTA protocol (the peer's bulk
+    # copy into the inbox): the GPU reruns and the model tests cover that.
+    code, report = run_under_compute_sanitizer(tool_name, SHARED_MEMORY_CALL)
+    assert code == 0 and clean in report, report
+
+
+@pytest.mark.slow
+def test_racecheck_sees_a_dropped_barrier():
+    # The previous test can fail: without the barrier before the next block's
+    # KV gather, cp.async overwrites KV_s while other warps still read it.
+    code, report = run_under_compute_sanitizer("racecheck", SHARED_MEMORY_CALL,
+                                               DROP_BARRIER="every warp is done with KV_s")
+    assert code == 99 and "hazard" in report and "0 hazards displayed" not in report, report
 
 
 def test_plan_graph_replays_equal_the_eager_plan(monkeypatch, device="cuda"):
