@@ -128,6 +128,11 @@ __device__ __forceinline__ void mqa_cp_async16(void* smem, const void* gmem, boo
 }
 __device__ __forceinline__ void mqa_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void mqa_cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// base[i] = v for a shared int32 array. Through a call, TileLang's barrier
+// planner does not see the store: it would fence it from every later
+// shared-memory read (it cannot tell the merged buffers apart at a
+// thread-dependent index); the kernel orders it with its own barriers.
+__device__ __forceinline__ void mqa_st_shared_i32(void* base, int i, int v) { static_cast<int*>(base)[i] = v; }
 """
 
 # A cluster of CTAs (the head groups of one query row) sums its dKV partials
@@ -427,9 +432,16 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
             lse_s = T.alloc_shared((block_H,), f32)
             delta_s = T.alloc_shared((block_H,), f32)
             leader = T.alloc_shared((BS,), i32)
+            tid = T.get_thread_binding()
+            # Thread j < BS holds slot j's global loads in flight in registers,
+            # so that no warp waits on their latency at a barrier: the next
+            # block's index (stored before the gather) and, fixed mode, this
+            # block's row scale (stored for its deferred adds). On the H200 the
+            # barriers behind these loads, read into shared memory at the top of
+            # each block, held 10 % of the stall samples at dsv32 H=64 (ncu).
+            idx_next = T.alloc_local((1,), i32)
             if cluster > 1:
                 bars = T.alloc_shared((2,), "uint64")  # mbarriers: 0 full (the inbox holds the peer's block), 1 empty (the peer read ours)
-                tid = T.get_thread_binding()
             dKVt_s = dKV_s  # without a tail, add_piece never reads it
             KVt_s = None  # nor gather_async this one
             if has_tail:
@@ -447,8 +459,9 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
             if mode == "fixed":
                 mass = T.alloc_fragment((block_H, BS), f32)
                 mass_row = T.alloc_fragment((block_H,), f32)
+            if mode == "fixed":
+                scale_next = T.alloc_local((1,), f32)
             if deferred:
-                row_scale = T.alloc_shared((BS,), f32)  # never filled in atomic mode
                 slot_prev = T.alloc_shared((BS,), i32)  # the block whose dKV_s awaits its adds
                 scale_prev = T.alloc_shared((BS,), f32)
                 kv_row = T.alloc_local((1,), i32)
@@ -513,17 +526,17 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         T.call_extern("handle", "mqa_mbar_expect", bars.data, 0, inbox_bytes)
                 for t in T.Pipelined(NB, num_stages=0):
                     # Block t's rows are in flight since block t - 1; the next
-                    # block's indices are read now, used after the dQ GEMM.
+                    # block's indices are read now, stored after the dQ GEMM.
                     for j in T.Parallel(BS):
                         slot[j] = slot_next[j]
-                        if t + 1 < NB:
-                            slot_next[j] = Indices[r, (t + 1) * BS + j]
+                    if (tid < BS) and (t + 1 < NB):
+                        idx_next[0] = Indices[r, (t + 1) * BS + tid]
                     T.call_extern("handle", "mqa_cp_async_wait_all")
                     T.sync_threads()
                     if mode == "fixed":
-                        for j in T.Parallel(BS):
-                            row_scale[j] = T.if_then_else(
-                                (slot[j] >= 0) and (slot[j] < NKV), RowScale[slot[j]], T.cast(0, f32)
+                        if tid < BS:
+                            scale_next[0] = T.if_then_else(
+                                (slot[tid] >= 0) and (slot[tid] < NKV), RowScale[slot[tid]], T.cast(0, f32)
                             )
 
                     if deferred and t > 0 and cluster == 1:
@@ -567,6 +580,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                     T.gemm(dS_s, KV_s, acc_dq)
                     if has_tail:
                         T.gemm(dS_s, KVt_s, acc_dqt)
+                    if (tid < BS) and (t + 1 < NB):  # the next block's indices, for its gather
+                        T.call_extern("handle", "mqa_st_shared_i32", slot_next.data, tid, idx_next[0])
                     T.sync_threads()  # every warp is done with KV_s
                     if t + 1 < NB:
                         gather_async(KV, KV_s, KVt_s, slot_next, NKV)
@@ -626,8 +641,9 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         # This block's adds are issued during the next one.
                         for j in T.Parallel(BS):
                             slot_prev[j] = slot[j]
-                            if mode == "fixed":
-                                scale_prev[j] = row_scale[j]
+                        if mode == "fixed":
+                            if tid < BS:
+                                scale_prev[tid] = scale_next[0]
                     elif mode == "shard":
                         # leader[j]: the first slot of this block with the same kv row.
                         for j in T.Parallel(BS):

@@ -244,34 +244,47 @@ def run_under_compute_sanitizer(tool_name: str, script: str, **env_extra) -> tup
     return done.returncode, report
 
 
+def sanitizer_count(report: str, pattern: str) -> int:
+    """The number that ``pattern`` (one group) captures in the report; fails if the summary is missing."""
+    import re
+
+    found = re.search(pattern, report)
+    assert found, report
+    return int(found.group(1))
+
+
+RACECHECK_HAZARDS = r"RACECHECK SUMMARY: (\d+) hazards? displayed"
+ERROR_SUMMARY = r"ERROR SUMMARY: (\d+) errors?"
+
+
 @pytest.mark.slow
 def test_no_invalid_memory_access_under_compute_sanitizer():
     # Guard bands see stray writes, not stray reads. memcheck sees both, with
     # the caching allocator off so that a read just past a buffer is past an
     # allocation. It does not see shared-memory races (the next test).
     code, report = run_under_compute_sanitizer("memcheck", SANITIZED_CALL)
-    assert code == 0 and "ERROR SUMMARY: 0 errors" in report, report
+    assert code == 0 and sanitizer_count(report, ERROR_SUMMARY) == 0, report
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tool_name,clean", [("racecheck", "RACECHECK SUMMARY: 0 hazards displayed (0 errors, 0 warnings)"),
-                                             ("synccheck", "ERROR SUMMARY: 0 errors")])
-def test_no_shared_memory_hazard_under_compute_sanitizer(tool_name, clean):
+@pytest.mark.parametrize("tool_name,summary", [("racecheck", RACECHECK_HAZARDS), ("synccheck", ERROR_SUMMARY)])
+def test_no_shared_memory_hazard_under_compute_sanitizer(tool_name, summary):
     # racecheck: two threads of a CTA touching one shared-memory word without
     # a barrier between them; synccheck: barriers that not every thread
     # reaches. Neither sees the cluster's cross-CTA protocol (the peer's bulk
     # copy into the inbox): the GPU reruns and the model tests cover that.
     code, report = run_under_compute_sanitizer(tool_name, SHARED_MEMORY_CALL)
-    assert code == 0 and clean in report, report
+    assert code == 0 and sanitizer_count(report, summary) == 0, report
 
 
 @pytest.mark.slow
 def test_racecheck_sees_a_dropped_barrier():
     # The previous test can fail: without the barrier before the next block's
-    # KV gather, cp.async overwrites KV_s while other warps still read it.
+    # KV gather, cp.async overwrites KV_s while other warps still read it (and
+    # the gather reads slot_next as it is stored). On the H200: 30 hazards.
     code, report = run_under_compute_sanitizer("racecheck", SHARED_MEMORY_CALL,
                                                DROP_BARRIER="every warp is done with KV_s")
-    assert code == 99 and "hazard" in report and "0 hazards displayed" not in report, report
+    assert code == 99 and sanitizer_count(report, RACECHECK_HAZARDS) > 0, report
 
 
 def test_plan_graph_replays_equal_the_eager_plan(monkeypatch, device="cuda"):
