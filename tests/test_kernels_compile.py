@@ -3,8 +3,9 @@ and only the atomic control can issue a floating-point atomic: the fixed-point
 mode issues 64-bit integer adds only (exact, so order-free), every other
 deterministic kernel none. A change that brings floating-point atomics into
 the deterministic path fails here, without a GPU; so does one that makes the
-main kernel spill registers, or gathers KV rows with a copy that cannot skip
-an invalid slot."""
+main kernel spill registers, need more shared memory than a CTA has, gather
+KV rows with a copy that cannot skip an invalid slot, or bulk-copy a cluster
+peer a byte count its barrier does not expect."""
 
 import re
 import shutil
@@ -90,3 +91,48 @@ def test_every_kv_gather_copy_can_read_nothing(config):
     assert copies, f"{_id(config)}: no cp.async gather in the PTX"
     unguarded = [m.group(0) for m in copies if not m.group("src_size")]
     assert not unguarded, f"{_id(config)}: cp.async without a source size: {unguarded[:3]}"
+
+
+#: Dynamic shared memory one CTA may use on sm_90 (227 KB).
+SM90_MAX_DYNAMIC_SMEM = 227 * 1024
+# The launch's dynamic shared memory, the last integer argument TileLang's host
+# code packs before it looks the kernel up.
+LAUNCH_ARG = re.compile(r"v_int64\) = \(\(int64_t\)(\d+)\);")
+KERNEL_LOOKUP = "if (main_bwd_kernel_packed == NULL)"
+SMEM_OFFSET = re.compile(r"buf_dyn_shmem \+ (\d+)\)")
+
+
+@pytest.mark.parametrize("config", [c for c in CONFIGS if c[0] == "main_bwd"], ids=_id)
+def test_main_kernel_fits_in_shared_memory(config):
+    # A launch over the limit fails only on the GPU; the cluster form sits
+    # within 2 KB of it (staging and inbox rows), so a wider padding or tile
+    # shows here first.
+    kernel = K.compiled(*config)
+    host = kernel.get_host_source()
+    args = LAUNCH_ARG.findall(host[: host.find(KERNEL_LOOKUP)])
+    assert KERNEL_LOOKUP in host and args, f"{_id(config)}: no launch arguments in the host code; update this test"
+    smem = int(args[-1])
+    offsets = [int(o) for o in SMEM_OFFSET.findall(kernel.get_kernel_source())]
+    assert offsets and max(offsets) < smem, f"{_id(config)}: {smem} bytes parsed, buffers up to {max(offsets, default=0)}"
+    assert smem <= SM90_MAX_DYNAMIC_SMEM, f"{_id(config)}: {smem} bytes of shared memory > {SM90_MAX_DYNAMIC_SMEM}"
+
+
+EXPECT_TX = re.compile(r"mqa_mbar_expect\([^;]*?, 0, (\d+)\);")
+BULK_TO_PEER = re.compile(r"mqa_bulk_to_peer\(\(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\), (\d+), (\d+), (\d+),")
+
+
+@pytest.mark.parametrize("config", [c for c in CONFIGS if c[0] == "main_bwd" and len(c) > 5], ids=_id)
+def test_cluster_bulk_copies_fill_exactly_what_the_peer_expects(config):
+    # The receiver arms its full barrier for a fixed byte count; the sender's
+    # bulk copies must add up to it, or the wait never completes (a hang on
+    # the GPU) or completes early (stale inbox rows). cp.async.bulk also
+    # needs 16-byte aligned addresses and sizes, and the copies must not
+    # overlap the rows they are read from.
+    source = K.compiled(*config).get_kernel_source()
+    expected = {int(b) for b in EXPECT_TX.findall(source)}
+    copies = [tuple(map(int, m)) for m in BULK_TO_PEER.findall(source)]
+    assert len(expected) == 1 and copies, f"{_id(config)}: expect_tx {expected}, copies {copies}"
+    assert sum(size for *_, size in copies) == expected.pop(), f"{_id(config)}: {copies}"
+    for base, src, dst, size in copies:
+        assert (base + src) % 16 == (base + dst) % 16 == size % 16 == 0, f"{_id(config)}: {base, src, dst, size}"
+        assert src + size <= dst or dst + size <= src, f"{_id(config)}: staging and inbox overlap {base, src, dst, size}"
