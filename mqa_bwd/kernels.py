@@ -580,7 +580,10 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                     T.gemm(dS_s, KV_s, acc_dq)
                     if has_tail:
                         T.gemm(dS_s, KVt_s, acc_dqt)
-                    if (tid < BS) and (t + 1 < NB):  # the next block's indices, for its gather
+                    # The next block's indices, for its gather. TileLang's planner does
+                    # not see this store: the barrier below also orders it before the
+                    # gather's reads.
+                    if (tid < BS) and (t + 1 < NB):
                         T.call_extern("handle", "mqa_st_shared_i32", slot_next.data, tid, idx_next[0])
                     T.sync_threads()  # every warp is done with KV_s
                     if t + 1 < NB:
@@ -593,6 +596,10 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                             add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, k, warp, lane, kv_row, scale_r, NKV, rank,
                                       2 * own_rows)
                         T.sync_threads()  # every thread is done with the inbox
+                        # The arrival publishes no data (release at CTA scope is
+                        # enough for the reads above, whose values are consumed);
+                        # one that followed writes into the peer would need
+                        # .release.cluster.
                         if tid == 0:
                             T.call_extern("handle", "mqa_mbar_arrive_peer", bars.data, 1, 1 - rank)
                     if mode != "none":
