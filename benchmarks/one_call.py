@@ -11,7 +11,7 @@ import argparse
 
 import torch
 
-from mqa_bwd import launch, wrapper
+from mqa_bwd import kernels, launch, wrapper
 from mqa_bwd.bench import production_inputs
 
 
@@ -21,14 +21,17 @@ def main():
     for key, default in (("B", 1), ("S", 4096), ("S_kv", 8192), ("H", 64), ("L", 2048)):
         parser.add_argument(f"--{key}", type=int, default=default)
     parser.add_argument("--calls", type=int, default=2)
+    parser.add_argument("--max-cluster", type=int, default=kernels.MAX_CLUSTER,
+                        help="largest cluster of head groups of the fixed design (1: one launch per group)")
     a = parser.parse_args()
+    kernels.MAX_CLUSTER = a.max_cluster
     args = production_inputs(a.B, a.S, a.S_kv, a.H, a.L)
     deterministic = a.design != "atomic"
     launcher = launch.TileLangLauncher(deterministic=deterministic)
     for _ in range(a.calls):
         wrapper.backward_with(launcher, *args, dkv_design=a.design if deterministic else None)
     torch.cuda.synchronize()
-    print(f"{a.calls} calls of design {a.design} at B={a.B} S={a.S} S_kv={a.S_kv} H={a.H} L={a.L}")
+    print(f"{a.calls} calls of design {a.design} at B={a.B} S={a.S} S_kv={a.S_kv} H={a.H} L={a.L}, clusters <= {a.max_cluster}")
 
 
 if __name__ == "__main__":

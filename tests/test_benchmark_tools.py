@@ -36,3 +36,65 @@ def test_add_cost_variants_guard_every_add(adds):
 
 def test_add_cost_all_is_the_kernel_itself():
     assert _tool("add_cost").variant_source("all") == inspect.getsource(kernels)
+
+
+def _write_listing(path, rows):
+    """An ncu per-instruction export: a kernel line, the header, then rows."""
+    import csv
+
+    header = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed",
+              "L1 Wavefronts Shared", "L1 Wavefronts Shared Ideal", "stall_barrier", "stall_mio", "stall_short_sb",
+              "stall_barrier (Not Issued)"]
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f)
+        writer.writerow(["Kernel Name", "main_bwd_kernel", ""])
+        writer.writerow(header)
+        for row in rows:
+            writer.writerow(row)
+
+
+def test_ncu_stalls_summary(tmp_path):
+    # Shares are of all samples; predicates are not opcodes; "x ideal" shows a
+    # 2-way conflicted store first; the top list keeps listing order.
+    tool = _tool("ncu_stalls")
+    path = tmp_path / "sass.csv"
+    _write_listing(path, [
+        ["0x0", "      BAR.SYNC.DEFER_BLOCKING 0x0", "10", "100", "0", "0", "10", "0", "0", "99"],
+        ["0x10", "@P3   BRA 0x7f", "30", "100", "-", "-", "30", "0", "0", "0"],
+        ["0x20", "      STS.64 [R1+0x10], R2", "60", "100", "400", "200", "0", "60", "0", "0"],
+        ["0x30", "      HMMA.16816.F32.BF16 R4, R8, R12, R4", "100", "100", "0", "0", "0", "0", "100", "0"],
+        ["0x40", "      LDSM.16.M88.4 R60, [R60]", "0", "100", "300", "300", "0", "0", "0", "0"],
+    ])
+    s = tool.summarize(*tool.read_listing(str(path)), top=3)
+    assert s["samples"] == 200
+    assert s["reasons"] == [("stall_short_sb", 50.0), ("stall_mio", 30.0), ("stall_barrier", 20.0)]
+    assert [op for op, *_ in s["opcodes"]] == ["HMMA", "STS", "BRA", "BAR"]
+    assert s["shared"][0][:3] == ("STS.64", 400.0, 200.0)
+    assert [(i, share) for i, _, share, _ in s["top"]] == [(1, 15.0), (2, 30.0), (3, 50.0)]
+    assert tool.opcode("@!P4  SYNCS.ARRIVE.TRANS64.RED.A1T0 RZ", full=True) == "SYNCS.ARRIVE.TRANS64.RED.A1T0"
+    tool.print_summary(s)  # the printed form takes what summarize returns
+
+
+def test_ncu_stalls_rejects_an_export_without_source_counters(tmp_path):
+    path = tmp_path / "details.csv"
+    path.write_text('"ID","Section Name","Metric Name"\n"0","SpeedOfLight","Duration"\n')
+    with pytest.raises(ValueError, match="per-instruction header"):
+        _tool("ncu_stalls").read_listing(str(path))
+
+
+def test_ncu_stalls_counts_main_launches_per_call():
+    tool = _tool("ncu_stalls")
+    assert tool.main_launches_per_call(64, "fixed", 2) == 1  # two 32-head groups, one cluster
+    assert tool.main_launches_per_call(64, "fixed", 1) == 2
+    assert tool.main_launches_per_call(64, "atomic", 2) == 2
+    assert tool.main_launches_per_call(40, "fixed", 2) == 2  # three 16-head groups: a cluster and one alone
+
+
+def test_kernel_ab_loads_another_kernels_file(tmp_path):
+    tool = _tool("kernel_ab")
+    other = tool.load_kernels(inspect.getsourcefile(kernels))
+    assert other is not kernels and other.MAX_CLUSTER == kernels.MAX_CLUSTER
+    bogus = tmp_path / "not_kernels.py"
+    bogus.write_text("X = 1\n")
+    with pytest.raises(ValueError, match="--against"):
+        tool.load_kernels(str(bogus))

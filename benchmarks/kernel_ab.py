@@ -1,0 +1,83 @@
+"""A kernel change against another version of mqa_bwd/kernels.py, whole calls
+interleaved in one process (GPU only).
+
+    git show main:mqa_bwd/kernels.py > ab/kernels_main.py     # where git is (not on the device)
+    python benchmarks/kernel_ab.py --against ab/kernels_main.py [--shapes dsv32,fleet] [--repeats 7]
+
+Each design (the deterministic default and the atomic control) runs with this
+tree's kernels and with the other file's, through the same wrapper; the
+launcher compiles through whichever module is current. For the deterministic
+design it also prints whether the two versions give the same bits (a change
+that only moves work around must), and whether this tree's kernels give the
+same bits on a rerun.
+"""
+
+import argparse
+import importlib.util
+import os
+import statistics
+
+import torch
+
+from mqa_bwd import kernels, launch, wrapper
+from mqa_bwd.bench import SHAPES, production_inputs
+
+DESIGNS = (("fixed", True), ("atomic", False))
+
+
+def load_kernels(path: str):
+    """The kernels module at ``path`` (TileLang parses kernels from their file, so it keeps one)."""
+    name = "kernels_" + os.path.splitext(os.path.basename(path))[0]
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for attr in ("main_bwd_program", "compiled", "cluster_launches"):
+        if not hasattr(module, attr):
+            raise ValueError(f"--against: {path} has no {attr}; is it a mqa_bwd/kernels.py?")
+    return module
+
+
+def timed_call(args, module, deterministic: bool):
+    """(ms, outputs) of one whole call with ``module``'s kernels and its cluster rule."""
+    launch.K, wrapper.K = module, module
+    try:
+        launcher = launch.TileLangLauncher(deterministic)
+        plan = wrapper.validate(*args, None, None, launcher)
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        out = wrapper.run(plan, *args, launcher)
+        end.record()
+        end.synchronize()
+        return start.elapsed_time(end), out
+    finally:
+        launch.K, wrapper.K = kernels, kernels
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--against", required=True, help="another version of mqa_bwd/kernels.py")
+    parser.add_argument("--shapes", default="dsv32,fleet")
+    parser.add_argument("--repeats", type=int, default=7)
+    a = parser.parse_args()
+    versions = {"this tree": kernels, "against": load_kernels(a.against)}
+    variants = [(design, deterministic, label) for design, deterministic in DESIGNS for label in versions]
+    for name in a.shapes.split(","):
+        for shape in SHAPES[name]:
+            args = production_inputs(**shape)
+            outs = {(d, v): timed_call(args, versions[v], det)[1] for d, det, v in variants}
+            rerun = timed_call(args, kernels, True)[1]
+            same = lambda x, y: all(torch.equal(p, q) for p, q in zip(x, y))  # noqa: E731
+            print(f"{shape}: fixed bits this tree == against: {same(outs[('fixed', 'this tree')], outs[('fixed', 'against')])}; "
+                  f"rerun bitwise: {same(outs[('fixed', 'this tree')], rerun)}")
+            times = {(d, v): [] for d, _, v in variants}
+            for _ in range(a.repeats):
+                for d, det, v in variants:
+                    times[(d, v)].append(timed_call(args, versions[v], det)[0])
+            control = statistics.median(times[("atomic", "this tree")])
+            for (d, v), t in times.items():
+                m = statistics.median(t)
+                print(f"   {d:<7} {v:<10} median {m:7.2f} ms  min {min(t):7.2f}  /atomic (this tree) {m / control:.3f}")
+
+
+if __name__ == "__main__":
+    main()

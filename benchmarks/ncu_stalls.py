@@ -1,0 +1,162 @@
+"""Where one main_bwd launch stalls, per SASS instruction (ncu source counters).
+
+    python benchmarks/ncu_stalls.py profile --design fixed --H 64 [--max-cluster 1] --out DIR   # GPU, ncu
+    python benchmarks/ncu_stalls.py summarize DIR/sass.csv [--top 25]                          # anywhere
+
+``profile`` runs ``benchmarks/one_call.py`` under ``ncu --clock-control none``
+with warp-state sampling and source counters on the first main_bwd launch of
+the last call, and exports the per-instruction page as ``DIR/sass.csv`` (and
+the section details as ``DIR/details.csv``). ``summarize`` reads that CSV and
+prints:
+
+- the stall reasons, as shares of all warp samples;
+- the opcodes where warps stall, each with its three main reasons;
+- shared-memory wavefronts against the ideal per opcode (bank conflicts);
+- the instructions with the most samples, with their index in the listing.
+
+Both wins of the 2026-11-30 stop came from this view: 4-way conflicted float2
+stores of the dKV tile, and barriers that waited on global loads issued just
+before them.
+"""
+
+import argparse
+import collections
+import csv
+import math
+import os
+import subprocess
+import sys
+
+SAMPLES = "Warp Stall Sampling (All Samples)"
+WAVEFRONTS, IDEAL = "L1 Wavefronts Shared", "L1 Wavefronts Shared Ideal"
+EXECUTED = "Instructions Executed"
+SECTIONS = ("SpeedOfLight", "WarpStateStats", "SourceCounters", "SchedulerStats", "MemoryWorkloadAnalysis")
+
+
+def read_listing(path: str):
+    """(header, rows) of ncu's ``--page source --csv --print-source sass`` export."""
+    with open(path, newline="") as f:
+        lines = list(csv.reader(f))
+    for i, line in enumerate(lines):
+        if "Address" in line and "Source" in line and SAMPLES in line:
+            return line, [dict(zip(line, row)) for row in lines[i + 1 :] if len(row) >= len(line) // 2]
+    raise ValueError(f"{path}: no per-instruction header with {SAMPLES!r} (export with --page source --print-source sass)")
+
+
+def _number(value: str) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def opcode(sass: str, full: bool = False) -> str:
+    """The mnemonic of one SASS line ("@P0 LDS.64 R1, [R2]" -> "LDS", or "LDS.64" when full)."""
+    words = sass.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    if not words:
+        return ""
+    return words[0] if full else words[0].split(".")[0]
+
+
+def summarize(header, rows, top: int = 25) -> dict:
+    """The tables of the module docstring, as data (shares in percent of all samples)."""
+    reasons = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
+    total = sum(_number(r[SAMPLES]) for r in rows) or math.nan
+    by_reason = collections.Counter()
+    by_opcode = collections.defaultdict(collections.Counter)
+    shared = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
+    for r in rows:
+        op = opcode(r["Source"])
+        for reason in reasons:
+            v = _number(r[reason])
+            by_reason[reason] += v
+            by_opcode[op][reason] += v
+        if WAVEFRONTS in r and _number(r[WAVEFRONTS]) > 0:
+            entry = shared[opcode(r["Source"], full=True)]
+            entry[0] += _number(r[WAVEFRONTS])
+            entry[1] += _number(r[IDEAL])
+            entry[2] += _number(r.get(EXECUTED))
+    ranked = sorted(range(len(rows)), key=lambda i: -_number(rows[i][SAMPLES]))[:top]
+    return {
+        "samples": total,
+        "reasons": [(k, 100 * v / total) for k, v in by_reason.most_common() if v > 0],
+        "opcodes": sorted(
+            ((op, 100 * sum(c.values()) / total, [(k, 100 * v / total) for k, v in c.most_common(3) if v > 0])
+             for op, c in by_opcode.items() if sum(c.values()) > 0),
+            key=lambda x: -x[1]),
+        # most excess wavefronts (bank conflicts) first
+        "shared": sorted(((op, w, i, n) for op, (w, i, n) in shared.items()), key=lambda x: x[2] - x[1]),
+        "top": [(i, rows[i]["Source"].strip(), 100 * _number(rows[i][SAMPLES]) / total,
+                 [(k, 100 * _number(rows[i][k]) / total) for k in reasons if _number(rows[i][k]) > 0.002 * total])
+                for i in sorted(ranked)],
+    }
+
+
+def print_summary(s: dict, top_opcodes: int = 15) -> None:
+    name = lambda reason: reason[len("stall_"):]  # noqa: E731
+    print(f"{s['samples']:.0f} warp samples")
+    print("stall reasons: " + ", ".join(f"{name(k)} {v:.1f}%" for k, v in s["reasons"][:10]))
+    print("\nopcode      share  main reasons")
+    for op, share, main in s["opcodes"][:top_opcodes]:
+        print(f"{op:<10} {share:5.1f}%  " + ", ".join(f"{name(k)} {v:.1f}" for k, v in main))
+    print("\nshared memory   wavefronts      ideal   x ideal   instructions")
+    for op, w, i, n in s["shared"]:
+        print(f"{op:<16} {w / 1e6:9.1f}M {i / 1e6:9.1f}M {w / i if i else math.inf:8.2f} {n / 1e6:11.1f}M")
+    print("\nline  samples  instruction  (reasons above 0.2%)")
+    for i, sass, share, main in s["top"]:
+        print(f"{i:5d} {share:6.2f}%  {sass[:60]:<60} " + ", ".join(f"{name(k)} {v:.2f}" for k, v in main))
+
+
+def main_launches_per_call(H: int, design: str, max_cluster: int) -> int:
+    """main_bwd launches of one call: one per head group, or per cluster of groups (fixed)."""
+    from mqa_bwd import kernels
+
+    block_h = 32 if H % 32 == 0 else 16  # the wrapper's default width (SPEC)
+    groups = -(-H // block_h)
+    return len(kernels.cluster_launches(groups, max_cluster)) if design == "fixed" else groups
+
+
+def profile(a) -> None:
+    os.makedirs(a.out, exist_ok=True)
+    report = os.path.join(a.out, "report")
+    skip = (a.calls - 1) * main_launches_per_call(a.H, a.design, a.max_cluster)
+    command = ["ncu", "--clock-control", "none", "-k", "regex:main_bwd", "--launch-skip", str(skip), "-c", "1", "-f",
+               "-o", report]
+    for section in SECTIONS:
+        command += ["--section", section]
+    command += [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "one_call.py"),
+                "--design", a.design, "--H", str(a.H), "--calls", str(a.calls), "--max-cluster", str(a.max_cluster)]
+    for key in ("B", "S", "S_kv", "L"):
+        command += [f"--{key}", str(getattr(a, key))]
+    subprocess.run(command, check=True)
+    for page, name in (("source", "sass.csv"), ("details", "details.csv")):
+        extra = ["--print-source", "sass"] if page == "source" else []
+        with open(os.path.join(a.out, name), "w") as f:
+            subprocess.run(["ncu", "-i", report + ".ncu-rep", "--page", page, "--csv"] + extra, stdout=f, check=True)
+    print(f"wrote {a.out}/sass.csv and {a.out}/details.csv")
+    print_summary(summarize(*read_listing(os.path.join(a.out, "sass.csv")), top=a.top))
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("profile", help="run ncu on one main_bwd launch (GPU)")
+    p.add_argument("--design", choices=("fixed", "atomic"), default="fixed")
+    for key, default in (("B", 1), ("S", 4096), ("S_kv", 8192), ("H", 64), ("L", 2048), ("calls", 3), ("max-cluster", 2)):
+        p.add_argument(f"--{key}", type=int, default=default)
+    p.add_argument("--out", required=True)
+    p.add_argument("--top", type=int, default=25)
+    s = sub.add_parser("summarize", help="the tables of an exported per-instruction CSV")
+    s.add_argument("csv")
+    s.add_argument("--top", type=int, default=25)
+    a = parser.parse_args()
+    if a.command == "profile":
+        profile(a)
+    else:
+        print_summary(summarize(*read_listing(a.csv), top=a.top))
+
+
+if __name__ == "__main__":
+    main()
