@@ -19,10 +19,8 @@ import os
 import statistics
 import tempfile
 
-import torch
-
-from mqa_bwd import kernels, launch, wrapper
-from mqa_bwd.bench import production_inputs
+from mqa_bwd import kernels, launch
+from mqa_bwd.bench import production_inputs, timed_wrapper_call
 
 # The guards in front of the adds (main_bwd_program's add_piece): one for the
 # fixed-point adds (its warp's slot), two for the atomic control's (per slot
@@ -72,14 +70,7 @@ def timed_call(args, module, deterministic: bool) -> float:
     """ms of one whole call with ``module``'s kernels."""
     launch.K = module  # the launcher compiles and launches through launch.K
     try:
-        launcher = launch.TileLangLauncher(deterministic)
-        p = wrapper.validate(*args, None, None, launcher)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        wrapper.run(p, *args[:-1], args[-1], launcher)
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end)
+        return timed_wrapper_call(args, launch.TileLangLauncher(deterministic))[0]
     finally:
         launch.K = kernels
 

@@ -17,8 +17,8 @@ import statistics
 
 import torch
 
-from mqa_bwd import kernels, launch, wrapper
-from mqa_bwd.bench import SHAPES, production_inputs
+from mqa_bwd import kernels, launch
+from mqa_bwd.bench import SHAPES, production_inputs, timed_wrapper_call
 
 VARIANTS = (("fixed C<=1", True, 1), ("fixed C<=2", True, 2), ("atomic", False, 1))
 
@@ -28,14 +28,7 @@ def timed_call(args, deterministic: bool, largest_cluster: int):
     default = kernels.MAX_CLUSTER
     kernels.MAX_CLUSTER = largest_cluster
     try:
-        launcher = launch.TileLangLauncher(deterministic)
-        plan = wrapper.validate(*args, None, None, launcher)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        out = wrapper.run(plan, *args, launcher)
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end), out
+        return timed_wrapper_call(args, launch.TileLangLauncher(deterministic))
     finally:
         kernels.MAX_CLUSTER = default
 

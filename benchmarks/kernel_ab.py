@@ -20,7 +20,7 @@ import statistics
 import torch
 
 from mqa_bwd import kernels, launch, wrapper
-from mqa_bwd.bench import SHAPES, production_inputs
+from mqa_bwd.bench import SHAPES, production_inputs, timed_wrapper_call
 
 DESIGNS = (("fixed", True), ("atomic", False))
 
@@ -41,14 +41,7 @@ def timed_call(args, module, deterministic: bool):
     """(ms, outputs) of one whole call with ``module``'s kernels and its cluster rule."""
     launch.K, wrapper.K = module, module
     try:
-        launcher = launch.TileLangLauncher(deterministic)
-        plan = wrapper.validate(*args, None, None, launcher)
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        out = wrapper.run(plan, *args, launcher)
-        end.record()
-        end.synchronize()
-        return start.elapsed_time(end), out
+        return timed_wrapper_call(args, launch.TileLangLauncher(deterministic))
     finally:
         launch.K, wrapper.K = kernels, kernels
 

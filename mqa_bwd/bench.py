@@ -166,6 +166,17 @@ def _event_time(fn) -> float:
     return start.elapsed_time(end)
 
 
+def timed_wrapper_call(args, launcher) -> tuple:
+    """(ms, (dq, dkv, d_attn_sink)) of one whole wrapper call on ``args`` (production_inputs'
+    tuple) with ``launcher``; validation stays outside the timed region."""
+    from . import wrapper
+
+    plan = wrapper.validate(*args, None, None, launcher)
+    outputs = []
+    ms = _event_time(lambda: outputs.append(wrapper.run(plan, *args, launcher)))
+    return ms, outputs[0]
+
+
 def time_interleaved(calls: dict, warmup=3, repeats=10) -> dict:
     """name -> list of ms; repeats of all calls interleaved, after each call's warm-up."""
     import torch
