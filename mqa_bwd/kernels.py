@@ -190,9 +190,9 @@ __device__ __forceinline__ void mqa_bulk_to_peer(void* base, int src, int dst, i
 #: cover the 32 banks exactly twice (two wavefronts, the minimum); with the
 #: former 4 words, neighbouring rows overlapped (2-way conflicts), and the
 #: cluster's interleaved own/staging rows 4-way (ncu on the H200: 1141 M
-#: shared-store wavefronts for 285 M ideal per dsv32 H=64 launch). The
-#: cluster's layout is still 2-way with 8 (own and staging rows alternate by
-#: slot parity; test_dkv_tile_stores_are_bank_conflict_free marks it xfail).
+#: shared-store wavefronts for 285 M ideal per dsv32 H=64 launch). With 8,
+#: the cluster's layout is conflict-free too once slots are owned in runs
+#: (OWNER_RUN below; by parity it stayed 2-way).
 F32_ROW_PAD = 8
 
 #: Cluster of two: the CTAs own a block's slots in alternating runs of
