@@ -272,7 +272,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     [head_base + g * tile, ...), g = 0, 1, as one thread block cluster per
     query row (grid R x 2). Each slot's dKV contribution is the fp32 sum of
     the two groups' partials (one add: the same bits in either order), added
-    once: half the fixed-point adds. CTA g adds the slots j with j % 2 == g;
+    once: half the fixed-point adds. CTA g adds the slots j with slot_owner(j) == g;
     each block, it receives the peer's partials of those slots as one bulk
     copy into its inbox (mbarrier handshakes, see the loop).
     """
