@@ -13,14 +13,13 @@ adds' cost) from adds that hide behind the tensor cores (it does not move).
 """
 
 import argparse
-import importlib.util
 import inspect
 import os
 import statistics
 import tempfile
 
 from mqa_bwd import kernels, launch
-from mqa_bwd.bench import production_inputs, timed_wrapper_call
+from mqa_bwd.bench import load_kernels_module, production_inputs, timed_wrapper_call
 
 # The guards in front of the adds (main_bwd_program's add_piece): one for the
 # fixed-point adds (its warp's slot), two for the atomic control's (per slot
@@ -60,10 +59,7 @@ def variant_module(adds: str):
     path = os.path.join(tempfile.mkdtemp(prefix="add_cost_"), f"kernels_adds_{adds}.py")
     with open(path, "w") as f:
         f.write(variant_source(adds))
-    spec = importlib.util.spec_from_file_location(f"kernels_adds_{adds}", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_kernels_module(path)
 
 
 def timed_call(args, module, deterministic: bool) -> float:

@@ -15,10 +15,8 @@ nothing else.
 import argparse
 import statistics
 
-import torch
-
 from mqa_bwd import kernels, launch
-from mqa_bwd.bench import SHAPES, production_inputs, timed_wrapper_call
+from mqa_bwd.bench import SHAPES, production_inputs, rel_l2, same_bits, timed_wrapper_call
 
 VARIANTS = (("fixed C<=1", True, 1), ("fixed C<=2", True, 2), ("atomic", False, 1))
 
@@ -46,7 +44,7 @@ def main():
                 outs[label] = timed_call(args, deterministic, largest)[1]
                 if deterministic:
                     again = timed_call(args, deterministic, largest)[1]
-                    print(f"{shape} {label}: rerun bitwise {all(torch.equal(x, y) for x, y in zip(outs[label], again))}")
+                    print(f"{shape} {label}: rerun bitwise {same_bits(outs[label], again)}")
             times = {label: [] for label, _, _ in VARIANTS}
             for _ in range(a.repeats):
                 for label, deterministic, largest in VARIANTS:
@@ -54,7 +52,7 @@ def main():
             base = statistics.median(times["atomic"])
             ref = outs["fixed C<=1"]
             for label, t in times.items():
-                rel = [float((x.float() - y.float()).norm() / y.float().norm()) for x, y in zip(outs[label], ref)]
+                rel = [rel_l2(x, y) for x, y in zip(outs[label], ref)]
                 print(f"   {label:<11} median {statistics.median(t):7.2f} ms  min {min(t):7.2f}  "
                       f"/atomic {statistics.median(t) / base:.3f}  rel L2 vs C<=1 (dq, dkv, dsink) "
                       + ", ".join(f"{x:.1e}" for x in rel))

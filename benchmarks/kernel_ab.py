@@ -13,28 +13,12 @@ same bits on a rerun.
 """
 
 import argparse
-import importlib.util
-import os
 import statistics
 
-import torch
-
 from mqa_bwd import kernels, launch, wrapper
-from mqa_bwd.bench import SHAPES, production_inputs, timed_wrapper_call
+from mqa_bwd.bench import SHAPES, load_kernels_module, production_inputs, same_bits, timed_wrapper_call
 
 DESIGNS = (("fixed", True), ("atomic", False))
-
-
-def load_kernels(path: str):
-    """The kernels module at ``path`` (TileLang parses kernels from their file, so it keeps one)."""
-    name = "kernels_" + os.path.splitext(os.path.basename(path))[0]
-    spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    for attr in ("main_bwd_program", "compiled", "cluster_launches"):
-        if not hasattr(module, attr):
-            raise ValueError(f"--against: {path} has no {attr}; is it a mqa_bwd/kernels.py?")
-    return module
 
 
 def timed_call(args, module, deterministic: bool):
@@ -52,16 +36,16 @@ def main():
     parser.add_argument("--shapes", default="dsv32,fleet")
     parser.add_argument("--repeats", type=int, default=7)
     a = parser.parse_args()
-    versions = {"this tree": kernels, "against": load_kernels(a.against)}
+    versions = {"this tree": kernels, "against": load_kernels_module(a.against, "--against")}
     variants = [(design, deterministic, label) for design, deterministic in DESIGNS for label in versions]
     for name in a.shapes.split(","):
         for shape in SHAPES[name]:
             args = production_inputs(**shape)
             outs = {(d, v): timed_call(args, versions[v], det)[1] for d, det, v in variants}
             rerun = timed_call(args, kernels, True)[1]
-            same = lambda x, y: all(torch.equal(p, q) for p, q in zip(x, y))  # noqa: E731
-            print(f"{shape}: fixed bits this tree == against: {same(outs[('fixed', 'this tree')], outs[('fixed', 'against')])}; "
-                  f"rerun bitwise: {same(outs[('fixed', 'this tree')], rerun)}")
+            print(f"{shape}: fixed bits this tree == against: "
+                  f"{same_bits(outs[('fixed', 'this tree')], outs[('fixed', 'against')])}; "
+                  f"rerun bitwise: {same_bits(outs[('fixed', 'this tree')], rerun)}")
             times = {(d, v): [] for d, _, v in variants}
             for _ in range(a.repeats):
                 for d, det, v in variants:

@@ -177,6 +177,29 @@ def timed_wrapper_call(args, launcher) -> tuple:
     return ms, outputs[0]
 
 
+def same_bits(outputs, others) -> bool:
+    """Whether two calls' outputs (dq, dkv, d_attn_sink) are bitwise equal."""
+    import torch
+
+    return all(torch.equal(x, y) for x, y in zip(outputs, others))
+
+
+def load_kernels_module(path: str, argument: str = "path"):
+    """Another version of mqa_bwd/kernels.py as a module of its own (TileLang parses
+    kernels from their file, so the module keeps one); ValueError naming ``argument``
+    when the file is not a kernels module."""
+    import importlib.util
+    import os
+
+    spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    for attr in ("main_bwd_program", "compiled", "cluster_launches"):
+        if not hasattr(module, attr):
+            raise ValueError(f"{argument}: {path} has no {attr}; is it a mqa_bwd/kernels.py?")
+    return module
+
+
 def time_interleaved(calls: dict, warmup=3, repeats=10) -> dict:
     """name -> list of ms; repeats of all calls interleaved, after each call's warm-up."""
     import torch
@@ -207,7 +230,7 @@ def peak_scratch_bytes(fn) -> int:
     return max(0, peak - base - outputs)
 
 
-def _rel_l2(a, b) -> float:
+def rel_l2(a, b) -> float:
     """Relative L2 distance; inf when either side is not finite (a NaN never passes as agreement)."""
     import torch
 
@@ -236,7 +259,7 @@ def measure(shape: dict, backends=GPU_BACKENDS, d_k=576, d_v=512, warmup=3, repe
         disagreement = None
         if backend != backends[0]:
             other = calls[backend]()
-            disagreement = max(_rel_l2(x, y) for x, y in zip(other, first))
+            disagreement = max(rel_l2(x, y) for x, y in zip(other, first))
             del other
         ms = statistics.median(times[backend])
         rows.append(Row(shape["B"], shape["S"], shape["S_kv"], shape["H"], shape["L"], d_k, d_v, backend, ms,

@@ -226,6 +226,12 @@ CLUSTER_SIZES = (1, 2)
 MAX_CLUSTER = 2
 
 
+def check_cluster(cluster, mode: str) -> None:
+    """ValueError unless ``cluster`` is a size main_bwd builds for ``mode`` (clusters: fixed mode only)."""
+    if cluster not in CLUSTER_SIZES or (cluster > 1 and mode != "fixed"):
+        raise ValueError(f"cluster: {cluster!r} (one of {CLUSTER_SIZES}; above 1 in fixed mode only)")
+
+
 def cluster_launches(groups: int, largest: int | None = None) -> list:
     """[(first group, cluster size)] covering ``groups`` head groups, largest clusters first
     (at most ``largest``, default MAX_CLUSTER)."""
@@ -279,8 +285,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     tilelang, T = _tl()
     if mode not in MAIN_MODES + ("none",):
         raise ValueError(f"mode: {mode!r}")
-    if cluster not in CLUSTER_SIZES or (cluster > 1 and mode != "fixed"):
-        raise ValueError(f"cluster: {cluster!r} (one of {CLUSTER_SIZES}; above 1 in fixed mode only)")
+    check_cluster(cluster, mode)
     R = T.dynamic("R")
     HQ = T.dynamic("HQ")  # every head of the call; the group starts at head_base
     NKV = T.dynamic("NKV")

@@ -107,8 +107,7 @@ class ModelLauncher(Launcher):
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, heads=None, head_base=0,
                  shard_base=0, n_shards=1, row_scale=None, allowance=None, flag=None, cluster=1):
         kernel = "main_bwd"
-        if cluster not in K.CLUSTER_SIZES or (cluster > 1 and mode != "fixed"):  # the kernel builder's check
-            raise ValueError(f"cluster: {cluster!r} (one of {K.CLUSTER_SIZES}; above 1 in fixed mode only)")
+        K.check_cluster(cluster, mode)  # the kernel builder's check
         self.launched(kernel)
         R, _, Dk = q.shape
         NKV = kv.shape[0]

@@ -90,11 +90,12 @@ def test_ncu_stalls_counts_main_launches_per_call():
     assert tool.main_launches_per_call(40, "fixed", 2) == 2  # three 16-head groups: a cluster and one alone
 
 
-def test_kernel_ab_loads_another_kernels_file(tmp_path):
-    tool = _tool("kernel_ab")
-    other = tool.load_kernels(inspect.getsourcefile(kernels))
+def test_load_kernels_module_for_kernel_ab(tmp_path):
+    from mqa_bwd.bench import load_kernels_module
+
+    other = load_kernels_module(inspect.getsourcefile(kernels), "--against")
     assert other is not kernels and other.MAX_CLUSTER == kernels.MAX_CLUSTER
     bogus = tmp_path / "not_kernels.py"
     bogus.write_text("X = 1\n")
     with pytest.raises(ValueError, match="--against"):
-        tool.load_kernels(str(bogus))
+        load_kernels_module(str(bogus), "--against")

@@ -151,7 +151,30 @@ def test_slot_marks_match_the_model_inside_guard_bands():
     assert marks["tilelang"][1][7:10].tolist() == [0, 0, 0] and int(marks["tilelang"][1].sum()) == R - 3
 
 
-SANITIZED_CALL = """
+# The main kernel alone on the given slots, once per design: the atomic
+# control, one fixed-point group, and a cluster of two groups that exchange
+# dKV partials (bulk copy, mbarriers). Shared by the sanitizer scripts.
+MAIN_KERNEL_EACH_DESIGN = """
+def main_kernel_each_design(idx, R, HQ, NKV, seed):
+    import torch
+    from mqa_bwd import launch
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(R, HQ, 576, generator=g).bfloat16().cuda()
+    kv = torch.randn(NKV, 576, generator=g).bfloat16().cuda()
+    do = torch.randn(R, HQ, 512, generator=g).bfloat16().cuda()
+    lse2, delta = torch.full((R, HQ), 30.0).cuda(), torch.randn(R, HQ, generator=g).cuda()
+    for mode, cluster in (("atomic", 1), ("fixed", 1), ("fixed", 2)):
+        dq = torch.empty(R, HQ, 576, dtype=torch.bfloat16).cuda()
+        dkv = torch.zeros(NKV, 576, dtype=torch.float32 if mode == "atomic" else torch.int64).cuda()
+        extra = {} if mode == "atomic" else dict(
+            row_scale=torch.ones(NKV).cuda(), flag=torch.zeros(R, dtype=torch.int32).cuda(),
+            allowance=torch.full((R, HQ), float("inf")).cuda())
+        launch.TileLangLauncher(deterministic=mode == "fixed").main_bwd(
+            q, kv, do, idx.cuda(), lse2, delta, dq, dkv, sm_scale=0.04, mode=mode, heads=32, cluster=cluster, **extra)
+    torch.cuda.synchronize()
+"""
+
+SANITIZED_CALL = MAIN_KERNEL_EACH_DESIGN + """
 import torch
 from properties.case import ALL_INVALID_KINDS, Case, to_framework
 from mqa_bwd import launch, wrapper
@@ -165,33 +188,20 @@ for H, L in ((5, 33), (40, 129)):
         wrapper.backward_with(launch.TileLangLauncher(deterministic=deterministic), *[inputs[k] for k in ARGS])
 # The main kernel alone, with slots outside [0, NKV) that the wrapper never hands it: its own bounds test.
 R, HQ, NKV, Lp = 8, 64, 100, 64
-g = torch.Generator().manual_seed(0)
-idx = torch.randint(0, NKV, (R, Lp), generator=g, dtype=torch.int32)
+idx = torch.randint(0, NKV, (R, Lp), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
 odd = torch.tensor([-7, -1, NKV, NKV + 5, 2**31 - 1, -2**31], dtype=torch.int32)
 idx[:, ::5] = odd[torch.arange(R * 13) % len(odd)].view(R, 13)
-q = torch.randn(R, HQ, 576, generator=g).bfloat16().cuda()
-kv = torch.randn(NKV, 576, generator=g).bfloat16().cuda()
-do = torch.randn(R, HQ, 512, generator=g).bfloat16().cuda()
-lse2, delta = torch.full((R, HQ), 30.0).cuda(), torch.randn(R, HQ, generator=g).cuda()
-for mode, cluster in (("atomic", 1), ("fixed", 1), ("fixed", 2)):  # cluster 2: both groups, partials exchanged
-    dq = torch.empty(R, HQ, 576, dtype=torch.bfloat16).cuda()
-    dkv = torch.zeros(NKV, 576, dtype=torch.float32 if mode == "atomic" else torch.int64).cuda()
-    extra = {} if mode == "atomic" else dict(row_scale=torch.ones(NKV).cuda(), flag=torch.zeros(R, dtype=torch.int32).cuda(),
-                                             allowance=torch.full((R, HQ), float("inf")).cuda())
-    launch.TileLangLauncher(deterministic=mode == "fixed").main_bwd(q, kv, do, idx.cuda(), lse2, delta, dq, dkv,
-                                                                    sm_scale=0.04, mode=mode, heads=32, cluster=cluster, **extra)
-torch.cuda.synchronize()
+main_kernel_each_design(idx, R, HQ, NKV, seed=0)
 print("sanitized calls done")
 """
 
 
-SHARED_MEMORY_CALL = """
-import importlib.util, inspect, os, sys, tempfile
+SHARED_MEMORY_CALL = MAIN_KERNEL_EACH_DESIGN + """
+import inspect, os, tempfile
 import torch
 from mqa_bwd import kernels, launch
-# The main kernel alone, two slot blocks, each design's shared-memory protocol:
-# the atomic control, one fixed-point group, and a cluster of two groups that
-# exchange dKV partials (bulk copy, mbarriers).
+from mqa_bwd.bench import load_kernels_module
+# The main kernel alone, two slot blocks: each design's shared-memory protocol.
 DROP = os.environ.get("DROP_BARRIER")  # a mutant: the kernels without the barrier of this comment
 if DROP:
     source = inspect.getsource(kernels)
@@ -199,24 +209,10 @@ if DROP:
     path = os.path.join(tempfile.mkdtemp(), "kernels_mutant.py")
     with open(path, "w") as f:
         f.write(source.replace(f"T.sync_threads()  # {DROP}", "pass"))
-    spec = importlib.util.spec_from_file_location("kernels_mutant", path)
-    launch.K = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(launch.K)
+    launch.K = load_kernels_module(path)
 R, HQ, NKV, Lp = 4, 64, 100, 64
-g = torch.Generator().manual_seed(1)
-idx = torch.randint(-1, NKV, (R, Lp), generator=g, dtype=torch.int32).cuda()
-q = torch.randn(R, HQ, 576, generator=g).bfloat16().cuda()
-kv = torch.randn(NKV, 576, generator=g).bfloat16().cuda()
-do = torch.randn(R, HQ, 512, generator=g).bfloat16().cuda()
-lse2, delta = torch.full((R, HQ), 30.0).cuda(), torch.randn(R, HQ, generator=g).cuda()
-for mode, cluster in (("atomic", 1), ("fixed", 1), ("fixed", 2)):
-    dq = torch.empty(R, HQ, 576, dtype=torch.bfloat16).cuda()
-    dkv = torch.zeros(NKV, 576, dtype=torch.float32 if mode == "atomic" else torch.int64).cuda()
-    extra = {} if mode == "atomic" else dict(row_scale=torch.ones(NKV).cuda(), flag=torch.zeros(R, dtype=torch.int32).cuda(),
-                                             allowance=torch.full((R, HQ), float("inf")).cuda())
-    launch.TileLangLauncher(deterministic=mode == "fixed").main_bwd(q, kv, do, idx, lse2, delta, dq, dkv, sm_scale=0.04,
-                                                                    mode=mode, heads=32, cluster=cluster, **extra)
-torch.cuda.synchronize()
+idx = torch.randint(-1, NKV, (R, Lp), generator=torch.Generator().manual_seed(1), dtype=torch.int32)
+main_kernel_each_design(idx, R, HQ, NKV, seed=1)
 print("sanitized calls done")
 """
 
