@@ -190,10 +190,34 @@ __device__ __forceinline__ void mqa_bulk_to_peer(void* base, int src, int dst, i
 #: cover the 32 banks exactly twice (two wavefronts, the minimum); with the
 #: former 4 words, neighbouring rows overlapped (2-way conflicts), and the
 #: cluster's interleaved own/staging rows 4-way (ncu on the H200: 1141 M
-#: shared-store wavefronts for 285 M ideal per dsv32 H=64 launch). The
-#: cluster's layout is still 2-way with 8 (own and staging rows alternate by
-#: slot parity; test_dkv_tile_stores_are_bank_conflict_free marks it xfail).
+#: shared-store wavefronts for 285 M ideal per dsv32 H=64 launch). With 8,
+#: the cluster's layout is conflict-free too once slots are owned in runs
+#: (OWNER_RUN below; by parity it stayed 2-way).
 F32_ROW_PAD = 8
+
+#: Cluster of two: the CTAs own a block's slots in alternating runs of
+#: OWNER_RUN (slots 0-3 rank 0, 4-7 rank 1, 8-11 rank 0, ...). A half-warp's
+#: float2 store of the dKV fragment covers 4 consecutive slots; in one run they
+#: go to 4 consecutive rows of one region, whose 8-word-padded strides tile the
+#: 32 banks once. Owned by parity (j % 2), rows j and j + 1 of a half-warp went
+#: to the same banks of the own and staging regions: 2-way conflicts.
+OWNER_RUN = 4
+
+
+def slot_owner(j, cluster: int):
+    """The cluster rank that adds slot j of a block (its own partial plus the peer's)."""
+    return (j // OWNER_RUN) % cluster
+
+
+def region_row(j, cluster: int):
+    """Slot j's row in its owner's own rows, and in the other CTA's staging rows and the owner's inbox."""
+    return (j // (OWNER_RUN * cluster)) * OWNER_RUN + j % OWNER_RUN
+
+
+def owned_slot(q, rank, cluster: int):
+    """The q-th slot (from 0) that ``rank`` owns within a piece of the block (a multiple of OWNER_RUN * cluster slots)."""
+    return (q // OWNER_RUN) * (OWNER_RUN * cluster) + rank * OWNER_RUN + q % OWNER_RUN
+
 
 #: Head groups one deterministic launch may sum on chip (a thread block cluster):
 #: two at most, as every CTA keeps a staging copy and an inbox of partials for its peer.
@@ -254,7 +278,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     [head_base + g * tile, ...), g = 0, 1, as one thread block cluster per
     query row (grid R x 2). Each slot's dKV contribution is the fp32 sum of
     the two groups' partials (one add: the same bits in either order), added
-    once: half the fixed-point adds. CTA g adds the slots j with j % 2 == g;
+    once: half the fixed-point adds. CTA g adds the slots j with slot_owner(j) == g;
     each block, it receives the peer's partials of those slots as one bulk
     copy into its inbox (mbarrier handshakes, see the loop).
     """
@@ -308,13 +332,14 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     part_cols = Dv // cluster
     tail_chunks = Dt // 32
     tail_per_share = (tail_chunks + cluster - 1) // cluster
-    if cluster > 1 and (piece % cluster or part_cols % 32):
-        raise ValueError(f"cluster {cluster} must divide the {piece} slots of a piece and Dv / 32 = {Dv // 32}")
+    if cluster > 1 and (piece % (OWNER_RUN * cluster) or part_cols % 32):
+        raise ValueError(f"cluster {cluster}: runs of {OWNER_RUN} slots per CTA must tile the {piece} slots of a piece, "
+                         f"and {cluster} must divide Dv / 32 = {Dv // 32}")
     # dKV_s rows: the block's partials (one row per slot). In a cluster of
-    # two: rows [0, n) the partials of this CTA's own slots (j % 2 == rank, row
-    # j // 2), [n, 2n) its partials of the peer's slots (staging, sent to the
-    # peer in one bulk copy), [2n, 3n) the peer's partials of this CTA's slots
-    # (the inbox), n = BS / 2. The dKVt_s rows alike.
+    # two: rows [0, n) the partials of this CTA's own slots (slot_owner(j) ==
+    # rank, row region_row(j)), [n, 2n) its partials of the peer's slots
+    # (staging, sent to the peer in one bulk copy), [2n, 3n) the peer's
+    # partials of this CTA's slots (the inbox), n = BS / 2. The dKVt_s rows alike.
     own_rows = BS // cluster
     dkv_rows = BS if cluster == 1 else own_rows * 3
     inbox_bytes = own_rows * ((Dv + F32_ROW_PAD) + (Dt + F32_ROW_PAD if Dt > 0 else 0)) * 4  # one block's bulk copies
@@ -344,18 +369,19 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
         """Cluster of two: the fragment's rows of this CTA's slots into its own rows
         of buf, those of the peer's slots into the staging rows."""
         for j, d in T.Parallel(BS, width):
-            buf[j // cluster + own_rows * ((j + rank) % cluster), col0 + d] = acc[j, d]
+            buf[region_row(j, cluster) + own_rows * ((j // OWNER_RUN + rank) % cluster), col0 + d] = acc[j, d]
 
     @T.macro
     def add_piece(dKV, dKV_s, dKVt_s, slots, scales, k, warp, lane, kv_row, scale_r, NKV, rank, inbox):
         """The global adds of slots [k * piece, (k + 1) * piece) of the block held in dKV_s."""
         if mode == "fixed" and cluster > 1:
-            # This CTA adds the slots j of the piece with j % 2 == rank, each
-            # by two warps (a column half each): own partial (row j // 2) plus
-            # the peer's (its inbox row). One fp32 add of two values has the
-            # same bits in either order, so both CTAs would agree.
+            # This CTA adds the slots j of the piece with slot_owner(j) ==
+            # rank, each by two warps (a column half each): own partial (row
+            # region_row(j)) plus the peer's (its inbox row). One fp32 add of
+            # two values has the same bits in either order, so which CTA adds
+            # a slot changes no bit.
             for s_i in T.serial(piece // n_warps):
-                j = k * piece + (warp + s_i * n_warps) // cluster * cluster + rank
+                j = k * piece + owned_slot((warp + s_i * n_warps) // cluster, rank, cluster)
                 share = (warp + s_i * n_warps) % cluster
                 kv_row[0] = slots[j]
                 scale_r[0] = scales[j]
@@ -364,8 +390,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         T.atomic_add(
                             dKV[kv_row[0], share * part_cols + c * 32 + lane],
                             T.call_extern("int64", "__float2ll_rn", (
-                                dKV_s[j // cluster, share * part_cols + c * 32 + lane]
-                                + dKV_s[inbox + j // cluster, share * part_cols + c * 32 + lane]) * scale_r[0]),
+                                dKV_s[region_row(j, cluster), share * part_cols + c * 32 + lane]
+                                + dKV_s[inbox + region_row(j, cluster), share * part_cols + c * 32 + lane]) * scale_r[0]),
                         )
                     if has_tail:
                         for c in T.unroll(tail_per_share):
@@ -373,8 +399,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                                 T.atomic_add(
                                     dKV[kv_row[0], Dv + (c * cluster + share) * 32 + lane],
                                     T.call_extern("int64", "__float2ll_rn", (
-                                        dKVt_s[j // cluster, (c * cluster + share) * 32 + lane]
-                                        + dKVt_s[inbox + j // cluster, (c * cluster + share) * 32 + lane]) * scale_r[0]),
+                                        dKVt_s[region_row(j, cluster), (c * cluster + share) * 32 + lane]
+                                        + dKVt_s[inbox + region_row(j, cluster), (c * cluster + share) * 32 + lane]) * scale_r[0]),
                                 )
         elif mode == "fixed":
             # SIMT: warp w takes slots w, w + n_warps, ... of the piece; its

@@ -173,13 +173,7 @@ def _shared_store_wavefronts(source: str, threads: int = 256) -> dict:
     return worst
 
 
-@pytest.mark.parametrize("config", [
-    pytest.param(c, marks=pytest.mark.xfail(
-        strict=True, reason="2-way: the cluster interleaves own and staging rows by slot parity, so rows j and j + 1 "
-                            "of one half-warp land on the same banks (branch exp/cluster-owner-blocks: slots owned "
-                            "in blocks of 4, awaiting an H200 A/B)")) if len(c) > 5 else c
-    for c in DKV_CONFIGS if c[0] == "main_bwd" and c[4] != "none"
-], ids=_id)
+@pytest.mark.parametrize("config", [c for c in DKV_CONFIGS if c[0] == "main_bwd" and c[4] != "none"], ids=_id)
 def test_dkv_tile_stores_are_bank_conflict_free(config):
     # The dKV GEMMs' fp32 accumulators go to shared memory as float2 per lane
     # every slot block. Conflicted, they cost the H200 1.2 ms per dsv32 H=64
@@ -188,3 +182,19 @@ def test_dkv_tile_stores_are_bank_conflict_free(config):
     worst = _shared_store_wavefronts(K.compiled(*config).get_kernel_source())
     assert worst, f"{_id(config)}: no float2 store of the dKV tile found; update this test"
     assert all(need == 1 for need in worst.values()), f"{_id(config)}: wavefronts per half-warp {worst}"
+
+
+@pytest.mark.parametrize("slots,piece", [(32, 8), (64, 16)])
+def test_cluster_slot_ownership_is_a_partition(slots, piece):
+    # The kernel's index helpers for a cluster of two: each slot is added by
+    # exactly one CTA (owned_slot enumerates what slot_owner assigns), and the
+    # owned slots, like the staged ones, fill the own / staging / inbox rows
+    # one to one, so the inbox row the owner reads is the row the peer staged.
+    cluster = 2
+    for rank in range(cluster):
+        added = [k * piece + K.owned_slot(q, rank, cluster) for k in range(slots // piece) for q in range(piece // cluster)]
+        owned = [j for j in range(slots) if K.slot_owner(j, cluster) == rank]
+        assert sorted(added) == owned and len(set(added)) == len(added)
+        assert sorted(K.region_row(j, cluster) for j in owned) == list(range(slots // cluster))
+        staged = [j for j in range(slots) if K.slot_owner(j, cluster) != rank]
+        assert sorted(K.region_row(j, cluster) for j in staged) == list(range(slots // cluster))
