@@ -81,21 +81,41 @@ MASS_LIMIT = K.MASS_LIMIT
 FP32_SAFE = 2.0**100
 
 
-def _max_abs(x: torch.Tensor) -> torch.Tensor:
+def max_abs(x: torch.Tensor) -> torch.Tensor:
     """max |x| over the last axis, in x's dtype (exact: the largest |element|), without an |x| temporary; NaN propagates."""
     if x.shape[-1] == 0:
         return torch.zeros(x.shape[:-1], dtype=x.dtype, device=x.device)
     return torch.linalg.vector_norm(x, ord=math.inf, dim=-1)
 
 
-def plan(query, grad_out, delta, kv_v, referenced, live_row, sm_scale: float):
+def magnitude_bits(x: torch.Tensor) -> torch.Tensor:
+    """int32 max over the last axis of bf16 x's low 15 bits: max |x| as a bf16 bit pattern.
+
+    bf16 is sign-magnitude, so |x| orders as those bits do, and every NaN
+    pattern lies above inf's: the integer max is exact and keeps NaN (what
+    the delta kernel computes for the plan).
+    """
+    if x.shape[-1] == 0:
+        return torch.zeros(x.shape[:-1], dtype=torch.int32, device=x.device)
+    return (x.contiguous().view(torch.int16).to(torch.int32) & 0x7FFF).amax(dim=-1)
+
+
+def bits_to_bf16(bits: torch.Tensor) -> torch.Tensor:
+    """The bf16 values of magnitude_bits' patterns."""
+    return bits.to(torch.int16).view(torch.bfloat16)
+
+
+def plan(query, grad_out, delta, kv_v, referenced, live_row, sm_scale: float, max_q=None, max_do=None):
     """(row_scale float32 [NKV], allowance float32 [R, H]) of the module docstring.
 
     query [B, S, H, Dk] and grad_out [B, S, H, Dv] hold the real heads, delta
     [R, H] the Delta the kernel reads for them, kv_v [NKV, Dv] the value part
     of every kv row (NKV = B * S_kv); referenced [NKV] and live_row [R] are the
     mark_slots kernel's marks (nonzero: some valid slot names the kv row; the
-    query row has a valid slot).
+    query row has a valid slot). max_q and max_do [R, H], when given, are
+    max_abs of query and grad_out already reduced (the delta kernel's; any
+    float dtype holding the exact maxima): the same plan, without reading
+    query and grad_out again.
 
     The three maxima read the large tensors; everything after them works on
     [R, H] and [NKV] values: some 80 small ops, which on a GPU cost their
@@ -104,7 +124,9 @@ def plan(query, grad_out, delta, kv_v, referenced, live_row, sm_scale: float):
     copies of the inputs.
     """
     B, S, H = query.shape[:3]
-    small = (_max_abs(query), _max_abs(grad_out), _max_abs(kv_v), delta, referenced, live_row)
+    mq = max_abs(query) if max_q is None else max_q.reshape(B, S, H)
+    mdo = max_abs(grad_out) if max_do is None else max_do.reshape(B, S, H)
+    small = (mq, mdo, max_abs(kv_v), delta, referenced, live_row)
     shape = dict(B=B, S=S, H=H, d_v=kv_v.shape[1], scale=abs(float(sm_scale)))
     # Inside a caller's own graph capture the ops are simply captured there.
     if query.device.type == "cuda" and USE_CUDA_GRAPHS and not torch.cuda.is_current_stream_capturing():

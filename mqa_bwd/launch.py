@@ -62,7 +62,9 @@ class Launcher:
         """Raise ValueError for widths this launcher cannot build."""
 
     # Kernels: see mqa_bwd.kernels for the contract of each.
-    def delta(self, out, grad_out, lse2, sink2, delta, dsink_rows):
+    def delta(self, out, grad_out, lse2, sink2, delta, dsink_rows, q=None, peak_q=None, peak_do=None):
+        """Delta and DSinkRows; with q (the fixed-point design), also peak_q and peak_do
+        [R, H] int32: fixed_point.magnitude_bits of q and grad_out (max |x| as bf16 bits)."""
         raise NotImplementedError
 
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, heads=None, head_base=0,
@@ -112,10 +114,12 @@ class TileLangLauncher(Launcher):
                 f"supported (Dk, Dv): {list(K.GPU_WIDTHS)}"
             )
 
-    def delta(self, out, grad_out, lse2, sink2, delta, dsink_rows):
-        kernel = K.compiled("delta", out.shape[2])
+    def delta(self, out, grad_out, lse2, sink2, delta, dsink_rows, q=None, peak_q=None, peak_do=None):
         self.launched("delta")
-        kernel(out, grad_out, lse2, sink2, delta, dsink_rows)
+        if q is None:
+            K.compiled("delta", out.shape[2])(out, grad_out, lse2, sink2, delta, dsink_rows)
+        else:
+            K.compiled("delta_max", q.shape[2], out.shape[2])(out, grad_out, lse2, sink2, delta, dsink_rows, q, peak_q, peak_do)
 
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, heads=None, head_base=0,
                  shard_base=0, n_shards=1, row_scale=None, allowance=None, flag=None, cluster=1):

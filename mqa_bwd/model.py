@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from . import kernels as K
+from .fixed_point import magnitude_bits
 from .launch import Launcher
 from .wrapper import per_head
 
@@ -89,7 +90,7 @@ class ModelLauncher(Launcher):
         self.device = torch.device("cpu")
 
     # -- delta -------------------------------------------------------------
-    def delta(self, out, grad_out, lse2, sink2, delta, dsink_rows):
+    def delta(self, out, grad_out, lse2, sink2, delta, dsink_rows, q=None, peak_q=None, peak_do=None):
         self.launched("delta")
         R, H, Dv = out.shape
         for name, t in (("dO", grad_out),):
@@ -97,6 +98,12 @@ class ModelLauncher(Launcher):
         for name, t in (("Lse2", lse2), ("Delta", delta), ("DSinkRows", dsink_rows)):
             _shape_is("delta", name, t, (R, H))
         _shape_is("delta", "Sink2", sink2, (H,))
+        if q is not None:
+            _shape_is("delta", "Q", q, (R, H, q.shape[2]))
+            for name, t in (("PeakQ", peak_q), ("PeakDO", peak_do)):
+                _shape_is("delta", name, t, (R, H))
+            peak_q.copy_(magnitude_bits(q))
+            peak_do.copy_(magnitude_bits(grad_out))
         d = (out.to(torch.float32) * grad_out.to(torch.float32)).sum(-1)
         delta.copy_(d)
         # Per head, so that a head's value never depends on how many heads the

@@ -384,11 +384,15 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
 
     delta = launcher.empty((R, Hp), f32)
     dsink_rows = launcher.empty((R, Hp), f32)
-    launcher.delta(o, do, lse2, sink2, delta, dsink_rows)
+    fixed = launcher.deterministic and p.design == "fixed"
+    if fixed:  # the same launch also reduces the maxima of |q| and |dO| the fixed-point plan needs
+        peak_q, peak_do = launcher.empty((R, Hp), torch.int32), launcher.empty((R, Hp), torch.int32)
+        launcher.delta(o, do, lse2, sink2, delta, dsink_rows, q, peak_q, peak_do)
+    else:
+        launcher.delta(o, do, lse2, sink2, delta, dsink_rows)
 
     # Every launch reads its head group in place (head_base): no per-group copies.
     dq = launcher.empty((R, Hp, p.d_k), torch.bfloat16)
-    fixed = launcher.deterministic and p.design == "fixed"
     dkv_acc = None if fixed else launcher.zeros((NKV, p.d_k), f32)
 
     def group(g):
@@ -402,7 +406,8 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
         live_row = launcher.zeros((R,), torch.int32)
         launcher.mark_slots(slots, referenced, live_row)
         row_scale, allowance = fixed_point.plan(query, grad_out, delta[:, : p.H], kv2[:, : p.d_v], referenced, live_row,
-                                                sm_scale)
+                                                sm_scale, max_q=fixed_point.bits_to_bf16(peak_q[:, : p.H]),
+                                                max_do=fixed_point.bits_to_bf16(peak_do[:, : p.H]))
         # Padding heads (q = dO = 0) contribute nothing: no limit on their mass.
         allowance = _pad_heads(allowance, Hp, math.inf, launcher)
         row_flags = launcher.zeros((R,), torch.int32)

@@ -236,6 +236,71 @@ def test_a_row_with_no_valid_slot_may_hold_anything():
     assert torch.isfinite(dkv2.float()).all() and torch.equal(dkv2, dkv)
 
 
+def test_magnitude_bits_are_the_exact_maxima_nan_included():
+    # The delta kernel's integer max of bf16 magnitude bits, read back as bf16:
+    # max |x| exactly, signed zeros, subnormals, infinities and NaN included.
+    g = torch.Generator().manual_seed(2)
+    x = (torch.randn(40, 3, 33, generator=g) * torch.logspace(-40, 38, 33)).bfloat16()
+    x[0, 0, 5], x[1, 1, 0], x[2, 2, 32] = float("nan"), float("-inf"), float("inf")
+    x[3, 0] = -0.0
+    x[4, 1] = torch.tensor(-1e-40).bfloat16()  # subnormal
+    x[5, 2, 7] = float("nan")
+    x[5, 2, 8] = float("inf")  # NaN wins over inf, as in max_abs
+    got = fixed_point.bits_to_bf16(fixed_point.magnitude_bits(x))
+    want = fixed_point.max_abs(x)
+    assert torch.equal(got.isnan(), want.isnan()) and int(want.isnan().sum()) == 2
+    assert torch.equal(got.nan_to_num(0.0), want.nan_to_num(0.0))
+    assert fixed_point.magnitude_bits(x[:, :, :0]).eq(0).all()
+
+
+@pytest.mark.parametrize("poison", [None, "nan_q", "inf_do", "nan_do"])
+def test_the_plan_from_reduced_maxima_equals_the_plan_from_the_tensors(poison):
+    # The wrapper hands the plan the delta kernel's fp32 maxima of |q| and |dO|
+    # instead of the tensors' own: the same row scales and allowances, bit for
+    # bit, non-finite inputs included.
+    g = torch.Generator().manual_seed(11)
+    B, S, H, Dk, Dv, NKV = 2, 5, 3, 24, 16, 14
+    q = torch.randn(B, S, H, Dk, generator=g).bfloat16()
+    do = torch.randn(B, S, H, Dv, generator=g).bfloat16()
+    if poison == "nan_q":
+        q[1, 2, 0, 5] = float("nan")
+    elif poison == "inf_do":
+        do[0, 4, 2, 1] = float("inf")
+    elif poison == "nan_do":
+        do[1, 0, 1, 3] = float("nan")
+    kv_v = torch.randn(NKV, Dv, generator=g).bfloat16()
+    delta = torch.randn(B * S, H, generator=g)
+    referenced, live_row = (torch.arange(NKV) % 3 != 0).to(torch.int32), (torch.arange(B * S) != 4).to(torch.int32)
+    want = fixed_point.plan(q, do, delta, kv_v, referenced, live_row, 0.125)
+    max_q, max_do = fixed_point.max_abs(q).float().reshape(B * S, H), fixed_point.max_abs(do).float().reshape(B * S, H)
+    got = fixed_point.plan(q, do, delta, kv_v, referenced, live_row, 0.125, max_q=max_q, max_do=max_do)
+    for name, a, b in zip(("row_scale", "allowance"), got, want):
+        assert torch.equal(a.nan_to_num(-1.0), b.nan_to_num(-1.0)) and torch.equal(a.isnan(), b.isnan()), name
+    # The NaNs sit in batch element 1; the inf in query row 4, which has no valid slot.
+    marked = referenced.view(B, -1) != 0
+    poisoned = [bool(got[0].view(B, -1)[b][marked[b]].isnan().all()) for b in range(B)]
+    assert poisoned == ([False, True] if poison in ("nan_q", "nan_do") else [False, False])
+
+
+def test_the_wrapper_plans_from_the_scales_of_its_own_inputs(monkeypatch):
+    # The wrapper's plan gets the delta launch's maxima (H = 5 pads to 16
+    # heads; the plan sees the real 5): the same scales as planning from
+    # query and grad_out directly.
+    host = _case().inputs()
+    seen = []
+    real_plan = fixed_point.plan
+    monkeypatch.setattr(fixed_point, "plan", lambda *a, **k: seen.append((a, k)) or real_plan(*a, **k))
+    _run(host)
+    (args, kwargs), = seen
+    assert kwargs["max_q"] is not None and kwargs["max_do"] is not None
+    got = real_plan(*args, **kwargs)
+    want = real_plan(*args)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    query, grad_out = args[:2]
+    assert torch.equal(kwargs["max_q"].reshape(query.shape[:3]), fixed_point.max_abs(query))
+    assert torch.equal(kwargs["max_do"].reshape(grad_out.shape[:3]), fixed_point.max_abs(grad_out))
+
+
 def test_the_model_converts_like_ptx_cvt_rni_s64_f32():
     x = np.array([0.5, 1.5, -2.5, np.nan, np.inf, -np.inf, 2.0**63, -(2.0**63), 2.0**62], np.float32)
     info = np.iinfo(np.int64)
@@ -291,7 +356,7 @@ def test_plan_graph_cache_bookkeeping_on_the_cpu(monkeypatch):
         q, do = torch.randn(1, S, 3, 8, generator=g).bfloat16(), torch.randn(1, S, 3, 6, generator=g).bfloat16()
         kv = torch.randn(10, 6, generator=g).bfloat16()
         marks = torch.ones(10, dtype=torch.int32), torch.ones(S, dtype=torch.int32)
-        return (fixed_point._max_abs(q), fixed_point._max_abs(do), fixed_point._max_abs(kv),
+        return (fixed_point.max_abs(q), fixed_point.max_abs(do), fixed_point.max_abs(kv),
                 torch.randn(S, 3, generator=g), *marks)
 
     calls = [(6, 0.1), (6, 0.1), (6, 0.1), (9, 0.1), (9, 0.1), (6, 0.2), (6, 0.2)]

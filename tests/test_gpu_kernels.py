@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from mqa_bwd import backends, launch, mqa_latent_sparse_bwd, wrapper  # noqa: E402
+from mqa_bwd import backends, fixed_point, launch, mqa_latent_sparse_bwd, wrapper  # noqa: E402
 from mqa_bwd.bench import production_inputs  # noqa: E402
 from mqa_bwd.model import ModelLauncher  # noqa: E402
 from properties.case import INVALID_KINDS, Case, expected, to_framework  # noqa: E402
@@ -149,6 +149,41 @@ def test_slot_marks_match_the_model_inside_guard_bands():
     assert torch.equal(marks["model"][1], marks["tilelang"][1])
     assert 0 < int(marks["tilelang"][0].sum()) < NKV // 2
     assert marks["tilelang"][1][7:10].tolist() == [0, 0, 0] and int(marks["tilelang"][1].sum()) == R - 3
+
+
+def test_delta_maxima_match_the_model():
+    # The fixed-point design's delta launch also reduces max |q| and max |dO|
+    # per (row, head) for the plan, as bf16 bit patterns: the model's bits
+    # exactly (NaN and inf included), heads past H untouched (H = 21 masks
+    # most of the second tile), and Delta / DSinkRows those of the plain
+    # delta kernel up to fp32 summation order.
+    g = torch.Generator().manual_seed(5)
+    R, H, Dk, Dv = 70, 21, 576, 512
+    q = torch.randn((R, H, Dk), generator=g).bfloat16()
+    do = torch.randn((R, H, Dv), generator=g).bfloat16()
+    o = torch.randn((R, H, Dv), generator=g).bfloat16()
+    lse2, sink2 = torch.randn((R, H), generator=g), torch.randn((H,), generator=g)
+    q[3, 4, 100], q[5, 20, 575], q[9, 3, 0] = float("nan"), float("-inf"), -1e30
+    do[6, 0, 7], do[7, 1, 511], o[8, 2, 9] = float("nan"), float("inf"), float("nan")
+    results = {}
+    for name, launcher, device in (("model", ModelLauncher(), "cpu"), ("tilelang", launch.TileLangLauncher(), "cuda")):
+        args = [t.to(device) for t in (o, do, lse2, sink2)]
+        with launch.GuardBands() as guards:
+            outs = [guards.allocate((R, H), torch.float32, device, n).fill_(-7.0) for n in ("Delta", "DSinkRows")]
+            peaks = [guards.allocate((R, H), torch.int32, device, n).fill_(-7) for n in ("PeakQ", "PeakDO")]
+            launcher.delta(*args, *outs, q.to(device), *peaks)
+            plain = [guards.allocate((R, H), torch.float32, device, n).fill_(-7.0) for n in ("Delta", "DSinkRows")]
+            launcher.delta(*args, *plain)
+        assert not guards.violations(), f"{name}: {guards.violations()}"
+        results[name] = [t.cpu() for t in outs + peaks + plain]
+    model, gpu = results["model"], results["tilelang"]
+    assert torch.equal(gpu[2], model[2]), "max |q| bits differ from the model"
+    assert torch.equal(gpu[3], model[3]), "max |dO| bits differ from the model"
+    peak_q, peak_do = fixed_point.bits_to_bf16(gpu[2]), fixed_point.bits_to_bf16(gpu[3])
+    assert torch.isnan(peak_q[3, 4]) and peak_q[5, 20] == float("inf") and peak_q[9, 3] == torch.tensor(1e30).bfloat16()
+    assert torch.isnan(peak_do[6, 0]) and peak_do[7, 1] == float("inf") and not torch.isnan(peak_do[8, 2])
+    for i, j, what in ((0, 4, "Delta"), (1, 5, "DSinkRows")):
+        torch.testing.assert_close(gpu[i], gpu[j], rtol=1e-5, atol=1e-5, equal_nan=True, msg=what)
 
 
 # The main kernel alone on the given slots, once per design: the atomic
