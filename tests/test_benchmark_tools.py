@@ -99,3 +99,17 @@ def test_load_kernels_module_for_kernel_ab(tmp_path):
     bogus.write_text("X = 1\n")
     with pytest.raises(ValueError, match="--against"):
         load_kernels_module(str(bogus), "--against")
+
+
+def test_call_trace_sums_kernels_per_call(capsys):
+    # Device microseconds of two calls: per-call ms, launches per call, most
+    # time first; names past the cut are summed as one kernel.
+    tool = _tool("call_trace")
+    events = [("main_bwd_kernel", 25000.0), ("main_bwd_kernel", 25200.0), ("delta_kernel", 270.0),
+              ("delta_kernel", 270.0), ("reduce_kernel<A>", 100.0), ("reduce_kernel<B>", 60.0)]
+    rows = tool.per_kernel(events, calls=2, width=13)
+    assert rows == [("main_bwd_kern", pytest.approx(25.1), 1.0), ("delta_kernel", pytest.approx(0.27), 1.0),
+                    ("reduce_kernel", pytest.approx(0.08), 1.0)]
+    tool.print_table("det", rows, top=2)
+    out = capsys.readouterr().out
+    assert "25.450 ms of GPU kernels per call, 3 launches" in out and "(1 more kernels)" in out
