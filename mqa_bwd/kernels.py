@@ -1026,13 +1026,16 @@ def gpu_configs(widths=GPU_WIDTHS, group_widths=(16, 32)):
 def _nvcc(config, output: str, code: str, extra=()):
     """Compile a configuration's CUDA source with the machine's nvcc (no GPU needed):
     (the output file's text, nvcc's stderr)."""
+    return _nvcc_source(compiled(*config).get_kernel_source(), output, code, extra)
+
+
+def _nvcc_source(source: str, output: str, code: str, extra=()):
     import os
     import subprocess
     import tempfile
 
     from tilelang import env
 
-    source = compiled(*config).get_kernel_source()
     nvcc = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
     with tempfile.TemporaryDirectory() as tmp:
         cu, out = os.path.join(tmp, "kernel.cu"), os.path.join(tmp, "kernel.out")
@@ -1058,9 +1061,14 @@ def ptx_of(config) -> str:
 
 def ptxas_info(config) -> dict:
     """ptxas's resource report for sm_90a: registers, spill_stores, spill_loads (bytes), stack (bytes)."""
+    return ptxas_info_of_source(compiled(*config).get_kernel_source(), config)
+
+
+def ptxas_info_of_source(source: str, name="kernel") -> dict:
+    """ptxas_info of generated CUDA source (any TileLang program, not only the configurations here)."""
     import re
 
-    report = _nvcc(config, "-cubin", "sm_90a", ("-Xptxas", "-v"))[1]
+    report = _nvcc_source(source, "-cubin", "sm_90a", ("-Xptxas", "-v"))[1]
     numbers = {
         "registers": r"Used (\d+) registers",
         "spill_stores": r"(\d+) bytes spill stores",
@@ -1069,8 +1077,19 @@ def ptxas_info(config) -> dict:
     }
     found = {key: re.findall(pattern, report) for key, pattern in numbers.items()}
     if not all(found.values()):
-        raise RuntimeError(f"unexpected ptxas report for {config}:\n{report}")
+        raise RuntimeError(f"unexpected ptxas report for {name}:\n{report}")
     return {key: max(int(v) for v in values) for key, values in found.items()}
+
+
+def dynamic_shared_bytes(kernel, name: str = "main_bwd"):
+    """The dynamic shared memory a compiled kernel's host code launches ``name``_kernel
+    with (the last integer it packs before looking the kernel up), or None if not found."""
+    import re
+
+    host = kernel.get_host_source()
+    lookup = host.find(f"if ({name}_kernel_packed == NULL)")
+    found = re.findall(r"v_int64\) = \(\(int64_t\)(\d+)\);", host[:lookup]) if lookup >= 0 else []
+    return int(found[-1]) if found else None
 
 
 def _compile_source(config):

@@ -1,0 +1,131 @@
+"""Will a 64-head tile fit? Compile-only study of the next main kernel's shape (CPU; nvcc, no GPU).
+
+    python benchmarks/tile_feasibility.py [--heads 64] [--slots 32] [--threads 256] [--cols 0:256 256:576 ...]
+
+The main kernel today runs 32-head tiles with mma.sync, fed by ldmatrix from
+shared memory; its GEMM skeleton alone (no dKV output) takes 14.6 ms at dsv32
+H=64, 4x the 3.7 ms the work needs (issue 6). TileLang lowers GEMMs with 64
+rows to wgmma, but a 64-head CTA cannot also hold the 64 x 576 fp32 dQ
+accumulator. This tool builds the skeleton of one alternative and reports
+what ptxas makes of it: one CTA per (query row, column range). Each CTA
+computes the full scores S and dP for all heads (duplicated across the
+ranges), then dQ and dKV for its own columns only, so every dKV element of a
+slot is summed over all heads in one CTA: one global add per (row, slot,
+column), with no exchange between CTAs.
+
+A skeleton, not a kernel: plain loads for the gather (no cp.async), no
+invalid-slot masking, fp32 atomics for the adds (either precision costs the
+same registers), no fixed-point path. Per column range it prints registers,
+spill bytes, shared memory, and how many GEMMs became wgmma, or TileLang's
+refusal.
+"""
+
+import argparse
+import re
+
+from mqa_bwd import kernels as K
+
+
+def skeleton_program(c0: int, c1: int, heads: int = 64, slots: int = 32, d_k: int = 576, d_v: int = 512,
+                     threads: int = 256):
+    """The per-(row, column range [c0, c1)) backward skeleton of the module docstring."""
+    tilelang, T = K._tl()
+    R, NKV, Lp, HQ = T.dynamic("R"), T.dynamic("NKV"), T.dynamic("Lp"), T.dynamic("HQ")
+    BS, W = slots, c1 - c0
+    in_dv = max(0, min(c1, d_v) - c0)  # columns of the range inside Dv: they also get P^T dO
+    f32, bf16, i32 = "float32", "bfloat16", "int32"
+
+    @T.prim_func
+    def skeleton(
+        Q: T.Tensor((R, HQ, d_k), bf16),
+        KV: T.Tensor((NKV, d_k), bf16),
+        dO: T.Tensor((R, HQ, d_v), bf16),
+        Indices: T.Tensor((R, Lp), i32),
+        Lse2: T.Tensor((R, HQ), f32),
+        Delta: T.Tensor((R, HQ), f32),
+        dQ: T.Tensor((R, HQ, d_k), bf16),
+        dKV: T.Tensor((NKV, d_k), f32),
+        sm_scale: T.float32,
+    ):
+        with T.Kernel(R, threads=threads) as r:
+            Q_s = T.alloc_shared((heads, d_k), bf16)
+            dO_s = T.alloc_shared((heads, d_v), bf16)
+            KV_s = T.alloc_shared((BS, d_k), bf16)
+            P_s = T.alloc_shared((heads, BS), bf16)
+            dS_s = T.alloc_shared((heads, BS), bf16)
+            dKV_s = T.alloc_shared((BS, W), f32)
+            slot = T.alloc_shared((BS,), i32)
+            lse_s = T.alloc_shared((heads,), f32)
+            delta_s = T.alloc_shared((heads,), f32)
+            acc_s = T.alloc_fragment((heads, BS), f32)
+            acc_dp = T.alloc_fragment((heads, BS), f32)
+            acc_dq = T.alloc_fragment((heads, W), f32)
+            # TileLang cannot accumulate a GEMM into a column slice of a
+            # fragment: the range's Dv columns (dS^T Q + P^T dO) and tail
+            # columns (dS^T Q) get one accumulator each.
+            if in_dv > 0:
+                acc_v = T.alloc_fragment((BS, in_dv), f32)
+            if in_dv < W:
+                acc_t = T.alloc_fragment((BS, W - in_dv), f32)
+            T.copy(Q[r, 0:heads, 0:d_k], Q_s)
+            T.copy(dO[r, 0:heads, 0:d_v], dO_s)
+            for h in T.Parallel(heads):
+                lse_s[h] = Lse2[r, h]
+                delta_s[h] = Delta[r, h]
+            T.clear(acc_dq)
+            for t in T.serial(Lp // BS):
+                for j in T.Parallel(BS):
+                    slot[j] = Indices[r, t * BS + j]
+                for j, d in T.Parallel(BS, d_k):
+                    KV_s[j, d] = KV[T.max(slot[j], 0), d]
+                T.gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True)
+                for h, j in T.Parallel(heads, BS):
+                    acc_s[h, j] = T.exp2(acc_s[h, j] * sm_scale - lse_s[h])
+                T.copy(acc_s, P_s)
+                T.gemm(dO_s, KV_s[0:BS, 0:d_v], acc_dp, transpose_B=True, clear_accum=True)
+                for h, j in T.Parallel(heads, BS):
+                    acc_dp[h, j] = acc_s[h, j] * (acc_dp[h, j] - delta_s[h]) * sm_scale
+                T.copy(acc_dp, dS_s)
+                T.gemm(dS_s, KV_s[0:BS, c0:c1], acc_dq)
+                if in_dv > 0:
+                    T.gemm(dS_s, Q_s[0:heads, c0:c0 + in_dv], acc_v, transpose_A=True, clear_accum=True)
+                    T.gemm(P_s, dO_s[0:heads, c0:c0 + in_dv], acc_v, transpose_A=True)
+                    T.copy(acc_v, dKV_s[0:BS, 0:in_dv])
+                if in_dv < W:
+                    T.gemm(dS_s, Q_s[0:heads, c0 + in_dv:c1], acc_t, transpose_A=True, clear_accum=True)
+                    T.copy(acc_t, dKV_s[0:BS, in_dv:W])
+                for j, d in T.Parallel(BS, W):
+                    T.atomic_add(dKV[T.max(slot[j], 0), c0 + d], dKV_s[j, d])
+            T.copy(acc_dq, dQ[r, 0:heads, c0:c1])
+
+    return skeleton
+
+
+def report(c0: int, c1: int, **shape) -> dict:
+    """{"cols", "registers", "spill_stores", "shared", "wgmma"} of one column range, or {"cols", "refused"}."""
+    try:
+        kernel = K.compile_program(skeleton_program(c0, c1, **shape))
+    except Exception as error:  # TileLang's layout and partition checks raise their own types
+        lines = [line.strip() for line in str(error).splitlines() if line.strip()]
+        reason = next((line for line in lines if "Error" in line or "Fatal" in line), lines[-1] if lines else repr(error))
+        return {"cols": (c0, c1), "refused": reason[:200]}
+    device = kernel.get_kernel_source()
+    info = K.ptxas_info_of_source(device, f"columns {c0}:{c1}")
+    return {"cols": (c0, c1), "registers": info["registers"], "spill_stores": info["spill_stores"],
+            "shared": K.dynamic_shared_bytes(kernel, "skeleton"), "wgmma": len(re.findall(r"\bwgmma_[sr]s<", device))}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--heads", type=int, default=64)
+    parser.add_argument("--slots", type=int, default=32)
+    parser.add_argument("--threads", type=int, default=256)
+    parser.add_argument("--cols", nargs="+", default=["0:256", "256:576"], help="column ranges c0:c1 of Dk = 576")
+    a = parser.parse_args()
+    for cols in a.cols:
+        c0, c1 = map(int, cols.split(":"))
+        print(report(c0, c1, heads=a.heads, slots=a.slots, threads=a.threads))
+
+
+if __name__ == "__main__":
+    main()
