@@ -21,6 +21,21 @@ from mqa_bwd.bench import SHAPES, load_kernels_module, production_inputs, same_b
 DESIGNS = (("fixed", True), ("atomic", False))
 
 
+class WithFallback:
+    """``module`` (another kernels.py), except that kernel kinds it does not build
+    (it predates them) compile from this tree's kernels."""
+
+    def __init__(self, module):
+        self.module = module
+        self.missing = sorted({c[0] for c in kernels.gpu_configs()} - {c[0] for c in module.gpu_configs()})
+
+    def __getattr__(self, name):
+        return getattr(self.module, name)
+
+    def compiled(self, kind, *key):
+        return (kernels if kind in self.missing else self.module).compiled(kind, *key)
+
+
 def timed_call(args, module, deterministic: bool):
     """(ms, outputs) of one whole call with ``module``'s kernels and its cluster rule."""
     launch.K, wrapper.K = module, module
@@ -36,7 +51,10 @@ def main():
     parser.add_argument("--shapes", default="dsv32,fleet")
     parser.add_argument("--repeats", type=int, default=7)
     a = parser.parse_args()
-    versions = {"this tree": kernels, "against": load_kernels_module(a.against, "--against")}
+    against = WithFallback(load_kernels_module(a.against, "--against"))
+    if against.missing:
+        print(f"{a.against} has no {', '.join(against.missing)}: this tree's is used for it")
+    versions = {"this tree": kernels, "against": against}
     variants = [(design, deterministic, label) for design, deterministic in DESIGNS for label in versions]
     for name in a.shapes.split(","):
         for shape in SHAPES[name]:

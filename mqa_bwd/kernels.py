@@ -98,7 +98,7 @@ def delta_program(d_v: int, threads: int = 128, d_k: int = 0):
     bh = DELTA_HEADS
     block_d = 64 if Dv % 64 == 0 else 16
     f32, bf16, i32 = "float32", "bfloat16", "int32"
-    if Dk % PEAK_COLS or Dv % PEAK_COLS:
+    if Dk and (Dk % PEAK_COLS or Dv % PEAK_COLS):
         raise ValueError(f"delta with maxima: Dk={Dk} and Dv={Dv} must be multiples of {PEAK_COLS}")
 
     @T.macro

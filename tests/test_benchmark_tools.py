@@ -101,6 +101,27 @@ def test_load_kernels_module_for_kernel_ab(tmp_path):
         load_kernels_module(str(bogus), "--against")
 
 
+def test_kernel_ab_takes_kernels_an_older_file_lacks_from_this_tree(tmp_path, monkeypatch):
+    # A kernels.py from before a kernel existed (delta_max) still runs the
+    # fixed design: that kernel comes from this tree, everything else from it.
+    older = tmp_path / "kernels_old.py"
+    older.write_text(
+        "MAX_CLUSTER = 1\n"
+        "def main_bwd_program(*a, **k): pass\n"
+        "def cluster_launches(groups, largest=None): return [(g, 1) for g in range(groups)]\n"
+        "def gpu_configs(): yield ('delta', 512); yield ('main_bwd', 32, 576, 512, 'fixed')\n"
+        "def compiled(kind, *key): return ('older', kind) + key\n"
+    )
+    from mqa_bwd.bench import load_kernels_module
+
+    monkeypatch.setattr(kernels, "compiled", lambda kind, *key: ("this tree", kind) + key)
+    against = _tool("kernel_ab").WithFallback(load_kernels_module(str(older), "--against"))
+    assert "delta_max" in against.missing and "delta" not in against.missing
+    assert against.compiled("delta_max", 576, 512) == ("this tree", "delta_max", 576, 512)
+    assert against.compiled("main_bwd", 32, 576, 512, "fixed") == ("older", "main_bwd", 32, 576, 512, "fixed")
+    assert against.MAX_CLUSTER == 1 and against.cluster_launches(2) == [(0, 1), (1, 1)]
+
+
 def test_call_trace_sums_kernels_per_call(capsys):
     # Device microseconds of two calls: per-call ms, launches per call, most
     # time first; names past the cut are summed as one kernel.

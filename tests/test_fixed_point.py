@@ -255,9 +255,9 @@ def test_magnitude_bits_are_the_exact_maxima_nan_included():
 
 @pytest.mark.parametrize("poison", [None, "nan_q", "inf_do", "nan_do"])
 def test_the_plan_from_reduced_maxima_equals_the_plan_from_the_tensors(poison):
-    # The wrapper hands the plan the delta kernel's fp32 maxima of |q| and |dO|
-    # instead of the tensors' own: the same row scales and allowances, bit for
-    # bit, non-finite inputs included.
+    # The wrapper hands the plan the delta kernel's maxima of |q| and |dO| (bf16
+    # from magnitude bits; fp32 works too) instead of the tensors' own: the same
+    # row scales and allowances, bit for bit, non-finite inputs included.
     g = torch.Generator().manual_seed(11)
     B, S, H, Dk, Dv, NKV = 2, 5, 3, 24, 16, 14
     q = torch.randn(B, S, H, Dk, generator=g).bfloat16()
@@ -272,10 +272,12 @@ def test_the_plan_from_reduced_maxima_equals_the_plan_from_the_tensors(poison):
     delta = torch.randn(B * S, H, generator=g)
     referenced, live_row = (torch.arange(NKV) % 3 != 0).to(torch.int32), (torch.arange(B * S) != 4).to(torch.int32)
     want = fixed_point.plan(q, do, delta, kv_v, referenced, live_row, 0.125)
-    max_q, max_do = fixed_point.max_abs(q).float().reshape(B * S, H), fixed_point.max_abs(do).float().reshape(B * S, H)
-    got = fixed_point.plan(q, do, delta, kv_v, referenced, live_row, 0.125, max_q=max_q, max_do=max_do)
-    for name, a, b in zip(("row_scale", "allowance"), got, want):
-        assert torch.equal(a.nan_to_num(-1.0), b.nan_to_num(-1.0)) and torch.equal(a.isnan(), b.isnan()), name
+    from_bits = [fixed_point.bits_to_bf16(fixed_point.magnitude_bits(x).reshape(B * S, H)) for x in (q, do)]
+    as_fp32 = [fixed_point.max_abs(x).float().reshape(B * S, H) for x in (q, do)]
+    for form, (max_q, max_do) in (("bf16 from bits", from_bits), ("fp32", as_fp32)):
+        got = fixed_point.plan(q, do, delta, kv_v, referenced, live_row, 0.125, max_q=max_q, max_do=max_do)
+        for name, a, b in zip(("row_scale", "allowance"), got, want):
+            assert torch.equal(a.nan_to_num(-1.0), b.nan_to_num(-1.0)) and torch.equal(a.isnan(), b.isnan()), (form, name)
     # The NaNs sit in batch element 1; the inf in query row 4, which has no valid slot.
     marked = referenced.view(B, -1) != 0
     poisoned = [bool(got[0].view(B, -1)[b][marked[b]].isnan().all()) for b in range(B)]
