@@ -13,11 +13,14 @@ ranges), then dQ and dKV for its own columns only, so every dKV element of a
 slot is summed over all heads in one CTA: one global add per (row, slot,
 column), with no exchange between CTAs.
 
-A skeleton, not a kernel: plain loads for the gather (no cp.async), no
-invalid-slot masking, fp32 atomics for the adds (either precision costs the
-same registers), no fixed-point path. Per column range it prints registers,
-spill bytes, shared memory, and how many GEMMs became wgmma, or TileLang's
-refusal.
+A skeleton, not a kernel, but with what costs registers in the real one: the
+cp.async gather (not yet a block ahead), invalid slots masked, the softmax
+mass tracked (fixed mode's range check), and the fixed-point adds of the
+range's columns from shared memory, a warp per slot, and the Flag. Left
+out: the deferral of the adds to the next block and the dQ store's bf16
+staging. Per
+column range it prints registers, spill bytes, shared memory, and how many
+GEMMs became wgmma, or TileLang's refusal.
 """
 
 import argparse
@@ -44,7 +47,10 @@ def skeleton_program(c0: int, c1: int, heads: int = 64, slots: int = 32, d_k: in
         Lse2: T.Tensor((R, HQ), f32),
         Delta: T.Tensor((R, HQ), f32),
         dQ: T.Tensor((R, HQ, d_k), bf16),
-        dKV: T.Tensor((NKV, d_k), f32),
+        dKV: T.Tensor((NKV, d_k), "int64"),
+        RowScale: T.Tensor((NKV,), f32),
+        Allowance: T.Tensor((R, HQ), f32),
+        Flag: T.Tensor((R,), i32),
         sm_scale: T.float32,
     ):
         with T.Kernel(R, threads=threads) as r:
@@ -60,6 +66,12 @@ def skeleton_program(c0: int, c1: int, heads: int = 64, slots: int = 32, d_k: in
             acc_s = T.alloc_fragment((heads, BS), f32)
             acc_dp = T.alloc_fragment((heads, BS), f32)
             acc_dq = T.alloc_fragment((heads, W), f32)
+            mass = T.alloc_fragment((heads, BS), f32)
+            mass_row = T.alloc_fragment((heads,), f32)
+            kv_row = T.alloc_local((1,), i32)
+            scale_r = T.alloc_local((1,), f32)
+            warp = T.get_thread_binding() // 32
+            lane = T.get_thread_binding() % 32
             # TileLang cannot accumulate a GEMM into a column slice of a
             # fragment: the range's Dv columns (dS^T Q + P^T dO) and tail
             # columns (dS^T Q) get one accumulator each.
@@ -73,15 +85,25 @@ def skeleton_program(c0: int, c1: int, heads: int = 64, slots: int = 32, d_k: in
                 lse_s[h] = Lse2[r, h]
                 delta_s[h] = Delta[r, h]
             T.clear(acc_dq)
+            T.clear(mass)
+            T.import_source(K.GATHER_SOURCE)
             for t in T.serial(Lp // BS):
                 for j in T.Parallel(BS):
                     slot[j] = Indices[r, t * BS + j]
-                for j, d in T.Parallel(BS, d_k):
-                    KV_s[j, d] = KV[T.max(slot[j], 0), d]
+                T.sync_threads()
+                for j, c in T.Parallel(BS, d_k // 8):
+                    T.call_extern("handle", "mqa_cp_async16", T.address_of(KV_s[j, c * 8]),
+                                  T.address_of(KV[T.max(T.min(slot[j], NKV - 1), 0), c * 8]), (slot[j] >= 0) and (slot[j] < NKV))
+                T.call_extern("handle", "mqa_cp_async_commit")
+                T.call_extern("handle", "mqa_cp_async_wait_all")
+                T.sync_threads()
                 T.gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True)
                 for h, j in T.Parallel(heads, BS):
-                    acc_s[h, j] = T.exp2(acc_s[h, j] * sm_scale - lse_s[h])
+                    acc_s[h, j] = T.if_then_else((slot[j] >= 0) and (slot[j] < NKV),
+                                                 T.exp2(acc_s[h, j] * sm_scale - lse_s[h]), T.cast(0, f32))
                 T.copy(acc_s, P_s)
+                for h, j in T.Parallel(heads, BS):
+                    mass[h, j] += acc_s[h, j]
                 T.gemm(dO_s, KV_s[0:BS, 0:d_v], acc_dp, transpose_B=True, clear_accum=True)
                 for h, j in T.Parallel(heads, BS):
                     acc_dp[h, j] = acc_s[h, j] * (acc_dp[h, j] - delta_s[h]) * sm_scale
@@ -94,8 +116,20 @@ def skeleton_program(c0: int, c1: int, heads: int = 64, slots: int = 32, d_k: in
                 if in_dv < W:
                     T.gemm(dS_s, Q_s[0:heads, c0 + in_dv:c1], acc_t, transpose_A=True, clear_accum=True)
                     T.copy(acc_t, dKV_s[0:BS, in_dv:W])
-                for j, d in T.Parallel(BS, W):
-                    T.atomic_add(dKV[T.max(slot[j], 0), c0 + d], dKV_s[j, d])
+                T.sync_threads()
+                for s_i in T.serial(BS // (threads // 32)):
+                    j = warp + s_i * (threads // 32)
+                    kv_row[0] = slot[j]
+                    scale_r[0] = RowScale[T.max(T.min(slot[j], NKV - 1), 0)]
+                    if (kv_row[0] >= 0) and (kv_row[0] < NKV):
+                        for c in T.unroll(W // 32):
+                            T.atomic_add(dKV[kv_row[0], c0 + c * 32 + lane],
+                                         T.call_extern("int64", "__float2ll_rn", dKV_s[j, c * 32 + lane] * scale_r[0]))
+                T.sync_threads()
+            T.reduce_sum(mass, mass_row, dim=1)
+            for h in T.Parallel(heads):
+                if (mass_row[h] > Allowance[r, h]) or T.isnan(mass_row[h]):
+                    Flag[r] = 1
             T.copy(acc_dq, dQ[r, 0:heads, c0:c1])
 
     return skeleton
