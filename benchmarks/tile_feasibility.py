@@ -1,6 +1,9 @@
-"""Will a 64-head tile fit? Compile-only study of the next main kernel's shape (CPU; nvcc, no GPU).
+"""Will a 64-head tile fit, and how fast is it? A study of the next main kernel's shape.
 
-    python benchmarks/tile_feasibility.py [--heads 64] [--slots 32] [--threads 256] [--cols 0:256 256:576 ...]
+    python benchmarks/tile_feasibility.py [--heads 64] [--slots 32] [--threads 256] [--cols 0:320 320:576 ...]
+    python benchmarks/tile_feasibility.py --time [--shape dsv32] ...     # GPU: also time each range
+
+Without --time it only compiles (CPU is enough: nvcc, no GPU).
 
 The main kernel today runs 32-head tiles with mma.sync, fed by ldmatrix from
 shared memory; its GEMM skeleton alone (no dKV output) takes 14.6 ms at dsv32
@@ -20,7 +23,11 @@ range's columns from shared memory, a warp per slot, and the Flag. Left
 out: the deferral of the adds to the next block and the dQ store's bf16
 staging. Per
 column range it prints registers, spill bytes, shared memory, and how many
-GEMMs became wgmma, or TileLang's refusal.
+GEMMs became wgmma, or TileLang's refusal. With --time (GPU) it also runs
+each range's skeleton on production inputs (H = heads) and prints its median
+time, their sum, and in the same process the whole deterministic and atomic
+calls of today's kernels: the number that says whether the redesign pays.
+The skeleton's dKV sums are not checked (a fixed power-of-two row scale).
 """
 
 import argparse
@@ -149,16 +156,75 @@ def report(c0: int, c1: int, **shape) -> dict:
             "shared": K.dynamic_shared_bytes(kernel, "skeleton"), "wgmma": len(re.findall(r"\bwgmma_[sr]s<", device))}
 
 
+def skeleton_inputs(args, heads: int) -> list:
+    """A skeleton launch's arguments, in its parameter order, from production_inputs' tuple
+    (H must be ``heads``, L a multiple of the slot block): q, kv, dO and the slots as global kv
+    rows, base-2 lse and Delta as the wrapper makes them (without the sink: timing only), an
+    empty dQ, a zero int64 dKV, a power-of-two row scale, no mass limit, no flags."""
+    import math
+
+    import torch
+
+    q, kv, out, grad_out, lse, _sink, idx, sm_scale = args
+    B, S, H, d_k = q.shape
+    if H != heads:
+        raise ValueError(f"H: {H} (the skeleton tile holds exactly {heads} heads)")
+    R, nkv, dev = B * S, B * kv.shape[1], q.device
+    base = (torch.arange(B, device=dev, dtype=idx.dtype) * kv.shape[1]).view(B, 1, 1)
+    slots = torch.where(idx >= 0, idx + base, -1).reshape(R, -1).to(torch.int32).contiguous()
+    delta = (out.float() * grad_out.float()).sum(-1).reshape(R, H)
+    return [q.reshape(R, H, d_k), kv.reshape(nkv, d_k), grad_out.reshape(R, H, -1), slots,
+            (lse.reshape(R, H) * K.LOG2E).contiguous(), delta,
+            torch.empty((R, H, d_k), dtype=torch.bfloat16, device=dev), torch.zeros((nkv, d_k), dtype=torch.int64, device=dev),
+            torch.full((nkv,), 2.0**20, device=dev), torch.full((R, H), math.inf, device=dev),
+            torch.zeros((R,), dtype=torch.int32, device=dev), float(sm_scale) * K.LOG2E]
+
+
+def time_ranges(ranges, shape: dict, repeats: int = 5, **tile) -> None:
+    """GPU: median ms of each range's skeleton, their sum, and today's whole calls, in one process."""
+    import statistics
+
+    from mqa_bwd import launch
+    from mqa_bwd.bench import _event_time, production_inputs, timed_wrapper_call
+
+    args = production_inputs(**shape)
+    inputs = skeleton_inputs(args, tile.get("heads", 64))
+    total = 0.0
+    for c0, c1 in ranges:
+        kernel = K.compile_program(skeleton_program(c0, c1, **tile))
+        for _ in range(2):
+            kernel(*inputs)
+        ms = statistics.median(_event_time(lambda: kernel(*inputs)) for _ in range(repeats))
+        total += ms
+        print(f"  skeleton columns [{c0}, {c1}): {ms:.2f} ms")
+    print(f"  skeleton, all ranges: {total:.2f} ms")
+    for label, deterministic in (("deterministic call (today)", True), ("atomic call (today)", False)):
+        launcher = launch.TileLangLauncher(deterministic)
+        timed_wrapper_call(args, launcher)
+        ms = statistics.median(timed_wrapper_call(args, launcher)[0] for _ in range(repeats))
+        print(f"  {label}: {ms:.2f} ms")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--heads", type=int, default=64)
     parser.add_argument("--slots", type=int, default=32)
     parser.add_argument("--threads", type=int, default=256)
-    parser.add_argument("--cols", nargs="+", default=["0:256", "256:576"], help="column ranges c0:c1 of Dk = 576")
+    parser.add_argument("--cols", nargs="+", default=["0:320", "320:576"], help="column ranges c0:c1 of Dk = 576")
+    parser.add_argument("--time", action="store_true", help="GPU: also time each range on production inputs")
+    parser.add_argument("--shape", default="dsv32", help="with --time: a bench shape set (H must equal --heads)")
     a = parser.parse_args()
-    for cols in a.cols:
-        c0, c1 = map(int, cols.split(":"))
-        print(report(c0, c1, heads=a.heads, slots=a.slots, threads=a.threads))
+    tile = dict(heads=a.heads, slots=a.slots, threads=a.threads)
+    ranges = [tuple(map(int, cols.split(":"))) for cols in a.cols]
+    for c0, c1 in ranges:
+        print(report(c0, c1, **tile))
+    if a.time:
+        from mqa_bwd.bench import SHAPES
+
+        for shape in SHAPES[a.shape]:
+            if shape["H"] == a.heads:
+                print(shape)
+                time_ranges(ranges, shape, **tile)
 
 
 if __name__ == "__main__":

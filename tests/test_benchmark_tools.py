@@ -147,3 +147,29 @@ def test_tile_feasibility_reports_a_column_half_and_a_refusal():
     assert 0 < half["shared"] <= 227 * 1024 and half["wgmma"] >= 3, half
     refused = tool.report(0, 256, threads=384)
     assert set(refused) == {"cols", "refused"} and "partition" in refused["refused"], refused
+
+
+def test_tile_feasibility_inputs_match_the_skeleton_signature():
+    # --time launches the skeleton with these arguments: one per parameter,
+    # in order, each of the parameter's dtype and rank (a mismatch would only
+    # show on the GPU); the slots are global kv rows, invalid ones stay -1.
+    import torch
+
+    from mqa_bwd.bench import production_inputs
+
+    tool = _tool("tile_feasibility")
+    args = production_inputs(B=2, S=3, S_kv=40, H=64, L=32, d_k=576, d_v=512, device="cpu")
+    inputs = tool.skeleton_inputs(args, heads=64)
+    program = tool.skeleton_program(0, 320)
+    assert len(inputs) == len(program.params)
+    for value, param in zip(inputs, program.params):
+        buffer = program.buffer_map.get(param)
+        if buffer is None:
+            assert isinstance(value, float) and str(param.dtype) == "float32", param.name
+        else:
+            assert str(value.dtype).removeprefix("torch.") == str(buffer.dtype), param.name
+            assert value.dim() == len(buffer.shape) and value.is_contiguous(), param.name
+    slots, idx = inputs[3], args[6]
+    assert torch.equal(slots[3:].long(), torch.where(idx[1] >= 0, idx[1] + 40, -1).long())
+    with pytest.raises(ValueError, match="H: 64"):
+        tool.skeleton_inputs(args, heads=32)
