@@ -192,3 +192,15 @@ def test_cluster_slot_ownership_is_a_partition(slots, piece):
         assert sorted(K.region_row(j, cluster) for j in owned) == list(range(slots // cluster))
         staged = [j for j in range(slots) if K.slot_owner(j, cluster) != rank]
         assert sorted(K.region_row(j, cluster) for j in staged) == list(range(slots // cluster))
+
+
+@pytest.mark.parametrize("config", [c for c in CONFIGS if c[0] == "delta_max"], ids=_id)
+def test_delta_maxima_reduce_within_a_warp(config):
+    # The fixed design's Delta launch reduces max |q| and max |dO| per head
+    # row across the 32 lanes of one warp (0.27 ms on the H200 at dsv32 H=64);
+    # a first version reduced across 64 threads with block barriers and took
+    # 0.64 ms. A layout change that brings the barrier back fails here.
+    source = K.compiled(*config).get_kernel_source()
+    widths = re.findall(r"AllReduce<tl::MaxOp, (\d+),", source)
+    assert len(widths) == 2 and set(widths) == {"32"}, f"{_id(config)}: max reductions over {widths} threads"
+    assert "AllReduce<tl::MaxOp" not in K.compiled("delta", config[2]).get_kernel_source()
