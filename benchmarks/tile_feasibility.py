@@ -181,28 +181,30 @@ def skeleton_inputs(args, heads: int) -> list:
 
 
 def time_ranges(ranges, shape: dict, repeats: int = 5, **tile) -> None:
-    """GPU: median ms of each range's skeleton, their sum, and today's whole calls, in one process."""
+    """GPU: median ms of each range's skeleton, their sum, and today's whole calls,
+    timed interleaved in one process (bench.time_interleaved)."""
+    import functools
     import statistics
 
     from mqa_bwd import launch
-    from mqa_bwd.bench import _event_time, production_inputs, timed_wrapper_call
+    from mqa_bwd.bench import prepared_wrapper_call, production_inputs, time_interleaved
 
     args = production_inputs(**shape)
     inputs = skeleton_inputs(args, tile.get("heads", 64))
-    total = 0.0
+    calls = {}
     for c0, c1 in ranges:
         kernel = K.compile_program(skeleton_program(c0, c1, **tile))
-        for _ in range(2):
-            kernel(*inputs)
-        ms = statistics.median(_event_time(lambda: kernel(*inputs)) for _ in range(repeats))
-        total += ms
-        print(f"  skeleton columns [{c0}, {c1}): {ms:.2f} ms")
-    print(f"  skeleton, all ranges: {total:.2f} ms")
+        calls[f"skeleton columns [{c0}, {c1})"] = functools.partial(kernel, *inputs)
+    skeletons = list(calls)
     for label, deterministic in (("deterministic call (today)", True), ("atomic call (today)", False)):
-        launcher = launch.TileLangLauncher(deterministic)
-        timed_wrapper_call(args, launcher)
-        ms = statistics.median(timed_wrapper_call(args, launcher)[0] for _ in range(repeats))
-        print(f"  {label}: {ms:.2f} ms")
+        calls[label] = prepared_wrapper_call(args, launch.TileLangLauncher(deterministic))
+    medians = {name: statistics.median(t) for name, t in time_interleaved(calls, warmup=2, repeats=repeats).items()}
+    for name in skeletons:
+        print(f"  {name}: {medians[name]:.2f} ms")
+    print(f"  skeleton, all ranges: {sum(medians[name] for name in skeletons):.2f} ms")
+    for name in calls:
+        if name not in skeletons:
+            print(f"  {name}: {medians[name]:.2f} ms")
 
 
 def main():

@@ -173,3 +173,16 @@ def test_tile_feasibility_inputs_match_the_skeleton_signature():
     assert torch.equal(slots[3:].long(), torch.where(idx[1] >= 0, idx[1] + 40, -1).long())
     with pytest.raises(ValueError, match="H: 64"):
         tool.skeleton_inputs(args, heads=32)
+
+
+def test_prepared_wrapper_call_is_one_whole_call():
+    # The A/B tools and tile_feasibility --time time this callable: validated
+    # once up front, then each call is the wrapper's whole backward.
+    from mqa_bwd import wrapper
+    from mqa_bwd.bench import prepared_wrapper_call, production_inputs, same_bits
+    from mqa_bwd.model import ModelLauncher
+
+    args = production_inputs(B=1, S=3, S_kv=40, H=16, L=32, device="cpu")
+    call = prepared_wrapper_call(args, ModelLauncher())
+    want = wrapper.backward_with(ModelLauncher(), *args)
+    assert same_bits(call(), want) and same_bits(call(), want)
