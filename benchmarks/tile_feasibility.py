@@ -36,9 +36,16 @@ import re
 from mqa_bwd import kernels as K
 
 
+ADDS = ("fixed", "float", "none")
+
+
 def skeleton_program(c0: int, c1: int, heads: int = 64, slots: int = 32, d_k: int = 576, d_v: int = 512,
-                     threads: int = 256):
-    """The per-(row, column range [c0, c1)) backward skeleton of the module docstring."""
+                     threads: int = 256, adds: str = "fixed"):
+    """The per-(row, column range [c0, c1)) backward skeleton of the module docstring. ``adds``:
+    "fixed" adds int64 fixed point (the deterministic design), "float" adds fp32 (the atomic
+    control in the same structure), "none" leaves the dKV adds out (the GEMM skeleton alone)."""
+    if adds not in ADDS:
+        raise ValueError(f"adds: {adds!r} (one of {ADDS})")
     tilelang, T = K._tl()
     R, NKV, Lp, HQ = T.dynamic("R"), T.dynamic("NKV"), T.dynamic("Lp"), T.dynamic("HQ")
     BS, W = slots, c1 - c0
@@ -54,7 +61,7 @@ def skeleton_program(c0: int, c1: int, heads: int = 64, slots: int = 32, d_k: in
         Lse2: T.Tensor((R, HQ), f32),
         Delta: T.Tensor((R, HQ), f32),
         dQ: T.Tensor((R, HQ, d_k), bf16),
-        dKV: T.Tensor((NKV, d_k), "int64"),
+        dKV: T.Tensor((NKV, d_k), "float32" if adds == "float" else "int64"),
         RowScale: T.Tensor((NKV,), f32),
         Allowance: T.Tensor((R, HQ), f32),
         Flag: T.Tensor((R,), i32),
@@ -124,14 +131,19 @@ def skeleton_program(c0: int, c1: int, heads: int = 64, slots: int = 32, d_k: in
                     T.gemm(dS_s, Q_s[0:heads, c0 + in_dv:c1], acc_t, transpose_A=True, clear_accum=True)
                     T.copy(acc_t, dKV_s[0:BS, in_dv:W])
                 T.sync_threads()
-                for s_i in T.serial(BS // (threads // 32)):
-                    j = warp + s_i * (threads // 32)
-                    kv_row[0] = slot[j]
-                    scale_r[0] = RowScale[T.max(T.min(slot[j], NKV - 1), 0)]
-                    if (kv_row[0] >= 0) and (kv_row[0] < NKV):
-                        for c in T.unroll(W // 32):
-                            T.atomic_add(dKV[kv_row[0], c0 + c * 32 + lane],
-                                         T.call_extern("int64", "__float2ll_rn", dKV_s[j, c * 32 + lane] * scale_r[0]))
+                if adds == "fixed":
+                    for s_i in T.serial(BS // (threads // 32)):
+                        j = warp + s_i * (threads // 32)
+                        kv_row[0] = slot[j]
+                        scale_r[0] = RowScale[T.max(T.min(slot[j], NKV - 1), 0)]
+                        if (kv_row[0] >= 0) and (kv_row[0] < NKV):
+                            for c in T.unroll(W // 32):
+                                T.atomic_add(dKV[kv_row[0], c0 + c * 32 + lane],
+                                             T.call_extern("int64", "__float2ll_rn", dKV_s[j, c * 32 + lane] * scale_r[0]))
+                elif adds == "float":  # as the control adds: TileLang vectorises these to red.v4.f32
+                    for j, d in T.Parallel(BS, W):
+                        if (slot[j] >= 0) and (slot[j] < NKV):
+                            T.atomic_add(dKV[slot[j], c0 + d], dKV_s[j, d])
                 T.sync_threads()
             T.reduce_sum(mass, mass_row, dim=1)
             for h in T.Parallel(heads):
@@ -156,11 +168,12 @@ def report(c0: int, c1: int, **shape) -> dict:
             "shared": K.dynamic_shared_bytes(kernel, "skeleton"), "wgmma": len(re.findall(r"\bwgmma_[sr]s<", device))}
 
 
-def skeleton_inputs(args, heads: int) -> list:
+def skeleton_inputs(args, heads: int, adds: str = "fixed") -> list:
     """A skeleton launch's arguments, in its parameter order, from production_inputs' tuple
     (H must be ``heads``, L a multiple of the slot block): q, kv, dO and the slots as global kv
     rows, base-2 lse and Delta as the wrapper makes them (without the sink: timing only), an
-    empty dQ, a zero int64 dKV, a power-of-two row scale, no mass limit, no flags."""
+    empty dQ, a zero dKV (fp32 for ``adds="float"``, int64 otherwise), a power-of-two row
+    scale, no mass limit, no flags."""
     import math
 
     import torch
@@ -173,16 +186,17 @@ def skeleton_inputs(args, heads: int) -> list:
     base = (torch.arange(B, device=dev, dtype=idx.dtype) * kv.shape[1]).view(B, 1, 1)
     slots = torch.where(idx >= 0, idx + base, -1).reshape(R, -1).to(torch.int32).contiguous()
     delta = (out.float() * grad_out.float()).sum(-1).reshape(R, H)
+    dkv_dtype = torch.float32 if adds == "float" else torch.int64
     return [q.reshape(R, H, d_k), kv.reshape(nkv, d_k), grad_out.reshape(R, H, -1), slots,
             (lse.reshape(R, H) * K.LOG2E).contiguous(), delta,
-            torch.empty((R, H, d_k), dtype=torch.bfloat16, device=dev), torch.zeros((nkv, d_k), dtype=torch.int64, device=dev),
+            torch.empty((R, H, d_k), dtype=torch.bfloat16, device=dev), torch.zeros((nkv, d_k), dtype=dkv_dtype, device=dev),
             torch.full((nkv,), 2.0**20, device=dev), torch.full((R, H), math.inf, device=dev),
             torch.zeros((R,), dtype=torch.int32, device=dev), float(sm_scale) * K.LOG2E]
 
 
-def time_ranges(ranges, shape: dict, repeats: int = 5, **tile) -> None:
-    """GPU: median ms of each range's skeleton, their sum, and today's whole calls,
-    timed interleaved in one process (bench.time_interleaved)."""
+def time_ranges(ranges, shape: dict, adds=ADDS, repeats: int = 5, **tile) -> None:
+    """GPU: median ms of each (adds, range) skeleton, each adds' sum over the ranges, and
+    today's whole calls, all timed interleaved in one process (bench.time_interleaved)."""
     import functools
     import statistics
 
@@ -190,21 +204,23 @@ def time_ranges(ranges, shape: dict, repeats: int = 5, **tile) -> None:
     from mqa_bwd.bench import prepared_wrapper_call, production_inputs, time_interleaved
 
     args = production_inputs(**shape)
-    inputs = skeleton_inputs(args, tile.get("heads", 64))
-    calls = {}
-    for c0, c1 in ranges:
-        kernel = K.compile_program(skeleton_program(c0, c1, **tile))
-        calls[f"skeleton columns [{c0}, {c1})"] = functools.partial(kernel, *inputs)
-    skeletons = list(calls)
+    calls, skeletons = {}, {}
+    for mode in adds:
+        inputs = skeleton_inputs(args, tile.get("heads", 64), mode)
+        for c0, c1 in ranges:
+            kernel = K.compile_program(skeleton_program(c0, c1, adds=mode, **tile))
+            name = f"skeleton, {mode} adds, columns [{c0}, {c1})"
+            calls[name] = functools.partial(kernel, *inputs)
+            skeletons.setdefault(mode, []).append(name)
     for label, deterministic in (("deterministic call (today)", True), ("atomic call (today)", False)):
         calls[label] = prepared_wrapper_call(args, launch.TileLangLauncher(deterministic))
     medians = {name: statistics.median(t) for name, t in time_interleaved(calls, warmup=2, repeats=repeats).items()}
-    for name in skeletons:
-        print(f"  {name}: {medians[name]:.2f} ms")
-    print(f"  skeleton, all ranges: {sum(medians[name] for name in skeletons):.2f} ms")
-    for name in calls:
-        if name not in skeletons:
+    for mode, names in skeletons.items():
+        for name in names:
             print(f"  {name}: {medians[name]:.2f} ms")
+        print(f"  skeleton, {mode} adds, all ranges: {sum(medians[name] for name in names):.2f} ms")
+    for label in ("deterministic call (today)", "atomic call (today)"):
+        print(f"  {label}: {medians[label]:.2f} ms")
 
 
 def main():
@@ -215,18 +231,21 @@ def main():
     parser.add_argument("--cols", nargs="+", default=["0:320", "320:576"], help="column ranges c0:c1 of Dk = 576")
     parser.add_argument("--time", action="store_true", help="GPU: also time each range on production inputs")
     parser.add_argument("--shape", default="dsv32", help="with --time: a bench shape set (H must equal --heads)")
+    parser.add_argument("--adds", nargs="+", choices=ADDS, default=list(ADDS),
+                        help="dKV adds: fixed (deterministic), float (the control's), none (GEMMs alone)")
     a = parser.parse_args()
     tile = dict(heads=a.heads, slots=a.slots, threads=a.threads)
     ranges = [tuple(map(int, cols.split(":"))) for cols in a.cols]
-    for c0, c1 in ranges:
-        print(report(c0, c1, **tile))
+    for mode in a.adds:
+        for c0, c1 in ranges:
+            print(mode, report(c0, c1, adds=mode, **tile))
     if a.time:
         from mqa_bwd.bench import SHAPES
 
         for shape in SHAPES[a.shape]:
             if shape["H"] == a.heads:
                 print(shape)
-                time_ranges(ranges, shape, **tile)
+                time_ranges(ranges, shape, adds=a.adds, **tile)
 
 
 if __name__ == "__main__":

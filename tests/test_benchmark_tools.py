@@ -38,6 +38,33 @@ def test_add_cost_all_is_the_kernel_itself():
     assert _tool("add_cost").variant_source("all") == inspect.getsource(kernels)
 
 
+@pytest.mark.parametrize("variant", ["f32", "f32x4", "none"])
+def test_add_width_variants_rewrite_the_cluster_adds(variant):
+    # Each variant must replace the cluster path's 64-bit adds (a kernel edit
+    # that moved them must fail here, not time an unchanged kernel), and the
+    # fp32 ones must drop every __float2ll_rn conversion of that path.
+    add_width = _tool("add_width")
+    original = inspect.getsource(kernels)
+    patched = add_width.variant_source(variant)
+    compile(patched, "variant", "exec")
+    if variant == "none":
+        assert patched.count("and (kv_row[0] < 0):") == 2
+    else:
+        assert add_width.VALUE_ADD not in patched and add_width.TAIL_ADD not in patched
+        assert patched.count("__float2ll_rn") == original.count("__float2ll_rn") - 2
+        assert ("mqa_red_f32x4\", T.address_of" in patched) == (variant == "f32x4")
+    with pytest.raises(RuntimeError, match="update this tool"):
+        add_width.variant_source(variant, original.replace(add_width.FIXED_GUARD, "").replace(add_width.VALUE_ADD, ""))
+
+
+def test_add_width_f32x4_compiles_for_sm90():
+    # The vector variant's device function and shared-memory pointers must build.
+    add_width = _tool("add_width")
+    module = add_width.variant_module("f32x4")
+    source = module.compiled("main_bwd", 32, 576, 512, "fixed", 2).get_kernel_source()
+    assert source.count("mqa_red_f32x4(") >= 2
+
+
 def _write_listing(path, rows):
     """An ncu per-instruction export: a kernel line, the header, then rows."""
     import csv
@@ -159,16 +186,17 @@ def test_tile_feasibility_inputs_match_the_skeleton_signature():
 
     tool = _tool("tile_feasibility")
     args = production_inputs(B=2, S=3, S_kv=40, H=64, L=32, d_k=576, d_v=512, device="cpu")
-    inputs = tool.skeleton_inputs(args, heads=64)
-    program = tool.skeleton_program(0, 320)
-    assert len(inputs) == len(program.params)
-    for value, param in zip(inputs, program.params):
-        buffer = program.buffer_map.get(param)
-        if buffer is None:
-            assert isinstance(value, float) and str(param.dtype) == "float32", param.name
-        else:
-            assert str(value.dtype).removeprefix("torch.") == str(buffer.dtype), param.name
-            assert value.dim() == len(buffer.shape) and value.is_contiguous(), param.name
+    for adds in tool.ADDS:  # the fixed, the control's and no adds: dKV is int64 or fp32
+        inputs = tool.skeleton_inputs(args, heads=64, adds=adds)
+        program = tool.skeleton_program(0, 320, adds=adds)
+        assert len(inputs) == len(program.params)
+        for value, param in zip(inputs, program.params):
+            buffer = program.buffer_map.get(param)
+            if buffer is None:
+                assert isinstance(value, float) and str(param.dtype) == "float32", param.name
+            else:
+                assert str(value.dtype).removeprefix("torch.") == str(buffer.dtype), (adds, param.name)
+                assert value.dim() == len(buffer.shape) and value.is_contiguous(), (adds, param.name)
     slots, idx = inputs[3], args[6]
     assert torch.equal(slots[3:].long(), torch.where(idx[1] >= 0, idx[1] + 40, -1).long())
     with pytest.raises(ValueError, match="H: 64"):

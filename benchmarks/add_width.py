@@ -1,0 +1,145 @@
+"""Would fp32 adds pay in the cluster kernel? Times the deterministic cluster launch
+with its 64-bit fixed-point adds replaced by fp32 adds of the same sums (GPU only).
+
+    python benchmarks/add_width.py [--H 64] [--S 4096] [--S_kv 8192] [--L 2048] [--repeats 7]
+
+A deterministic design with fp32 adds (per-shard buffers, one writer each,
+adds in a fixed order, folded in shard order) would add the cluster-summed
+partials as fp32: half the bytes of today's int64 adds and half the control's
+(which adds each 32-head group's partials). Before building it, this tool
+measures what the adds' width costs in today's kernel. Variants, all copies
+of ``mqa_bwd.kernels`` with only the cluster path's adds rewritten:
+
+  u64     today's kernel (scalar red.global.add.u64 per lane and column)
+  f32     scalar red.global.add.f32 per lane and column (same instructions, half the bytes)
+  f32x4   red.global.add.v4.f32, four consecutive columns per lane from
+          vector shared loads (a quarter of the instructions, half the bytes)
+  none    no global adds at all (the floor)
+
+The fp32 variants add into the int64 buffer's first half of each row: their
+outputs are garbage and only the time means anything. Every variant runs the
+whole wrapper call (plan, Delta, casts), interleaved with the atomic control.
+"""
+
+import argparse
+import inspect
+import os
+import statistics
+import tempfile
+
+from mqa_bwd import kernels, launch
+from mqa_bwd.bench import load_kernels_module, production_inputs, timed_wrapper_call
+
+# The cluster path's value-column and tail adds in main_bwd_program's add_piece.
+VALUE_ADD = """                    for c in T.unroll(part_cols // 32):
+                        T.atomic_add(
+                            dKV[kv_row[0], share * part_cols + c * 32 + lane],
+                            T.call_extern("int64", "__float2ll_rn", (
+                                dKV_s[region_row(j, cluster), share * part_cols + c * 32 + lane]
+                                + dKV_s[inbox + region_row(j, cluster), share * part_cols + c * 32 + lane]) * scale_r[0]),
+                        )
+"""
+TAIL_ADD = """                                T.atomic_add(
+                                    dKV[kv_row[0], Dv + (c * cluster + share) * 32 + lane],
+                                    T.call_extern("int64", "__float2ll_rn", (
+                                        dKVt_s[region_row(j, cluster), (c * cluster + share) * 32 + lane]
+                                        + dKVt_s[inbox + region_row(j, cluster), (c * cluster + share) * 32 + lane]) * scale_r[0]),
+                                )
+"""
+SCALAR_VALUE_ADD = """                    for c in T.unroll(part_cols // 32):
+                        T.call_extern("handle", "mqa_red_f32", T.address_of(dKV[kv_row[0], 0]),
+                                      share * part_cols + c * 32 + lane,
+                                      dKV_s[region_row(j, cluster), share * part_cols + c * 32 + lane]
+                                      + dKV_s[inbox + region_row(j, cluster), share * part_cols + c * 32 + lane])
+"""
+VECTOR_VALUE_ADD = """                    for c in T.unroll(part_cols // 128):
+                        T.call_extern("handle", "mqa_red_f32x4", T.address_of(dKV[kv_row[0], 0]),
+                                      share * part_cols + c * 128 + lane * 4,
+                                      T.address_of(dKV_s[region_row(j, cluster), share * part_cols + c * 128 + lane * 4]),
+                                      T.address_of(dKV_s[inbox + region_row(j, cluster), share * part_cols + c * 128 + lane * 4]))
+"""
+SCALAR_TAIL_ADD = """                                T.call_extern("handle", "mqa_red_f32", T.address_of(dKV[kv_row[0], 0]),
+                                              Dv + (c * cluster + share) * 32 + lane,
+                                              dKVt_s[region_row(j, cluster), (c * cluster + share) * 32 + lane]
+                                              + dKVt_s[inbox + region_row(j, cluster), (c * cluster + share) * 32 + lane])
+"""
+# The fixed-point guard (both fixed paths): "none" never passes it.
+FIXED_GUARD = "\n                if (kv_row[0] >= 0) and (kv_row[0] < NKV):\n"
+IMPORT = 'T.import_source(GATHER_SOURCE + (CLUSTER_SOURCE if cluster > 1 else ""))'
+RED_SOURCE = r'''
+
+RED_F32_SOURCE = r"""
+// fp32 adds into an int64 row viewed as floats (timing only: the bits are garbage).
+__device__ __forceinline__ void mqa_red_f32(void* row, int col, float v) {
+  asm volatile("red.global.add.f32 [%0], %1;" :: "l"(static_cast<float*>(row) + col), "f"(v) : "memory");
+}
+__device__ __forceinline__ void mqa_red_f32x4(void* row, int col, const void* own, const void* inbox) {
+  float4 a = *static_cast<const float4*>(own), b = *static_cast<const float4*>(inbox);
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" :: "l"(static_cast<float*>(row) + col),
+               "f"(a.x + b.x), "f"(a.y + b.y), "f"(a.z + b.z), "f"(a.w + b.w) : "memory");
+}
+"""
+'''
+VARIANTS = ("u64", "f32", "f32x4", "none")
+
+
+def _replace_once(source: str, old: str, new: str) -> str:
+    if source.count(old) != 1:
+        raise RuntimeError(f"add_width: {old.strip()[:60]!r}... is not in mqa_bwd.kernels exactly once; update this tool")
+    return source.replace(old, new)
+
+
+def variant_source(variant: str, source: str | None = None) -> str:
+    """mqa_bwd.kernels' source with the cluster path's adds of ``variant``."""
+    source = inspect.getsource(kernels) if source is None else source
+    if variant == "u64":
+        return source
+    if variant == "none":
+        if source.count(FIXED_GUARD) != 2:
+            raise RuntimeError("add_width: the fixed-point add guard is not in mqa_bwd.kernels twice; update this tool")
+        return source.replace(FIXED_GUARD, FIXED_GUARD.replace(":\n", " and (kv_row[0] < 0):\n"))
+    source = _replace_once(source, IMPORT, IMPORT[:-1] + " + RED_F32_SOURCE)")
+    source = _replace_once(source, VALUE_ADD, SCALAR_VALUE_ADD if variant == "f32" else VECTOR_VALUE_ADD)
+    return _replace_once(source, TAIL_ADD, SCALAR_TAIL_ADD) + RED_SOURCE
+
+
+def variant_module(variant: str):
+    if variant == "u64":
+        return kernels
+    path = os.path.join(tempfile.mkdtemp(prefix="add_width_"), f"kernels_{variant}.py")
+    with open(path, "w") as f:
+        f.write(variant_source(variant))
+    return load_kernels_module(path)
+
+
+def timed_call(args, module, deterministic: bool) -> float:
+    launch.K = module  # the launcher compiles and launches through launch.K
+    try:
+        return timed_wrapper_call(args, launch.TileLangLauncher(deterministic))[0]
+    finally:
+        launch.K = kernels
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for key, default in (("B", 1), ("S", 4096), ("S_kv", 8192), ("H", 64), ("L", 2048), ("repeats", 7)):
+        parser.add_argument(f"--{key}", type=int, default=default)
+    a = parser.parse_args()
+    args = production_inputs(a.B, a.S, a.S_kv, a.H, a.L)
+    calls = [(v, variant_module(v), True) for v in VARIANTS] + [("atomic control", kernels, False)]
+    for _, module, det in calls:  # warm-up: compilation, allocator
+        timed_call(args, module, det)
+    times = {name: [] for name, _, _ in calls}
+    for _ in range(a.repeats):
+        for name, module, det in calls:
+            times[name].append(timed_call(args, module, det))
+    control = statistics.median(times["atomic control"])
+    print(f"B={a.B} S={a.S} S_kv={a.S_kv} H={a.H} L={a.L}: whole calls, median of {a.repeats} (interleaved)")
+    print(f"{'adds':<16} {'ms':>8} {'min':>8} {'/control':>9}")
+    for name, _, _ in calls:
+        ms = statistics.median(times[name])
+        print(f"{name:<16} {ms:>8.2f} {min(times[name]):>8.2f} {ms / control:>9.3f}")
+
+
+if __name__ == "__main__":
+    main()
