@@ -166,15 +166,16 @@ def _event_time(fn) -> float:
     return start.elapsed_time(end)
 
 
-def prepared_wrapper_call(args, launcher):
+def prepared_wrapper_call(args, launcher, design=None):
     """One whole wrapper call on ``args`` (production_inputs' tuple) with ``launcher``, as
     a no-argument callable returning (dq, dkv, d_attn_sink); validated here, once, so
-    that timing the callable leaves validation out."""
+    that timing the callable leaves validation out. ``design`` forces the deterministic
+    dKV design (wrapper.DKV_DESIGNS; None: the wrapper's default)."""
     import functools
 
     from . import wrapper
 
-    plan = wrapper.validate(*args, None, None, launcher)
+    plan = wrapper.validate(*args, None, None, launcher, dkv_design=design)
     return functools.partial(wrapper.run, plan, *args, launcher)
 
 

@@ -243,6 +243,33 @@ __device__ __forceinline__ void mqa_bulk_to_peer(void* base, int src, int dst, i
                :: "r"(d), "r"(b + src), "r"(bytes), "r"(m) : "memory");
 }
 """
+# Sharded cluster mode: duplicate kv rows of a slot block and the fp32 adds.
+SHARD_SOURCE = r"""
+// Called by the 32 lanes of one warp, lane j holding slot j's kv row: the
+// next lane with the same row (32: none), plus 64 when an earlier lane has it
+// (then j only follows that lane's chain).
+__device__ __forceinline__ int mqa_dup_link(int row) {
+  unsigned same = __match_any_sync(0xffffffffu, row), lane = threadIdx.x & 31u;
+  unsigned later = lane == 31u ? 0u : same & ~((2u << lane) - 1u);
+  return (later ? __ffs(later) - 1 : 32) | ((same & ((1u << lane) - 1u)) ? 64 : 0);
+}
+// One lane's four columns of slot j's add into a shard: own partial plus the
+// peer's (the inbox), then each later slot of its chain likewise, in slot
+// order; one red.global.add.v4.f32. own and inbox point at slot 0's row.
+__device__ __forceinline__ void mqa_shard_add4(void* dst, const void* own, const void* inbox, int stride, int j, const void* chain) {
+  const float* o = static_cast<const float*>(own);
+  const float* n = static_cast<const float*>(inbox);
+  const int* link = static_cast<const int*>(chain);
+  float4 a = *reinterpret_cast<const float4*>(o + j * stride), b = *reinterpret_cast<const float4*>(n + j * stride);
+  float4 v = make_float4(a.x + b.x, a.y + b.y, a.z + b.z, a.w + b.w);
+  for (int i = link[j] & 63; i < 32; i = link[i] & 63) {
+    a = *reinterpret_cast<const float4*>(o + i * stride);
+    b = *reinterpret_cast<const float4*>(n + i * stride);
+    v.x = v.x + (a.x + b.x); v.y = v.y + (a.y + b.y); v.z = v.z + (a.z + b.z); v.w = v.w + (a.w + b.w);
+  }
+  asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" :: "l"(dst), "f"(v.x), "f"(v.y), "f"(v.z), "f"(v.w) : "memory");
+}
+"""
 #: Words of padding per fp32 row of dKV_s (row stride Dv + 8, 8 mod 32 banks).
 #: A warp stores an mma accumulator fragment as float2 per lane: rows
 #: lane // 4, columns 2 * (lane % 4). With a stride of 8 mod 32 those 8 rows
@@ -285,10 +312,14 @@ CLUSTER_SIZES = (1, 2)
 MAX_CLUSTER = 2
 
 
+#: Modes main_bwd builds as clusters of head groups.
+CLUSTER_MODES = ("fixed", "shard")
+
+
 def check_cluster(cluster, mode: str) -> None:
-    """ValueError unless ``cluster`` is a size main_bwd builds for ``mode`` (clusters: fixed mode only)."""
-    if cluster not in CLUSTER_SIZES or (cluster > 1 and mode != "fixed"):
-        raise ValueError(f"cluster: {cluster!r} (one of {CLUSTER_SIZES}; above 1 in fixed mode only)")
+    """ValueError unless ``cluster`` is a size main_bwd builds for ``mode`` (clusters: CLUSTER_MODES only)."""
+    if cluster not in CLUSTER_SIZES or (cluster > 1 and mode not in CLUSTER_MODES):
+        raise ValueError(f"cluster: {cluster!r} (one of {CLUSTER_SIZES}; above 1 in {' and '.join(CLUSTER_MODES)} modes only)")
 
 
 def cluster_launches(groups: int, largest: int | None = None) -> list:
@@ -340,6 +371,19 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     once: half the fixed-point adds. CTA g adds the slots j with slot_owner(j) == g;
     each block, it receives the peer's partials of those slots as one bulk
     copy into its inbox (mbarrier handshakes, see the loop).
+
+    cluster (shard mode, 2): cluster b (grid NSL x 2) walks shard b's rows as
+    above, and each slot's contribution (the two groups' partials summed, as
+    in fixed mode) is added with fp32 red.global.add.v4 into the shard, a
+    block's adds issued during the next block. CTA g adds column half g of
+    every slot (of the value columns and of the tail), so each shard element
+    has one writer thread block, whose adds of it are ordered by its barriers:
+    the same sums in the same order on every run. Duplicate kv rows within a
+    block are summed onto their first slot, in slot order, before the add.
+    Half the fixed mode's L2 reduction sectors, but the shards (fp32, one per
+    cluster) outgrow L2 where fixed mode's one int64 accumulator does not: on
+    the H200 at dsv32 H=64, 57 % L2 hit rate against 98 % and 39 GB of DRAM
+    traffic against 5, so no faster (README, Speed).
     """
     tilelang, T = _tl()
     if mode not in MAIN_MODES + ("none",):
@@ -362,7 +406,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     # its accumulator fragment holds at most 32 fp32 per thread (16 in the
     # scratch-writing modes, whose stores hold more): the whole width would
     # keep 64 more registers live and spill at 255 (tests/test_kernels_compile).
-    per_thread = 16 if mode in ("write", "accumulate", "shard") else 32
+    sharded = mode == "shard" and cluster > 1
+    per_thread = 16 if mode in ("write", "accumulate") or (mode == "shard" and not sharded) else 32
     split = max(1, BS * Dv // (threads * per_thread))
     while Dv % (split * 16):  # chunks must be whole 16-column GEMM tiles
         split -= 1
@@ -380,7 +425,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     # at the end of a block), so the load-store queue drains while the tensor
     # cores work instead of stalling every warp in one burst after the dKV
     # GEMMs: on the H200 10 % (fixed) and 8 % (atomic) faster at dsv32 H=64.
-    deferred = mode in ("fixed", "atomic")
+    deferred = mode in ("fixed", "atomic") or sharded
     PIECES = 4  # one before each GEMM stage (four call sites below)
     piece = BS // PIECES
     if deferred and piece % n_warps:
@@ -401,7 +446,16 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     # partials of this CTA's slots (the inbox), n = BS / 2. The dKVt_s rows alike.
     own_rows = BS // cluster
     dkv_rows = BS if cluster == 1 else own_rows * 3
-    inbox_bytes = own_rows * ((Dv + F32_ROW_PAD) + (Dt + F32_ROW_PAD if Dt > 0 else 0)) * 4  # one block's bulk copies
+    # Sharded cluster: rows [0, BS) this CTA's partials of its column half
+    # (dKV_s: of the Dv columns, dKVt_s: of the tail), [BS, 2BS) its partials
+    # of the peer's half (staging), [2BS, 3BS) the peer's of this half (inbox).
+    dkv_w, dkvt_w, stage_rows = Dv, Dt, own_rows
+    if sharded:
+        dkv_w, dkvt_w, stage_rows, dkv_rows = Dv // cluster, Dt // cluster, BS, 3 * BS
+        if BS != 32 or dkv_w % Dc or dkv_w % 128 or dkvt_w % 4 or dkvt_w > 128:
+            raise ValueError(f"sharded cluster: needs 32-slot blocks (one warp's lanes) and column halves of whole "
+                             f"128- and 4-column adds: Dv={Dv}, Dt={Dt}")
+    inbox_bytes = stage_rows * ((dkv_w + F32_ROW_PAD) + (dkvt_w + F32_ROW_PAD if Dt > 0 else 0)) * 4  # one block's bulk copies
     dkv_dtype = "int64" if mode == "fixed" else "float32"
     grid = NSL if mode == "shard" else R
     has_tail = Dt > 0
@@ -431,9 +485,35 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
             buf[region_row(j, cluster) + own_rows * ((j // OWNER_RUN + rank) % cluster), col0 + d] = acc[j, d]
 
     @T.macro
-    def add_piece(dKV, dKV_s, dKVt_s, slots, scales, k, warp, lane, kv_row, scale_r, NKV, rank, inbox):
+    def store_halves(acc, buf, col0, width, half, rank):
+        """Sharded cluster: the fragment's columns [col0, col0 + width) of this CTA's
+        half (of ``half`` columns) into its own rows of buf, the peer's half's into the staging rows."""
+        for j, d in T.Parallel(BS, width):
+            buf[j + BS * (((col0 + d) // half + rank) % cluster), (col0 + d) % half] = acc[j, d]
+
+    @T.macro
+    def add_piece(dKV, dKV_s, dKVt_s, slots, scales, k, warp, lane, kv_row, scale_r, NKV, rank, inbox, b, chains):
         """The global adds of slots [k * piece, (k + 1) * piece) of the block held in dKV_s."""
-        if mode == "fixed" and cluster > 1:
+        if sharded:
+            # Warp w adds slot k * piece + w of the block if it leads its
+            # chain of equal kv rows (chains: mqa_dup_link), four columns a
+            # lane: 128 columns per red.v4 of the warp, 512 bytes of one row.
+            for s_i in T.serial(piece // n_warps):
+                j = k * piece + warp + s_i * n_warps
+                kv_row[0] = slots[j]
+                if (kv_row[0] >= 0) and (kv_row[0] < NKV) and (chains[j] < 64):
+                    for c in T.unroll(dkv_w // 128):
+                        T.call_extern("handle", "mqa_shard_add4",
+                                      T.address_of(dKV[b, kv_row[0], rank * dkv_w + c * 128 + lane * 4]),
+                                      T.address_of(dKV_s[0, c * 128 + lane * 4]),
+                                      T.address_of(dKV_s[inbox, c * 128 + lane * 4]), dkv_w + F32_ROW_PAD, j, chains.data)
+                    if has_tail:
+                        if lane * 4 < dkvt_w:
+                            T.call_extern("handle", "mqa_shard_add4",
+                                          T.address_of(dKV[b, kv_row[0], Dv + rank * dkvt_w + lane * 4]),
+                                          T.address_of(dKVt_s[0, lane * 4]),
+                                          T.address_of(dKVt_s[inbox, lane * 4]), dkvt_w + F32_ROW_PAD, j, chains.data)
+        elif mode == "fixed" and cluster > 1:
             # This CTA adds the slots j of the piece with slot_owner(j) ==
             # rank, each by two warps (a column half each): own partial (row
             # region_row(j)) plus the peer's (its inbox row). One fp32 add of
@@ -520,8 +600,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
             KV_s = T.alloc_shared((BS, Dv), bf16)
             P_s = T.alloc_shared((block_H, BS), bf16)
             dS_s = T.alloc_shared((block_H, BS), bf16)
-            dQ_s = T.alloc_shared((block_H, Dv), bf16)
-            dKV_s = T.alloc_shared((dkv_rows, Dv + F32_ROW_PAD), f32)
+            dKV_s = T.alloc_shared((dkv_rows, dkv_w + F32_ROW_PAD), f32)
             slot = T.alloc_shared((BS,), i32)
             slot_next = T.alloc_shared((BS,), i32)  # the rows of the block in flight
             lse_s = T.alloc_shared((block_H,), f32)
@@ -542,8 +621,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
             if has_tail:
                 Qt_s = T.alloc_shared((block_H, Dt), bf16)
                 KVt_s = T.alloc_shared((BS, Dt), bf16)
-                dQt_s = T.alloc_shared((block_H, Dt), bf16)
-                dKVt_s = T.alloc_shared((dkv_rows, Dt + F32_ROW_PAD), f32)
+                dKVt_s = T.alloc_shared((dkv_rows, dkvt_w + F32_ROW_PAD), f32)
                 acc_dqt = T.alloc_fragment((block_H, Dt), f32)
                 acc_dkvt = T.alloc_fragment((BS, Dt), f32)
 
@@ -563,7 +641,12 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                 scale_r = T.alloc_local((1,), f32)
                 warp = T.get_thread_binding() // 32
                 lane = T.get_thread_binding() % 32
-            if mode in ("accumulate", "shard"):
+            chain_prev = None
+            if sharded:  # mqa_dup_link of each slot: of the block in flight, this block, the previous one
+                chain_next = T.alloc_shared((BS,), i32)
+                chain = T.alloc_shared((BS,), i32)
+                chain_prev = T.alloc_shared((BS,), i32)
+            if mode == "accumulate" or (mode == "shard" and not sharded):
                 old = T.alloc_fragment((RMW_SLOTS, Dv), f32)
                 if has_tail:
                     old_t = T.alloc_fragment((RMW_SLOTS, Dt), f32)
@@ -602,9 +685,12 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                 # (fixed) and 18 % (atomic) faster than gathering each block
                 # at its top, commit 679c2e6). Invalid slots are never read:
                 # their rows of KV_s are zero.
-                T.import_source(GATHER_SOURCE + (CLUSTER_SOURCE if cluster > 1 else ""))
+                T.import_source(GATHER_SOURCE + (CLUSTER_SOURCE if cluster > 1 else "") + (SHARD_SOURCE if sharded else ""))
                 for j in T.Parallel(BS):
                     slot_next[j] = Indices[r, j]
+                if sharded and tid < BS:
+                    T.call_extern("handle", "mqa_st_shared_i32", chain_next.data, tid,
+                                  T.call_extern("int32", "mqa_dup_link", Indices[r, tid]))
                 gather_async(KV, KV_s, KVt_s, slot_next, NKV)
                 # Cluster: block t's partials of the peer's slots are staged,
                 # then bulk-copied to the peer's inbox, completing on its full
@@ -624,6 +710,9 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                     # block's indices are read now, stored after the dQ GEMM.
                     for j in T.Parallel(BS):
                         slot[j] = slot_next[j]
+                    if sharded:
+                        for j in T.Parallel(BS):
+                            chain[j] = chain_next[j]
                     if (tid < BS) and (t + 1 < NB):
                         idx_next[0] = Indices[r, (t + 1) * BS + tid]
                     T.call_extern("handle", "mqa_cp_async_wait_all")
@@ -635,7 +724,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                             )
 
                     if deferred and t > 0 and cluster == 1:
-                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 0, warp, lane, kv_row, scale_r, NKV, rank, 0)
+                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 0, warp, lane, kv_row, scale_r, NKV, rank, 0, b, chain_prev)
                     # Scores, then P = exp2(score * scale * log2e - Lse2), 0 on invalid slots.
                     T.gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True)
                     if has_tail:
@@ -652,14 +741,14 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                             mass[h, j] += acc_s[h, j]
 
                     if deferred and t > 0 and cluster == 1:
-                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 1, warp, lane, kv_row, scale_r, NKV, rank, 0)
+                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 1, warp, lane, kv_row, scale_r, NKV, rank, 0, b, chain_prev)
                     if cluster > 1 and t > 0:
                         # The peer's partials of block t - 1 are in; expect those of block t.
                         T.call_extern("handle", "mqa_mbar_wait", bars.data, 0, (t - 1) % 2)
                         if tid == 0:
                             T.call_extern("handle", "mqa_mbar_expect", bars.data, 0, inbox_bytes)
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 0, warp, lane, kv_row, scale_r, NKV, rank,
-                                  2 * own_rows)
+                                  2 * stage_rows, b, chain_prev)
                     # dP = dO KV_v^T; dS = P * (dP - Delta) * sm_scale.
                     T.gemm(dO_s, KV_s, acc_dp, transpose_B=True, clear_accum=True)
                     for h, j in T.Parallel(block_H, BS):
@@ -667,10 +756,10 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                     T.copy(acc_dp, dS_s)
 
                     if deferred and t > 0 and cluster == 1:
-                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 2, warp, lane, kv_row, scale_r, NKV, rank, 0)
+                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 2, warp, lane, kv_row, scale_r, NKV, rank, 0, b, chain_prev)
                     if cluster > 1 and t > 0:
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 1, warp, lane, kv_row, scale_r, NKV, rank,
-                                  2 * own_rows)
+                                  2 * stage_rows, b, chain_prev)
                     # dQ += dS KV.
                     T.gemm(dS_s, KV_s, acc_dq)
                     if has_tail:
@@ -680,16 +769,19 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                     # gather's reads.
                     if (tid < BS) and (t + 1 < NB):
                         T.call_extern("handle", "mqa_st_shared_i32", slot_next.data, tid, idx_next[0])
+                        if sharded:
+                            T.call_extern("handle", "mqa_st_shared_i32", chain_next.data, tid,
+                                          T.call_extern("int32", "mqa_dup_link", idx_next[0]))
                     T.sync_threads()  # every warp is done with KV_s
                     if t + 1 < NB:
                         gather_async(KV, KV_s, KVt_s, slot_next, NKV)
 
                     if deferred and t > 0 and cluster == 1:
-                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 3, warp, lane, kv_row, scale_r, NKV, rank, 0)
+                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 3, warp, lane, kv_row, scale_r, NKV, rank, 0, b, chain_prev)
                     if cluster > 1 and t > 0:
                         for k in T.unroll(2, PIECES):
                             add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, k, warp, lane, kv_row, scale_r, NKV, rank,
-                                      2 * own_rows)
+                                      2 * stage_rows, b, chain_prev)
                         T.sync_threads()  # every thread is done with the inbox
                         # The arrival publishes no data (release at CTA scope is
                         # enough for the reads above, whose values are consumed);
@@ -707,22 +799,29 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                             else:
                                 if c == 0 and t > 0:  # the peer has our block t - 1: staging and its inbox are free
                                     T.call_extern("handle", "mqa_mbar_wait", bars.data, 1, (t - 1) % 2)
-                                store_partials(acc_dkv, dKV_s, c * Dc, Dc, rank)
+                                if sharded:
+                                    store_halves(acc_dkv, dKV_s, c * Dc, Dc, dkv_w, rank)
+                                else:
+                                    store_partials(acc_dkv, dKV_s, c * Dc, Dc, rank)
                         if has_tail:
                             T.gemm(dS_s, Qt_s, acc_dkvt, transpose_A=True, clear_accum=True)
                             if cluster == 1:
                                 T.copy(acc_dkvt, dKVt_s[0:BS, 0:Dt])
                             else:
-                                store_partials(acc_dkvt, dKVt_s, 0, Dt, rank)
+                                if sharded:
+                                    store_halves(acc_dkvt, dKVt_s, 0, Dt, dkvt_w, rank)
+                                else:
+                                    store_partials(acc_dkvt, dKVt_s, 0, Dt, rank)
                         if cluster > 1:  # send the staged partials to the peer's inbox
                             T.call_extern("handle", "mqa_fence_proxy_async")
                             T.sync_threads()
                             if tid == 0:
-                                T.call_extern("handle", "mqa_bulk_to_peer", dKV_s.data, own_rows * (Dv + F32_ROW_PAD) * 4,
-                                              2 * own_rows * (Dv + F32_ROW_PAD) * 4, own_rows * (Dv + F32_ROW_PAD) * 4, bars.data, 0, 1 - rank)
+                                stage = stage_rows * (dkv_w + F32_ROW_PAD) * 4
+                                T.call_extern("handle", "mqa_bulk_to_peer", dKV_s.data, stage, 2 * stage, stage, bars.data, 0, 1 - rank)
                                 if has_tail:
-                                    T.call_extern("handle", "mqa_bulk_to_peer", dKVt_s.data, own_rows * (Dt + F32_ROW_PAD) * 4,
-                                                  2 * own_rows * (Dt + F32_ROW_PAD) * 4, own_rows * (Dt + F32_ROW_PAD) * 4, bars.data, 0, 1 - rank)
+                                    stage_t = stage_rows * (dkvt_w + F32_ROW_PAD) * 4
+                                    T.call_extern("handle", "mqa_bulk_to_peer", dKVt_s.data, stage_t, 2 * stage_t, stage_t, bars.data, 0,
+                                                  1 - rank)
 
                     if mode == "write":
                         T.copy(dKV_s[0:BS, 0:Dv], dKV[r, t * BS : (t + 1) * BS, 0:Dv])
@@ -743,6 +842,9 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         # This block's adds are issued during the next one.
                         for j in T.Parallel(BS):
                             slot_prev[j] = slot[j]
+                        if sharded:
+                            for j in T.Parallel(BS):
+                                chain_prev[j] = chain[j]
                         if mode == "fixed":
                             if tid < BS:
                                 scale_prev[tid] = scale_next[0]
@@ -787,12 +889,12 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                 if deferred:  # the last block's adds
                     if cluster == 1:
                         for k in T.unroll(PIECES):
-                            add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, k, warp, lane, kv_row, scale_r, NKV, rank, 0)
+                            add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, k, warp, lane, kv_row, scale_r, NKV, rank, 0, b, chain_prev)
                     else:
                         T.call_extern("handle", "mqa_mbar_wait", bars.data, 0, (NB - 1) % 2)
                         for k in T.unroll(PIECES):
                             add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, k, warp, lane, kv_row, scale_r, NKV, rank,
-                                      2 * own_rows)
+                                      2 * stage_rows, b, chain_prev)
                         # A CTA's shared memory must outlive the peer's remote arrivals on it.
                         T.call_extern("handle", "mqa_cluster_sync")
                 if mode == "fixed":
@@ -802,11 +904,21 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         # contributions would otherwise convert to garbage.
                         if (mass_row[h] > Allowance[r, h0 + h]) or T.isnan(mass_row[h]):
                             Flag[r] = 1
-                T.copy(acc_dq, dQ_s)
-                T.copy(dQ_s, dQ[r, h0 : h0 + block_H, 0:Dv])
-                if has_tail:
-                    T.copy(acc_dqt, dQt_s)
-                    T.copy(dQt_s, dQ[r, h0 : h0 + block_H, Dv:Dk])
+                if sharded:
+                    # Straight from the fragments: a staging tile would not fit
+                    # next to the cluster's dKV rows (in a row loop, TileLang
+                    # keeps every shared buffer live across iterations).
+                    T.copy(acc_dq, dQ[r, h0 : h0 + block_H, 0:Dv])
+                    if has_tail:
+                        T.copy(acc_dqt, dQ[r, h0 : h0 + block_H, Dv:Dk])
+                else:
+                    dQ_s = T.alloc_shared((block_H, Dv), bf16)
+                    T.copy(acc_dq, dQ_s)
+                    T.copy(dQ_s, dQ[r, h0 : h0 + block_H, 0:Dv])
+                    if has_tail:
+                        dQt_s = T.alloc_shared((block_H, Dt), bf16)
+                        T.copy(acc_dqt, dQt_s)
+                        T.copy(dQt_s, dQ[r, h0 : h0 + block_H, Dv:Dk])
 
     return main_bwd
 
@@ -1020,7 +1132,8 @@ def gpu_configs(widths=GPU_WIDTHS, group_widths=(16, 32)):
             for mode in MAIN_MODES:
                 yield ("main_bwd", heads, d_k, d_v, mode)
             for cluster in CLUSTER_SIZES[1:]:
-                yield ("main_bwd", heads, d_k, d_v, "fixed", cluster)
+                for mode in CLUSTER_MODES:
+                    yield ("main_bwd", heads, d_k, d_v, mode, cluster)
 
 
 def _nvcc(config, output: str, code: str, extra=()):

@@ -46,8 +46,9 @@ PAD_SINK = -1e30
 INT32_MAX = 2**31 - 1
 # The shard design: at most MAX_SHARDS fp32 dKV shards, together at most
 # SHARD_SCRATCH_BYTES, fixed so that the reduction order depends on the shapes
-# alone, never on the budget.
-MAX_SHARDS = 128
+# alone, never on the budget (nor on the GPU). A shard is walked by one
+# two-CTA cluster; 66 of them fill the 132 SMs of an H100 or H200 in one wave.
+MAX_SHARDS = 66
 SHARD_SCRATCH_BYTES = 2 << 30
 # The default deterministic design: int64 fixed-point atomics (see
 # mqa_bwd.fixed_point). The per-slot and per-shard designs stay as
@@ -429,9 +430,10 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
             c1 = min(n, c0 + per)
             buf = shard_buf[: c1 - c0]
             buf.zero_()
-            for g in range(G):
+            for g, size in K.cluster_launches(G):
                 launcher.main_bwd(
                     q, kv2, do, slots, lse2, delta, dq, buf, mode="shard", **group(g), shard_base=c0, n_shards=n,
+                    cluster=size,
                 )
             launcher.shard_fold(buf, dkv_acc)
     else:

@@ -116,6 +116,22 @@ def test_other_designs_bitwise_over_reruns(design):
 
 
 @pytest.mark.determinism
+def test_shards_with_duplicate_slots_bitwise_over_reruns_and_close_to_the_oracle():
+    # The sharded cluster adds fp32: a block's duplicate kv rows are summed onto
+    # their first slot before the add, or two adds of one element would race.
+    # 30 % of the slots repeat another slot of their row, S_kv is small (rows
+    # repeat across blocks and rows too), and the shard rows wrap around.
+    case = Case(B=2, S=67, S_kv=80, H=64, L=64, d_k=576, d_v=512, invalid=INVALID_KINDS, hole_rate=0.1,
+                duplicates=True, sink="random", seed=11)
+    _check_against_oracle(case, "shards")
+    inputs = to_framework(case.inputs(), "torch", "cuda")
+    runs = [call_design([inputs[k] for k in ARGS], "shards") for _ in range(20)]
+    for i, name in enumerate(("dq", "dkv", "d_attn_sink")):
+        diff = first_difference(name, [r[i] for r in runs])
+        assert diff is None, f"{diff}\nREPRO: {case.to_json()}"
+
+
+@pytest.mark.determinism
 @pytest.mark.parametrize("design,budget", [
     ("slots", 37 * 2048 * 576 * 4), ("shards", 7 * 1024 * 576 * 4), ("fixed", 1024 * 576 * 8),
 ])
