@@ -3,6 +3,7 @@
 import importlib.util
 import inspect
 import pathlib
+import re
 
 import pytest
 
@@ -63,6 +64,21 @@ def test_add_width_f32x4_compiles_for_sm90():
     module = add_width.variant_module("f32x4")
     source = module.compiled("main_bwd", 32, 576, 512, "fixed", 2).get_kernel_source()
     assert source.count("mqa_red_f32x4(") >= 2
+
+
+def test_add_floor_kernels_issue_their_adds():
+    # The floor is only a floor if each variant issues exactly its adds: the
+    # 64-bit integer add (atom in PTX, a RED in SASS as in the main kernel),
+    # the vector fp32 add, or none (index loads only).
+    tool = _tool("add_floor")
+    found = {}
+    for variant in tool.VARIANTS:
+        source = kernels.compile_program(tool.adds_program(variant)).get_kernel_source()
+        ptx = kernels._nvcc_source(source, "-ptx", "compute_90a")[0]
+        found[variant] = sorted(set(re.findall(r"\b(?:atom|red)\.[a-z0-9.]+", ptx)))
+    assert found == {"u64": ["atom.global.add.u64"], "f32x4": ["red.global.add.v4.f32"], "indices": []}, found
+    with pytest.raises(ValueError, match="variant"):
+        tool.adds_program("f64")
 
 
 def _write_listing(path, rows):
