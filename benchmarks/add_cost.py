@@ -14,12 +14,10 @@ adds' cost) from adds that hide behind the tensor cores (it does not move).
 
 import argparse
 import inspect
-import os
 import statistics
-import tempfile
 
-from mqa_bwd import kernels, launch
-from mqa_bwd.bench import load_kernels_module, production_inputs, timed_wrapper_call
+from mqa_bwd import kernels
+from mqa_bwd.bench import add_shape_arguments, kernels_module_from_source, production_inputs, time_with_kernels
 
 # The guards in front of the adds (main_bwd_program's add_piece): one for the
 # fixed-point adds (its warp's slot), two for the atomic control's (per slot
@@ -56,35 +54,17 @@ def variant_module(adds: str):
     """The kernels module of a variant (TileLang parses kernels from their file, so it gets one)."""
     if DROPS[adds] is None:
         return kernels
-    path = os.path.join(tempfile.mkdtemp(prefix="add_cost_"), f"kernels_adds_{adds}.py")
-    with open(path, "w") as f:
-        f.write(variant_source(adds))
-    return load_kernels_module(path)
-
-
-def timed_call(args, module, deterministic: bool) -> float:
-    """ms of one whole call with ``module``'s kernels."""
-    launch.K = module  # the launcher compiles and launches through launch.K
-    try:
-        return timed_wrapper_call(args, launch.TileLangLauncher(deterministic))[0]
-    finally:
-        launch.K = kernels
+    return kernels_module_from_source(variant_source(adds), f"kernels_adds_{adds}")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for key, default in (("B", 1), ("S", 4096), ("S_kv", 8192), ("H", 64), ("L", 2048), ("repeats", 7)):
-        parser.add_argument(f"--{key}", type=int, default=default)
+    add_shape_arguments(parser)
     a = parser.parse_args()
     args = production_inputs(a.B, a.S, a.S_kv, a.H, a.L)
     modules = {adds: variant_module(adds) for adds in DROPS}
     variants = [(design, adds) for design in ("fixed", "atomic") for adds in DROPS]
-    for design, adds in variants:  # warm-up: compilation, allocator
-        timed_call(args, modules[adds], design == "fixed")
-    times = {v: [] for v in variants}
-    for _ in range(a.repeats):
-        for design, adds in variants:
-            times[(design, adds)].append(timed_call(args, modules[adds], design == "fixed"))
+    times = time_with_kernels(args, {v: (modules[v[1]], v[0] == "fixed") for v in variants}, a.repeats)
     print(f"B={a.B} S={a.S} S_kv={a.S_kv} H={a.H} L={a.L}: whole calls, median of {a.repeats} (interleaved)")
     print(f"{'design':<8} {'adds':<6} {'ms':>8} {'min':>8} {'saved':>8}")
     for design, adds in variants:

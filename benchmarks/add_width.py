@@ -23,12 +23,10 @@ whole wrapper call (plan, Delta, casts), interleaved with the atomic control.
 
 import argparse
 import inspect
-import os
 import statistics
-import tempfile
 
-from mqa_bwd import kernels, launch
-from mqa_bwd.bench import load_kernels_module, production_inputs, timed_wrapper_call
+from mqa_bwd import kernels
+from mqa_bwd.bench import add_shape_arguments, kernels_module_from_source, production_inputs, time_with_kernels
 
 # The cluster path's value-column and tail adds in main_bwd_program's add_piece.
 VALUE_ADD = """                    for c in T.unroll(part_cols // 32):
@@ -106,39 +104,23 @@ def variant_source(variant: str, source: str | None = None) -> str:
 def variant_module(variant: str):
     if variant == "u64":
         return kernels
-    path = os.path.join(tempfile.mkdtemp(prefix="add_width_"), f"kernels_{variant}.py")
-    with open(path, "w") as f:
-        f.write(variant_source(variant))
-    return load_kernels_module(path)
-
-
-def timed_call(args, module, deterministic: bool) -> float:
-    launch.K = module  # the launcher compiles and launches through launch.K
-    try:
-        return timed_wrapper_call(args, launch.TileLangLauncher(deterministic))[0]
-    finally:
-        launch.K = kernels
+    return kernels_module_from_source(variant_source(variant), f"kernels_{variant}")
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for key, default in (("B", 1), ("S", 4096), ("S_kv", 8192), ("H", 64), ("L", 2048), ("repeats", 7)):
-        parser.add_argument(f"--{key}", type=int, default=default)
+    add_shape_arguments(parser)
     a = parser.parse_args()
     args = production_inputs(a.B, a.S, a.S_kv, a.H, a.L)
-    calls = [(v, variant_module(v), True) for v in VARIANTS] + [("atomic control", kernels, False)]
-    for _, module, det in calls:  # warm-up: compilation, allocator
-        timed_call(args, module, det)
-    times = {name: [] for name, _, _ in calls}
-    for _ in range(a.repeats):
-        for name, module, det in calls:
-            times[name].append(timed_call(args, module, det))
+    variants = {v: (variant_module(v), True) for v in VARIANTS}
+    variants["atomic control"] = (kernels, False)
+    times = time_with_kernels(args, variants, a.repeats)
     control = statistics.median(times["atomic control"])
     print(f"B={a.B} S={a.S} S_kv={a.S_kv} H={a.H} L={a.L}: whole calls, median of {a.repeats} (interleaved)")
     print(f"{'adds':<16} {'ms':>8} {'min':>8} {'/control':>9}")
-    for name, _, _ in calls:
-        ms = statistics.median(times[name])
-        print(f"{name:<16} {ms:>8.2f} {min(times[name]):>8.2f} {ms / control:>9.3f}")
+    for name, t in times.items():
+        ms = statistics.median(t)
+        print(f"{name:<16} {ms:>8.2f} {min(t):>8.2f} {ms / control:>9.3f}")
 
 
 if __name__ == "__main__":

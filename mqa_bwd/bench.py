@@ -194,6 +194,47 @@ def same_bits(outputs, others) -> bool:
     return all(torch.equal(x, y) for x, y in zip(outputs, others))
 
 
+def kernels_module_from_source(source: str, name: str):
+    """A kernels module of its own from ``source`` (a rewritten mqa_bwd/kernels.py), written
+    to a fresh temporary file first: TileLang parses kernels from their file."""
+    import os
+    import tempfile
+
+    path = os.path.join(tempfile.mkdtemp(prefix="mqa_kernels_"), f"{name}.py")
+    with open(path, "w") as f:
+        f.write(source)
+    return load_kernels_module(path)
+
+
+def timed_call_with_kernels(args, module, deterministic: bool) -> float:
+    """ms of one whole wrapper call (timed_wrapper_call) that compiles and launches ``module``'s kernels."""
+    from . import kernels, launch
+
+    launch.K = module  # the launcher compiles and launches through launch.K
+    try:
+        return timed_wrapper_call(args, launch.TileLangLauncher(deterministic))[0]
+    finally:
+        launch.K = kernels
+
+
+def time_with_kernels(args, variants: dict, repeats: int) -> dict:
+    """name -> list of ms of whole wrapper calls, for each name's (kernels module,
+    deterministic) in ``variants``: one warm-up call each, then ``repeats`` rounds interleaved."""
+    for module, deterministic in variants.values():  # compilation, allocator
+        timed_call_with_kernels(args, module, deterministic)
+    times = {name: [] for name in variants}
+    for _ in range(repeats):
+        for name, (module, deterministic) in variants.items():
+            times[name].append(timed_call_with_kernels(args, module, deterministic))
+    return times
+
+
+def add_shape_arguments(parser, repeats: int = 7) -> None:
+    """--B --S --S_kv --H --L (dsv32 H=64 by default) and --repeats, for the benchmark scripts."""
+    for key, default in (("B", 1), ("S", 4096), ("S_kv", 8192), ("H", 64), ("L", 2048), ("repeats", repeats)):
+        parser.add_argument(f"--{key}", type=int, default=default)
+
+
 def load_kernels_module(path: str, argument: str = "path"):
     """Another version of mqa_bwd/kernels.py as a module of its own (TileLang parses
     kernels from their file, so the module keeps one); ValueError naming ``argument``
