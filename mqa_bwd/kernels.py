@@ -212,6 +212,12 @@ __device__ __forceinline__ void mqa_mbar_init(void* bars, int n) {
     asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(mqa_smem(static_cast<unsigned long long*>(bars) + i)) : "memory");
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
+// bars[0 .. n) invalidated: PTX asks it before their memory is initialised again (the
+// sharded cluster's row loop), after every arrival on them (a cluster sync).
+__device__ __forceinline__ void mqa_mbar_inval(void* bars, int n) {
+  for (int i = 0; i < n; ++i)
+    asm volatile("mbarrier.inval.shared::cta.b64 [%0];" :: "r"(mqa_smem(static_cast<unsigned long long*>(bars) + i)) : "memory");
+}
 // The one arrival of bars[i]'s current phase, which also expects ``bytes`` of bulk-copied data.
 __device__ __forceinline__ void mqa_mbar_expect(void* bars, int i, int bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
@@ -897,6 +903,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                                       2 * stage_rows, b, chain_prev)
                         # A CTA's shared memory must outlive the peer's remote arrivals on it.
                         T.call_extern("handle", "mqa_cluster_sync")
+                        if sharded and tid == 0:  # the next row initialises them again
+                            T.call_extern("handle", "mqa_mbar_inval", bars.data, 2)
                 if mode == "fixed":
                     T.reduce_sum(mass, mass_row, dim=1)
                     for h in T.Parallel(block_H):
