@@ -1,7 +1,8 @@
 """What the main kernel's global dKV adds cost: every variant times the same
-calls with all of them, every other slot's, or none (GPU only).
+calls with all of them, every other slot's, none, or all but a row's last
+slot block's (GPU only).
 
-    python benchmarks/add_cost.py [--H 64] [--S 4096] [--S_kv 8192] [--L 2048] [--repeats 7]
+    python benchmarks/add_cost.py [--H 64] [--S 4096] [--S_kv 8192] [--L 2048] [--repeats 7] [--adds all half none tail]
 
 The variants are copies of ``mqa_bwd.kernels`` whose add guards also test the
 slot (``slot % 2 == 0`` for half, never for none); everything else, the dKV
@@ -10,6 +11,9 @@ anything. Both the fixed-point design and the atomic control are timed,
 interleaved in one process. Halving the adds tells a shared resource that
 saturates (the L2 reduction units: the time drops by more than half the
 adds' cost) from adds that hide behind the tensor cores (it does not move).
+"tail" drops only the adds issued after a row's slot loop (its last block's,
+which no GEMM is left to hide): what a kernel that carried them into the
+next row's first block could save.
 """
 
 import argparse
@@ -31,7 +35,11 @@ ATOMIC_GUARDS = (
 )
 # Extra condition per variant: (fixed: on the warp, whose slot is warp + i *
 # n_warps with n_warps even; atomic: on the slot within the piece).
-DROPS = {"all": None, "half": ("warp % 2 == 0", "j % 2 == 0"), "none": ("warp < 0", "j < 0")}
+DROPS = {"all": None, "half": ("warp % 2 == 0", "j % 2 == 0"), "none": ("warp < 0", "j < 0"), "tail": "tail"}
+# The two loops over a row's last block's pieces, after the slot loop (one
+# head group, a cluster); "tail" makes them run zero times.
+TAIL_LOOP = "\n                        for k in T.unroll(PIECES):\n"
+TAIL_LOOPS = 2
 
 
 def variant_source(adds: str, source: str | None = None) -> str:
@@ -39,6 +47,11 @@ def variant_source(adds: str, source: str | None = None) -> str:
     source = inspect.getsource(kernels) if source is None else source
     if DROPS[adds] is None:
         return source
+    if adds == "tail":
+        if source.count(TAIL_LOOP) != TAIL_LOOPS:
+            raise RuntimeError(f"add_cost: the last block's add loop {TAIL_LOOP.strip()!r} is not in mqa_bwd.kernels "
+                               f"{TAIL_LOOPS} times; update this tool")
+        return source.replace(TAIL_LOOP, TAIL_LOOP.replace("T.unroll(PIECES)", "T.serial(0)"))
     fixed_cond, atomic_cond = DROPS[adds]
     # The fixed-point guard is in each of add_piece's paths (one head group, a
     # cluster of groups); the atomic control's guards are there once each.
@@ -60,10 +73,13 @@ def variant_module(adds: str):
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_shape_arguments(parser)
+    parser.add_argument("--adds", nargs="+", choices=list(DROPS), default=list(DROPS),
+                        help="variants to time (all is always timed: the others are measured against it)")
     a = parser.parse_args()
     args = production_inputs(a.B, a.S, a.S_kv, a.H, a.L)
-    modules = {adds: variant_module(adds) for adds in DROPS}
-    variants = [(design, adds) for design in ("fixed", "atomic") for adds in DROPS]
+    chosen = ["all"] + [adds for adds in a.adds if adds != "all"]
+    modules = {adds: variant_module(adds) for adds in chosen}
+    variants = [(design, adds) for design in ("fixed", "atomic") for adds in chosen]
     times = time_with_kernels(args, {v: (modules[v[1]], v[0] == "fixed") for v in variants}, a.repeats)
     print(f"B={a.B} S={a.S} S_kv={a.S_kv} H={a.H} L={a.L}: whole calls, median of {a.repeats} (interleaved)")
     print(f"{'design':<8} {'adds':<6} {'ms':>8} {'min':>8} {'saved':>8}")

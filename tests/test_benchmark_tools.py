@@ -35,6 +35,20 @@ def test_add_cost_variants_guard_every_add(adds):
         add_cost.variant_source(adds, original.replace(add_cost.FIXED_GUARD, ""))
 
 
+def test_add_cost_tail_drops_only_the_last_blocks_adds():
+    # Both loops after the slot loop (one head group, a cluster) run zero
+    # times; every other add, and every line count, stays.
+    add_cost = _tool("add_cost")
+    original = inspect.getsource(kernels)
+    patched = add_cost.variant_source("tail")
+    assert original.count(add_cost.TAIL_LOOP) == add_cost.TAIL_LOOPS == patched.count("for k in T.serial(0):")
+    assert len(patched.splitlines()) == len(original.splitlines())
+    assert patched.count("add_piece(") == original.count("add_piece(")
+    compile(patched, "variant", "exec")
+    with pytest.raises(RuntimeError, match="last block"):
+        add_cost.variant_source("tail", original.replace(add_cost.TAIL_LOOP, "\n", 1))
+
+
 def test_add_cost_all_is_the_kernel_itself():
     assert _tool("add_cost").variant_source("all") == inspect.getsource(kernels)
 
