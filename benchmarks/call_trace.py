@@ -42,11 +42,10 @@ def main():
     from torch.profiler import ProfilerActivity, profile
 
     from mqa_bwd import launch, wrapper
-    from mqa_bwd.bench import production_inputs
+    from mqa_bwd.bench import add_shape_arguments, production_inputs
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    for key, default in (("B", 1), ("S", 4096), ("S_kv", 8192), ("H", 64), ("L", 2048)):
-        parser.add_argument(f"--{key}", type=int, default=default)
+    add_shape_arguments(parser, repeats=None)
     parser.add_argument("--calls", type=int, default=3, help="profiled calls per design (after 3 warm-up calls)")
     parser.add_argument("--top", type=int, default=25)
     a = parser.parse_args()

@@ -15,8 +15,8 @@ same bits on a rerun.
 import argparse
 import statistics
 
-from mqa_bwd import kernels, launch, wrapper
-from mqa_bwd.bench import SHAPES, load_kernels_module, production_inputs, same_bits, timed_wrapper_call
+from mqa_bwd import kernels
+from mqa_bwd.bench import SHAPES, call_with_kernels, load_kernels_module, production_inputs, same_bits, time_with_kernels
 
 DESIGNS = (("fixed", True), ("atomic", False))
 
@@ -36,15 +36,6 @@ class WithFallback:
         return (kernels if kind in self.missing else self.module).compiled(kind, *key)
 
 
-def timed_call(args, module, deterministic: bool):
-    """(ms, outputs) of one whole call with ``module``'s kernels and its cluster rule."""
-    launch.K, wrapper.K = module, module
-    try:
-        return timed_wrapper_call(args, launch.TileLangLauncher(deterministic))
-    finally:
-        launch.K, wrapper.K = kernels, kernels
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--against", required=True, help="another version of mqa_bwd/kernels.py")
@@ -59,15 +50,12 @@ def main():
     for name in a.shapes.split(","):
         for shape in SHAPES[name]:
             args = production_inputs(**shape)
-            outs = {(d, v): timed_call(args, versions[v], det)[1] for d, det, v in variants}
-            rerun = timed_call(args, kernels, True)[1]
+            outs = {(d, v): call_with_kernels(args, versions[v], det)[1] for d, det, v in variants}
+            rerun = call_with_kernels(args, kernels, True)[1]
             print(f"{shape}: fixed bits this tree == against: "
                   f"{same_bits(outs[('fixed', 'this tree')], outs[('fixed', 'against')])}; "
                   f"rerun bitwise: {same_bits(outs[('fixed', 'this tree')], rerun)}")
-            times = {(d, v): [] for d, _, v in variants}
-            for _ in range(a.repeats):
-                for d, det, v in variants:
-                    times[(d, v)].append(timed_call(args, versions[v], det)[0])
+            times = time_with_kernels(args, {(d, v): (versions[v], det) for d, det, v in variants}, a.repeats)
             control = statistics.median(times[("atomic", "this tree")])
             for (d, v), t in times.items():
                 m = statistics.median(t)

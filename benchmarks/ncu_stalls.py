@@ -140,11 +140,14 @@ def profile(a) -> None:
 
 
 def main():
+    from mqa_bwd.bench import add_shape_arguments
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("profile", help="run ncu on one main_bwd launch (GPU)")
     p.add_argument("--design", choices=("fixed", "atomic"), default="fixed")
-    for key, default in (("B", 1), ("S", 4096), ("S_kv", 8192), ("H", 64), ("L", 2048), ("calls", 3), ("max-cluster", 2)):
+    add_shape_arguments(p, repeats=None)
+    for key, default in (("calls", 3), ("max-cluster", 2)):
         p.add_argument(f"--{key}", type=int, default=default)
     p.add_argument("--out", required=True)
     p.add_argument("--top", type=int, default=25)

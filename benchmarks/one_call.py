@@ -12,14 +12,13 @@ import argparse
 import torch
 
 from mqa_bwd import kernels, launch, wrapper
-from mqa_bwd.bench import production_inputs
+from mqa_bwd.bench import add_shape_arguments, production_inputs
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--design", choices=wrapper.DKV_DESIGNS + ("atomic",), default=wrapper.DEFAULT_DKV_DESIGN)
-    for key, default in (("B", 1), ("S", 4096), ("S_kv", 8192), ("H", 64), ("L", 2048)):
-        parser.add_argument(f"--{key}", type=int, default=default)
+    add_shape_arguments(parser, repeats=None)
     parser.add_argument("--calls", type=int, default=2)
     parser.add_argument("--max-cluster", type=int, default=kernels.MAX_CLUSTER,
                         help="largest cluster of head groups of the fixed design (1: one launch per group)")

@@ -206,33 +206,37 @@ def kernels_module_from_source(source: str, name: str):
     return load_kernels_module(path)
 
 
-def timed_call_with_kernels(args, module, deterministic: bool) -> float:
-    """ms of one whole wrapper call (timed_wrapper_call) that compiles and launches ``module``'s kernels."""
-    from . import kernels, launch
+def call_with_kernels(args, module, deterministic: bool) -> tuple:
+    """(ms, outputs) of one whole wrapper call (timed_wrapper_call) that compiles and
+    launches ``module``'s kernels and follows its cluster rule (another kernels.py)."""
+    from . import kernels, launch, wrapper
 
-    launch.K = module  # the launcher compiles and launches through launch.K
+    launch.K, wrapper.K = module, module  # the launcher compiles through launch.K, the wrapper clusters through wrapper.K
     try:
-        return timed_wrapper_call(args, launch.TileLangLauncher(deterministic))[0]
+        return timed_wrapper_call(args, launch.TileLangLauncher(deterministic))
     finally:
-        launch.K = kernels
+        launch.K, wrapper.K = kernels, kernels
 
 
 def time_with_kernels(args, variants: dict, repeats: int) -> dict:
     """name -> list of ms of whole wrapper calls, for each name's (kernels module,
     deterministic) in ``variants``: one warm-up call each, then ``repeats`` rounds interleaved."""
     for module, deterministic in variants.values():  # compilation, allocator
-        timed_call_with_kernels(args, module, deterministic)
+        call_with_kernels(args, module, deterministic)
     times = {name: [] for name in variants}
     for _ in range(repeats):
         for name, (module, deterministic) in variants.items():
-            times[name].append(timed_call_with_kernels(args, module, deterministic))
+            times[name].append(call_with_kernels(args, module, deterministic)[0])
     return times
 
 
-def add_shape_arguments(parser, repeats: int = 7) -> None:
-    """--B --S --S_kv --H --L (dsv32 H=64 by default) and --repeats, for the benchmark scripts."""
-    for key, default in (("B", 1), ("S", 4096), ("S_kv", 8192), ("H", 64), ("L", 2048), ("repeats", repeats)):
+def add_shape_arguments(parser, repeats: int | None = 7) -> None:
+    """--B --S --S_kv --H --L (dsv32 H=64 by default) for the benchmark scripts, and
+    --repeats unless ``repeats`` is None."""
+    for key, default in (("B", 1), ("S", 4096), ("S_kv", 8192), ("H", 64), ("L", 2048)):
         parser.add_argument(f"--{key}", type=int, default=default)
+    if repeats is not None:
+        parser.add_argument("--repeats", type=int, default=repeats)
 
 
 def load_kernels_module(path: str, argument: str = "path"):

@@ -314,7 +314,7 @@ def owned_slot(q, rank, cluster: int):
 #: Head groups one deterministic launch may sum on chip (a thread block cluster):
 #: two at most, as every CTA keeps a staging copy and an inbox of partials for its peer.
 CLUSTER_SIZES = (1, 2)
-#: The largest cluster the wrapper launches (fixed design).
+#: The largest cluster the wrapper launches (fixed and shards designs).
 MAX_CLUSTER = 2
 
 
@@ -638,7 +638,6 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
             if mode == "fixed":
                 mass = T.alloc_fragment((block_H, BS), f32)
                 mass_row = T.alloc_fragment((block_H,), f32)
-            if mode == "fixed":
                 scale_next = T.alloc_local((1,), f32)
             if deferred:
                 slot_prev = T.alloc_shared((BS,), i32)  # the block whose dKV_s awaits its adds
