@@ -5,7 +5,7 @@ with its 64-bit fixed-point adds replaced by fp32 adds of the same sums (GPU onl
 
 A deterministic design with fp32 adds (per-shard buffers, one writer each,
 adds in a fixed order, folded in shard order) would add the cluster-summed
-partials as fp32: half the bytes of today's int64 adds and half the control's
+contributions as fp32: half the bytes of today's int64 adds and half the control's
 (which adds each 32-head group's partials). Before building it, this tool
 measures what the adds' width costs in today's kernel. Variants, all copies
 of ``mqa_bwd.kernels`` with only the cluster path's adds rewritten:
@@ -29,37 +29,27 @@ from mqa_bwd import kernels
 from mqa_bwd.bench import add_shape_arguments, kernels_module_from_source, production_inputs, time_with_kernels
 
 # The cluster path's value-column and tail adds in main_bwd_program's add_piece.
-VALUE_ADD = """                    for c in T.unroll(part_cols // 32):
+VALUE_ADD = """                    for c in T.unroll(Cc // 32):
                         T.atomic_add(
-                            dKV[kv_row[0], share * part_cols + c * 32 + lane],
-                            T.call_extern("int64", "__float2ll_rn", (
-                                dKV_s[region_row(j, cluster), share * part_cols + c * 32 + lane]
-                                + dKV_s[inbox + region_row(j, cluster), share * part_cols + c * 32 + lane]) * scale_r[0]),
+                            dKV[kv_row[0], rank * Cc + c * 32 + lane],
+                            T.call_extern("int64", "__float2ll_rn", dKV_s[j, c * 32 + lane] * scale_r[0]),
                         )
 """
-TAIL_ADD = """                                T.atomic_add(
-                                    dKV[kv_row[0], Dv + (c * cluster + share) * 32 + lane],
-                                    T.call_extern("int64", "__float2ll_rn", (
-                                        dKVt_s[region_row(j, cluster), (c * cluster + share) * 32 + lane]
-                                        + dKVt_s[inbox + region_row(j, cluster), (c * cluster + share) * 32 + lane]) * scale_r[0]),
-                                )
+TAIL_ADD = """                            T.atomic_add(
+                                dKV[kv_row[0], Dv + rank * Ct + lane],
+                                T.call_extern("int64", "__float2ll_rn", dKVt_s[j, lane] * scale_r[0]),
+                            )
 """
-SCALAR_VALUE_ADD = """                    for c in T.unroll(part_cols // 32):
-                        T.call_extern("handle", "mqa_red_f32", T.address_of(dKV[kv_row[0], 0]),
-                                      share * part_cols + c * 32 + lane,
-                                      dKV_s[region_row(j, cluster), share * part_cols + c * 32 + lane]
-                                      + dKV_s[inbox + region_row(j, cluster), share * part_cols + c * 32 + lane])
+SCALAR_VALUE_ADD = """                    for c in T.unroll(Cc // 32):
+                        T.call_extern("handle", "mqa_red_f32", T.address_of(dKV[kv_row[0], 0]), rank * Cc + c * 32 + lane,
+                                      dKV_s[j, c * 32 + lane])
 """
-VECTOR_VALUE_ADD = """                    for c in T.unroll(part_cols // 128):
-                        T.call_extern("handle", "mqa_red_f32x4", T.address_of(dKV[kv_row[0], 0]),
-                                      share * part_cols + c * 128 + lane * 4,
-                                      T.address_of(dKV_s[region_row(j, cluster), share * part_cols + c * 128 + lane * 4]),
-                                      T.address_of(dKV_s[inbox + region_row(j, cluster), share * part_cols + c * 128 + lane * 4]))
+VECTOR_VALUE_ADD = """                    for c in T.unroll(Cc // 128):
+                        T.call_extern("handle", "mqa_red_f32x4", T.address_of(dKV[kv_row[0], 0]), rank * Cc + c * 128 + lane * 4,
+                                      T.address_of(dKV_s[j, c * 128 + lane * 4]))
 """
-SCALAR_TAIL_ADD = """                                T.call_extern("handle", "mqa_red_f32", T.address_of(dKV[kv_row[0], 0]),
-                                              Dv + (c * cluster + share) * 32 + lane,
-                                              dKVt_s[region_row(j, cluster), (c * cluster + share) * 32 + lane]
-                                              + dKVt_s[inbox + region_row(j, cluster), (c * cluster + share) * 32 + lane])
+SCALAR_TAIL_ADD = """                            T.call_extern("handle", "mqa_red_f32", T.address_of(dKV[kv_row[0], 0]), Dv + rank * Ct + lane,
+                                          dKVt_s[j, lane])
 """
 # The fixed-point guard (both fixed paths): "none" never passes it.
 FIXED_GUARD = "\n                if (kv_row[0] >= 0) and (kv_row[0] < NKV):\n"
@@ -71,10 +61,10 @@ RED_F32_SOURCE = r"""
 __device__ __forceinline__ void mqa_red_f32(void* row, int col, float v) {
   asm volatile("red.global.add.f32 [%0], %1;" :: "l"(static_cast<float*>(row) + col), "f"(v) : "memory");
 }
-__device__ __forceinline__ void mqa_red_f32x4(void* row, int col, const void* own, const void* inbox) {
-  float4 a = *static_cast<const float4*>(own), b = *static_cast<const float4*>(inbox);
+__device__ __forceinline__ void mqa_red_f32x4(void* row, int col, const void* partial) {
+  float4 a = *static_cast<const float4*>(partial);
   asm volatile("red.global.add.v4.f32 [%0], {%1, %2, %3, %4};" :: "l"(static_cast<float*>(row) + col),
-               "f"(a.x + b.x), "f"(a.y + b.y), "f"(a.z + b.z), "f"(a.w + b.w) : "memory");
+               "f"(a.x), "f"(a.y), "f"(a.z), "f"(a.w) : "memory");
 }
 """
 '''

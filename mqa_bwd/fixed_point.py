@@ -38,9 +38,10 @@ row and head, and that no mass is NaN, and flags the row otherwise; every
 kv row of a flagged row's batch element then comes back NaN (the proof of
 that element no longer holds; the others' still does), never silently
 wrong. The bf16 roundings of P and dS (unit roundoff 2**-8 each) and the
-fp32 products inflate the bound by about 2%. A cluster of two head groups
-adds one contribution per slot, the fp32 sum of its groups' partials: still a
-sum of the (row, head) terms above, with one more fp32 rounding. ``k_j`` is the largest exponent with ``bound_j * 2**k_j <= 2**61``, so
+fp32 products inflate the bound by about 2%. A cluster of head groups adds
+one contribution per slot and column, the fp32 sum over all its heads (one
+GEMM chain): still a sum of the (row, head) terms above, with fp32
+roundings. ``k_j`` is the largest exponent with ``bound_j * 2**k_j <= 2**61``, so
 every partial sum, with its per-contribution integer rounding (at most 1/2
 each), stays below 2**62 < 2**63.
 

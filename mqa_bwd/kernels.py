@@ -206,10 +206,12 @@ __device__ __forceinline__ unsigned mqa_peer(unsigned addr, int rank) {
 __device__ __forceinline__ void mqa_cluster_sync() {
   asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
 }
-// mbarriers bars[0 .. n) with one arrival each, visible to the cluster after a cluster sync.
-__device__ __forceinline__ void mqa_mbar_init(void* bars, int n) {
-  for (int i = 0; i < n; ++i)
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" :: "r"(mqa_smem(static_cast<unsigned long long*>(bars) + i)) : "memory");
+// mbarriers bars[0] (``full`` arrivals a phase) and bars[1] (``empty``), visible to the
+// cluster after a cluster sync.
+__device__ __forceinline__ void mqa_mbar_init(void* bars, int full, int empty) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(mqa_smem(bars)), "r"(full) : "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
+               :: "r"(mqa_smem(static_cast<unsigned long long*>(bars) + 1)), "r"(empty) : "memory");
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 // bars[0 .. n) invalidated: PTX asks it before their memory is initialised again (the
@@ -237,6 +239,18 @@ __device__ __forceinline__ void mqa_mbar_wait(void* bars, int i, int parity) {
 __device__ __forceinline__ void mqa_mbar_arrive_peer(void* bars, int i, int rank) {
   unsigned a = mqa_peer(mqa_smem(static_cast<unsigned long long*>(bars) + i), rank);
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" :: "r"(a) : "memory");
+}
+// Thread i copies 16 bytes: dst[i] = src[i] (shared memory, raw bits; the column-split
+// cluster stages its P and dS tiles for the peer this way, layout and all).
+__device__ __forceinline__ void mqa_copy16(void* dst, const void* src, int i) {
+  static_cast<uint4*>(dst)[i] = static_cast<const uint4*>(src)[i];
+}
+// Bulk copy of ``bytes`` from this CTA's src to the same address as dst + offset (bytes)
+// in CTA ``rank``, completing on that CTA's bars[i].
+__device__ __forceinline__ void mqa_bulk_ptr_to_peer(void* dst, int offset, const void* src, int bytes, void* bars, int i, int rank) {
+  unsigned d = mqa_peer(mqa_smem(dst) + offset, rank), m = mqa_peer(mqa_smem(static_cast<unsigned long long*>(bars) + i), rank);
+  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               :: "r"(d), "r"(mqa_smem(src)), "r"(bytes), "r"(m) : "memory");
 }
 // Generic-proxy stores to shared memory become visible to the bulk copies issued after a barrier.
 __device__ __forceinline__ void mqa_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
@@ -280,58 +294,36 @@ __device__ __forceinline__ void mqa_shard_add4(void* dst, const void* own, const
 #: A warp stores an mma accumulator fragment as float2 per lane: rows
 #: lane // 4, columns 2 * (lane % 4). With a stride of 8 mod 32 those 8 rows
 #: cover the 32 banks exactly twice (two wavefronts, the minimum); with the
-#: former 4 words, neighbouring rows overlapped (2-way conflicts), and the
-#: cluster's interleaved own/staging rows 4-way (ncu on the H200: 1141 M
-#: shared-store wavefronts for 285 M ideal per dsv32 H=64 launch). With 8,
-#: the cluster's layout is conflict-free too once slots are owned in runs
-#: (OWNER_RUN below; by parity it stayed 2-way).
+#: former 4 words, neighbouring rows overlapped (2-way conflicts; ncu on the
+#: H200: 1141 M shared-store wavefronts for 285 M ideal per dsv32 H=64 launch
+#: of the former cluster layout, with 4-way conflicts there).
 F32_ROW_PAD = 8
 
-#: Cluster of two: the CTAs own a block's slots in alternating runs of
-#: OWNER_RUN (slots 0-3 rank 0, 4-7 rank 1, 8-11 rank 0, ...). A half-warp's
-#: float2 store of the dKV fragment covers 4 consecutive slots; in one run they
-#: go to 4 consecutive rows of one region, whose 8-word-padded strides tile the
-#: 32 banks once. Owned by parity (j % 2), rows j and j + 1 of a half-warp went
-#: to the same banks of the own and staging regions: 2-way conflicts.
-OWNER_RUN = 4
 
-
-def slot_owner(j, cluster: int):
-    """The cluster rank that adds slot j of a block (its own partial plus the peer's)."""
-    return (j // OWNER_RUN) % cluster
-
-
-def region_row(j, cluster: int):
-    """Slot j's row in its owner's own rows, and in the other CTA's staging rows and the owner's inbox."""
-    return (j // (OWNER_RUN * cluster)) * OWNER_RUN + j % OWNER_RUN
-
-
-def owned_slot(q, rank, cluster: int):
-    """The q-th slot (from 0) that ``rank`` owns within a piece of the block (a multiple of OWNER_RUN * cluster slots)."""
-    return (q // OWNER_RUN) * (OWNER_RUN * cluster) + rank * OWNER_RUN + q % OWNER_RUN
-
-
-#: Head groups one deterministic launch may sum on chip (a thread block cluster):
-#: two at most, as every CTA keeps a staging copy and an inbox of partials for its peer.
-CLUSTER_SIZES = (1, 2)
-#: The largest cluster the wrapper launches (fixed and shards designs).
-MAX_CLUSTER = 2
-
-
-#: Modes main_bwd builds as clusters of head groups.
+#: Head groups one deterministic launch may sum on chip (a thread block cluster).
+CLUSTER_SIZES = (1, 2, 4)
+#: Modes main_bwd builds as clusters of head groups, and their largest cluster:
+#: the fixed cluster swaps P and dS tiles (a few KB a peer), the sharded one
+#: keeps a staging copy and an inbox of dKV partials (room for one peer).
 CLUSTER_MODES = ("fixed", "shard")
+MODE_MAX_CLUSTER = {"fixed": 4, "shard": 2}
+#: The largest cluster the wrapper launches (a cap over MODE_MAX_CLUSTER; benchmarks
+#: change it). Two: on the H200 at dsv32 H=128, one cluster of four groups
+#: (half the adds of two clusters of two) took 53.40 ms against 51.63 ms
+#: (benchmarks/cluster_ab.py, one process).
+MAX_CLUSTER = 2
 
 
 def check_cluster(cluster, mode: str) -> None:
     """ValueError unless ``cluster`` is a size main_bwd builds for ``mode`` (clusters: CLUSTER_MODES only)."""
-    if cluster not in CLUSTER_SIZES or (cluster > 1 and mode not in CLUSTER_MODES):
-        raise ValueError(f"cluster: {cluster!r} (one of {CLUSTER_SIZES}; above 1 in {' and '.join(CLUSTER_MODES)} modes only)")
+    if cluster not in CLUSTER_SIZES or cluster > MODE_MAX_CLUSTER.get(mode, 1):
+        raise ValueError(f"cluster: {cluster!r} (one of {CLUSTER_SIZES}, at most {MODE_MAX_CLUSTER} by mode, 1 otherwise)")
 
 
-def cluster_launches(groups: int, largest: int | None = None) -> list:
+def cluster_launches(groups: int, largest: int | None = None, mode: str = "fixed") -> list:
     """[(first group, cluster size)] covering ``groups`` head groups, largest clusters first
-    (at most ``largest``, default MAX_CLUSTER)."""
-    largest = MAX_CLUSTER if largest is None else largest
+    (at most ``largest``, default MAX_CLUSTER, and what ``mode`` builds)."""
+    largest = min(MAX_CLUSTER if largest is None else largest, MODE_MAX_CLUSTER[mode])
     launches, g = [], 0
     while g < groups:
         size = max(c for c in CLUSTER_SIZES if c <= min(largest, groups - g))
@@ -370,13 +362,16 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                     slot (in slot order), so the block's writes never collide.
       "none"        no dKV at all (a benchmark probe: the cost of everything else)
 
-    cluster (fixed mode, 2): the launch covers two consecutive head groups
-    [head_base + g * tile, ...), g = 0, 1, as one thread block cluster per
-    query row (grid R x 2). Each slot's dKV contribution is the fp32 sum of
-    the two groups' partials (one add: the same bits in either order), added
-    once: half the fixed-point adds. CTA g adds the slots j with slot_owner(j) == g;
-    each block, it receives the peer's partials of those slots as one bulk
-    copy into its inbox (mbarrier handshakes, see the loop).
+    cluster (fixed mode, 2 or 4): the launch covers that many consecutive head
+    groups [head_base + g * tile, ...) as one thread block cluster per query
+    row (grid R x cluster). CTA g computes P, dS and dQ of its group, as
+    alone, and sends its P and dS tiles of each block to every other CTA (bulk
+    copies into their inboxes, mbarrier handshakes, see the loop). It then
+    computes dKV columns [g * Dv / cluster, (g + 1) * Dv / cluster) of the
+    value part (and, for g < (Dk - Dv) / 32, 32 columns of the tail) over
+    every head of the cluster, as one GEMM chain in a fixed order, and adds
+    them: each (row, slot, column) is added once per cluster, not once per
+    group, and no dKV partial leaves the CTA.
 
     cluster (shard mode, 2): cluster b (grid NSL x 2) walks shard b's rows as
     above, and each slot's contribution (the two groups' partials summed, as
@@ -413,12 +408,21 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     # scratch-writing modes, whose stores hold more): the whole width would
     # keep 64 more registers live and spill at 255 (tests/test_kernels_compile).
     sharded = mode == "shard" and cluster > 1
+    # Fixed mode in a cluster: CTA g of the cluster owns dKV columns [g * Cc,
+    # (g + 1) * Cc) of the value part, and the first tail_ranks CTAs 32 columns
+    # [Dv + g * 32, Dv + (g + 1) * 32) of the tail each (a 16-column tile would
+    # not partition over 8 warps), for every slot and every head of the
+    # cluster. The CTAs swap their P and dS tiles (a few KB a block) instead of
+    # dKV partials.
+    colsplit = mode == "fixed" and cluster > 1
+    Cc, Ct = (Dv // cluster, 32) if colsplit else (Dv, Dk - Dv)
+    tail_ranks = (Dk - Dv) // 32
     per_thread = 16 if mode in ("write", "accumulate") or (mode == "shard" and not sharded) else 32
-    split = max(1, BS * Dv // (threads * per_thread))
-    while Dv % (split * 16):  # chunks must be whole 16-column GEMM tiles
+    split = max(1, BS * Cc // (threads * per_thread))
+    while Cc % (split * 16):  # chunks must be whole 16-column GEMM tiles
         split -= 1
     DKV_SPLIT = split
-    Dc = Dv // DKV_SPLIT
+    Dc = Cc // DKV_SPLIT
     if mode == "fixed" and (Dv % 32 or (Dk - Dv) % 32):
         raise ValueError(f"fixed mode needs Dv and Dk - Dv multiples of 32, got Dk={Dk}, Dv={Dv}")
     f32, bf16, i32 = "float32", "bfloat16", "int32"
@@ -436,32 +440,29 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     piece = BS // PIECES
     if deferred and piece % n_warps:
         raise ValueError(f"{n_warps} warps must divide the {piece} slots of a piece of global adds")
-    # Fixed mode in a cluster: a piece's slots of this CTA, each added by
-    # ``cluster`` warps, a ``part_cols`` share of the Dv columns each (and
-    # every cluster-th 32-column chunk of the tail).
-    part_cols = Dv // cluster
-    tail_chunks = Dt // 32
-    tail_per_share = (tail_chunks + cluster - 1) // cluster
-    if cluster > 1 and (piece % (OWNER_RUN * cluster) or part_cols % 32):
-        raise ValueError(f"cluster {cluster}: runs of {OWNER_RUN} slots per CTA must tile the {piece} slots of a piece, "
-                         f"and {cluster} must divide Dv / 32 = {Dv // 32}")
-    # dKV_s rows: the block's partials (one row per slot). In a cluster of
-    # two: rows [0, n) the partials of this CTA's own slots (slot_owner(j) ==
-    # rank, row region_row(j)), [n, 2n) its partials of the peer's slots
-    # (staging, sent to the peer in one bulk copy), [2n, 3n) the peer's
-    # partials of this CTA's slots (the inbox), n = BS / 2. The dKVt_s rows alike.
-    own_rows = BS // cluster
-    dkv_rows = BS if cluster == 1 else own_rows * 3
-    # Sharded cluster: rows [0, BS) this CTA's partials of its column half
-    # (dKV_s: of the Dv columns, dKVt_s: of the tail), [BS, 2BS) its partials
-    # of the peer's half (staging), [2BS, 3BS) the peer's of this half (inbox).
-    dkv_w, dkvt_w, stage_rows = Dv, Dt, own_rows
+    if colsplit and (Cc % 32 or (Dk - Dv) % 32 or tail_ranks > cluster):
+        raise ValueError(f"cluster {cluster}: each CTA's share of the Dv columns must be whole 32-column adds, "
+                         f"and the Dk - Dv tail at most one 32-column chunk per CTA: Dk={Dk}, Dv={Dv}")
+    # dKV_s rows: the block's partials (one row per slot), of this CTA's
+    # columns (a cluster of the fixed mode: Cc of the value part in dKV_s, 32
+    # of the tail in dKVt_s). The sharded cluster: rows [0, BS) this CTA's
+    # partials of its column half (dKV_s: of the Dv columns, dKVt_s: of the
+    # tail), [BS, 2BS) its partials of the peer's half (staging), [2BS, 3BS)
+    # the peer's of this half (inbox).
+    dkv_w, dkvt_w, dkv_rows = Cc, Ct, BS
+    peers = cluster - 1
+    tile_bytes = block_H * BS * 2  # one bf16 P or dS tile
+    inbox_bytes = peers * 2 * tile_bytes  # the fixed cluster's P and dS of a block, from every peer
+    if colsplit and 2 * tile_bytes != 16 * threads:
+        raise ValueError(f"cluster {cluster}: {threads} threads must stage the P and dS tiles 16 bytes each")
     if sharded:
-        dkv_w, dkvt_w, stage_rows, dkv_rows = Dv // cluster, Dt // cluster, BS, 3 * BS
+        dkv_w, dkvt_w, dkv_rows = Dv // cluster, Dt // cluster, 3 * BS
         if BS != 32 or dkv_w % Dc or dkv_w % 128 or dkvt_w % 4 or dkvt_w > 128:
             raise ValueError(f"sharded cluster: needs 32-slot blocks (one warp's lanes) and column halves of whole "
                              f"128- and 4-column adds: Dv={Dv}, Dt={Dt}")
-    inbox_bytes = stage_rows * ((dkv_w + F32_ROW_PAD) + (dkvt_w + F32_ROW_PAD if Dt > 0 else 0)) * 4  # one block's bulk copies
+        inbox_bytes = BS * ((dkv_w + F32_ROW_PAD) + (dkvt_w + F32_ROW_PAD if Dt > 0 else 0)) * 4  # its bulk copies
+    # Global adds of this CTA's own partials only (no peer's partials in an inbox).
+    local_adds = deferred and (cluster == 1 or colsplit)
     dkv_dtype = "int64" if mode == "fixed" else "float32"
     grid = NSL if mode == "shard" else R
     has_tail = Dt > 0
@@ -482,13 +483,6 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                     T.address_of(KV[T.max(T.min(rows[j], NKV - 1), 0), Dv + c * 8]), (rows[j] >= 0) and (rows[j] < NKV),
                 )
         T.call_extern("handle", "mqa_cp_async_commit")
-
-    @T.macro
-    def store_partials(acc, buf, col0, width, rank):
-        """Cluster of two: the fragment's rows of this CTA's slots into its own rows
-        of buf, those of the peer's slots into the staging rows."""
-        for j, d in T.Parallel(BS, width):
-            buf[region_row(j, cluster) + own_rows * ((j // OWNER_RUN + rank) % cluster), col0 + d] = acc[j, d]
 
     @T.macro
     def store_halves(acc, buf, col0, width, half, rank):
@@ -519,34 +513,26 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                                           T.address_of(dKV[b, kv_row[0], Dv + rank * dkvt_w + lane * 4]),
                                           T.address_of(dKVt_s[0, lane * 4]),
                                           T.address_of(dKVt_s[inbox, lane * 4]), dkvt_w + F32_ROW_PAD, j, chains.data)
-        elif mode == "fixed" and cluster > 1:
-            # This CTA adds the slots j of the piece with slot_owner(j) ==
-            # rank, each by two warps (a column half each): own partial (row
-            # region_row(j)) plus the peer's (its inbox row). One fp32 add of
-            # two values has the same bits in either order, so which CTA adds
-            # a slot changes no bit.
+        elif colsplit:
+            # As below (one cluster of CTAs): this CTA's column share of every
+            # slot, from its own partials; each column's sum over the cluster's
+            # heads was formed in its dKV GEMMs.
             for s_i in T.serial(piece // n_warps):
-                j = k * piece + owned_slot((warp + s_i * n_warps) // cluster, rank, cluster)
-                share = (warp + s_i * n_warps) % cluster
+                j = k * piece + warp + s_i * n_warps
                 kv_row[0] = slots[j]
                 scale_r[0] = scales[j]
                 if (kv_row[0] >= 0) and (kv_row[0] < NKV):
-                    for c in T.unroll(part_cols // 32):
+                    for c in T.unroll(Cc // 32):
                         T.atomic_add(
-                            dKV[kv_row[0], share * part_cols + c * 32 + lane],
-                            T.call_extern("int64", "__float2ll_rn", (
-                                dKV_s[region_row(j, cluster), share * part_cols + c * 32 + lane]
-                                + dKV_s[inbox + region_row(j, cluster), share * part_cols + c * 32 + lane]) * scale_r[0]),
+                            dKV[kv_row[0], rank * Cc + c * 32 + lane],
+                            T.call_extern("int64", "__float2ll_rn", dKV_s[j, c * 32 + lane] * scale_r[0]),
                         )
                     if has_tail:
-                        for c in T.unroll(tail_per_share):
-                            if c * cluster + share < tail_chunks:
-                                T.atomic_add(
-                                    dKV[kv_row[0], Dv + (c * cluster + share) * 32 + lane],
-                                    T.call_extern("int64", "__float2ll_rn", (
-                                        dKVt_s[region_row(j, cluster), (c * cluster + share) * 32 + lane]
-                                        + dKVt_s[inbox + region_row(j, cluster), (c * cluster + share) * 32 + lane]) * scale_r[0]),
-                                )
+                        if tail_ranks == cluster or rank < tail_ranks:
+                            T.atomic_add(
+                                dKV[kv_row[0], Dv + rank * Ct + lane],
+                                T.call_extern("int64", "__float2ll_rn", dKVt_s[j, lane] * scale_r[0]),
+                            )
         elif mode == "fixed":
             # SIMT: warp w takes slots w, w + n_warps, ... of the piece; its
             # lanes walk the row 32 columns at a time, so every red.u64 is one
@@ -622,6 +608,21 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
             idx_next = T.alloc_local((1,), i32)
             if cluster > 1:
                 bars = T.alloc_shared((2,), "uint64")  # mbarriers: 0 full (the inbox holds the peer's block), 1 empty (the peer read ours)
+            if colsplit:
+                # The peer's P and dS tiles of the block (bulk-copied into the
+                # same offsets as this CTA's P_in and dS_in), this CTA's tiles
+                # staged for that copy, and the peer's heads of Q and dO at
+                # this CTA's columns.
+                # Rows [i * block_H, (i + 1) * block_H) of the inboxes hold the
+                # tiles of rank (rank + 1 + i) % cluster, as its P_s and dS_s
+                # (the same layout: a whole tile is tile_bytes bytes from
+                # there; tests/test_kernels_compile checks the indexing).
+                P_in = T.alloc_shared((peers * block_H, BS), bf16)
+                dS_in = T.alloc_shared((peers * block_H, BS), bf16)
+                send_P = T.alloc_shared((block_H, BS), bf16)
+                send_dS = T.alloc_shared((block_H, BS), bf16)
+                Qp_s = T.alloc_shared((peers * block_H, Cc), bf16)
+                dOp_s = T.alloc_shared((peers * block_H, Cc), bf16)
             dKVt_s = dKV_s  # without a tail, add_piece never reads it
             KVt_s = None  # nor gather_async this one
             if has_tail:
@@ -629,7 +630,9 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                 KVt_s = T.alloc_shared((BS, Dt), bf16)
                 dKVt_s = T.alloc_shared((dkv_rows, dkvt_w + F32_ROW_PAD), f32)
                 acc_dqt = T.alloc_fragment((block_H, Dt), f32)
-                acc_dkvt = T.alloc_fragment((BS, Dt), f32)
+                acc_dkvt = T.alloc_fragment((BS, Ct), f32)
+                if colsplit:
+                    Qpt_s = T.alloc_shared((peers * block_H, Ct), bf16)
 
             acc_s = T.alloc_fragment((block_H, BS), f32)
             acc_dp = T.alloc_fragment((block_H, BS), f32)
@@ -673,6 +676,15 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                 if has_tail:
                     T.copy(Q[r, h0 : h0 + block_H, Dv:Dk], Qt_s)
                 T.copy(dO[r, h0 : h0 + block_H, 0:Dv], dO_s)
+                if colsplit:
+                    for i in T.unroll(peers):
+                        ph0 = head_base + (rank + 1 + i) % cluster * block_H
+                        T.copy(Q[r, ph0 : ph0 + block_H, rank * Cc : rank * Cc + Cc], Qp_s[i * block_H : (i + 1) * block_H, 0:Cc])
+                        T.copy(dO[r, ph0 : ph0 + block_H, rank * Cc : rank * Cc + Cc], dOp_s[i * block_H : (i + 1) * block_H, 0:Cc])
+                        if has_tail:
+                            if tail_ranks == cluster or rank < tail_ranks:
+                                T.copy(Q[r, ph0 : ph0 + block_H, Dv + rank * Ct : Dv + rank * Ct + Ct],
+                                       Qpt_s[i * block_H : (i + 1) * block_H, 0:Ct])
                 # Staged once per row: the slot loop then indexes shared memory,
                 # not [R, HQ] tensors (their 64-bit addressing costs registers).
                 for h in T.Parallel(block_H):
@@ -706,7 +718,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                 # data a thread is about to read or overwrite is ever waited on.
                 if cluster > 1:
                     if tid == 0:
-                        T.call_extern("handle", "mqa_mbar_init", bars.data, 2)
+                        T.call_extern("handle", "mqa_mbar_init", bars.data, 1, peers if colsplit else 1)
                     T.call_extern("handle", "mqa_cluster_sync")  # the peer's barriers exist
                     if tid == 0:
                         T.call_extern("handle", "mqa_mbar_expect", bars.data, 0, inbox_bytes)
@@ -728,7 +740,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                                 (slot[tid] >= 0) and (slot[tid] < NKV), RowScale[slot[tid]], T.cast(0, f32)
                             )
 
-                    if deferred and t > 0 and cluster == 1:
+                    if local_adds and t > 0:
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 0, warp, lane, kv_row, scale_r, NKV, rank, 0, b, chain_prev)
                     # Scores, then P = exp2(score * scale * log2e - Lse2), 0 on invalid slots.
                     T.gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True)
@@ -745,26 +757,26 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         for h, j in T.Parallel(block_H, BS):
                             mass[h, j] += acc_s[h, j]
 
-                    if deferred and t > 0 and cluster == 1:
+                    if local_adds and t > 0:
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 1, warp, lane, kv_row, scale_r, NKV, rank, 0, b, chain_prev)
-                    if cluster > 1 and t > 0:
+                    if sharded and t > 0:
                         # The peer's partials of block t - 1 are in; expect those of block t.
                         T.call_extern("handle", "mqa_mbar_wait", bars.data, 0, (t - 1) % 2)
                         if tid == 0:
                             T.call_extern("handle", "mqa_mbar_expect", bars.data, 0, inbox_bytes)
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 0, warp, lane, kv_row, scale_r, NKV, rank,
-                                  2 * stage_rows, b, chain_prev)
+                                  2 * BS, b, chain_prev)
                     # dP = dO KV_v^T; dS = P * (dP - Delta) * sm_scale.
                     T.gemm(dO_s, KV_s, acc_dp, transpose_B=True, clear_accum=True)
                     for h, j in T.Parallel(block_H, BS):
                         acc_dp[h, j] = acc_s[h, j] * (acc_dp[h, j] - delta_s[h]) * sm_scale
                     T.copy(acc_dp, dS_s)
 
-                    if deferred and t > 0 and cluster == 1:
+                    if local_adds and t > 0:
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 2, warp, lane, kv_row, scale_r, NKV, rank, 0, b, chain_prev)
-                    if cluster > 1 and t > 0:
+                    if sharded and t > 0:
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 1, warp, lane, kv_row, scale_r, NKV, rank,
-                                  2 * stage_rows, b, chain_prev)
+                                  2 * BS, b, chain_prev)
                     # dQ += dS KV.
                     T.gemm(dS_s, KV_s, acc_dq)
                     if has_tail:
@@ -780,13 +792,34 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                     T.sync_threads()  # every warp is done with KV_s
                     if t + 1 < NB:
                         gather_async(KV, KV_s, KVt_s, slot_next, NKV)
+                    if colsplit:
+                        # Send this block's P and dS tiles to every peer: staged
+                        # raw (the barrier above ordered their stores), then one
+                        # bulk copy each, completing on the peer's full barrier.
+                        # Every peer has consumed block t - 1, so both the
+                        # staging and their inboxes are free.
+                        if t > 0:
+                            T.call_extern("handle", "mqa_mbar_wait", bars.data, 1, (t - 1) % 2)
+                        if tid < threads // 2:
+                            T.call_extern("handle", "mqa_copy16", send_P.data, P_s.data, tid)
+                        else:
+                            T.call_extern("handle", "mqa_copy16", send_dS.data, dS_s.data, tid - threads // 2)
+                        T.call_extern("handle", "mqa_fence_proxy_async")
+                        T.sync_threads()
+                        if tid == 0:
+                            # Peer (rank + 1 + i) % cluster keeps this CTA's tiles in its inbox peers - 1 - i.
+                            for i in T.unroll(peers):
+                                T.call_extern("handle", "mqa_bulk_ptr_to_peer", P_in.data, (peers - 1 - i) * tile_bytes, send_P.data,
+                                              tile_bytes, bars.data, 0, (rank + 1 + i) % cluster)
+                                T.call_extern("handle", "mqa_bulk_ptr_to_peer", dS_in.data, (peers - 1 - i) * tile_bytes, send_dS.data,
+                                              tile_bytes, bars.data, 0, (rank + 1 + i) % cluster)
 
-                    if deferred and t > 0 and cluster == 1:
+                    if local_adds and t > 0:
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 3, warp, lane, kv_row, scale_r, NKV, rank, 0, b, chain_prev)
-                    if cluster > 1 and t > 0:
+                    if sharded and t > 0:
                         for k in T.unroll(2, PIECES):
                             add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, k, warp, lane, kv_row, scale_r, NKV, rank,
-                                      2 * stage_rows, b, chain_prev)
+                                      2 * BS, b, chain_prev)
                         T.sync_threads()  # every thread is done with the inbox
                         # The arrival publishes no data (release at CTA scope is
                         # enough for the reads above, whose values are consumed);
@@ -794,37 +827,54 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         # .release.cluster.
                         if tid == 0:
                             T.call_extern("handle", "mqa_mbar_arrive_peer", bars.data, 1, 1 - rank)
-                    if mode != "none":
+                    if colsplit:
+                        # This CTA's columns of dKV for the block, over every CTA's
+                        # heads: its own tiles, then its inboxes in order.
+                        T.call_extern("handle", "mqa_mbar_wait", bars.data, 0, t % 2)
+                        if (tid == 0) and (t + 1 < NB):
+                            T.call_extern("handle", "mqa_mbar_expect", bars.data, 0, inbox_bytes)
+                        for c in T.unroll(DKV_SPLIT):
+                            T.gemm(dS_s, Q_s[0:block_H, rank * Cc + c * Dc : rank * Cc + (c + 1) * Dc], acc_dkv,
+                                   transpose_A=True, clear_accum=True)
+                            T.gemm(P_s, dO_s[0:block_H, rank * Cc + c * Dc : rank * Cc + (c + 1) * Dc], acc_dkv, transpose_A=True)
+                            T.gemm(dS_in, Qp_s[0 : peers * block_H, c * Dc : (c + 1) * Dc], acc_dkv, transpose_A=True)
+                            T.gemm(P_in, dOp_s[0 : peers * block_H, c * Dc : (c + 1) * Dc], acc_dkv, transpose_A=True)
+                            T.copy(acc_dkv, dKV_s[0:BS, c * Dc : (c + 1) * Dc])
+                        if has_tail:
+                            if tail_ranks == cluster or rank < tail_ranks:
+                                T.gemm(dS_s, Qt_s[0:block_H, rank * Ct : rank * Ct + Ct], acc_dkvt, transpose_A=True,
+                                       clear_accum=True)
+                                T.gemm(dS_in, Qpt_s, acc_dkvt, transpose_A=True)
+                                T.copy(acc_dkvt, dKVt_s[0:BS, 0:Ct])
+                        T.sync_threads()  # every warp is done with the inboxes
+                        if tid == 0:
+                            for i in T.unroll(peers):
+                                T.call_extern("handle", "mqa_mbar_arrive_peer", bars.data, 1, (rank + 1 + i) % cluster)
+                    elif mode != "none":
                         # dKV of this slot block = dS^T Q (all columns) + P^T dO (first Dv).
                         for c in T.unroll(DKV_SPLIT):
                             T.gemm(dS_s, Q_s[0:block_H, c * Dc : (c + 1) * Dc], acc_dkv, transpose_A=True, clear_accum=True)
                             T.gemm(P_s, dO_s[0:block_H, c * Dc : (c + 1) * Dc], acc_dkv, transpose_A=True)
-                            if cluster == 1:
-                                T.copy(acc_dkv, dKV_s[0:BS, c * Dc : (c + 1) * Dc])
-                            else:
+                            if sharded:
                                 if c == 0 and t > 0:  # the peer has our block t - 1: staging and its inbox are free
                                     T.call_extern("handle", "mqa_mbar_wait", bars.data, 1, (t - 1) % 2)
-                                if sharded:
-                                    store_halves(acc_dkv, dKV_s, c * Dc, Dc, dkv_w, rank)
-                                else:
-                                    store_partials(acc_dkv, dKV_s, c * Dc, Dc, rank)
+                                store_halves(acc_dkv, dKV_s, c * Dc, Dc, dkv_w, rank)
+                            else:
+                                T.copy(acc_dkv, dKV_s[0:BS, c * Dc : (c + 1) * Dc])
                         if has_tail:
                             T.gemm(dS_s, Qt_s, acc_dkvt, transpose_A=True, clear_accum=True)
-                            if cluster == 1:
-                                T.copy(acc_dkvt, dKVt_s[0:BS, 0:Dt])
+                            if sharded:
+                                store_halves(acc_dkvt, dKVt_s, 0, Dt, dkvt_w, rank)
                             else:
-                                if sharded:
-                                    store_halves(acc_dkvt, dKVt_s, 0, Dt, dkvt_w, rank)
-                                else:
-                                    store_partials(acc_dkvt, dKVt_s, 0, Dt, rank)
-                        if cluster > 1:  # send the staged partials to the peer's inbox
+                                T.copy(acc_dkvt, dKVt_s[0:BS, 0:Dt])
+                        if sharded:  # send the staged partials to the peer's inbox
                             T.call_extern("handle", "mqa_fence_proxy_async")
                             T.sync_threads()
                             if tid == 0:
-                                stage = stage_rows * (dkv_w + F32_ROW_PAD) * 4
+                                stage = BS * (dkv_w + F32_ROW_PAD) * 4
                                 T.call_extern("handle", "mqa_bulk_to_peer", dKV_s.data, stage, 2 * stage, stage, bars.data, 0, 1 - rank)
                                 if has_tail:
-                                    stage_t = stage_rows * (dkvt_w + F32_ROW_PAD) * 4
+                                    stage_t = BS * (dkvt_w + F32_ROW_PAD) * 4
                                     T.call_extern("handle", "mqa_bulk_to_peer", dKVt_s.data, stage_t, 2 * stage_t, stage_t, bars.data, 0,
                                                   1 - rank)
 
@@ -892,14 +942,16 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         T.sync_threads()
 
                 if deferred:  # the last block's adds
-                    if cluster == 1:
+                    if local_adds:
                         for k in T.unroll(PIECES):
                             add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, k, warp, lane, kv_row, scale_r, NKV, rank, 0, b, chain_prev)
+                        if colsplit:  # the peer's last arrival on this CTA's barrier is in
+                            T.call_extern("handle", "mqa_cluster_sync")
                     else:
                         T.call_extern("handle", "mqa_mbar_wait", bars.data, 0, (NB - 1) % 2)
                         for k in T.unroll(PIECES):
                             add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, k, warp, lane, kv_row, scale_r, NKV, rank,
-                                      2 * stage_rows, b, chain_prev)
+                                      2 * BS, b, chain_prev)
                         # A CTA's shared memory must outlive the peer's remote arrivals on it.
                         T.call_extern("handle", "mqa_cluster_sync")
                         if sharded and tid == 0:  # the next row initialises them again
@@ -1138,8 +1190,8 @@ def gpu_configs(widths=GPU_WIDTHS, group_widths=(16, 32)):
         for heads in group_widths:
             for mode in MAIN_MODES:
                 yield ("main_bwd", heads, d_k, d_v, mode)
-            for cluster in CLUSTER_SIZES[1:]:
-                for mode in CLUSTER_MODES:
+            for mode in CLUSTER_MODES:
+                for cluster in (c for c in CLUSTER_SIZES[1:] if c <= MODE_MAX_CLUSTER[mode]):
                     yield ("main_bwd", heads, d_k, d_v, mode, cluster)
 
 

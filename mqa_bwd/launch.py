@@ -73,9 +73,10 @@ class Launcher:
         grad_out, lse2, delta, dq (and allowance). The kernel's tile is
         ``main_tile_heads(heads)`` rows, whatever ``heads`` is (SPEC); ``heads``
         defaults to HQ. ``row_scale`` [NKV] f32, ``allowance`` [R, HQ] f32 and
-        ``flag`` [R] i32: "fixed" mode only. ``cluster`` > 1 (kernels.CLUSTER_MODES:
-        "fixed" and "shard"): that many consecutive groups from ``head_base``,
-        their dKV partials summed in group order before each add."""
+        ``flag`` [R] i32: "fixed" mode only. ``cluster`` > 1 (kernels.MODE_MAX_CLUSTER:
+        "fixed" up to 4, "shard" 2): that many consecutive groups from ``head_base``
+        as one thread block cluster, each slot's dKV contribution summed over
+        all their heads before its add."""
         raise NotImplementedError
 
     def shard_fold(self, dkv_shards, dkv_acc):

@@ -176,9 +176,11 @@ class ModelLauncher(Launcher):
         atomic_parts = []
         for s0 in range(0, rows.numel(), self.rows_per_step):
             step = rows[s0 : s0 + self.rows_per_step]
-            # Per CTA of the cluster; the dKV contribution of a slot is the sum
-            # of the CTAs' partials in group order, in fp32, as the kernel adds
-            # them through distributed shared memory.
+            # Per CTA of the cluster; the dKV contribution of a slot is the fp32
+            # sum over the cluster's heads, here the CTAs' partials in group
+            # order (the kernel: the shard cluster sums the partials the same
+            # way; the fixed cluster forms it in its dKV GEMMs, over both CTAs'
+            # P and dS, so its last bits may differ from these).
             dq_parts, contrib, masses = [], None, []
             for g in range(cluster):
                 tile = slice(h0 + g * block_H, h0 + (g + 1) * block_H)

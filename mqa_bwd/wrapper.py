@@ -430,7 +430,7 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
             c1 = min(n, c0 + per)
             buf = shard_buf[: c1 - c0]
             buf.zero_()
-            for g, size in K.cluster_launches(G):
+            for g, size in K.cluster_launches(G, mode="shard"):
                 launcher.main_bwd(
                     q, kv2, do, slots, lse2, delta, dq, buf, mode="shard", **group(g), shard_base=c0, n_shards=n,
                     cluster=size,

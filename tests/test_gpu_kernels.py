@@ -10,7 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from mqa_bwd import backends, fixed_point, launch, mqa_latent_sparse_bwd, wrapper  # noqa: E402
+from mqa_bwd import backends, fixed_point, kernels, launch, mqa_latent_sparse_bwd, wrapper  # noqa: E402
 from mqa_bwd.bench import production_inputs  # noqa: E402
 from mqa_bwd.model import ModelLauncher  # noqa: E402
 from properties.case import INVALID_KINDS, Case, expected, to_framework  # noqa: E402
@@ -84,6 +84,16 @@ def _check_against_oracle(case, design, launcher=None):
     assert not bad, "\n".join(bad) + f"\nREPRO: {case.to_json()}"
 
 
+@pytest.mark.parametrize("H,L", [(57, 33), (64, 129), (128, 2048)])
+def test_clusters_of_four_agree_with_oracle_inside_guard_bands(H, L, monkeypatch):
+    # Not the default cluster size: 16-head groups (H=57, 64 padded heads; H=64
+    # runs as two 32-head groups) and 32-head ones (H=128).
+    monkeypatch.setattr(kernels, "MAX_CLUSTER", 4)
+    case = Case(B=2, S=3, S_kv=max(64, L + 7), H=H, L=L, d_k=576, d_v=512, invalid=INVALID_KINDS, hole_rate=0.2,
+                duplicates=True, empty_rows=1, sink="random", seed=70 + H)
+    _check_against_oracle(case, "fixed")
+
+
 @pytest.mark.parametrize("H,L", [(16, 1), (57, 33), (64, 129), (128, 2048)])
 def test_atomic_control_agrees_with_oracle_inside_guard_bands(H, L):
     # The control's adds are deferred like the fixed design's: a block dropped
@@ -103,6 +113,19 @@ def test_bitwise_identical_over_100_reruns_and_atomic_control_differs():
         assert diff is None, diff
     atomic = [mqa_latent_sparse_bwd(*args, backend="tilelang-atomic") for _ in range(10)]
     assert first_difference("dkv", [r[1] for r in atomic]) is not None, "the atomic control was bitwise stable"
+
+
+@pytest.mark.determinism
+@pytest.mark.parametrize("H,largest", [(96, 2), (128, 2), (128, 4)])
+def test_other_cluster_sizes_bitwise_over_reruns(H, largest, monkeypatch):
+    # H=96: a cluster of two groups and a lone one; H=128: two clusters of
+    # two, or one of four (not the default: kernels.MAX_CLUSTER says why).
+    monkeypatch.setattr(kernels, "MAX_CLUSTER", largest)
+    args = production_inputs(B=1, S=1024, S_kv=8192, H=H, L=2048)
+    runs = [call_design(args, "fixed") for _ in range(10)]
+    for i, name in enumerate(("dq", "dkv", "d_attn_sink")):
+        diff = first_difference(name, [r[i] for r in runs])
+        assert diff is None, diff
 
 
 @pytest.mark.determinism
@@ -203,8 +226,10 @@ def test_delta_maxima_match_the_model():
 
 
 # The main kernel alone on the given slots, once per design: the atomic
-# control, one fixed-point group, and a cluster of two groups that exchange
-# dKV partials (bulk copy, mbarriers). Shared by the sanitizer scripts.
+# control, one fixed-point group, clusters of two and four groups that swap
+# P and dS tiles (bulk copies, mbarriers), and the sharded cluster, whose two
+# groups exchange dKV partials (three shards, so each walks several rows and
+# sets its mbarriers up again per row). Shared by the sanitizer scripts.
 MAIN_KERNEL_EACH_DESIGN = """
 def main_kernel_each_design(idx, R, HQ, NKV, seed):
     import torch
@@ -214,13 +239,15 @@ def main_kernel_each_design(idx, R, HQ, NKV, seed):
     kv = torch.randn(NKV, 576, generator=g).bfloat16().cuda()
     do = torch.randn(R, HQ, 512, generator=g).bfloat16().cuda()
     lse2, delta = torch.full((R, HQ), 30.0).cuda(), torch.randn(R, HQ, generator=g).cuda()
-    for mode, cluster in (("atomic", 1), ("fixed", 1), ("fixed", 2)):
+    for mode, cluster in (("atomic", 1), ("fixed", 1), ("fixed", 2), ("fixed", 4), ("shard", 2)):
         dq = torch.empty(R, HQ, 576, dtype=torch.bfloat16).cuda()
-        dkv = torch.zeros(NKV, 576, dtype=torch.float32 if mode == "atomic" else torch.int64).cuda()
+        dkv = torch.zeros(NKV, 576, dtype=torch.int64 if mode == "fixed" else torch.float32).cuda()
         extra = {} if mode == "atomic" else dict(
             row_scale=torch.ones(NKV).cuda(), flag=torch.zeros(R, dtype=torch.int32).cuda(),
             allowance=torch.full((R, HQ), float("inf")).cuda())
-        launch.TileLangLauncher(deterministic=mode == "fixed").main_bwd(
+        if mode == "shard":
+            dkv, extra = torch.zeros(3, NKV, 576).cuda(), dict(n_shards=3)
+        launch.TileLangLauncher(deterministic=mode != "atomic").main_bwd(
             q, kv, do, idx.cuda(), lse2, delta, dq, dkv, sm_scale=0.04, mode=mode, heads=32, cluster=cluster, **extra)
     torch.cuda.synchronize()
 """
@@ -238,7 +265,7 @@ for H, L in ((5, 33), (40, 129)):
     for deterministic in (True, False):
         wrapper.backward_with(launch.TileLangLauncher(deterministic=deterministic), *[inputs[k] for k in ARGS])
 # The main kernel alone, with slots outside [0, NKV) that the wrapper never hands it: its own bounds test.
-R, HQ, NKV, Lp = 8, 64, 100, 64
+R, HQ, NKV, Lp = 8, 128, 100, 64
 idx = torch.randint(0, NKV, (R, Lp), generator=torch.Generator().manual_seed(0), dtype=torch.int32)
 odd = torch.tensor([-7, -1, NKV, NKV + 5, 2**31 - 1, -2**31], dtype=torch.int32)
 idx[:, ::5] = odd[torch.arange(R * 13) % len(odd)].view(R, 13)
@@ -248,20 +275,17 @@ print("sanitized calls done")
 
 
 SHARED_MEMORY_CALL = MAIN_KERNEL_EACH_DESIGN + """
-import inspect, os, tempfile
+import inspect, os
 import torch
 from mqa_bwd import kernels, launch
-from mqa_bwd.bench import load_kernels_module
+from mqa_bwd.bench import kernels_module_from_source
 # The main kernel alone, two slot blocks: each design's shared-memory protocol.
 DROP = os.environ.get("DROP_BARRIER")  # a mutant: the kernels without the barrier of this comment
 if DROP:
     source = inspect.getsource(kernels)
     assert source.count(f"T.sync_threads()  # {DROP}") == 1, DROP
-    path = os.path.join(tempfile.mkdtemp(), "kernels_mutant.py")
-    with open(path, "w") as f:
-        f.write(source.replace(f"T.sync_threads()  # {DROP}", "pass"))
-    launch.K = load_kernels_module(path)
-R, HQ, NKV, Lp = 4, 64, 100, 64
+    launch.K = kernels_module_from_source(source.replace(f"T.sync_threads()  # {DROP}", "pass"), "kernels_mutant")
+R, HQ, NKV, Lp = 4, 128, 100, 64
 idx = torch.randint(-1, NKV, (R, Lp), generator=torch.Generator().manual_seed(1), dtype=torch.int32)
 main_kernel_each_design(idx, R, HQ, NKV, seed=1)
 print("sanitized calls done")

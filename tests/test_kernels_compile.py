@@ -119,6 +119,8 @@ def test_main_kernel_fits_in_shared_memory(config):
 
 EXPECT_TX = re.compile(r"mqa_mbar_expect\([^;]*?, 0, (\d+)\);")
 BULK_TO_PEER = re.compile(r"mqa_bulk_to_peer\(\(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\), (\d+), (\d+), (\d+),")
+_SMEM_PTR = r"\(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\)"
+BULK_PTR_TO_PEER = re.compile(rf"mqa_bulk_ptr_to_peer\({_SMEM_PTR}, (.+?), {_SMEM_PTR}, (\d+),")
 
 
 @pytest.mark.parametrize("config", [c for c in CONFIGS if c[0] == "main_bwd" and len(c) > 5], ids=_id)
@@ -130,12 +132,21 @@ def test_cluster_bulk_copies_fill_exactly_what_the_peer_expects(config):
     # overlap the rows they are read from.
     source = K.compiled(*config).get_kernel_source()
     expected = {int(b) for b in EXPECT_TX.findall(source)}
-    copies = [tuple(map(int, m)) for m in BULK_TO_PEER.findall(source)]
+    # (source, destination, bytes), offsets in the dynamic shared memory (the destination's in the peer)
+    copies = [(base + src, base + dst, size) for base, src, dst, size in
+              (tuple(map(int, m)) for m in BULK_TO_PEER.findall(source))]
+    loops = {name: int(n) for name, n in UNROLLED_LOOP.findall(source)}
+    for dst, offset, src, size in BULK_PTR_TO_PEER.findall(source):  # offset: an expression of unrolled loop variables
+        names = sorted(set(re.findall(r"\b[a-z_][a-z0-9_]*\b", offset)))
+        for values in itertools.product(*(range(loops[name]) for name in names)):
+            copies.append((int(src), int(dst) + eval(offset, {}, dict(zip(names, values))), int(size)))
     assert len(expected) == 1 and copies, f"{_id(config)}: expect_tx {expected}, copies {copies}"
     assert sum(size for *_, size in copies) == expected.pop(), f"{_id(config)}: {copies}"
-    for base, src, dst, size in copies:
-        assert (base + src) % 16 == (base + dst) % 16 == size % 16 == 0, f"{_id(config)}: {base, src, dst, size}"
-        assert src + size <= dst or dst + size <= src, f"{_id(config)}: staging and inbox overlap {base, src, dst, size}"
+    for src, dst, size in copies:
+        assert src % 16 == dst % 16 == size % 16 == 0, f"{_id(config)}: {src, dst, size}"
+    for src, _, size in copies:  # no copy's source is another's (or its own) destination
+        for _, dst, other in copies:
+            assert src + size <= dst or dst + other <= src, f"{_id(config)}: staging and inbox overlap {copies}"
 
 
 # fp32 tile stores in the generated CUDA: *(float2*)(((float*)BUF) + (INDEX)) = *(float2*)(...)
@@ -180,22 +191,6 @@ def test_dkv_tile_stores_are_bank_conflict_free(config):
     worst = _shared_store_wavefronts(K.compiled(*config).get_kernel_source())
     assert worst, f"{_id(config)}: no float2 store of the dKV tile found; update this test"
     assert all(need == 1 for need in worst.values()), f"{_id(config)}: wavefronts per half-warp {worst}"
-
-
-@pytest.mark.parametrize("slots,piece", [(32, 8), (64, 16)])
-def test_cluster_slot_ownership_is_a_partition(slots, piece):
-    # The kernel's index helpers for a cluster of two: each slot is added by
-    # exactly one CTA (owned_slot enumerates what slot_owner assigns), and the
-    # owned slots, like the staged ones, fill the own / staging / inbox rows
-    # one to one, so the inbox row the owner reads is the row the peer staged.
-    cluster = 2
-    for rank in range(cluster):
-        added = [k * piece + K.owned_slot(q, rank, cluster) for k in range(slots // piece) for q in range(piece // cluster)]
-        owned = [j for j in range(slots) if K.slot_owner(j, cluster) == rank]
-        assert sorted(added) == owned and len(set(added)) == len(added)
-        assert sorted(K.region_row(j, cluster) for j in owned) == list(range(slots // cluster))
-        staged = [j for j in range(slots) if K.slot_owner(j, cluster) != rank]
-        assert sorted(K.region_row(j, cluster) for j in staged) == list(range(slots // cluster))
 
 
 @pytest.mark.parametrize("config", [c for c in CONFIGS if c[0] == "delta_max"], ids=_id)
