@@ -11,6 +11,8 @@ measures what the adds' width costs in today's kernel. Variants, all copies
 of ``mqa_bwd.kernels`` with only the cluster path's adds rewritten:
 
   u64     today's kernel (scalar red.global.add.u64 per lane and column)
+  u64raw  the same adds of the fp32 bits sign-extended, without the
+          float -> int64 conversion (what the conversion costs)
   f32     scalar red.global.add.f32 per lane and column (same instructions, half the bytes)
   f32x4   red.global.add.v4.f32, four consecutive columns per lane from
           vector shared loads (a quarter of the instructions, half the bytes)
@@ -57,6 +59,8 @@ IMPORT = 'T.import_source(GATHER_SOURCE + (CLUSTER_SOURCE if cluster > 1 else ""
 RED_SOURCE = r'''
 
 RED_F32_SOURCE = r"""
+// The fp32 bits as an int64, without a conversion (timing only).
+__device__ __forceinline__ long long mqa_raw64(float v) { return static_cast<long long>(__float_as_int(v)); }
 // fp32 adds into an int64 row viewed as floats (timing only: the bits are garbage).
 __device__ __forceinline__ void mqa_red_f32(void* row, int col, float v) {
   asm volatile("red.global.add.f32 [%0], %1;" :: "l"(static_cast<float*>(row) + col), "f"(v) : "memory");
@@ -68,7 +72,7 @@ __device__ __forceinline__ void mqa_red_f32x4(void* row, int col, const void* pa
 }
 """
 '''
-VARIANTS = ("u64", "f32", "f32x4", "none")
+VARIANTS = ("u64", "u64raw", "f32", "f32x4", "none")
 
 
 def _replace_once(source: str, old: str, new: str) -> str:
@@ -87,6 +91,10 @@ def variant_source(variant: str, source: str | None = None) -> str:
             raise RuntimeError("add_width: the fixed-point add guard is not in mqa_bwd.kernels twice; update this tool")
         return source.replace(FIXED_GUARD, FIXED_GUARD.replace(":\n", " and (kv_row[0] < 0):\n"))
     source = _replace_once(source, IMPORT, IMPORT[:-1] + " + RED_F32_SOURCE)")
+    if variant == "u64raw":
+        for add in (VALUE_ADD, TAIL_ADD):
+            source = _replace_once(source, add, add.replace('"__float2ll_rn"', '"mqa_raw64"'))
+        return source + RED_SOURCE
     source = _replace_once(source, VALUE_ADD, SCALAR_VALUE_ADD if variant == "f32" else VECTOR_VALUE_ADD)
     return _replace_once(source, TAIL_ADD, SCALAR_TAIL_ADD) + RED_SOURCE
 

@@ -194,8 +194,8 @@ __device__ __forceinline__ void mqa_cp_async_wait_all() { asm volatile("cp.async
 __device__ __forceinline__ void mqa_st_shared_i32(void* base, int i, int v) { static_cast<int*>(base)[i] = v; }
 """
 
-# A cluster of CTAs (the head groups of one query row) sums its dKV partials
-# through distributed shared memory: every CTA's dKV_s sits at the same offset.
+# A cluster of CTAs (the head groups of one query row) exchanges tiles through
+# distributed shared memory: every CTA's buffers sit at the same offsets.
 CLUSTER_SOURCE = r"""
 __device__ __forceinline__ unsigned mqa_smem(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
 __device__ __forceinline__ unsigned mqa_peer(unsigned addr, int rank) {
@@ -234,8 +234,8 @@ __device__ __forceinline__ void mqa_mbar_wait(void* bars, int i, int parity) {
 // The one arrival of bars[i] in CTA ``rank`` of the cluster. Default semantics
 // (release at CTA scope), as CUTLASS's cluster barriers: ``.release.cluster``
 // compiles to a GPU-wide MEMBAR on every call. What it orders, this CTA's
-// reads of its inbox, are done: their values fed the adds before the
-// __syncthreads that precedes the arrival.
+// reads of its inbox, are done: their values were in registers (the adds' or
+// the GEMMs' operands) before the __syncthreads that precedes the arrival.
 __device__ __forceinline__ void mqa_mbar_arrive_peer(void* bars, int i, int rank) {
   unsigned a = mqa_peer(mqa_smem(static_cast<unsigned long long*>(bars) + i), rank);
   asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" :: "r"(a) : "memory");
@@ -310,7 +310,8 @@ MODE_MAX_CLUSTER = {"fixed": 4, "shard": 2}
 #: The largest cluster the wrapper launches (a cap over MODE_MAX_CLUSTER; benchmarks
 #: change it). Two: on the H200 at dsv32 H=128, one cluster of four groups
 #: (half the adds of two clusters of two) took 53.40 ms against 51.63 ms
-#: (benchmarks/cluster_ab.py, one process).
+#: (benchmarks/cluster_ab.py, one process), as clusters of four keep only 120
+#: of its 132 SMs busy (benchmarks/cluster_occupancy.py).
 MAX_CLUSTER = 2
 
 
@@ -609,14 +610,13 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
             if cluster > 1:
                 bars = T.alloc_shared((2,), "uint64")  # mbarriers: 0 full (the inbox holds the peer's block), 1 empty (the peer read ours)
             if colsplit:
-                # The peer's P and dS tiles of the block (bulk-copied into the
+                # The peers' P and dS tiles of the block (bulk-copied into the
                 # same offsets as this CTA's P_in and dS_in), this CTA's tiles
-                # staged for that copy, and the peer's heads of Q and dO at
-                # this CTA's columns.
-                # Rows [i * block_H, (i + 1) * block_H) of the inboxes hold the
-                # tiles of rank (rank + 1 + i) % cluster, as its P_s and dS_s
-                # (the same layout: a whole tile is tile_bytes bytes from
-                # there; tests/test_kernels_compile checks the indexing).
+                # staged for those copies, and the peers' heads of Q and dO at
+                # this CTA's columns. Rows [i * block_H, (i + 1) * block_H) of
+                # each hold rank (rank + 1 + i) % cluster's, its P_s and dS_s
+                # byte for byte (the same layout: tile_bytes per tile;
+                # tests/test_kernels_compile checks the generated indexing).
                 P_in = T.alloc_shared((peers * block_H, BS), bf16)
                 dS_in = T.alloc_shared((peers * block_H, BS), bf16)
                 send_P = T.alloc_shared((block_H, BS), bf16)
@@ -709,7 +709,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                     T.call_extern("handle", "mqa_st_shared_i32", chain_next.data, tid,
                                   T.call_extern("int32", "mqa_dup_link", Indices[r, tid]))
                 gather_async(KV, KV_s, KVt_s, slot_next, NKV)
-                # Cluster: block t's partials of the peer's slots are staged,
+                # Sharded cluster (the fixed one's handshake is at its exchange
+                # below): block t's partials of the peer's half are staged,
                 # then bulk-copied to the peer's inbox, completing on its full
                 # barrier. The peer waits on it one GEMM stage into block t + 1,
                 # adds, and arrives on this CTA's empty barrier, which this CTA

@@ -2,6 +2,7 @@
 
 import importlib.util
 import inspect
+import os
 import pathlib
 import re
 
@@ -53,7 +54,7 @@ def test_add_cost_all_is_the_kernel_itself():
     assert _tool("add_cost").variant_source("all") == inspect.getsource(kernels)
 
 
-@pytest.mark.parametrize("variant", ["f32", "f32x4", "none"])
+@pytest.mark.parametrize("variant", ["u64raw", "f32", "f32x4", "none"])
 def test_add_width_variants_rewrite_the_cluster_adds(variant):
     # Each variant must replace the cluster path's 64-bit adds (a kernel edit
     # that moved them must fail here, not time an unchanged kernel), and the
@@ -68,6 +69,7 @@ def test_add_width_variants_rewrite_the_cluster_adds(variant):
         assert add_width.VALUE_ADD not in patched and add_width.TAIL_ADD not in patched
         assert patched.count("__float2ll_rn") == original.count("__float2ll_rn") - 2
         assert ("mqa_red_f32x4\", T.address_of" in patched) == (variant == "f32x4")
+        assert patched.count('"mqa_raw64"') == (2 if variant == "u64raw" else 0)
     with pytest.raises(RuntimeError, match="update this tool"):
         add_width.variant_source(variant, original.replace(add_width.FIXED_GUARD, "").replace(add_width.VALUE_ADD, ""))
 
@@ -78,6 +80,16 @@ def test_add_width_f32x4_compiles_for_sm90():
     module = add_width.variant_module("f32x4")
     source = module.compiled("main_bwd", 32, 576, 512, "fixed", 2).get_kernel_source()
     assert source.count("mqa_red_f32x4(") >= 2
+
+
+def test_cluster_occupancy_probe_builds(tmp_path):
+    # The probe is plain CUDA, built where it runs: a source or API slip must
+    # fail here, not on the GPU machine.
+    tool = _tool("cluster_occupancy")
+    nvcc = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
+    if not os.path.exists(nvcc):
+        pytest.skip("needs nvcc (CUDA toolkit)")
+    assert os.path.exists(tool.build_probe(str(tmp_path)))
 
 
 def test_add_floor_kernels_issue_their_adds():

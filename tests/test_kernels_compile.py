@@ -149,6 +149,36 @@ def test_cluster_bulk_copies_fill_exactly_what_the_peer_expects(config):
             assert src + size <= dst or dst + other <= src, f"{_id(config)}: staging and inbox overlap {copies}"
 
 
+# A GEMM's A-operand load, with its k loop when the operand has more than one 16-row step.
+LDMATRIX_A = re.compile(r"(?:for \(int (ki_\d+) = 0; \1 < (\d+); \+\+\1\) \{\s*)?tl::ptx_ldmatrix_x4_trans\("
+                        r"\(&\(\(\(bfloat16_t\*\)(\w+)\)\[(.+?)\]\)\)")
+
+
+@pytest.mark.parametrize("config", [c for c in CONFIGS if c[0] == "main_bwd" and c[4] == "fixed" and len(c) > 5], ids=_id)
+def test_cluster_inboxes_are_laid_out_as_the_tiles_they_receive(config):
+    # The peers' P and dS tiles arrive as raw bytes, so each tile's rows of
+    # the taller inbox buffers must be read as P_s and dS_s are: every
+    # thread's ldmatrix of k step k of peer i at P_s's element for step k,
+    # plus i tiles.
+    heads, cluster = config[1], config[5]
+    tile, threads = K.main_tile_heads(heads) * K.BLOCK_SLOTS, 256 if K.main_tile_heads(heads) >= 32 else 128
+    source = K.compiled(*config).get_kernel_source()
+    reads = {}
+    for var, bound, buffer, index in LDMATRIX_A.findall(source):
+        if buffer not in ("P_s", "P_in", "dS_s", "dS_in"):
+            continue
+        code = compile(index.replace("((int)threadIdx.x)", "tx").replace(var or "ki", "ki"), buffer, "eval")
+        reads.setdefault(buffer, set()).add((int(bound or 1), code))
+    for own, inbox in (("P_s", "P_in"), ("dS_s", "dS_in")):
+        assert len(reads.get(own, ())) == len(reads.get(inbox, ())) == 1, f"{_id(config)}: {own}, {inbox}: update this test"
+        (steps, own_index), = reads[own]
+        (inbox_steps, inbox_index), = reads[inbox]
+        assert inbox_steps == steps * (cluster - 1), f"{_id(config)}: {inbox_steps} k steps for {steps}"
+        for tx, k, i in itertools.product(range(threads), range(steps), range(cluster - 1)):
+            got = eval(inbox_index, {}, dict(tx=tx, ki=i * steps + k))
+            assert got == eval(own_index, {}, dict(tx=tx, ki=k)) + i * tile, f"{_id(config)}: {inbox}, tx {tx}, step {k}"
+
+
 # fp32 tile stores in the generated CUDA: *(float2*)(((float*)BUF) + (INDEX)) = *(float2*)(...)
 FLOAT2_STORE = re.compile(r"\*\(float2\*\)\(\(\(float\*\)(\w+)\) \+ (.+?)\) = \*\(float2\*\)")
 UNROLLED_LOOP = re.compile(r"for \(int (\w+) = 0; \1 < (\d+); \+\+\1\)")
