@@ -782,6 +782,19 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                     T.gemm(dS_s, KV_s, acc_dq)
                     if has_tail:
                         T.gemm(dS_s, KVt_s, acc_dqt)
+                    if colsplit:
+                        # Stage this block's P and dS tiles for the peers (their
+                        # stores were ordered by the barrier before this GEMM);
+                        # every peer has consumed block t - 1, so the staging and
+                        # their inboxes are free. The barrier below orders the
+                        # staging before the bulk copies that read it.
+                        if t > 0:
+                            T.call_extern("handle", "mqa_mbar_wait", bars.data, 1, (t - 1) % 2)
+                        if tid < threads // 2:
+                            T.call_extern("handle", "mqa_copy16", send_P.data, P_s.data, tid)
+                        else:
+                            T.call_extern("handle", "mqa_copy16", send_dS.data, dS_s.data, tid - threads // 2)
+                        T.call_extern("handle", "mqa_fence_proxy_async")
                     # The next block's indices, for its gather. TileLang's planner does
                     # not see this store: the barrier below also orders it before the
                     # gather's reads.
@@ -795,18 +808,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         gather_async(KV, KV_s, KVt_s, slot_next, NKV)
                     if colsplit:
                         # Send this block's P and dS tiles to every peer: staged
-                        # raw (the barrier above ordered their stores), then one
-                        # bulk copy each, completing on the peer's full barrier.
-                        # Every peer has consumed block t - 1, so both the
-                        # staging and their inboxes are free.
-                        if t > 0:
-                            T.call_extern("handle", "mqa_mbar_wait", bars.data, 1, (t - 1) % 2)
-                        if tid < threads // 2:
-                            T.call_extern("handle", "mqa_copy16", send_P.data, P_s.data, tid)
-                        else:
-                            T.call_extern("handle", "mqa_copy16", send_dS.data, dS_s.data, tid - threads // 2)
-                        T.call_extern("handle", "mqa_fence_proxy_async")
-                        T.sync_threads()
+                        # raw above, then one bulk copy each, completing on the
+                        # peer's full barrier.
                         if tid == 0:
                             # Peer (rank + 1 + i) % cluster keeps this CTA's tiles in its inbox peers - 1 - i.
                             for i in T.unroll(peers):
