@@ -231,7 +231,7 @@ __device__ __forceinline__ void mqa_mbar_wait(void* bars, int i, int parity) {
                "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n\t"
                "@!done bra MQA_WAIT_%=;\n\t}" :: "r"(a), "r"(parity) : "memory");
 }
-// The one arrival of bars[i] in CTA ``rank`` of the cluster. Default semantics
+// This CTA's arrival on bars[i] of CTA ``rank`` of the cluster. Default semantics
 // (release at CTA scope), as CUTLASS's cluster barriers: ``.release.cluster``
 // compiles to a GPU-wide MEMBAR on every call. What it orders, this CTA's
 // reads of its inbox, are done: their values were in registers (the adds' or
@@ -375,8 +375,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     group, and no dKV partial leaves the CTA.
 
     cluster (shard mode, 2): cluster b (grid NSL x 2) walks shard b's rows as
-    above, and each slot's contribution (the two groups' partials summed, as
-    in fixed mode) is added with fp32 red.global.add.v4 into the shard, a
+    above, and each slot's contribution (the two groups' fp32 partials
+    summed) is added with fp32 red.global.add.v4 into the shard, a
     block's adds issued during the next block. CTA g adds column half g of
     every slot (of the value columns and of the tail), so each shard element
     has one writer thread block, whose adds of it are ordered by its barriers:
@@ -608,7 +608,9 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
             # each block, held 10 % of the stall samples at dsv32 H=64 (ncu).
             idx_next = T.alloc_local((1,), i32)
             if cluster > 1:
-                bars = T.alloc_shared((2,), "uint64")  # mbarriers: 0 full (the inbox holds the peer's block), 1 empty (the peer read ours)
+                # mbarriers: 0 full (every peer's block is in the inbox), 1 empty
+                # (every peer has read ours: cluster - 1 arrivals a phase)
+                bars = T.alloc_shared((2,), "uint64")
             if colsplit:
                 # The peers' P and dS tiles of the block (bulk-copied into the
                 # same offsets as this CTA's P_in and dS_in), this CTA's tiles
@@ -949,7 +951,9 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                     if local_adds:
                         for k in T.unroll(PIECES):
                             add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, k, warp, lane, kv_row, scale_r, NKV, rank, 0, b, chain_prev)
-                        if colsplit:  # the peer's last arrival on this CTA's barrier is in
+                        if colsplit:
+                            # Every peer's last arrival on this CTA's barrier is in, and
+                            # its last bulk copies from this CTA's staging are done.
                             T.call_extern("handle", "mqa_cluster_sync")
                     else:
                         T.call_extern("handle", "mqa_mbar_wait", bars.data, 0, (NB - 1) % 2)

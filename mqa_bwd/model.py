@@ -179,8 +179,8 @@ class ModelLauncher(Launcher):
             # Per CTA of the cluster; the dKV contribution of a slot is the fp32
             # sum over the cluster's heads, here the CTAs' partials in group
             # order (the kernel: the shard cluster sums the partials the same
-            # way; the fixed cluster forms it in its dKV GEMMs, over both CTAs'
-            # P and dS, so its last bits may differ from these).
+            # way; the fixed cluster forms it in its dKV GEMMs, over all the
+            # cluster's CTAs' P and dS, so its last bits may differ from these).
             dq_parts, contrib, masses = [], None, []
             for g in range(cluster):
                 tile = slice(h0 + g * block_H, h0 + (g + 1) * block_H)

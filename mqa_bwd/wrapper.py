@@ -413,8 +413,9 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
         allowance = _pad_heads(allowance, Hp, math.inf, launcher)
         row_flags = launcher.zeros((R,), torch.int32)
         dkv_fixed = launcher.zeros((NKV, p.d_k), torch.int64)
-        # Consecutive head groups run as one cluster per query row, which sums
-        # their dKV partials on chip: fewer fixed-point adds.
+        # Consecutive head groups run as one cluster per query row, whose CTAs
+        # swap P and dS tiles and each add a column share of dKV summed over
+        # all the cluster's heads: fewer fixed-point adds.
         for g, size in K.cluster_launches(G):
             launcher.main_bwd(
                 q, kv2, do, slots, lse2, delta, dq, dkv_fixed, mode="fixed", **group(g),

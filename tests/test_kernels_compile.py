@@ -106,8 +106,8 @@ SMEM_OFFSET = re.compile(r"buf_dyn_shmem \+ (\d+)\)")
 
 @pytest.mark.parametrize("config", [c for c in CONFIGS if c[0] == "main_bwd"], ids=_id)
 def test_main_kernel_fits_in_shared_memory(config):
-    # A launch over the limit fails only on the GPU; the cluster form sits
-    # 7 KB below it (its staging and inbox rows), so a wider padding or tile
+    # A launch over the limit fails only on the GPU; the sharded cluster sits
+    # 4 KB below it (its staging and inbox rows), so a wider padding or tile
     # shows here first.
     kernel = K.compiled(*config)
     smem = K.dynamic_shared_bytes(kernel)
@@ -169,6 +169,12 @@ def test_cluster_inboxes_are_laid_out_as_the_tiles_they_receive(config):
             continue
         code = compile(index.replace("((int)threadIdx.x)", "tx").replace(var or "ki", "ki"), buffer, "eval")
         reads.setdefault(buffer, set()).add((int(bound or 1), code))
+    # The staging copies read P_s and dS_s without a barrier of their own:
+    # the one TileLang puts between the dS_s store and the dQ GEMM must be there.
+    staging = source.index("mqa_copy16((")
+    stores = [m.start() for m in re.finditer(r"tl::ptx_stmatrix\w*\(\(&\(\(\(bfloat16_t\*\)dS_s\)", source[:staging])]
+    assert stores, f"{_id(config)}: no stmatrix into dS_s before the staging; update this test"
+    assert "__syncthreads();" in source[stores[-1]:staging], f"{_id(config)}: no barrier between dS_s and its staging"
     for own, inbox in (("P_s", "P_in"), ("dS_s", "dS_in")):
         assert len(reads.get(own, ())) == len(reads.get(inbox, ())) == 1, f"{_id(config)}: {own}, {inbox}: update this test"
         (steps, own_index), = reads[own]

@@ -148,7 +148,7 @@ def test_head_groups_are_read_in_place_not_copied(design):
     # Per-group copies of q, dO and dq would make scratch grow with S * H * Dk:
     # every group's launch gets the caller's q and grad_out storage, one dq,
     # and its own head offset. The fixed and shards designs run groups 0 and
-    # 1 as one cluster launch (their dKV partials summed on chip), group 2 alone.
+    # 1 as one cluster launch (dKV summed over both on chip), group 2 alone.
     H = 96
     inputs = to_framework(Case(B=2, S=5, S_kv=9, H=H, L=33, d_k=32, d_v=16, seed=4).inputs())
     launcher = _LaunchLog()
