@@ -92,6 +92,29 @@ def test_cluster_occupancy_probe_builds(tmp_path):
     assert os.path.exists(tool.build_probe(str(tmp_path)))
 
 
+def test_cluster_mix_launches_cover_every_row_and_head_once():
+    # The CPU model in place of the kernels: clusters of four over some rows
+    # and of two over the rest give the dQ of clusters of two everywhere, and
+    # the same dKV up to the fixed-point rounding of each contribution.
+    import torch
+
+    from mqa_bwd.model import ModelLauncher
+
+    tool = _tool("cluster_mix")
+    t, dkv, row_scale = tool.inputs(S=6, S_kv=40, L=32, device="cpu", scale=2.0**12)
+    t["lse2"].fill_(4.0)
+    results = []
+    for splits in (((slice(0, 6), 2),), ((slice(0, 4), 4), (slice(4, 6), 2))):
+        dkv.zero_()
+        t["dq"].fill_(float("nan"))
+        for rows, cluster in splits:
+            tool.launches(t, dkv, row_scale, rows, cluster, launcher=ModelLauncher())
+        results.append((t["dq"].clone(), dkv.clone()))
+    (dq2, dkv2), (dq_mix, dkv_mix) = results
+    assert torch.equal(dq_mix, dq2) and not dq2.isnan().any()
+    assert dkv2.abs().max() > 1000 and (dkv_mix - dkv2).abs().max() <= 64
+
+
 def test_add_floor_kernels_issue_their_adds():
     # The floor is only a floor if each variant issues exactly its adds: the
     # 64-bit integer add (atom in PTX, a RED in SASS as in the main kernel),
