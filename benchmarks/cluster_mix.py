@@ -13,6 +13,11 @@ idle SMs meanwhile. Integer adds commute, so the launches may overlap in
 any way; with a fixed split (a function of the shapes) the bits stay the
 same on every run. The inputs are random, with row scale 1: only the time
 means anything here.
+
+Measured on the H200 at S=4096, S_kv=8192, L=2048 (median of 5): C=2 49.50
+ms, C=4 51.58, C=4 with C=2 over 6 % of the rows 48.67 (0.983), over 10 %
+48.72, over 15 % 48.94. The mix gains 1.7 % of the main kernel; the wrapper
+does not use it (a second stream and its events in every call).
 """
 
 import argparse
