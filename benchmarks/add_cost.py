@@ -28,7 +28,7 @@ from mqa_bwd.bench import add_shape_arguments, kernels_module_from_source, produ
 # of the piece: value part and tail).
 # Each starts at a line start, so that one indentation never matches inside another.
 FIXED_GUARD = "\n                if (kv_row[0] >= 0) and (kv_row[0] < NKV):\n"
-FIXED_GUARDS = 2
+FIXED_GUARDS = 1
 ATOMIC_GUARDS = (
     "\n                if (slots[k * piece + j] >= 0) and (slots[k * piece + j] < NKV):\n",
     "\n                    if (slots[k * piece + j] >= 0) and (slots[k * piece + j] < NKV):\n",

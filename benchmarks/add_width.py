@@ -8,7 +8,7 @@ adds in a fixed order, folded in shard order) would add the cluster-summed
 contributions as fp32: half the bytes of today's int64 adds and half the control's
 (which adds each 32-head group's partials). Before building it, this tool
 measures what the adds' width costs in today's kernel. Variants, all copies
-of ``mqa_bwd.kernels`` with only the cluster path's adds rewritten:
+of ``mqa_bwd.kernels`` with only the fixed mode's adds rewritten (the cluster launch is timed):
 
   u64     today's kernel (scalar red.global.add.u64 per lane and column)
   u64raw  the same adds of the fp32 bits sign-extended, without the
@@ -30,28 +30,29 @@ import statistics
 from mqa_bwd import kernels
 from mqa_bwd.bench import add_shape_arguments, kernels_module_from_source, production_inputs, time_with_kernels
 
-# The cluster path's value-column and tail adds in main_bwd_program's add_piece.
+# The fixed mode's value-column and tail adds in main_bwd_program's add_piece
+# (one path for single CTAs and clusters; the latter add their column share).
 VALUE_ADD = """                    for c in T.unroll(Cc // 32):
                         T.atomic_add(
-                            dKV[kv_row[0], rank * Cc + c * 32 + lane],
+                            dKV[kv_row[0], value_col0(rank) + c * 32 + lane],
                             T.call_extern("int64", "__float2ll_rn", dKV_s[j, c * 32 + lane] * scale_r[0]),
                         )
 """
-TAIL_ADD = """                            T.atomic_add(
-                                dKV[kv_row[0], Dv + rank * Ct + lane],
-                                T.call_extern("int64", "__float2ll_rn", dKVt_s[j, lane] * scale_r[0]),
-                            )
+TAIL_ADD = """                                T.atomic_add(
+                                    dKV[kv_row[0], tail_col0(rank) + c * 32 + lane],
+                                    T.call_extern("int64", "__float2ll_rn", dKVt_s[j, c * 32 + lane] * scale_r[0]),
+                                )
 """
 SCALAR_VALUE_ADD = """                    for c in T.unroll(Cc // 32):
-                        T.call_extern("handle", "mqa_red_f32", T.address_of(dKV[kv_row[0], 0]), rank * Cc + c * 32 + lane,
+                        T.call_extern("handle", "mqa_red_f32", T.address_of(dKV[kv_row[0], 0]), value_col0(rank) + c * 32 + lane,
                                       dKV_s[j, c * 32 + lane])
 """
 VECTOR_VALUE_ADD = """                    for c in T.unroll(Cc // 128):
-                        T.call_extern("handle", "mqa_red_f32x4", T.address_of(dKV[kv_row[0], 0]), rank * Cc + c * 128 + lane * 4,
+                        T.call_extern("handle", "mqa_red_f32x4", T.address_of(dKV[kv_row[0], 0]), value_col0(rank) + c * 128 + lane * 4,
                                       T.address_of(dKV_s[j, c * 128 + lane * 4]))
 """
-SCALAR_TAIL_ADD = """                            T.call_extern("handle", "mqa_red_f32", T.address_of(dKV[kv_row[0], 0]), Dv + rank * Ct + lane,
-                                          dKVt_s[j, lane])
+SCALAR_TAIL_ADD = """                                T.call_extern("handle", "mqa_red_f32", T.address_of(dKV[kv_row[0], 0]), tail_col0(rank) + c * 32 + lane,
+                                              dKVt_s[j, c * 32 + lane])
 """
 # The fixed-point guard (both fixed paths): "none" never passes it.
 FIXED_GUARD = "\n                if (kv_row[0] >= 0) and (kv_row[0] < NKV):\n"
@@ -82,13 +83,13 @@ def _replace_once(source: str, old: str, new: str) -> str:
 
 
 def variant_source(variant: str, source: str | None = None) -> str:
-    """mqa_bwd.kernels' source with the cluster path's adds of ``variant``."""
+    """mqa_bwd.kernels' source with the fixed mode's adds of ``variant``."""
     source = inspect.getsource(kernels) if source is None else source
     if variant == "u64":
         return source
     if variant == "none":
-        if source.count(FIXED_GUARD) != 2:
-            raise RuntimeError("add_width: the fixed-point add guard is not in mqa_bwd.kernels twice; update this tool")
+        if source.count(FIXED_GUARD) != 1:
+            raise RuntimeError("add_width: the fixed-point add guard is not in mqa_bwd.kernels once; update this tool")
         return source.replace(FIXED_GUARD, FIXED_GUARD.replace(":\n", " and (kv_row[0] < 0):\n"))
     source = _replace_once(source, IMPORT, IMPORT[:-1] + " + RED_F32_SOURCE)")
     if variant == "u64raw":

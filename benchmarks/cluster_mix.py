@@ -25,7 +25,7 @@ import statistics
 
 import torch
 
-from mqa_bwd import launch
+from mqa_bwd import kernels, launch
 from mqa_bwd.bench import time_interleaved
 
 H, GROUP = 128, 32
@@ -53,9 +53,9 @@ def launches(t, dkv, row_scale, rows: slice, cluster: int, launcher=None):
     """The fixed-mode launches covering all H heads of ``rows`` with clusters of ``cluster`` groups."""
     launcher = launcher or launch.TileLangLauncher(deterministic=True)
     part = {k: v[rows] for k, v in t.items() if k != "kv"}
-    for head_base in range(0, H, cluster * GROUP):
+    for g, size in kernels.cluster_launches(H // GROUP, largest=cluster):
         launcher.main_bwd(part["q"], t["kv"], part["grad_out"], part["indices"], part["lse2"], part["delta"], part["dq"],
-                          dkv, sm_scale=576**-0.5, mode="fixed", heads=GROUP, head_base=head_base, cluster=cluster,
+                          dkv, sm_scale=576**-0.5, mode="fixed", heads=GROUP, head_base=g * GROUP, cluster=size,
                           row_scale=row_scale, allowance=part["allowance"], flag=part["flag"])
 
 

@@ -305,7 +305,6 @@ CLUSTER_SIZES = (1, 2, 4)
 #: Modes main_bwd builds as clusters of head groups, and their largest cluster:
 #: the fixed cluster swaps P and dS tiles (a few KB a peer), the sharded one
 #: keeps a staging copy and an inbox of dKV partials (room for one peer).
-CLUSTER_MODES = ("fixed", "shard")
 MODE_MAX_CLUSTER = {"fixed": 4, "shard": 2}
 #: The largest cluster the wrapper launches (a cap over MODE_MAX_CLUSTER; benchmarks
 #: change it). Two: on the H200 at dsv32 H=128, one cluster of four groups
@@ -316,7 +315,7 @@ MAX_CLUSTER = 2
 
 
 def check_cluster(cluster, mode: str) -> None:
-    """ValueError unless ``cluster`` is a size main_bwd builds for ``mode`` (clusters: CLUSTER_MODES only)."""
+    """ValueError unless ``cluster`` is a size main_bwd builds for ``mode`` (clusters: MODE_MAX_CLUSTER's modes only)."""
     if cluster not in CLUSTER_SIZES or cluster > MODE_MAX_CLUSTER.get(mode, 1):
         raise ValueError(f"cluster: {cluster!r} (one of {CLUSTER_SIZES}, at most {MODE_MAX_CLUSTER} by mode, 1 otherwise)")
 
@@ -418,6 +417,18 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     colsplit = mode == "fixed" and cluster > 1
     Cc, Ct = (Dv // cluster, 32) if colsplit else (Dv, Dk - Dv)
     tail_ranks = (Dk - Dv) // 32
+
+    def value_col0(rank):
+        """The first dKV column of CTA ``rank``'s value-part share."""
+        return rank * Cc if colsplit else 0
+
+    def tail_col0(rank):
+        """The first dKV column of CTA ``rank``'s tail share."""
+        return Dv + rank * Ct if colsplit else Dv
+
+    def owns_tail(rank):
+        """Whether CTA ``rank`` has tail columns (a runtime test only where the cluster splits fewer chunks than CTAs)."""
+        return (not colsplit) or tail_ranks == cluster or rank < tail_ranks
     per_thread = 16 if mode in ("write", "accumulate") or (mode == "shard" and not sharded) else 32
     split = max(1, BS * Cc // (threads * per_thread))
     while Cc % (split * 16):  # chunks must be whole 16-column GEMM tiles
@@ -514,10 +525,16 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                                           T.address_of(dKV[b, kv_row[0], Dv + rank * dkvt_w + lane * 4]),
                                           T.address_of(dKVt_s[0, lane * 4]),
                                           T.address_of(dKVt_s[inbox, lane * 4]), dkvt_w + F32_ROW_PAD, j, chains.data)
-        elif colsplit:
-            # As below (one cluster of CTAs): this CTA's column share of every
-            # slot, from its own partials; each column's sum over the cluster's
-            # heads was formed in its dKV GEMMs.
+        elif mode == "fixed":
+            # SIMT: warp w takes slots w, w + n_warps, ... of the piece; its
+            # lanes walk the row 32 columns at a time, so every red.u64 is one
+            # coalesced 256-byte row segment, and the slot's kv row and scale
+            # are loaded once. x * 2^k is exact; __float2ll_rn rounds to
+            # nearest even. In a cluster, the CTA adds its column share, whose
+            # sum over the cluster's heads its dKV GEMMs formed. (Lanes that
+            # add 2 or 4 consecutive columns each, from one vector shared
+            # load, measured 19 % and 78 % slower at dsv32 H=64 on the H200:
+            # a warp's red.u64 then touches 2x or 4x the 32-byte L2 sectors.)
             for s_i in T.serial(piece // n_warps):
                 j = k * piece + warp + s_i * n_warps
                 kv_row[0] = slots[j]
@@ -525,40 +542,16 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                 if (kv_row[0] >= 0) and (kv_row[0] < NKV):
                     for c in T.unroll(Cc // 32):
                         T.atomic_add(
-                            dKV[kv_row[0], rank * Cc + c * 32 + lane],
+                            dKV[kv_row[0], value_col0(rank) + c * 32 + lane],
                             T.call_extern("int64", "__float2ll_rn", dKV_s[j, c * 32 + lane] * scale_r[0]),
                         )
                     if has_tail:
-                        if tail_ranks == cluster or rank < tail_ranks:
-                            T.atomic_add(
-                                dKV[kv_row[0], Dv + rank * Ct + lane],
-                                T.call_extern("int64", "__float2ll_rn", dKVt_s[j, lane] * scale_r[0]),
-                            )
-        elif mode == "fixed":
-            # SIMT: warp w takes slots w, w + n_warps, ... of the piece; its
-            # lanes walk the row 32 columns at a time, so every red.u64 is one
-            # coalesced 256-byte row segment, and the slot's kv row and scale
-            # are loaded once. x * 2^k is exact; __float2ll_rn rounds to
-            # nearest even. (Both fixed paths: lanes that add 2 or 4
-            # consecutive columns each, from one vector shared load, measured
-            # 19 % and 78 % slower at dsv32 H=64 on the H200: a warp's red.u64
-            # then touches 2x or 4x the 32-byte L2 sectors.)
-            for s_i in T.serial(piece // n_warps):
-                j = k * piece + warp + s_i * n_warps
-                kv_row[0] = slots[j]
-                scale_r[0] = scales[j]
-                if (kv_row[0] >= 0) and (kv_row[0] < NKV):
-                    for c in T.unroll(Dv // 32):
-                        T.atomic_add(
-                            dKV[kv_row[0], c * 32 + lane],
-                            T.call_extern("int64", "__float2ll_rn", dKV_s[j, c * 32 + lane] * scale_r[0]),
-                        )
-                    if has_tail:
-                        for c in T.unroll(Dt // 32):
-                            T.atomic_add(
-                                dKV[kv_row[0], Dv + c * 32 + lane],
-                                T.call_extern("int64", "__float2ll_rn", dKVt_s[j, c * 32 + lane] * scale_r[0]),
-                            )
+                        if owns_tail(rank):
+                            for c in T.unroll(Ct // 32):
+                                T.atomic_add(
+                                    dKV[kv_row[0], tail_col0(rank) + c * 32 + lane],
+                                    T.call_extern("int64", "__float2ll_rn", dKVt_s[j, c * 32 + lane] * scale_r[0]),
+                                )
         else:
             for j, d in T.Parallel(piece, Dv):
                 if (slots[k * piece + j] >= 0) and (slots[k * piece + j] < NKV):
@@ -681,11 +674,12 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                 if colsplit:
                     for i in T.unroll(peers):
                         ph0 = head_base + (rank + 1 + i) % cluster * block_H
-                        T.copy(Q[r, ph0 : ph0 + block_H, rank * Cc : rank * Cc + Cc], Qp_s[i * block_H : (i + 1) * block_H, 0:Cc])
-                        T.copy(dO[r, ph0 : ph0 + block_H, rank * Cc : rank * Cc + Cc], dOp_s[i * block_H : (i + 1) * block_H, 0:Cc])
+                        col0 = value_col0(rank)
+                        T.copy(Q[r, ph0 : ph0 + block_H, col0 : col0 + Cc], Qp_s[i * block_H : (i + 1) * block_H, 0:Cc])
+                        T.copy(dO[r, ph0 : ph0 + block_H, col0 : col0 + Cc], dOp_s[i * block_H : (i + 1) * block_H, 0:Cc])
                         if has_tail:
-                            if tail_ranks == cluster or rank < tail_ranks:
-                                T.copy(Q[r, ph0 : ph0 + block_H, Dv + rank * Ct : Dv + rank * Ct + Ct],
+                            if owns_tail(rank):
+                                T.copy(Q[r, ph0 : ph0 + block_H, tail_col0(rank) : tail_col0(rank) + Ct],
                                        Qpt_s[i * block_H : (i + 1) * block_H, 0:Ct])
                 # Staged once per row: the slot loop then indexes shared memory,
                 # not [R, HQ] tensors (their 64-bit addressing costs registers).
@@ -847,7 +841,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                             T.gemm(P_in, dOp_s[0 : peers * block_H, c * Dc : (c + 1) * Dc], acc_dkv, transpose_A=True)
                             T.copy(acc_dkv, dKV_s[0:BS, c * Dc : (c + 1) * Dc])
                         if has_tail:
-                            if tail_ranks == cluster or rank < tail_ranks:
+                            if owns_tail(rank):
                                 T.gemm(dS_s, Qt_s[0:block_H, rank * Ct : rank * Ct + Ct], acc_dkvt, transpose_A=True,
                                        clear_accum=True)
                                 T.gemm(dS_in, Qpt_s, acc_dkvt, transpose_A=True)
@@ -1198,8 +1192,8 @@ def gpu_configs(widths=GPU_WIDTHS, group_widths=(16, 32)):
         for heads in group_widths:
             for mode in MAIN_MODES:
                 yield ("main_bwd", heads, d_k, d_v, mode)
-            for mode in CLUSTER_MODES:
-                for cluster in (c for c in CLUSTER_SIZES[1:] if c <= MODE_MAX_CLUSTER[mode]):
+            for mode, largest in MODE_MAX_CLUSTER.items():
+                for cluster in (c for c in CLUSTER_SIZES[1:] if c <= largest):
                     yield ("main_bwd", heads, d_k, d_v, mode, cluster)
 
 
