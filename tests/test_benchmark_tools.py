@@ -11,6 +11,8 @@ import pytest
 from mqa_bwd import kernels
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
+#: A SIMT global add or atomic in PTX (not the bulk unit's cp.reduce.async.bulk).
+ATOMIC_PTX_ADD = re.compile(r"\b(?:atom|red)\.global\.[a-z0-9.]*add[a-z0-9.]*")
 
 
 def _tool(name):
@@ -72,6 +74,25 @@ def test_add_width_variants_rewrite_the_cluster_adds(variant):
         assert patched.count('"mqa_raw64"') == (2 if variant == "u64raw" else 0)
     with pytest.raises(RuntimeError, match="update this tool"):
         add_width.variant_source(variant, original.replace(add_width.FIXED_GUARD, "").replace(add_width.VALUE_ADD, ""))
+
+
+def test_add_width_bulk_variant_moves_every_fixed_add_to_the_bulk_unit():
+    # The bulk variant must take over both fixed-mode adds and pass each warp's
+    # staging row to every add_piece; its PTX must reduce through the bulk unit
+    # only (no SIMT 64-bit add left) and drain before the CTA exits.
+    add_width = _tool("add_width")
+    original = inspect.getsource(kernels)
+    patched = add_width.variant_source("bulk")
+    compile(patched, "variant", "exec")
+    assert add_width.VALUE_ADD not in patched and add_width.TAIL_ADD not in patched
+    assert patched.count("add_piece(dKV, dKV_s, dKVt_s, stage, ") == original.count("add_piece(dKV, dKV_s, dKVt_s, ")
+    module = add_width.variant_module("bulk")
+    ptx = module.ptx_of(("main_bwd", 32, 576, 512, "fixed", 2))
+    assert "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u64" in ptx
+    assert not ATOMIC_PTX_ADD.findall(ptx), ATOMIC_PTX_ADD.findall(ptx)
+    assert "cp.async.bulk.wait_group 0" in ptx
+    with pytest.raises(RuntimeError, match="update this tool"):
+        add_width.variant_source("bulk", original.replace(add_width.BARS, ""))
 
 
 def test_add_width_f32x4_compiles_for_sm90():
