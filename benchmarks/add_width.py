@@ -13,6 +13,9 @@ of ``mqa_bwd.kernels`` with only the fixed mode's adds rewritten (the cluster la
   u64     today's kernel (scalar red.global.add.u64 per lane and column)
   u64raw  the same adds of the fp32 bits sign-extended, without the
           float -> int64 conversion (what the conversion costs)
+  u64last the same adds with an L2 evict_last cache hint (createpolicy), so
+          that the int64 accumulator (twice the control's fp32 one) outlasts
+          the streamed Q and dO rows in L2; the same bits as u64
   f32     scalar red.global.add.f32 per lane and column (same instructions, half the bytes)
   f32x4   red.global.add.v4.f32, four consecutive columns per lane from
           vector shared loads (a quarter of the instructions, half the bytes)
@@ -23,9 +26,12 @@ of ``mqa_bwd.kernels`` with only the fixed mode's adds rewritten (the cluster la
           lane, and the adds drain asynchronously); the same bits as u64
   none    no global adds at all (the floor)
 
-On the H200 (dsv32 H=64, C<=2) the bulk variant took 30.3 ms against 25.7
-ms for u64 (kernel_ab, the same bits): the bulk unit's reductions are slower
-than the SIMT ones here, so the kernel keeps red.global.add.u64.
+On the H200 at dsv32 H=64 (whole calls, median of 5, one process): u64
+26.04 ms, u64raw 25.64, u64last 25.85 (min 25.80 against u64's 25.62: no
+gain), f32 22.92, f32x4 22.72, bulk 30.66, none 20.32; the atomic control
+24.00. The bulk variant gave u64's bits at the default clusters (C <= 2) but
+failed the GPU oracle tests with clusters of four (not investigated, as it
+is slower anyway).
 
 The fp32 variants add into the int64 buffer's first half of each row: their
 outputs are garbage and only the time means anything. Every variant runs the
@@ -71,6 +77,12 @@ RED_SOURCE = r'''
 RED_F32_SOURCE = r"""
 // The fp32 bits as an int64, without a conversion (timing only).
 __device__ __forceinline__ long long mqa_raw64(float v) { return static_cast<long long>(__float_as_int(v)); }
+// The int64 add with an L2 evict_last hint.
+__device__ __forceinline__ void mqa_red_u64_last(void* dst, long long v) {
+  unsigned long long policy;
+  asm("createpolicy.fractional.L2::evict_last.b64 %0, 1.0;" : "=l"(policy));
+  asm volatile("red.global.add.L2::cache_hint.u64 [%0], %1, %2;" :: "l"(dst), "l"(v), "l"(policy) : "memory");
+}
 // fp32 adds into an int64 row viewed as floats (timing only: the bits are garbage).
 __device__ __forceinline__ void mqa_red_f32(void* row, int col, float v) {
   asm volatile("red.global.add.f32 [%0], %1;" :: "l"(static_cast<float*>(row) + col), "f"(v) : "memory");
@@ -144,7 +156,7 @@ __device__ __forceinline__ void mqa_fixed_bulk_add(int64_t* dst_value, int64_t* 
 __device__ __forceinline__ void mqa_bulk_drain() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 """
 '''
-VARIANTS = ("u64", "u64raw", "f32", "f32x4", "bulk", "none")
+VARIANTS = ("u64", "u64raw", "u64last", "f32", "f32x4", "bulk", "none")
 
 
 def _replace_once(source: str, old: str, new: str) -> str:
@@ -179,6 +191,11 @@ def variant_source(variant: str, source: str | None = None) -> str:
     if variant == "u64raw":
         for add in (VALUE_ADD, TAIL_ADD):
             source = _replace_once(source, add, add.replace('"__float2ll_rn"', '"mqa_raw64"'))
+        return source + RED_SOURCE
+    if variant == "u64last":
+        for add in (VALUE_ADD, TAIL_ADD):
+            hinted = add.replace("T.atomic_add(\n", 'T.call_extern(\n').replace("dKV[kv_row[0]", '"handle", "mqa_red_u64_last", T.address_of(dKV[kv_row[0]')
+            source = _replace_once(source, add, hinted.replace(" + lane],\n", " + lane]),\n"))
         return source + RED_SOURCE
     source = _replace_once(source, VALUE_ADD, SCALAR_VALUE_ADD if variant == "f32" else VECTOR_VALUE_ADD)
     return _replace_once(source, TAIL_ADD, SCALAR_TAIL_ADD) + RED_SOURCE
