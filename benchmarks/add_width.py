@@ -19,6 +19,9 @@ of ``mqa_bwd.kernels`` with only the fixed mode's adds rewritten (the cluster la
   f32     scalar red.global.add.f32 per lane and column (same instructions, half the bytes)
   f32x4   red.global.add.v4.f32, four consecutive columns per lane from
           vector shared loads (a quarter of the instructions, half the bytes)
+  f32x4x2 f32x4 issued twice (the same addresses): the control's adds in
+          bytes and instructions, in the deterministic kernel's structure
+          (what the cluster's structure costs at the control's adds)
   bulk    the same int64 adds through the bulk-copy (TMA) unit: each warp
           converts its slot's row into an int64 staging row in shared memory
           and one lane issues cp.reduce.async.bulk .add.u64 per contiguous
@@ -27,9 +30,11 @@ of ``mqa_bwd.kernels`` with only the fixed mode's adds rewritten (the cluster la
   none    no global adds at all (the floor)
 
 On the H200 at dsv32 H=64 (whole calls, median of 5, one process): u64
-26.04 ms, u64raw 25.64, u64last 25.85 (min 25.80 against u64's 25.62: no
-gain), f32 22.92, f32x4 22.72, bulk 30.66, none 20.32; the atomic control
-24.00. The bulk variant gave u64's bits at the default clusters (C <= 2) but
+25.92 ms, u64raw 25.58, u64last 25.78 (min 25.57 against u64's 25.61: no
+gain), f32 23.22, f32x4 22.54, f32x4x2 25.14, bulk 30.48, none 20.25; the
+atomic control 23.91. So at the control's adds the deterministic structure
+costs 1.23 ms (0.42 of it the plan), and the int64 adds 0.78 ms more, 0.34
+of it the conversion. The bulk variant gave u64's bits at the default clusters (C <= 2) but
 failed the GPU oracle tests with clusters of four (not investigated, as it
 is slower anyway).
 
@@ -156,7 +161,7 @@ __device__ __forceinline__ void mqa_fixed_bulk_add(int64_t* dst_value, int64_t* 
 __device__ __forceinline__ void mqa_bulk_drain() { asm volatile("cp.async.bulk.wait_group 0;" ::: "memory"); }
 """
 '''
-VARIANTS = ("u64", "u64raw", "u64last", "f32", "f32x4", "bulk", "none")
+VARIANTS = ("u64", "u64raw", "u64last", "f32", "f32x4", "f32x4x2", "bulk", "none")
 
 
 def _replace_once(source: str, old: str, new: str) -> str:
@@ -197,8 +202,17 @@ def variant_source(variant: str, source: str | None = None) -> str:
             hinted = add.replace("T.atomic_add(\n", 'T.call_extern(\n').replace("dKV[kv_row[0]", '"handle", "mqa_red_u64_last", T.address_of(dKV[kv_row[0]')
             source = _replace_once(source, add, hinted.replace(" + lane],\n", " + lane]),\n"))
         return source + RED_SOURCE
+    if variant == "f32x4x2":
+        source = _replace_once(source, VALUE_ADD, _twice(VECTOR_VALUE_ADD, 1))
+        return _replace_once(source, TAIL_ADD, _twice(SCALAR_TAIL_ADD, 0)) + RED_SOURCE
     source = _replace_once(source, VALUE_ADD, SCALAR_VALUE_ADD if variant == "f32" else VECTOR_VALUE_ADD)
     return _replace_once(source, TAIL_ADD, SCALAR_TAIL_ADD) + RED_SOURCE
+
+
+def _twice(add: str, loop_lines: int) -> str:
+    """``add`` with its body (the lines after its first ``loop_lines``) issued twice."""
+    lines = add.splitlines(keepends=True)
+    return "".join(lines[:loop_lines] + lines[loop_lines:] * 2)
 
 
 def variant_module(variant: str):

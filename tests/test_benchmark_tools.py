@@ -56,11 +56,11 @@ def test_add_cost_all_is_the_kernel_itself():
     assert _tool("add_cost").variant_source("all") == inspect.getsource(kernels)
 
 
-@pytest.mark.parametrize("variant", ["u64raw", "f32", "f32x4", "none"])
+@pytest.mark.parametrize("variant", ["u64raw", "u64last", "f32", "f32x4", "f32x4x2", "none"])
 def test_add_width_variants_rewrite_the_cluster_adds(variant):
     # Each variant must replace the fixed mode's 64-bit adds (a kernel edit
-    # that moved them must fail here, not time an unchanged kernel), and the
-    # fp32 ones must drop every __float2ll_rn conversion of that path.
+    # that moved them must fail here, not time an unchanged kernel), and all
+    # but u64last must drop every __float2ll_rn conversion of that path.
     add_width = _tool("add_width")
     original = inspect.getsource(kernels)
     patched = add_width.variant_source(variant)
@@ -69,9 +69,11 @@ def test_add_width_variants_rewrite_the_cluster_adds(variant):
         assert patched.count("and (kv_row[0] < 0):") == 1
     else:
         assert add_width.VALUE_ADD not in patched and add_width.TAIL_ADD not in patched
-        assert patched.count("__float2ll_rn") == original.count("__float2ll_rn") - 2
-        assert ("mqa_red_f32x4\", T.address_of" in patched) == (variant == "f32x4")
+        converted = 2 if variant == "u64last" else 0  # the hinted adds keep their conversions
+        assert patched.count("__float2ll_rn") == original.count("__float2ll_rn") - 2 + converted
+        assert patched.count("mqa_red_f32x4\", T.address_of") == {"f32x4": 1, "f32x4x2": 2}.get(variant, 0)
         assert patched.count('"mqa_raw64"') == (2 if variant == "u64raw" else 0)
+        assert patched.count('"mqa_red_u64_last"') == (2 if variant == "u64last" else 0)
     with pytest.raises(RuntimeError, match="update this tool"):
         add_width.variant_source(variant, original.replace(add_width.FIXED_GUARD, "").replace(add_width.VALUE_ADD, ""))
 
