@@ -443,12 +443,19 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     RMW_SLOTS = 8
     dkv_shape = {"atomic": (NKV, Dk), "fixed": (NKV, Dk), "shard": (NSL, NKV, Dk), "none": (1,)}.get(mode, (R, Lp, Dk))
     # fixed and atomic: the global adds of slot block t are issued during block
-    # t + 1, a quarter before each of its GEMM stages (dKV_s is rewritten only
-    # at the end of a block), so the load-store queue drains while the tensor
-    # cores work instead of stalling every warp in one burst after the dKV
-    # GEMMs: on the H200 10 % (fixed) and 8 % (atomic) faster at dsv32 H=64.
+    # t + 1, a quarter at a time (dKV_s is rewritten only at the end of a
+    # block), so the load-store queue drains while the tensor cores work
+    # instead of stalling every warp in one burst after the dKV GEMMs: on the
+    # H200 10 % (fixed) and 8 % (atomic) faster at dsv32 H=64. The first three
+    # quarters go right after the score, dP and dQ GEMMs, not before them: a
+    # GEMM's first ldmatrix waited behind the quarter's 64-bit reductions in
+    # the memory pipe and on their source registers, which it reuses (ncu:
+    # 9 % of the fixed launch's warp samples on long_sb, 2 % in the control's).
+    # Moved, the deterministic call took 24.85 against 25.58 ms at dsv32 H=64,
+    # 49.44 against 50.84 at H=128 and 17.01 against 17.45 at fleet on the
+    # H200; the control's, 23.60 against 23.67 (benchmarks/kernel_ab.py).
     deferred = mode in ("fixed", "atomic") or sharded
-    PIECES = 4  # one before each GEMM stage (four call sites below)
+    PIECES = 4  # four call sites below
     piece = BS // PIECES
     if deferred and piece % n_warps:
         raise ValueError(f"{n_warps} warps must divide the {piece} slots of a piece of global adds")
@@ -737,12 +744,12 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                                 (slot[tid] >= 0) and (slot[tid] < NKV), RowScale[slot[tid]], T.cast(0, f32)
                             )
 
-                    if local_adds and t > 0:
-                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 0, warp, lane, kv_row, scale_r, NKV, rank, 0, b, chain_prev)
                     # Scores, then P = exp2(score * scale * log2e - Lse2), 0 on invalid slots.
                     T.gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True)
                     if has_tail:
                         T.gemm(Qt_s, KVt_s, acc_s, transpose_B=True)
+                    if local_adds and t > 0:  # after the GEMM: see ``deferred``
+                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 0, warp, lane, kv_row, scale_r, NKV, rank, 0, b, chain_prev)
                     for h, j in T.Parallel(block_H, BS):
                         acc_s[h, j] = T.if_then_else(
                             (slot[j] >= 0) and (slot[j] < NKV),
@@ -754,8 +761,6 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         for h, j in T.Parallel(block_H, BS):
                             mass[h, j] += acc_s[h, j]
 
-                    if local_adds and t > 0:
-                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 1, warp, lane, kv_row, scale_r, NKV, rank, 0, b, chain_prev)
                     if sharded and t > 0:
                         # The peer's partials of block t - 1 are in; expect those of block t.
                         T.call_extern("handle", "mqa_mbar_wait", bars.data, 0, (t - 1) % 2)
@@ -765,12 +770,12 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                                   2 * BS, b, chain_prev)
                     # dP = dO KV_v^T; dS = P * (dP - Delta) * sm_scale.
                     T.gemm(dO_s, KV_s, acc_dp, transpose_B=True, clear_accum=True)
+                    if local_adds and t > 0:
+                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 1, warp, lane, kv_row, scale_r, NKV, rank, 0, b, chain_prev)
                     for h, j in T.Parallel(block_H, BS):
                         acc_dp[h, j] = acc_s[h, j] * (acc_dp[h, j] - delta_s[h]) * sm_scale
                     T.copy(acc_dp, dS_s)
 
-                    if local_adds and t > 0:
-                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 2, warp, lane, kv_row, scale_r, NKV, rank, 0, b, chain_prev)
                     if sharded and t > 0:
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 1, warp, lane, kv_row, scale_r, NKV, rank,
                                   2 * BS, b, chain_prev)
@@ -778,6 +783,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                     T.gemm(dS_s, KV_s, acc_dq)
                     if has_tail:
                         T.gemm(dS_s, KVt_s, acc_dqt)
+                    if local_adds and t > 0:
+                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 2, warp, lane, kv_row, scale_r, NKV, rank, 0, b, chain_prev)
                     if colsplit:
                         # Stage this block's P and dS tiles for the peers (their
                         # stores were ordered by the barrier before this GEMM);
