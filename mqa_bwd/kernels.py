@@ -1059,7 +1059,14 @@ def dkv_reduce_program(d_k: int, threads: int = 128):
     return dkv_reduce
 
 
-def mark_slots_program(threads: int = 128):
+#: mark_slots' threads a CTA; its grid runs one CTA per query row and chunk of
+#: that many slots, and CUDA caps the chunks (grid y) at 65535: the longest
+#: padded top-k row the kernels take (the wrapper rejects longer ones).
+MARK_THREADS = 128
+MAX_SLOTS_PER_ROW = 65535 * MARK_THREADS
+
+
+def mark_slots_program(threads: int = MARK_THREADS):
     """Referenced[k] = 1 for every kv row k a valid slot names; LiveRow[r] = 1 when row r has a valid slot.
 
     Both are zeroed by the caller. Every write stores 1, so writes of the same

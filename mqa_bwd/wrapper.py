@@ -269,6 +269,9 @@ def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, 
             f"dkv_buf_bytes: {dkv_buf_bytes} cannot hold one dKV shard "
             f"({problem.shard_bytes} bytes = B*S_kv {B * S_kv} x Dk {d_k} x 4)"
         )
+    if problem.padded_slots > K.MAX_SLOTS_PER_ROW:
+        raise ValueError(f"token_indices: top-k L = {L_} pads to {problem.padded_slots} slots a row, "
+                         f"more than the kernels' {K.MAX_SLOTS_PER_ROW}")
     if problem.rows * problem.padded_slots > INT32_MAX:
         raise ValueError(f"token_indices: B*S*L = {problem.rows * problem.padded_slots} slots exceed int32 addressing")
     if B * S_kv > INT32_MAX:

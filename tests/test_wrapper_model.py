@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import mqa_bwd
-from mqa_bwd import launch, wrapper
+from mqa_bwd import kernels, launch, wrapper
 from mqa_bwd.model import ModelLauncher, TileBoundsError
 from properties.case import INVALID_KINDS, SINKS, Case, expected, to_framework
 from properties.compare import compare, first_difference
@@ -329,6 +329,7 @@ def _mutations():
     yield "token_indices", lambda a: a.update(token_indices=a["token_indices"].float())
     yield "token_indices", lambda a: a.update(token_indices=a["token_indices"][0])
     yield "token_indices", lambda a: a.update(token_indices=a["token_indices"][:, :1])
+    yield "token_indices", lambda a: a.update(token_indices=torch.zeros(1, 2, kernels.MAX_SLOTS_PER_ROW + 1, dtype=torch.int32))
     yield "sm_scale", lambda a: a.update(sm_scale=float("nan"))
     yield "sm_scale", lambda a: a.update(sm_scale=-1.0)
     yield "query", lambda a: a.update(query=np.zeros((1, 2, 3, 32)))
