@@ -20,8 +20,9 @@ of ``mqa_bwd.kernels`` with only the fixed mode's adds rewritten (the cluster la
   f32x4   red.global.add.v4.f32, four consecutive columns per lane from
           vector shared loads (a quarter of the instructions, half the bytes)
   f32x4x2 f32x4 issued twice (the same addresses): the control's adds in
-          bytes and instructions, in the deterministic kernel's structure
-          (what the cluster's structure costs at the control's adds)
+          bytes, and in instructions but for the tail (scalar here, two
+          columns a lane in the control), in the deterministic kernel's
+          structure (what the cluster's structure costs at the control's adds)
   bulk    the same int64 adds through the bulk-copy (TMA) unit: each warp
           converts its slot's row into an int64 staging row in shared memory
           and one lane issues cp.reduce.async.bulk .add.u64 per contiguous
@@ -29,7 +30,8 @@ of ``mqa_bwd.kernels`` with only the fixed mode's adds rewritten (the cluster la
           lane, and the adds drain asynchronously); the same bits as u64
   none    no global adds at all (the floor)
 
-On the H200 at dsv32 H=64 (whole calls, median of 5, one process): u64
+On the H200 at dsv32 H=64 (whole calls, --repeats 5, one process; before
+the adds moved after the GEMMs, 81dbb54): u64
 25.92 ms, u64raw 25.58, u64last 25.78 (min 25.57 against u64's 25.61: no
 gain), f32 23.22, f32x4 22.54, f32x4x2 25.14, bulk 30.48, none 20.25; the
 atomic control 23.91. So at the control's adds the deterministic structure

@@ -449,8 +449,9 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     # H200 10 % (fixed) and 8 % (atomic) faster at dsv32 H=64. The first three
     # quarters go right after the score, dP and dQ GEMMs, not before them: a
     # GEMM's first ldmatrix waited behind the quarter's 64-bit reductions in
-    # the memory pipe and on their source registers, which it reuses (ncu:
-    # 9 % of the fixed launch's warp samples on long_sb, 2 % in the control's).
+    # the memory pipe and on their source registers, which it reuses (ncu at
+    # S=1024: 9 % of the fixed launch's warp samples on long_sb, 2 % in the
+    # control's).
     # Moved, the deterministic call took 24.85 against 25.58 ms at dsv32 H=64,
     # 49.44 against 50.84 at H=128 and 17.01 against 17.45 at fleet on the
     # H200; the control's, 23.60 against 23.67 (benchmarks/kernel_ab.py).
@@ -1076,8 +1077,9 @@ def mark_slots_program(threads: int = MARK_THREADS):
     two dependent loads (its index, then its kv row's mark) are in flight at
     once: a thread that looped over its row's slots waited on each pair in
     turn: 0.119 ms against 0.166 at dsv32 H=64 on the H200
-    (benchmarks/call_trace.py). A kv row already marked is not
-    stored again: stores to one address from many threads serialize.
+    (benchmarks/call_trace.py). A kv row already marked is not stored again
+    (stores to one address from many threads serialize); LiveRow[r] is
+    stored by every thread with a valid slot, one transaction per warp.
     """
     tilelang, T = _tl()
     R = T.dynamic("R")

@@ -97,12 +97,19 @@ def test_add_width_bulk_variant_moves_every_fixed_add_to_the_bulk_unit():
         add_width.variant_source("bulk", original.replace(add_width.BARS, ""))
 
 
-def test_add_width_f32x4_compiles_for_sm90():
-    # The vector variant's device function and shared-memory pointers must build.
+@pytest.mark.parametrize("variant,call,ptx_add", [
+    ("f32x4", "mqa_red_f32x4(", "red.global.add.v4.f32"),
+    ("f32x4x2", "mqa_red_f32x4(", "red.global.add.v4.f32"),
+    ("u64last", "mqa_red_u64_last(", "red.global.add.L2::cache_hint.u64"),
+])
+def test_add_width_device_code_compiles_for_sm90(variant, call, ptx_add):
+    # Each variant's device functions (inline PTX, shared-memory pointers) must
+    # build, and its PTX must hold the add it times.
     add_width = _tool("add_width")
-    module = add_width.variant_module("f32x4")
-    source = module.compiled("main_bwd", 32, 576, 512, "fixed", 2).get_kernel_source()
-    assert source.count("mqa_red_f32x4(") >= 2
+    module = add_width.variant_module(variant)
+    config = ("main_bwd", 32, 576, 512, "fixed", 2)
+    assert module.compiled(*config).get_kernel_source().count(call) >= 2
+    assert ptx_add in module.ptx_of(config)
 
 
 def test_cluster_occupancy_probe_builds(tmp_path):

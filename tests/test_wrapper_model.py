@@ -329,7 +329,6 @@ def _mutations():
     yield "token_indices", lambda a: a.update(token_indices=a["token_indices"].float())
     yield "token_indices", lambda a: a.update(token_indices=a["token_indices"][0])
     yield "token_indices", lambda a: a.update(token_indices=a["token_indices"][:, :1])
-    yield "token_indices", lambda a: a.update(token_indices=torch.zeros(1, 2, kernels.MAX_SLOTS_PER_ROW + 1, dtype=torch.int32))
     yield "sm_scale", lambda a: a.update(sm_scale=float("nan"))
     yield "sm_scale", lambda a: a.update(sm_scale=-1.0)
     yield "query", lambda a: a.update(query=np.zeros((1, 2, 3, 32)))
@@ -342,6 +341,16 @@ def test_bad_argument_is_rejected_before_any_launch(argument, mutate):
     mutate(a)
     before = dict(launch.COUNTERS)
     with pytest.raises(ValueError, match=rf"^{argument}\b"):
+        call(a, backend="model")
+    assert dict(launch.COUNTERS) == before
+
+
+def test_top_k_past_the_kernels_slot_limit_is_rejected_before_any_launch():
+    # mark_slots runs a row's slots as grid-y chunks, which CUDA caps.
+    a = _good()
+    a.update(token_indices=torch.zeros(1, 2, kernels.MAX_SLOTS_PER_ROW + 1, dtype=torch.int32))
+    before = dict(launch.COUNTERS)
+    with pytest.raises(ValueError, match=rf"^token_indices: top-k L = {kernels.MAX_SLOTS_PER_ROW + 1} pads to"):
         call(a, backend="model")
     assert dict(launch.COUNTERS) == before
 
