@@ -75,13 +75,13 @@ def time_floor(shape: dict, repeats: int) -> None:
 
     import torch
 
+    from mqa_bwd import launch, wrapper
     from mqa_bwd.bench import production_inputs, time_interleaved
 
-    _q, kv, _out, _do, _lse, _sink, idx, _scale = production_inputs(**shape)
-    B, S, L = idx.shape
-    slots = (idx + (torch.arange(B, device=idx.device, dtype=idx.dtype) * kv.shape[1]).view(B, 1, 1)).reshape(B * S, L)
-    slots = slots.contiguous()
-    nkv, d_k = B * kv.shape[1], kv.shape[2]
+    args = production_inputs(**shape)
+    problem = wrapper.validate(*args, None, None, launch.TileLangLauncher(True))
+    slots = wrapper.global_slots(args[6], problem)  # as the main kernel reads them
+    nkv, d_k = problem.B * problem.S_kv, problem.d_k
     kernels = {v: K.compile_program(adds_program(v, d_k)) for v in VARIANTS}
     acc = {"u64": torch.zeros((nkv, d_k), dtype=torch.int64, device="cuda"),
            "f32x4": torch.zeros((nkv, d_k), dtype=torch.float32, device="cuda")}
@@ -89,7 +89,7 @@ def time_floor(shape: dict, repeats: int) -> None:
     calls = {v: functools.partial(kernels[v], slots, acc[v]) for v in VARIANTS}
     calls["f32x4 x2"] = lambda: (calls["f32x4"](), calls["f32x4"]())
     medians = {name: statistics.median(t) for name, t in time_interleaved(calls, warmup=2, repeats=repeats).items()}
-    elements = B * S * L * d_k
+    elements = problem.B * problem.S * problem.L * d_k
     print(shape)
     for name, ms in medians.items():
         payload = elements * (8 if name == "u64" else 0 if name == "indices" else 4) * (2 if name.endswith("x2") else 1)

@@ -178,9 +178,7 @@ def variant_source(variant: str, source: str | None = None) -> str:
     if variant == "u64":
         return source
     if variant == "none":
-        if source.count(FIXED_GUARD) != 1:
-            raise RuntimeError("add_width: the fixed-point add guard is not in mqa_bwd.kernels once; update this tool")
-        return source.replace(FIXED_GUARD, FIXED_GUARD.replace(":\n", " and (kv_row[0] < 0):\n"))
+        return _replace_once(source, FIXED_GUARD, FIXED_GUARD.replace(":\n", " and (kv_row[0] < 0):\n"))
     if variant == "bulk":
         source = _replace_once(source, IMPORT, IMPORT[:-1] + " + (BULK_ADD_SOURCE if mode == \"fixed\" else \"\"))")
         source = _replace_once(source, FIXED_BODY, BULK_BODY)
