@@ -23,15 +23,19 @@ import statistics
 from mqa_bwd import kernels
 from mqa_bwd.bench import add_shape_arguments, kernels_module_from_source, production_inputs, time_with_kernels
 
-# The guards in front of the adds (main_bwd_program's add_piece): one for the
-# fixed-point adds (its warp's slot), two for the atomic control's (per slot
-# of the piece: value part and tail).
+# The guards in front of the adds (main_bwd_program's add_piece, and add_chunk
+# of the 64-head tile): one each for the fixed-point adds (its warp's slot),
+# and for the atomic control's, two in add_piece (per slot of the piece: value
+# part and tail) and one in add_chunk (per slot of the block).
 # Each starts at a line start, so that one indentation never matches inside another.
-FIXED_GUARD = "\n                if (kv_row[0] >= 0) and (kv_row[0] < NKV):\n"
-FIXED_GUARDS = 1
+FIXED_GUARDS = (
+    "\n                if (kv_row[0] >= 0) and (kv_row[0] < NKV):\n",
+    "\n                if (0 <= kv_row[0]) and (kv_row[0] < NKV):\n",
+)
 ATOMIC_GUARDS = (
     "\n                if (slots[k * piece + j] >= 0) and (slots[k * piece + j] < NKV):\n",
     "\n                    if (slots[k * piece + j] >= 0) and (slots[k * piece + j] < NKV):\n",
+    "\n                if (slots[j] >= 0) and (slots[j] < NKV):\n",
 )
 # Extra condition per variant: (fixed: on the warp, whose slot is warp + i *
 # n_warps with n_warps even; atomic: on the slot within the piece).
@@ -53,11 +57,11 @@ def variant_source(adds: str, source: str | None = None) -> str:
                                f"{TAIL_LOOPS} times; update this tool")
         return source.replace(TAIL_LOOP, TAIL_LOOP.replace("T.unroll(PIECES)", "T.serial(0)"))
     fixed_cond, atomic_cond = DROPS[adds]
-    # The fixed-point guard is in each of add_piece's paths (one head group, a
-    # cluster of groups); the atomic control's guards are there once each.
-    for guard, cond, wanted in ((FIXED_GUARD, fixed_cond, FIXED_GUARDS),) + tuple((g, atomic_cond, 1) for g in ATOMIC_GUARDS):
-        if source.count(guard) != wanted:
-            raise RuntimeError(f"add_cost: the add guard {guard.strip()!r} is not in mqa_bwd.kernels {wanted} time(s); "
+    # The fixed-point guard is in add_piece (one path for one head group and
+    # clusters alike) and in add_chunk; the atomic control's guards once each.
+    for guard, cond in tuple((g, fixed_cond) for g in FIXED_GUARDS) + tuple((g, atomic_cond) for g in ATOMIC_GUARDS):
+        if source.count(guard) != 1:
+            raise RuntimeError(f"add_cost: the add guard {guard.strip()!r} is not in mqa_bwd.kernels once; "
                                "update this tool")
         source = source.replace(guard, guard.replace(":\n", f" and ({cond}):\n"))
     return source

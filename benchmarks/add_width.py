@@ -172,9 +172,14 @@ def _replace_once(source: str, old: str, new: str) -> str:
     return source.replace(old, new)
 
 
+#: This tool studies the cluster kernel: every variant, and the control, run
+#: without the 64-head tile (kernels.WIDE_PAIRS), as when it was measured.
+NOT_WIDE = ("\nWIDE_PAIRS = True\n", "\nWIDE_PAIRS = False\n")
+
+
 def variant_source(variant: str, source: str | None = None) -> str:
-    """mqa_bwd.kernels' source with the fixed mode's adds of ``variant``."""
-    source = inspect.getsource(kernels) if source is None else source
+    """mqa_bwd.kernels' source with the fixed mode's adds of ``variant`` (and no 64-head tile)."""
+    source = _replace_once(inspect.getsource(kernels) if source is None else source, *NOT_WIDE)
     if variant == "u64":
         return source
     if variant == "none":
@@ -216,8 +221,6 @@ def _twice(add: str, loop_lines: int) -> str:
 
 
 def variant_module(variant: str):
-    if variant == "u64":
-        return kernels
     return kernels_module_from_source(variant_source(variant), f"kernels_{variant}")
 
 
@@ -227,7 +230,7 @@ def main():
     a = parser.parse_args()
     args = production_inputs(a.B, a.S, a.S_kv, a.H, a.L)
     variants = {v: (variant_module(v), True) for v in VARIANTS}
-    variants["atomic control"] = (kernels, False)
+    variants["atomic control"] = (variants["u64"][0], False)
     times = time_with_kernels(args, variants, a.repeats)
     control = statistics.median(times["atomic control"])
     print(f"B={a.B} S={a.S} S_kv={a.S_kv} H={a.H} L={a.L}: whole calls, median of {a.repeats} (interleaved)")

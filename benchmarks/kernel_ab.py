@@ -35,6 +35,22 @@ class WithFallback:
     def compiled(self, kind, *key):
         return (kernels if kind in self.missing else self.module).compiled(kind, *key)
 
+    # Launch rules of a kernels.py that predates the 64-head tile: every launch
+    # is a cluster of the kernel it names, and the atomic mode has no pairs.
+    def main_kernel_key(self, heads, d_k, d_v, mode, cluster=1):
+        if hasattr(self.module, "main_kernel_key"):
+            return self.module.main_kernel_key(heads, d_k, d_v, mode, cluster)
+        return (heads, d_k, d_v, mode) + ((cluster,) if cluster > 1 else ())
+
+    def cluster_launches(self, groups, largest=None, mode="fixed", heads=None):
+        if hasattr(self.module, "runs_wide"):
+            return self.module.cluster_launches(groups, largest, mode, heads)
+        if mode == "fixed":
+            return self.module.cluster_launches(groups, largest)
+        if mode not in getattr(self.module, "MODE_MAX_CLUSTER", {}):
+            return [(g, 1) for g in range(groups)]
+        return self.module.cluster_launches(groups, largest, mode)
+
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

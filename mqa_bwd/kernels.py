@@ -312,17 +312,35 @@ MODE_MAX_CLUSTER = {"fixed": 4, "shard": 2}
 #: (benchmarks/cluster_ab.py, one process), as clusters of four keep only 120
 #: of its 132 SMs busy (benchmarks/cluster_occupancy.py).
 MAX_CLUSTER = 2
+#: The head tile of the one-CTA design that runs two 32-head groups as one
+#: (main_bwd_program's ``wide``), in the modes that build it; WIDE_PAIRS:
+#: whether launches use it (benchmarks turn it off to time the alternative).
+WIDE_HEADS = 64
+WIDE_MODES = ("fixed", "atomic")
+WIDE_PAIRS = True
 
 
-def check_cluster(cluster, mode: str) -> None:
-    """ValueError unless ``cluster`` is a size main_bwd builds for ``mode`` (clusters: MODE_MAX_CLUSTER's modes only)."""
+def runs_wide(heads: int, mode: str, cluster: int) -> bool:
+    """Whether a launch of ``cluster`` groups of ``heads`` heads runs as one WIDE_HEADS-head CTA."""
+    return WIDE_PAIRS and mode in WIDE_MODES and cluster == 2 and 2 * heads == WIDE_HEADS
+
+
+def check_cluster(cluster, mode: str, heads: int | None = None) -> None:
+    """ValueError unless ``cluster`` is a size main_bwd builds for ``mode`` (clusters: MODE_MAX_CLUSTER's modes only),
+    or, given the group width ``heads``, a pair that runs as one wide CTA (runs_wide)."""
+    if heads is not None and runs_wide(heads, mode, cluster):
+        return
     if cluster not in CLUSTER_SIZES or cluster > MODE_MAX_CLUSTER.get(mode, 1):
         raise ValueError(f"cluster: {cluster!r} (one of {CLUSTER_SIZES}, at most {MODE_MAX_CLUSTER} by mode, 1 otherwise)")
 
 
-def cluster_launches(groups: int, largest: int | None = None, mode: str = "fixed") -> list:
+def cluster_launches(groups: int, largest: int | None = None, mode: str = "fixed", heads: int | None = None) -> list:
     """[(first group, cluster size)] covering ``groups`` head groups, largest clusters first
-    (at most ``largest``, default MAX_CLUSTER, and what ``mode`` builds)."""
+    (at most ``largest``, default MAX_CLUSTER, and what ``mode`` builds; the atomic mode
+    pairs groups of ``heads`` heads only where the pair runs wide, runs_wide)."""
+    if mode not in MODE_MAX_CLUSTER:
+        most = 2 if heads is not None and runs_wide(heads, mode, 2) else 1
+        return [(g, min(most, groups - g)) for g in range(0, groups, most)]
     largest = min(MAX_CLUSTER if largest is None else largest, MODE_MAX_CLUSTER[mode])
     launches, g = [], 0
     while g < groups:
@@ -330,6 +348,15 @@ def cluster_launches(groups: int, largest: int | None = None, mode: str = "fixed
         launches.append((g, size))
         g += size
     return launches
+
+
+def main_kernel_key(heads: int, d_k: int, d_v: int, mode: str, cluster: int = 1) -> tuple:
+    """The main_bwd configuration (compiled's key after "main_bwd") that runs a launch of
+    ``cluster`` consecutive groups of ``heads`` heads: two 32-head groups of the fixed or
+    atomic mode run as one 64-head CTA (runs_wide), with the fixed cluster's sums."""
+    if runs_wide(heads, mode, cluster):
+        return (WIDE_HEADS, d_k, d_v, mode)
+    return (heads, d_k, d_v, mode) + ((cluster,) if cluster > 1 else ())
 
 
 def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int = 1, threads: int = 0):
@@ -455,7 +482,17 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     # Moved, the deterministic call took 24.85 against 25.58 ms at dsv32 H=64,
     # 49.44 against 50.84 at H=128 and 17.01 against 17.45 at fleet on the
     # H200; the control's, 23.60 against 23.67 (benchmarks/kernel_ab.py).
-    deferred = mode in ("fixed", "atomic") or sharded
+    # A 64-head tile (TileLang lowers its score, dP and dQ GEMMs to wgmma)
+    # is the cluster of two 32-head groups done by one CTA: every dKV
+    # element summed over all 64 heads on chip, no tile exchange. Its Q and
+    # dO tiles take 136 KB of shared memory, so a whole block's fp32 dKV
+    # (74 KB) cannot wait in it for the next block: each column chunk is
+    # added as soon as it is computed, from a one-chunk staging buffer.
+    wide = block_H == WIDE_HEADS
+    if wide and (cluster > 1 or mode not in ("fixed", "atomic", "none")):
+        raise ValueError(f"a {WIDE_HEADS}-head tile is built for the fixed and atomic modes without clusters: "
+                         f"mode={mode!r}, cluster={cluster}")
+    deferred = (mode in ("fixed", "atomic") and not wide) or sharded
     PIECES = 4  # four call sites below
     piece = BS // PIECES
     if deferred and piece % n_warps:
@@ -469,7 +506,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     # partials of its column half (dKV_s: of the Dv columns, dKVt_s: of the
     # tail), [BS, 2BS) its partials of the peer's half (staging), [2BS, 3BS)
     # the peer's of this half (inbox).
-    dkv_w, dkvt_w, dkv_rows = Cc, Ct, BS
+    dkv_w, dkvt_w, dkv_rows = (Dc if wide else Cc), Ct, BS
     peers = cluster - 1
     tile_bytes = block_H * BS * 2  # one bf16 P or dS tile
     inbox_bytes = peers * 2 * tile_bytes  # the fixed cluster's P and dS of a block, from every peer
@@ -569,6 +606,24 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                     if (slots[k * piece + j] >= 0) and (slots[k * piece + j] < NKV):
                         T.atomic_add(dKV[slots[k * piece + j], Dv + d], dKVt_s[k * piece + j, d])
 
+    @T.macro
+    def add_chunk(dKV, buf, col0, width, slots, scales, warp, lane, kv_row, scale_r, NKV):
+        """Wide tile: the global adds of dKV columns [col0, col0 + width) of every slot of
+        the block, staged in buf[:, 0:width]; as add_piece, a warp per slot."""
+        if mode == "fixed":
+            for s_i in T.serial(BS // n_warps):
+                j = warp + s_i * n_warps
+                kv_row[0] = slots[j]
+                scale_r[0] = scales[j]
+                if (0 <= kv_row[0]) and (kv_row[0] < NKV):
+                    for c in T.unroll(width // 32):
+                        T.atomic_add(dKV[kv_row[0], col0 + c * 32 + lane],
+                                     T.call_extern("int64", "__float2ll_rn", buf[j, c * 32 + lane] * scale_r[0]))
+        else:
+            for j, d in T.Parallel(BS, width):
+                if (slots[j] >= 0) and (slots[j] < NKV):
+                    T.atomic_add(dKV[slots[j], col0 + d], buf[j, d])
+
     @T.prim_func
     def main_bwd(
         Q: T.Tensor((R, HQ, Dk), bf16),
@@ -645,9 +700,9 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                 mass = T.alloc_fragment((block_H, BS), f32)
                 mass_row = T.alloc_fragment((block_H,), f32)
                 scale_next = T.alloc_local((1,), f32)
-            if deferred:
+            if deferred or wide:
                 slot_prev = T.alloc_shared((BS,), i32)  # the block whose dKV_s awaits its adds
-                scale_prev = T.alloc_shared((BS,), f32)
+                scale_prev = T.alloc_shared((BS,), f32)  # (wide: this block's row scales)
                 kv_row = T.alloc_local((1,), i32)
                 scale_r = T.alloc_local((1,), f32)
                 warp = T.get_thread_binding() // 32
@@ -807,6 +862,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         if sharded:
                             T.call_extern("handle", "mqa_st_shared_i32", chain_next.data, tid,
                                           T.call_extern("int32", "mqa_dup_link", idx_next[0]))
+                    if wide and mode == "fixed" and tid < BS:
+                        scale_prev[tid] = scale_next[0]
                     T.sync_threads()  # every warp is done with KV_s
                     if t + 1 < NB:
                         gather_async(KV, KV_s, KVt_s, slot_next, NKV)
@@ -858,6 +915,23 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         if tid == 0:
                             for i in T.unroll(peers):
                                 T.call_extern("handle", "mqa_mbar_arrive_peer", bars.data, 1, (rank + 1 + i) % cluster)
+                    elif wide and mode != "none":
+                        # dKV of this slot block, a column chunk at a time: computed,
+                        # staged, added (the barriers keep a chunk's adds before the
+                        # next chunk overwrites the staging).
+                        for c in T.unroll(DKV_SPLIT):
+                            T.gemm(dS_s, Q_s[0:block_H, c * Dc : (c + 1) * Dc], acc_dkv, transpose_A=True, clear_accum=True)
+                            T.gemm(P_s, dO_s[0:block_H, c * Dc : (c + 1) * Dc], acc_dkv, transpose_A=True)
+                            T.copy(acc_dkv, dKV_s[0:BS, 0:Dc])
+                            T.sync_threads()
+                            add_chunk(dKV, dKV_s, c * Dc, Dc, slot, scale_prev, warp, lane, kv_row, scale_r, NKV)
+                            T.sync_threads()
+                        if has_tail:
+                            T.gemm(dS_s, Qt_s, acc_dkvt, transpose_A=True, clear_accum=True)
+                            T.copy(acc_dkvt, dKVt_s[0:BS, 0:Dt])
+                            T.sync_threads()
+                            add_chunk(dKV, dKVt_s, Dv, Dt, slot, scale_prev, warp, lane, kv_row, scale_r, NKV)
+                            T.sync_threads()
                     elif mode != "none":
                         # dKV of this slot block = dS^T Q (all columns) + P^T dO (first Dv).
                         for c in T.unroll(DKV_SPLIT):
@@ -1210,6 +1284,8 @@ def gpu_configs(widths=GPU_WIDTHS, group_widths=(16, 32)):
             for mode, largest in MODE_MAX_CLUSTER.items():
                 for cluster in (c for c in CLUSTER_SIZES[1:] if c <= largest):
                     yield ("main_bwd", heads, d_k, d_v, mode, cluster)
+        for mode in WIDE_MODES:
+            yield ("main_bwd", WIDE_HEADS, d_k, d_v, mode)
 
 
 def _nvcc(config, output: str, code: str, extra=()):

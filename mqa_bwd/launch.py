@@ -124,7 +124,7 @@ class TileLangLauncher(Launcher):
 
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, heads=None, head_base=0,
                  shard_base=0, n_shards=1, row_scale=None, allowance=None, flag=None, cluster=1):
-        key = (heads or q.shape[1], q.shape[2], grad_out.shape[2], mode) + ((cluster,) if cluster > 1 else ())
+        key = K.main_kernel_key(heads or q.shape[1], q.shape[2], grad_out.shape[2], mode, cluster)
         kernel = K.compiled("main_bwd", *key)
         if row_scale is None:  # other modes never touch them; the signature is shared
             row_scale = torch.empty((kv.shape[0],), dtype=torch.float32, device=kv.device)

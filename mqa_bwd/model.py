@@ -114,14 +114,14 @@ class ModelLauncher(Launcher):
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, heads=None, head_base=0,
                  shard_base=0, n_shards=1, row_scale=None, allowance=None, flag=None, cluster=1):
         kernel = "main_bwd"
-        K.check_cluster(cluster, mode)  # the kernel builder's check
+        heads = heads or q.shape[1]
+        K.check_cluster(cluster, mode, heads)  # the kernel builder's check (a wide pair: one CTA, the same sums)
         self.launched(kernel)
         R, _, Dk = q.shape
         NKV = kv.shape[0]
         Dv = grad_out.shape[2]
         Lp = indices.shape[1]
         BS = K.BLOCK_SLOTS
-        heads = heads or q.shape[1]
         block_H = K.main_tile_heads(heads)
         h0, h1 = head_base, head_base + cluster * block_H  # CTA g of a cluster: [h0 + g * block_H, + block_H)
         if Lp % BS:

@@ -403,8 +403,9 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
         return {"sm_scale": sm_scale, "heads": bh, "head_base": g * bh}
 
     if not launcher.deterministic:
-        for g in range(G):
-            launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, dkv_acc, mode="atomic", **group(g))
+        # Two 32-head groups run as one 64-head CTA (kernels.runs_wide), as in the fixed design.
+        for g, size in K.cluster_launches(G, mode="atomic", heads=bh):
+            launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, dkv_acc, mode="atomic", **group(g), cluster=size)
     elif p.design == "fixed":
         referenced = launcher.zeros((NKV,), torch.int32)
         live_row = launcher.zeros((R,), torch.int32)

@@ -30,12 +30,12 @@ def test_add_cost_variants_guard_every_add(adds):
     original = inspect.getsource(kernels)
     patched = add_cost.variant_source(adds)
     fixed_cond, atomic_cond = add_cost.DROPS[adds]
-    assert patched.count(f"and ({fixed_cond}):\n") == add_cost.FIXED_GUARDS == original.count(add_cost.FIXED_GUARD)
-    assert patched.count(f"and ({atomic_cond}):\n") == 2
+    assert patched.count(f"and ({fixed_cond}):\n") == len(add_cost.FIXED_GUARDS) == 2
+    assert patched.count(f"and ({atomic_cond}):\n") == len(add_cost.ATOMIC_GUARDS) == 3
     assert len(patched.splitlines()) == len(original.splitlines())
     compile(patched, "variant", "exec")
     with pytest.raises(RuntimeError, match="add guard"):
-        add_cost.variant_source(adds, original.replace(add_cost.FIXED_GUARD, ""))
+        add_cost.variant_source(adds, original.replace(add_cost.FIXED_GUARDS[1], ""))
 
 
 def test_add_cost_tail_drops_only_the_last_blocks_adds():
@@ -65,6 +65,7 @@ def test_add_width_variants_rewrite_the_cluster_adds(variant):
     original = inspect.getsource(kernels)
     patched = add_width.variant_source(variant)
     compile(patched, "variant", "exec")
+    assert add_width.NOT_WIDE[1] in patched and add_width.NOT_WIDE[0] not in patched  # the cluster kernel runs
     if variant == "none":
         assert patched.count("and (kv_row[0] < 0):") == 1
     else:
@@ -242,6 +243,10 @@ def test_kernel_ab_takes_kernels_an_older_file_lacks_from_this_tree(tmp_path, mo
     assert against.compiled("delta_max", 576, 512) == ("this tree", "delta_max", 576, 512)
     assert against.compiled("main_bwd", 32, 576, 512, "fixed") == ("older", "main_bwd", 32, 576, 512, "fixed")
     assert against.MAX_CLUSTER == 1 and against.cluster_launches(2) == [(0, 1), (1, 1)]
+    # It predates the 64-head tile: the atomic mode runs group by group, every launch as named.
+    assert against.cluster_launches(2, mode="atomic", heads=32) == [(0, 1), (1, 1)]
+    assert against.main_kernel_key(32, 576, 512, "atomic", 1) == (32, 576, 512, "atomic")
+    assert against.main_kernel_key(32, 576, 512, "fixed", 2) == (32, 576, 512, "fixed", 2)
 
 
 def test_call_trace_sums_kernels_per_call(capsys):
