@@ -493,6 +493,11 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
         raise ValueError(f"a {WIDE_HEADS}-head tile is built for the fixed and atomic modes without clusters: "
                          f"mode={mode!r}, cluster={cluster}")
     deferred = (mode in ("fixed", "atomic") and not wide) or sharded
+    # Wide tile: its last value chunk and its tail wait in their staging for
+    # the next block, which adds them right after its score, dP and dQ GEMMs
+    # (as the narrow kernel's deferred pieces), so only the first chunk's adds
+    # hold the block up.
+    wide_late = wide and mode != "none"
     PIECES = 4  # four call sites below
     piece = BS // PIECES
     if deferred and piece % n_warps:
@@ -607,9 +612,9 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         T.atomic_add(dKV[slots[k * piece + j], Dv + d], dKVt_s[k * piece + j, d])
 
     @T.macro
-    def add_chunk(dKV, buf, col0, width, slots, scales, warp, lane, kv_row, scale_r, NKV):
+    def add_chunk(dKV, buf, b0, col0, width, slots, scales, warp, lane, kv_row, scale_r, NKV):
         """Wide tile: the global adds of dKV columns [col0, col0 + width) of every slot of
-        the block, staged in buf[:, 0:width]; as add_piece, a warp per slot."""
+        a block, staged in buf[:, b0:b0 + width]; as add_piece, a warp per slot."""
         if mode == "fixed":
             for s_i in T.serial(BS // n_warps):
                 j = warp + s_i * n_warps
@@ -618,11 +623,21 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                 if (0 <= kv_row[0]) and (kv_row[0] < NKV):
                     for c in T.unroll(width // 32):
                         T.atomic_add(dKV[kv_row[0], col0 + c * 32 + lane],
-                                     T.call_extern("int64", "__float2ll_rn", buf[j, c * 32 + lane] * scale_r[0]))
+                                     T.call_extern("int64", "__float2ll_rn", buf[j, b0 + c * 32 + lane] * scale_r[0]))
         else:
             for j, d in T.Parallel(BS, width):
                 if (slots[j] >= 0) and (slots[j] < NKV):
-                    T.atomic_add(dKV[slots[j], col0 + d], buf[j, d])
+                    T.atomic_add(dKV[slots[j], col0 + d], buf[j, b0 + d])
+
+    @T.macro
+    def wide_late_adds(dKV, dKV_s, dKVt_s, slots, scales, k, warp, lane, kv_row, scale_r, NKV):
+        """Wide tile, site k of the next block: the previous block's last value chunk
+        (dKV_s, two halves: k = 0, 1) and tail (dKVt_s, k = 2)."""
+        if k < 2:
+            add_chunk(dKV, dKV_s, k * (Dc // 2), (DKV_SPLIT - 1) * Dc + k * (Dc // 2), Dc // 2, slots, scales,
+                      warp, lane, kv_row, scale_r, NKV)
+        elif has_tail:
+            add_chunk(dKV, dKVt_s, 0, Dv, Dt, slots, scales, warp, lane, kv_row, scale_r, NKV)
 
     @T.prim_func
     def main_bwd(
@@ -702,11 +717,13 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                 scale_next = T.alloc_local((1,), f32)
             if deferred or wide:
                 slot_prev = T.alloc_shared((BS,), i32)  # the block whose dKV_s awaits its adds
-                scale_prev = T.alloc_shared((BS,), f32)  # (wide: this block's row scales)
+                scale_prev = T.alloc_shared((BS,), f32)
                 kv_row = T.alloc_local((1,), i32)
                 scale_r = T.alloc_local((1,), f32)
                 warp = T.get_thread_binding() // 32
                 lane = T.get_thread_binding() % 32
+            if wide:
+                scale_cur = T.alloc_shared((BS,), f32)  # this block's row scales
             chain_prev = None
             if sharded:  # mqa_dup_link of each slot: of the block in flight, this block, the previous one
                 chain_next = T.alloc_shared((BS,), i32)
@@ -806,6 +823,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         T.gemm(Qt_s, KVt_s, acc_s, transpose_B=True)
                     if local_adds and t > 0:  # after the GEMM: see ``deferred``
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 0, warp, lane, kv_row, scale_r, NKV, rank, 0, b, chain_prev)
+                    if wide_late and t > 0:
+                        wide_late_adds(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 0, warp, lane, kv_row, scale_r, NKV)
                     for h, j in T.Parallel(block_H, BS):
                         acc_s[h, j] = T.if_then_else(
                             (slot[j] >= 0) and (slot[j] < NKV),
@@ -828,6 +847,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                     T.gemm(dO_s, KV_s, acc_dp, transpose_B=True, clear_accum=True)
                     if local_adds and t > 0:
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 1, warp, lane, kv_row, scale_r, NKV, rank, 0, b, chain_prev)
+                    if wide_late and t > 0:
+                        wide_late_adds(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 1, warp, lane, kv_row, scale_r, NKV)
                     for h, j in T.Parallel(block_H, BS):
                         acc_dp[h, j] = acc_s[h, j] * (acc_dp[h, j] - delta_s[h]) * sm_scale
                     T.copy(acc_dp, dS_s)
@@ -841,6 +862,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         T.gemm(dS_s, KVt_s, acc_dqt)
                     if local_adds and t > 0:
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 2, warp, lane, kv_row, scale_r, NKV, rank, 0, b, chain_prev)
+                    if wide_late and t > 0:
+                        wide_late_adds(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 2, warp, lane, kv_row, scale_r, NKV)
                     if colsplit:
                         # Stage this block's P and dS tiles for the peers (their
                         # stores were ordered by the barrier before this GEMM);
@@ -863,7 +886,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                             T.call_extern("handle", "mqa_st_shared_i32", chain_next.data, tid,
                                           T.call_extern("int32", "mqa_dup_link", idx_next[0]))
                     if wide and mode == "fixed" and tid < BS:
-                        scale_prev[tid] = scale_next[0]
+                        scale_cur[tid] = scale_next[0]
                     T.sync_threads()  # every warp is done with KV_s
                     if t + 1 < NB:
                         gather_async(KV, KV_s, KVt_s, slot_next, NKV)
@@ -916,22 +939,28 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                             for i in T.unroll(peers):
                                 T.call_extern("handle", "mqa_mbar_arrive_peer", bars.data, 1, (rank + 1 + i) % cluster)
                     elif wide and mode != "none":
-                        # dKV of this slot block, a column chunk at a time: computed,
-                        # staged, added (the barriers keep a chunk's adds before the
-                        # next chunk overwrites the staging).
+                        # dKV of this slot block, a column chunk at a time, staged in
+                        # dKV_s. All chunks but the last are added at once (the
+                        # barriers keep a chunk's adds before the next chunk
+                        # overwrites the staging); the last and the tail wait
+                        # in dKV_s and dKVt_s for the next block, which adds them
+                        # after its GEMMs (``wide_late``).
                         for c in T.unroll(DKV_SPLIT):
                             T.gemm(dS_s, Q_s[0:block_H, c * Dc : (c + 1) * Dc], acc_dkv, transpose_A=True, clear_accum=True)
                             T.gemm(P_s, dO_s[0:block_H, c * Dc : (c + 1) * Dc], acc_dkv, transpose_A=True)
                             T.copy(acc_dkv, dKV_s[0:BS, 0:Dc])
-                            T.sync_threads()
-                            add_chunk(dKV, dKV_s, c * Dc, Dc, slot, scale_prev, warp, lane, kv_row, scale_r, NKV)
-                            T.sync_threads()
+                            if c + 1 < DKV_SPLIT:
+                                T.sync_threads()
+                                add_chunk(dKV, dKV_s, 0, c * Dc, Dc, slot, scale_cur, warp, lane, kv_row, scale_r, NKV)
+                                T.sync_threads()
                         if has_tail:
                             T.gemm(dS_s, Qt_s, acc_dkvt, transpose_A=True, clear_accum=True)
                             T.copy(acc_dkvt, dKVt_s[0:BS, 0:Dt])
-                            T.sync_threads()
-                            add_chunk(dKV, dKVt_s, Dv, Dt, slot, scale_prev, warp, lane, kv_row, scale_r, NKV)
-                            T.sync_threads()
+                        for j in T.Parallel(BS):
+                            slot_prev[j] = slot[j]
+                        if mode == "fixed":
+                            for j in T.Parallel(BS):
+                                scale_prev[j] = scale_cur[j]
                     elif mode != "none":
                         # dKV of this slot block = dS^T Q (all columns) + P^T dO (first Dv).
                         for c in T.unroll(DKV_SPLIT):
@@ -1023,6 +1052,10 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         # The next block's writes (other threads) must see these.
                         T.sync_threads()
 
+                if wide_late:  # the last block's late adds
+                    T.sync_threads()
+                    for k in T.unroll(3):
+                        wide_late_adds(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, k, warp, lane, kv_row, scale_r, NKV)
                 if deferred:  # the last block's adds
                     if local_adds:
                         for k in T.unroll(PIECES):
