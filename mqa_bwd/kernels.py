@@ -400,6 +400,14 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     them: each (row, slot, column) is added once per cluster, not once per
     group, and no dKV partial leaves the CTA.
 
+    heads = 64 (WIDE_HEADS; fixed and atomic modes, no cluster): the wide tile,
+    two 32-head groups in one CTA. Score, dP and dQ GEMMs lower to wgmma;
+    dKV is formed over all 64 heads in two 256-column chunks and the tail.
+    The first chunk is added right after its GEMMs from dKV_s; the second and
+    the tail stay staged and are added after the next block's score, dP and
+    dQ GEMMs (shared memory holds no whole block of fp32 dKV next to the
+    64-head Q and dO tiles).
+
     cluster (shard mode, 2): cluster b (grid NSL x 2) walks shard b's rows as
     above, and each slot's contribution (the two groups' fp32 partials
     summed) is added with fp32 red.global.add.v4 into the shard, a
