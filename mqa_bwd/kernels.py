@@ -494,10 +494,11 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     # is the cluster of two 32-head groups done by one CTA: every dKV
     # element summed over all 64 heads on chip, no tile exchange. Its Q and
     # dO tiles take 136 KB of shared memory, so a whole block's fp32 dKV
-    # (74 KB) cannot wait in it for the next block: each column chunk is
-    # added as soon as it is computed, from a one-chunk staging buffer.
+    # (74 KB) cannot wait in it for the next block: its first column chunk is
+    # added as soon as it is computed, from a one-chunk staging buffer, and
+    # only the last chunk and the tail wait (``wide_late``).
     wide = block_H == WIDE_HEADS
-    if wide and (cluster > 1 or mode not in ("fixed", "atomic", "none")):
+    if wide and (cluster > 1 or mode not in WIDE_MODES + ("none",)):
         raise ValueError(f"a {WIDE_HEADS}-head tile is built for the fixed and atomic modes without clusters: "
                          f"mode={mode!r}, cluster={cluster}")
     deferred = (mode in ("fixed", "atomic") and not wide) or sharded

@@ -72,6 +72,26 @@ def test_only_the_atomic_control_has_floating_point_atomics(config):
         assert found == [], f"{_id(config)} issues atomics: {found}"
 
 
+def test_pairs_of_32_head_groups_run_as_one_wide_cta(monkeypatch):
+    # Both designs pair 32-head groups into one 64-head launch; 16-head groups
+    # and a group without a partner keep their own kernels, and so does
+    # everything with WIDE_PAIRS off (the cluster kernels come back).
+    assert K.cluster_launches(3, mode="atomic", heads=32) == [(0, 2), (2, 1)]
+    assert K.cluster_launches(3, mode="atomic", heads=16) == [(0, 1), (1, 1), (2, 1)]
+    assert K.main_kernel_key(32, 576, 512, "fixed", 2) == (K.WIDE_HEADS, 576, 512, "fixed")
+    assert K.main_kernel_key(32, 576, 512, "atomic", 2) == (K.WIDE_HEADS, 576, 512, "atomic")
+    assert K.main_kernel_key(16, 576, 512, "fixed", 2) == (16, 576, 512, "fixed", 2)
+    assert K.main_kernel_key(32, 576, 512, "shard", 2) == (32, 576, 512, "shard", 2)
+    K.check_cluster(2, "atomic", 32)
+    with pytest.raises(ValueError, match="cluster"):
+        K.check_cluster(2, "atomic")  # the narrow builder has no atomic cluster
+    monkeypatch.setattr(K, "WIDE_PAIRS", False)
+    assert K.cluster_launches(2, mode="atomic", heads=32) == [(0, 1), (1, 1)]
+    assert K.main_kernel_key(32, 576, 512, "fixed", 2) == (32, 576, 512, "fixed", 2)
+    with pytest.raises(ValueError, match="cluster"):
+        K.check_cluster(2, "atomic", 32)
+
+
 def test_head_tile_rule():
     # SPEC: padded_H = max(next_power_of_2(H), 16), block_H = min(64, padded_H).
     assert [K.main_tile_heads(h) for h in (1, 8, 15, 16, 17, 32, 33, 64, 65, 128)] == [16, 16, 16, 16, 32, 32, 64, 64, 64, 64]
