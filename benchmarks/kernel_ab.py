@@ -2,17 +2,18 @@
 interleaved in one process (GPU only).
 
     git show main:mqa_bwd/kernels.py > ab/kernels_main.py     # where git is (not on the device)
-    python benchmarks/kernel_ab.py --against ab/kernels_main.py [--shapes dsv32,fleet] [--repeats 7]
+    python benchmarks/kernel_ab.py --against ab/kernels_main.py [ab/kernels_b.py ...] [--shapes dsv32,fleet] [--repeats 7]
 
 Each design (the deterministic default and the atomic control) runs with this
-tree's kernels and with the other file's, through the same wrapper; the
-launcher compiles through whichever module is current. For the deterministic
-design it also prints whether the two versions give the same bits (a change
-that only moves work around must), and whether this tree's kernels give the
-same bits on a rerun.
+tree's kernels and with each other file's (labelled by its name), through
+the same wrapper; the launcher compiles through whichever module is current.
+For the deterministic design it also prints whether each other version gives
+the same bits as this tree (a change that only moves work around must), and
+whether this tree's kernels give the same bits on a rerun.
 """
 
 import argparse
+import os
 import statistics
 
 from mqa_bwd import kernels
@@ -54,28 +55,33 @@ class WithFallback:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--against", required=True, help="another version of mqa_bwd/kernels.py")
+    parser.add_argument("--against", required=True, nargs="+", help="other versions of mqa_bwd/kernels.py")
     parser.add_argument("--shapes", default="dsv32,fleet")
     parser.add_argument("--repeats", type=int, default=7)
     a = parser.parse_args()
-    against = WithFallback(load_kernels_module(a.against, "--against"))
-    if against.missing:
-        print(f"{a.against} has no {', '.join(against.missing)}: this tree's is used for it")
-    versions = {"this tree": kernels, "against": against}
+    versions = {"this tree": kernels}
+    for path in a.against:
+        label = os.path.splitext(os.path.basename(path))[0]
+        if label in versions:
+            raise SystemExit(f"--against: two files named {label}")
+        versions[label] = WithFallback(load_kernels_module(path, "--against"))
+        if versions[label].missing:
+            print(f"{path} has no {', '.join(versions[label].missing)}: this tree's is used for it")
     variants = [(design, deterministic, label) for design, deterministic in DESIGNS for label in versions]
+    width = max(map(len, versions))
     for name in a.shapes.split(","):
         for shape in SHAPES[name]:
             args = production_inputs(**shape)
             outs = {(d, v): call_with_kernels(args, versions[v], det)[1] for d, det, v in variants}
             rerun = call_with_kernels(args, kernels, True)[1]
-            print(f"{shape}: fixed bits this tree == against: "
-                  f"{same_bits(outs[('fixed', 'this tree')], outs[('fixed', 'against')])}; "
+            same = ", ".join(f"{v} {same_bits(outs[('fixed', 'this tree')], outs[('fixed', v)])}" for v in versions if v != "this tree")
+            print(f"{shape}: fixed bits equal to this tree's: {same}; "
                   f"rerun bitwise: {same_bits(outs[('fixed', 'this tree')], rerun)}")
             times = time_with_kernels(args, {(d, v): (versions[v], det) for d, det, v in variants}, a.repeats)
             control = statistics.median(times[("atomic", "this tree")])
             for (d, v), t in times.items():
                 m = statistics.median(t)
-                print(f"   {d:<7} {v:<10} median {m:7.2f} ms  min {min(t):7.2f}  /atomic (this tree) {m / control:.3f}")
+                print(f"   {d:<7} {v:<{width}} median {m:7.2f} ms  min {min(t):7.2f}  /atomic (this tree) {m / control:.3f}")
 
 
 if __name__ == "__main__":

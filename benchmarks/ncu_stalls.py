@@ -110,12 +110,15 @@ def print_summary(s: dict, top_opcodes: int = 15) -> None:
 
 
 def main_launches_per_call(H: int, design: str, max_cluster: int) -> int:
-    """main_bwd launches of one call: one per head group, or per cluster of groups (fixed)."""
+    """main_bwd launches of one call: one per head group, per cluster of groups (fixed), or per
+    pair of groups that runs as one wide CTA (either design, kernels.runs_wide)."""
     from mqa_bwd import kernels
 
     block_h = 32 if H % 32 == 0 else 16  # the wrapper's default width (SPEC)
     groups = -(-H // block_h)
-    return len(kernels.cluster_launches(groups, max_cluster)) if design == "fixed" else groups
+    if design == "fixed":
+        return len(kernels.cluster_launches(groups, max_cluster))
+    return len(kernels.cluster_launches(groups, mode=design, heads=block_h))
 
 
 def profile(a) -> None:

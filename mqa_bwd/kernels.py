@@ -298,6 +298,12 @@ __device__ __forceinline__ void mqa_shard_add4(void* dst, const void* own, const
 #: H200: 1141 M shared-store wavefronts for 285 M ideal per dsv32 H=64 launch
 #: of the former cluster layout, with 4-way conflicts there).
 F32_ROW_PAD = 8
+#: The 64-head tile's padding instead (row stride 4 mod 32 banks): its dKV
+#: fragments are transposed (wgmma's, rows are columns of dKV), so a warp's
+#: stores go to rows 2 * (lane % 4) + {0, 1}, eight consecutive columns each;
+#: with a stride of 4 mod 32, rows 0, 2, 4 and 6 land on disjoint banks (with
+#: 8 they met two by two: 2-way conflicts).
+WIDE_ROW_PAD = 4
 
 
 #: Head groups one deterministic launch may sum on chip (a thread block cluster).
@@ -322,7 +328,8 @@ WIDE_PAIRS = True
 
 def runs_wide(heads: int, mode: str, cluster: int) -> bool:
     """Whether a launch of ``cluster`` groups of ``heads`` heads runs as one WIDE_HEADS-head CTA."""
-    return WIDE_PAIRS and mode in WIDE_MODES and cluster == 2 and 2 * heads == WIDE_HEADS
+    # "none" (no dKV, a benchmark probe) runs in the launches of the design it replaces.
+    return WIDE_PAIRS and mode in WIDE_MODES + ("none",) and cluster == 2 and 2 * heads == WIDE_HEADS
 
 
 def check_cluster(cluster, mode: str, heads: int | None = None) -> None:
@@ -401,8 +408,10 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     group, and no dKV partial leaves the CTA.
 
     heads = 64 (WIDE_HEADS; fixed and atomic modes, no cluster): the wide tile,
-    two 32-head groups in one CTA. Score, dP and dQ GEMMs lower to wgmma;
-    dKV is formed over all 64 heads in two 256-column chunks and the tail.
+    two 32-head groups in one CTA. Every GEMM lowers to wgmma: the score, dP
+    and dQ GEMMs as they are, the dKV GEMMs because they are formed
+    transposed (dKV^T = Q^T dS + dO^T P, M = columns). dKV is formed over
+    all 64 heads in two 256-column chunks and the tail.
     The first chunk is added right after its GEMMs from dKV_s; the second and
     the tail stay staged and are added after the next block's score, dP and
     dQ GEMMs (shared memory holds no whole block of fp32 dKV next to the
@@ -673,7 +682,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
             KV_s = T.alloc_shared((BS, Dv), bf16)
             P_s = T.alloc_shared((block_H, BS), bf16)
             dS_s = T.alloc_shared((block_H, BS), bf16)
-            dKV_s = T.alloc_shared((dkv_rows, dkv_w + F32_ROW_PAD), f32)
+            row_pad = WIDE_ROW_PAD if wide else F32_ROW_PAD
+            dKV_s = T.alloc_shared((dkv_rows, dkv_w + row_pad), f32)
             slot = T.alloc_shared((BS,), i32)
             slot_next = T.alloc_shared((BS,), i32)  # the rows of the block in flight
             lse_s = T.alloc_shared((block_H,), f32)
@@ -710,16 +720,19 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
             if has_tail:
                 Qt_s = T.alloc_shared((block_H, Dt), bf16)
                 KVt_s = T.alloc_shared((BS, Dt), bf16)
-                dKVt_s = T.alloc_shared((dkv_rows, dkvt_w + F32_ROW_PAD), f32)
+                dKVt_s = T.alloc_shared((dkv_rows, dkvt_w + row_pad), f32)
                 acc_dqt = T.alloc_fragment((block_H, Dt), f32)
-                acc_dkvt = T.alloc_fragment((BS, Ct), f32)
+                acc_dkvt = T.alloc_fragment((Ct, BS) if wide else (BS, Ct), f32)
                 if colsplit:
                     Qpt_s = T.alloc_shared((peers * block_H, Ct), bf16)
 
             acc_s = T.alloc_fragment((block_H, BS), f32)
             acc_dp = T.alloc_fragment((block_H, BS), f32)
             acc_dq = T.alloc_fragment((block_H, Dv), f32)
-            acc_dkv = T.alloc_fragment((BS, Dc), f32)
+            # The wide tile forms dKV transposed, dKV^T = Q^T dS + dO^T P: M is
+            # then the chunk's columns, not the 32 slots, so TileLang lowers
+            # these GEMMs to wgmma as well (M = 32 keeps them on mma.sync).
+            acc_dkv = T.alloc_fragment((Dc, BS) if wide else (BS, Dc), f32)
             if mode == "fixed":
                 mass = T.alloc_fragment((block_H, BS), f32)
                 mass_row = T.alloc_fragment((block_H,), f32)
@@ -954,17 +967,24 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         # overwrites the staging); the last and the tail wait
                         # in dKV_s and dKVt_s for the next block, which adds them
                         # after its GEMMs (``wide_late``).
+                        # The GEMMs give dKV^T (acc_dkv); each warpgroup takes whole
+                        # rows of it (FullRow: 64 x 32 wgmma tiles, where the default
+                        # split of the 32 slots gave 64 x 16 ones and was slower).
                         for c in T.unroll(DKV_SPLIT):
-                            T.gemm(dS_s, Q_s[0:block_H, c * Dc : (c + 1) * Dc], acc_dkv, transpose_A=True, clear_accum=True)
-                            T.gemm(P_s, dO_s[0:block_H, c * Dc : (c + 1) * Dc], acc_dkv, transpose_A=True)
-                            T.copy(acc_dkv, dKV_s[0:BS, 0:Dc])
+                            T.gemm(Q_s[0:block_H, c * Dc : (c + 1) * Dc], dS_s, acc_dkv, transpose_A=True, clear_accum=True,
+                                   policy=T.GemmWarpPolicy.FullRow)
+                            T.gemm(dO_s[0:block_H, c * Dc : (c + 1) * Dc], P_s, acc_dkv, transpose_A=True,
+                                   policy=T.GemmWarpPolicy.FullRow)
+                            for d, j in T.Parallel(Dc, BS):
+                                dKV_s[j, d] = acc_dkv[d, j]
                             if c + 1 < DKV_SPLIT:
                                 T.sync_threads()
                                 add_chunk(dKV, dKV_s, 0, c * Dc, Dc, slot, scale_cur, warp, lane, kv_row, scale_r, NKV)
                                 T.sync_threads()
                         if has_tail:
-                            T.gemm(dS_s, Qt_s, acc_dkvt, transpose_A=True, clear_accum=True)
-                            T.copy(acc_dkvt, dKVt_s[0:BS, 0:Dt])
+                            T.gemm(Qt_s, dS_s, acc_dkvt, transpose_A=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                            for d, j in T.Parallel(Dt, BS):
+                                dKVt_s[j, d] = acc_dkvt[d, j]
                         for j in T.Parallel(BS):
                             slot_prev[j] = slot[j]
                         if mode == "fixed":

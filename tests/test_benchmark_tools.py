@@ -209,7 +209,9 @@ def test_ncu_stalls_counts_main_launches_per_call():
     tool = _tool("ncu_stalls")
     assert tool.main_launches_per_call(64, "fixed", 2) == 1  # two 32-head groups, one cluster
     assert tool.main_launches_per_call(64, "fixed", 1) == 2
-    assert tool.main_launches_per_call(64, "atomic", 2) == 2
+    assert tool.main_launches_per_call(64, "atomic", 2) == 1  # the pair runs as one 64-head CTA
+    assert tool.main_launches_per_call(128, "atomic", 2) == 2
+    assert tool.main_launches_per_call(40, "atomic", 2) == 3  # 16-head groups are never paired
     assert tool.main_launches_per_call(40, "fixed", 2) == 2  # three 16-head groups: a cluster and one alone
 
 

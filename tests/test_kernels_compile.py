@@ -82,6 +82,7 @@ def test_pairs_of_32_head_groups_run_as_one_wide_cta(monkeypatch):
     assert K.main_kernel_key(32, 576, 512, "atomic", 2) == (K.WIDE_HEADS, 576, 512, "atomic")
     assert K.main_kernel_key(16, 576, 512, "fixed", 2) == (16, 576, 512, "fixed", 2)
     assert K.main_kernel_key(32, 576, 512, "shard", 2) == (32, 576, 512, "shard", 2)
+    assert K.main_kernel_key(32, 576, 512, "none", 2) == (K.WIDE_HEADS, 576, 512, "none")  # the no-dKV probe
     K.check_cluster(2, "atomic", 32)
     with pytest.raises(ValueError, match="cluster"):
         K.check_cluster(2, "atomic")  # the narrow builder has no atomic cluster
@@ -205,33 +206,38 @@ def test_cluster_inboxes_are_laid_out_as_the_tiles_they_receive(config):
             assert got == eval(own_index, {}, dict(tx=tx, ki=k)) + i * tile, f"{_id(config)}: {inbox}, tx {tx}, step {k}"
 
 
-# fp32 tile stores in the generated CUDA: *(float2*)(((float*)BUF) + (INDEX)) = *(float2*)(...)
+# fp32 tile stores in the generated CUDA: *(float2*)(((float*)BUF) + (INDEX)) = *(float2*)(...),
+# and the 64-head tile's transposed ones, one word each: ((float*)BUF)[INDEX] = acc_dkv[...]
 FLOAT2_STORE = re.compile(r"\*\(float2\*\)\(\(\(float\*\)(\w+)\) \+ (.+?)\) = \*\(float2\*\)")
+FLOAT_STORE = re.compile(r"\(\(float\*\)(\w+)\)\[(.+?)\] = acc_dkvt?\[")
 UNROLLED_LOOP = re.compile(r"for \(int (\w+) = 0; \1 < (\d+); \+\+\1\)")
 
 
 def _shared_store_wavefronts(source: str, threads: int = 256) -> dict:
-    """buffer -> the most wavefronts any half-warp needs for one of its float2 stores (1: conflict-free).
+    """buffer -> the most wavefronts any phase of a warp needs for one of its dKV tile stores (1: conflict-free).
 
     Evaluates each store's index for every thread, cluster rank and value of
     the loop variables it names. A 64-bit store is served a half-warp at a
-    time: 16 lanes x 2 words on 32 banks, so a conflict-free half-warp needs
-    one wavefront, and k words on one bank need k. The model agrees with ncu on
-    the H200 (2026-11-30): 2-way for 4-word padded rows, 4-way and 2-way for
-    the cluster's staging layout before and after the 8-word padding."""
+    time (16 lanes x 2 words on 32 banks), a 32-bit one a warp at a time (32
+    lanes x 1 word), so a conflict-free phase needs one wavefront, and k words
+    on one bank need k. The model agrees with ncu on the H200 (2026-11-30):
+    2-way for 4-word padded rows, 4-way and 2-way for the cluster's staging
+    layout before and after the 8-word padding."""
     loops = {name: int(n) for name, n in UNROLLED_LOOP.findall(source)}
     worst = {}
-    for buffer, index in FLOAT2_STORE.findall(source):
+    stores = [(buffer, index, 16, 2) for buffer, index in FLOAT2_STORE.findall(source)]
+    stores += [(buffer, index, 32, 1) for buffer, index in FLOAT_STORE.findall(source)]
+    for buffer, index, phase, words in stores:
         expr = index.replace("((int)threadIdx.x)", "tx").replace("((int)blockIdx.y)", "rank")
         assert "blockIdx" not in expr and "/" not in expr, expr  # only what the model evaluates
         names = sorted(set(re.findall(r"\b[a-z_][a-z0-9_]*\b", expr)) - {"tx", "rank"})
         code = compile(expr, buffer, "eval")
         for values in itertools.product(*(range(loops.get(name, 2)) for name in names)):
-            for rank, warp, half in itertools.product((0, 1), range(threads // 32), (0, 1)):
+            for rank, warp, part in itertools.product((0, 1), range(threads // 32), range(32 // phase)):
                 words_on_bank = collections.defaultdict(set)
-                for lane in range(16 * half, 16 * half + 16):
+                for lane in range(phase * part, phase * part + phase):
                     word = eval(code, {}, dict(zip(names, values), tx=32 * warp + lane, rank=rank))
-                    for w in (word, word + 1):
+                    for w in range(word, word + words):
                         words_on_bank[w % 32].add(w)
                 need = max(len(words) for words in words_on_bank.values())
                 worst[buffer] = max(worst.get(buffer, 0), need)
@@ -240,12 +246,14 @@ def _shared_store_wavefronts(source: str, threads: int = 256) -> dict:
 
 @pytest.mark.parametrize("config", [c for c in DKV_CONFIGS if c[0] == "main_bwd" and c[4] != "none"], ids=_id)
 def test_dkv_tile_stores_are_bank_conflict_free(config):
-    # The dKV GEMMs' fp32 accumulators go to shared memory as float2 per lane
-    # every slot block. Conflicted, they cost the H200 1.2 ms per dsv32 H=64
-    # call in each design (4-word padding, measured); this catches a padding or
-    # layout change that brings conflicts back, without a GPU.
+    # The dKV GEMMs' fp32 accumulators go to shared memory every slot block,
+    # as float2 per lane (mma.sync fragments) or a word per lane (the 64-head
+    # tile's transposed wgmma fragments). Conflicted, they cost the H200 1.2 ms
+    # per dsv32 H=64 call in each design (4-word padding of the float2 layout,
+    # measured); this catches a padding or layout change that brings conflicts
+    # back, without a GPU.
     worst = _shared_store_wavefronts(K.compiled(*config).get_kernel_source())
-    assert worst, f"{_id(config)}: no float2 store of the dKV tile found; update this test"
+    assert worst, f"{_id(config)}: no store of the dKV tile found; update this test"
     assert all(need == 1 for need in worst.values()), f"{_id(config)}: wavefronts per half-warp {worst}"
 
 
