@@ -547,6 +547,15 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     grid = NSL if mode == "shard" else R
     has_tail = Dt > 0
 
+    # The wide tile's score, dP and dQ GEMMs are wgmma: issued without waiting,
+    # so that the previous block's late adds go out while the tensor cores work
+    # (the wait follows them); elsewhere T.gemm, which waits.
+    gemm_async = T.wgmma_gemm if wide else T.gemm
+    # After the wait, each accumulator is pinned (an empty asm that reads and
+    # writes its registers, as T.gemm's own wait does), so that the compiler
+    # reads none of it before the wait; num_regs: this thread's share.
+    per_thread_regs = {"s": block_H * BS // threads, "dq": block_H * Dv // threads, "dqt": block_H * Dt // threads}
+
     @T.macro
     def gather_async(KV, KV_s, KVt_s, rows, NKV):
         """cp.async of the kv rows named by ``rows`` into KV_s / KVt_s, 16 bytes a copy;
@@ -840,13 +849,16 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                             )
 
                     # Scores, then P = exp2(score * scale * log2e - Lse2), 0 on invalid slots.
-                    T.gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True)
+                    gemm_async(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True)
                     if has_tail:
-                        T.gemm(Qt_s, KVt_s, acc_s, transpose_B=True)
+                        gemm_async(Qt_s, KVt_s, acc_s, transpose_B=True)
                     if local_adds and t > 0:  # after the GEMM: see ``deferred``
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 0, warp, lane, kv_row, scale_r, NKV, rank, 0, b, chain_prev)
                     if wide_late and t > 0:
                         wide_late_adds(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 0, warp, lane, kv_row, scale_r, NKV)
+                    if wide:
+                        T.wait_wgmma(0)
+                        T.warpgroup_fence_operand(acc_s, num_regs=per_thread_regs["s"])
                     for h, j in T.Parallel(block_H, BS):
                         acc_s[h, j] = T.if_then_else(
                             (slot[j] >= 0) and (slot[j] < NKV),
@@ -866,11 +878,14 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 0, warp, lane, kv_row, scale_r, NKV, rank,
                                   2 * BS, b, chain_prev)
                     # dP = dO KV_v^T; dS = P * (dP - Delta) * sm_scale.
-                    T.gemm(dO_s, KV_s, acc_dp, transpose_B=True, clear_accum=True)
+                    gemm_async(dO_s, KV_s, acc_dp, transpose_B=True, clear_accum=True)
                     if local_adds and t > 0:
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 1, warp, lane, kv_row, scale_r, NKV, rank, 0, b, chain_prev)
                     if wide_late and t > 0:
                         wide_late_adds(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 1, warp, lane, kv_row, scale_r, NKV)
+                    if wide:
+                        T.wait_wgmma(0)
+                        T.warpgroup_fence_operand(acc_dp, num_regs=per_thread_regs["s"])
                     for h, j in T.Parallel(block_H, BS):
                         acc_dp[h, j] = acc_s[h, j] * (acc_dp[h, j] - delta_s[h]) * sm_scale
                     T.copy(acc_dp, dS_s)
@@ -879,13 +894,18 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 1, warp, lane, kv_row, scale_r, NKV, rank,
                                   2 * BS, b, chain_prev)
                     # dQ += dS KV.
-                    T.gemm(dS_s, KV_s, acc_dq)
+                    gemm_async(dS_s, KV_s, acc_dq)
                     if has_tail:
-                        T.gemm(dS_s, KVt_s, acc_dqt)
+                        gemm_async(dS_s, KVt_s, acc_dqt)
                     if local_adds and t > 0:
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 2, warp, lane, kv_row, scale_r, NKV, rank, 0, b, chain_prev)
                     if wide_late and t > 0:
                         wide_late_adds(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 2, warp, lane, kv_row, scale_r, NKV)
+                    if wide:
+                        T.wait_wgmma(0)
+                        T.warpgroup_fence_operand(acc_dq, num_regs=per_thread_regs["dq"])
+                        if has_tail:
+                            T.warpgroup_fence_operand(acc_dqt, num_regs=per_thread_regs["dqt"])
                     if colsplit:
                         # Stage this block's P and dS tiles for the peers (their
                         # stores were ordered by the barrier before this GEMM);

@@ -93,6 +93,33 @@ def test_pairs_of_32_head_groups_run_as_one_wide_cta(monkeypatch):
         K.check_cluster(2, "atomic", 32)
 
 
+WIDE_CONFIGS = [c for c in CONFIGS if c[0] == "main_bwd" and c[1] == K.WIDE_HEADS]
+WGMMA_WAIT = "tl::wait_wgmma<0>();"
+
+
+@pytest.mark.parametrize("config", WIDE_CONFIGS, ids=_id)
+def test_wide_tile_adds_while_its_wgmma_runs(config):
+    # The 64-head tile issues its score, dP and dQ GEMMs without waiting, adds
+    # the previous block's staged dKV (last chunk's halves, then the tail, if
+    # any), then waits (H200: 2-3 % faster in both designs). Each wait must be
+    # followed by a fence of every accumulator it waited for: without one, the
+    # compiler may read wgmma's registers before the wait (silently wrong
+    # values, depending on its schedule).
+    source = K.compiled(*config).get_kernel_source()
+    has_tail = config[2] > config[3]
+    assert source.count(WGMMA_WAIT) == 3, f"{_id(config)}: {source.count(WGMMA_WAIT)} explicit wgmma waits"
+    fenced = [("acc_s",), ("acc_dp",), ("acc_dq",) + (("acc_dqt",) if has_tail else ())]
+    adds = "AtomicAdd(" if config[4] == "fixed" else "AtomicAddx4("
+    pieces = source.split(WGMMA_WAIT)
+    for site, (before, after) in enumerate(zip(pieces, pieces[1:])):
+        issued = before[before.rindex("tl::warpgroup_commit_batch();"):]
+        assert (adds in issued) == (site < 2 or has_tail), f"{_id(config)}: late adds at site {site}: {adds in issued}"
+        lines = after.strip().splitlines()
+        names = tuple(re.search(r"<float\*>\((\w+) \+", line).group(1)
+                      for line in lines[: len(fenced[site])] if "warpgroup_fence_operand" in line)
+        assert names == fenced[site], f"{_id(config)}: after wait {site}, {lines[:2]} does not fence {fenced[site]}"
+
+
 def test_head_tile_rule():
     # SPEC: padded_H = max(next_power_of_2(H), 16), block_H = min(64, padded_H).
     assert [K.main_tile_heads(h) for h in (1, 8, 15, 16, 17, 32, 33, 64, 65, 128)] == [16, 16, 16, 16, 32, 32, 64, 64, 64, 64]
