@@ -413,8 +413,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     transposed (dKV^T = Q^T dS + dO^T P, M = columns). dKV is formed over
     all 64 heads in two 256-column chunks and the tail.
     The first chunk is added right after its GEMMs from dKV_s; the second and
-    the tail stay staged and are added after the next block's score, dP and
-    dQ GEMMs (shared memory holds no whole block of fp32 dKV next to the
+    the tail stay staged and are added while the next block's score, dP and
+    dQ GEMMs run (shared memory holds no whole block of fp32 dKV next to the
     64-head Q and dO tiles).
 
     cluster (shard mode, 2): cluster b (grid NSL x 2) walks shard b's rows as
@@ -512,9 +512,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                          f"mode={mode!r}, cluster={cluster}")
     deferred = (mode in ("fixed", "atomic") and not wide) or sharded
     # Wide tile: its last value chunk and its tail wait in their staging for
-    # the next block, which adds them right after its score, dP and dQ GEMMs
-    # (as the narrow kernel's deferred pieces), so only the first chunk's adds
-    # hold the block up.
+    # the next block, which adds them while its score, dP and dQ GEMMs run
+    # (gemm_async below), so only the first chunk's adds hold the block up.
     wide_late = wide and mode != "none"
     PIECES = 4  # four call sites below
     piece = BS // PIECES
