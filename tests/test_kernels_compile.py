@@ -101,7 +101,7 @@ WGMMA_WAIT = "tl::wait_wgmma<0>();"
 def test_wide_tile_adds_while_its_wgmma_runs(config):
     # The 64-head tile issues its score, dP and dQ GEMMs without waiting, adds
     # the previous block's staged dKV (last chunk's halves, then the tail, if
-    # any), then waits (H200: 2-3 % faster in both designs). Each wait must be
+    # any), then waits (H200: 1-3 % faster in both designs). Each wait must be
     # followed by a fence of every accumulator it waited for: without one, the
     # compiler may read wgmma's registers before the wait (silently wrong
     # values, depending on its schedule).
@@ -281,7 +281,7 @@ def test_dkv_tile_stores_are_bank_conflict_free(config):
     # back, without a GPU.
     worst = _shared_store_wavefronts(K.compiled(*config).get_kernel_source())
     assert worst, f"{_id(config)}: no store of the dKV tile found; update this test"
-    assert all(need == 1 for need in worst.values()), f"{_id(config)}: wavefronts per half-warp {worst}"
+    assert all(need == 1 for need in worst.values()), f"{_id(config)}: wavefronts per phase {worst}"
 
 
 @pytest.mark.parametrize("config", [c for c in CONFIGS if c[0] == "delta_max"], ids=_id)
