@@ -499,9 +499,9 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     # Moved, the deterministic call took 24.85 against 25.58 ms at dsv32 H=64,
     # 49.44 against 50.84 at H=128 and 17.01 against 17.45 at fleet on the
     # H200; the control's, 23.60 against 23.67 (benchmarks/kernel_ab.py).
-    # A 64-head tile (TileLang lowers its score, dP and dQ GEMMs to wgmma)
-    # is the cluster of two 32-head groups done by one CTA: every dKV
-    # element summed over all 64 heads on chip, no tile exchange. Its Q and
+    # A 64-head tile (TileLang lowers all its GEMMs to wgmma) is the cluster
+    # of two 32-head groups done by one CTA: every dKV element summed over
+    # all 64 heads on chip, no tile exchange. Its Q and
     # dO tiles take 136 KB of shared memory, so a whole block's fp32 dKV
     # (74 KB) cannot wait in it for the next block: its first column chunk is
     # added as soon as it is computed, from a one-chunk staging buffer, and
@@ -552,8 +552,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     gemm_async = T.wgmma_gemm if wide else T.gemm
     # After the wait, each accumulator is pinned (an empty asm that reads and
     # writes its registers, as T.gemm's own wait does), so that the compiler
-    # reads none of it before the wait; num_regs: this thread's share.
-    per_thread_regs = {"s": block_H * BS // threads, "dq": block_H * Dv // threads, "dqt": block_H * Dt // threads}
+    # reads none of it before the wait; num_regs: this thread's share of it.
 
     @T.macro
     def gather_async(KV, KV_s, KVt_s, rows, NKV):
@@ -857,7 +856,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         wide_late_adds(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 0, warp, lane, kv_row, scale_r, NKV)
                     if wide:
                         T.wait_wgmma(0)
-                        T.warpgroup_fence_operand(acc_s, num_regs=per_thread_regs["s"])
+                        T.warpgroup_fence_operand(acc_s, num_regs=block_H * BS // threads)
                     for h, j in T.Parallel(block_H, BS):
                         acc_s[h, j] = T.if_then_else(
                             (slot[j] >= 0) and (slot[j] < NKV),
@@ -884,7 +883,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         wide_late_adds(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 1, warp, lane, kv_row, scale_r, NKV)
                     if wide:
                         T.wait_wgmma(0)
-                        T.warpgroup_fence_operand(acc_dp, num_regs=per_thread_regs["s"])
+                        T.warpgroup_fence_operand(acc_dp, num_regs=block_H * BS // threads)
                     for h, j in T.Parallel(block_H, BS):
                         acc_dp[h, j] = acc_s[h, j] * (acc_dp[h, j] - delta_s[h]) * sm_scale
                     T.copy(acc_dp, dS_s)
@@ -902,9 +901,9 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         wide_late_adds(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 2, warp, lane, kv_row, scale_r, NKV)
                     if wide:
                         T.wait_wgmma(0)
-                        T.warpgroup_fence_operand(acc_dq, num_regs=per_thread_regs["dq"])
+                        T.warpgroup_fence_operand(acc_dq, num_regs=block_H * Dv // threads)
                         if has_tail:
-                            T.warpgroup_fence_operand(acc_dqt, num_regs=per_thread_regs["dqt"])
+                            T.warpgroup_fence_operand(acc_dqt, num_regs=block_H * Dt // threads)
                     if colsplit:
                         # Stage this block's P and dS tiles for the peers (their
                         # stores were ordered by the barrier before this GEMM);
@@ -985,7 +984,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         # barriers keep a chunk's adds before the next chunk
                         # overwrites the staging); the last and the tail wait
                         # in dKV_s and dKVt_s for the next block, which adds them
-                        # after its GEMMs (``wide_late``).
+                        # while its GEMMs run (``wide_late``).
                         # The GEMMs give dKV^T (acc_dkv); each warpgroup takes whole
                         # rows of it (FullRow: 64 x 32 wgmma tiles, where the default
                         # split of the 32 slots gave 64 x 16 ones and was slower).
