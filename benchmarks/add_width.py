@@ -78,7 +78,7 @@ SCALAR_TAIL_ADD = """                                T.call_extern("handle", "mq
 """
 # The fixed-point guard (both fixed paths): "none" never passes it.
 FIXED_GUARD = "\n                if (kv_row[0] >= 0) and (kv_row[0] < NKV):\n"
-IMPORT = 'T.import_source(GATHER_SOURCE + (CLUSTER_SOURCE if cluster > 1 else "") + (SHARD_SOURCE if sharded else ""))'
+IMPORT = "T.import_source(device_source)"
 RED_SOURCE = r'''
 
 RED_F32_SOURCE = r"""

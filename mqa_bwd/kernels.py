@@ -194,6 +194,18 @@ __device__ __forceinline__ void mqa_cp_async_wait_all() { asm volatile("cp.async
 __device__ __forceinline__ void mqa_st_shared_i32(void* base, int i, int v) { static_cast<int*>(base)[i] = v; }
 """
 
+# The split wide tile (WIDE_SPLIT): P goes from one warpgroup to the other in
+# fp32 through shared memory. Through calls, TileLang's barrier planner sees
+# neither these stores and loads nor the named barriers that order them (it
+# would put a __syncthreads between the warpgroups' branches: a deadlock);
+# volatile keeps them in order with those barriers. mqa_st_shared_at: a store
+# at an address TileLang computed (the layout of a GEMM operand), unseen too.
+SPLIT_SOURCE = r"""
+__device__ __forceinline__ void mqa_st_shared_f32(void* base, int i, float v) { static_cast<volatile float*>(base)[i] = v; }
+__device__ __forceinline__ float mqa_ld_shared_f32(void* base, int i) { return static_cast<volatile float*>(base)[i]; }
+template <typename V> __device__ __forceinline__ void mqa_st_shared_at(void* p, V v) { *static_cast<V*>(p) = v; }
+"""
+
 # A cluster of CTAs (the head groups of one query row) exchanges tiles through
 # distributed shared memory: every CTA's buffers sit at the same offsets.
 CLUSTER_SOURCE = r"""
@@ -324,6 +336,19 @@ MAX_CLUSTER = 2
 WIDE_HEADS = 64
 WIDE_MODES = ("fixed", "atomic")
 WIDE_PAIRS = True
+#: Whether the wide tile splits its score and dP GEMMs between its warpgroups
+#: (main_bwd_program's ``split``). Off: on the H200 it takes 4 % off the
+#: deterministic call and 11 % off the control with the same bits, but
+#: racecheck reports its warpgroup handshake (bar.arrive to bar.sync) as
+#: hazards, which the gate does not accept (README, Speed).
+WIDE_SPLIT = False
+#: Threads of a warpgroup (wgmma's unit).
+WARPGROUP = 128
+#: The split tile's named barriers (ids above those TileLang's warpgroup syncs
+#: take), each one warpgroup's bar.arrive and the other's bar.sync (a bar.sync
+#: at two places of a branch is undefined, and synccheck says so): warpgroup
+#: 1's late adds have read the staging that P's exchange overlays; P is there.
+BAR_STAGING_READ, BAR_P_WRITTEN = 10, 11
 
 
 def runs_wide(heads: int, mode: str, cluster: int) -> bool:
@@ -415,7 +440,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     The first chunk is added right after its GEMMs from dKV_s; the second and
     the tail stay staged and are added while the next block's score, dP and
     dQ GEMMs run (shared memory holds no whole block of fp32 dKV next to the
-    64-head Q and dO tiles).
+    64-head Q and dO tiles). WIDE_SPLIT (off): the score and dP GEMMs split
+    between the two warpgroups instead, which hand P over in fp32.
 
     cluster (shard mode, 2): cluster b (grid NSL x 2) walks shard b's rows as
     above, and each slot's contribution (the two groups' fp32 partials
@@ -510,6 +536,11 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     if wide and (cluster > 1 or mode not in WIDE_MODES + ("none",)):
         raise ValueError(f"a {WIDE_HEADS}-head tile is built for the fixed and atomic modes without clusters: "
                          f"mode={mode!r}, cluster={cluster}")
+    # The wide tile's score and dP GEMMs split between its warpgroups (WIDE_SPLIT).
+    split = wide and WIDE_SPLIT
+    # The device functions the kernel calls (benchmarks/add_width.py appends its own).
+    device_source = (GATHER_SOURCE + (CLUSTER_SOURCE if cluster > 1 else "") + (SHARD_SOURCE if sharded else "")
+                     + (SPLIT_SOURCE if split else ""))
     deferred = (mode in ("fixed", "atomic") and not wide) or sharded
     # Wide tile: its last value chunk and its tail wait in their staging for
     # the next block, which adds them while its score, dP and dQ GEMMs run
@@ -637,10 +668,11 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         T.atomic_add(dKV[slots[k * piece + j], Dv + d], dKVt_s[k * piece + j, d])
 
     @T.macro
-    def add_chunk(dKV, buf, b0, col0, width, slots, scales, warp, lane, kv_row, scale_r, NKV):
+    def add_chunk(dKV, buf, b0, col0, width, slots, scales, warp, lane, kv_row, scale_r, NKV, part):
         """Wide tile: the global adds of dKV columns [col0, col0 + width) of every slot of
-        a block, staged in buf[:, b0:b0 + width]; as add_piece, a warp per slot."""
-        if mode == "fixed":
+        a block, staged in buf[:, b0:b0 + width]; as add_piece, a warp per slot. In
+        warpgroup ``part``'s branch (T.ws; None: outside any), that warpgroup's share of the slots."""
+        if mode == "fixed":  # warp w takes slots w, w + n_warps, ...: in a branch, its warpgroup's share
             for s_i in T.serial(BS // n_warps):
                 j = warp + s_i * n_warps
                 kv_row[0] = slots[j]
@@ -649,20 +681,26 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                     for c in T.unroll(width // 32):
                         T.atomic_add(dKV[kv_row[0], col0 + c * 32 + lane],
                                      T.call_extern("int64", "__float2ll_rn", buf[j, b0 + c * 32 + lane] * scale_r[0]))
-        else:
+        elif part is None:
             for j, d in T.Parallel(BS, width):
                 if (slots[j] >= 0) and (slots[j] < NKV):
                     T.atomic_add(dKV[slots[j], col0 + d], buf[j, b0 + d])
+        else:
+            # A parallel loop in a warpgroup's branch spans that warpgroup's
+            # threads only: each branch takes half of the slots.
+            for i, d in T.Parallel(BS // 2, width):
+                if (slots[part * (BS // 2) + i] >= 0) and (slots[part * (BS // 2) + i] < NKV):
+                    T.atomic_add(dKV[slots[part * (BS // 2) + i], col0 + d], buf[part * (BS // 2) + i, b0 + d])
 
     @T.macro
-    def wide_late_adds(dKV, dKV_s, dKVt_s, slots, scales, k, warp, lane, kv_row, scale_r, NKV):
+    def wide_late_adds(dKV, dKV_s, dKVt_s, slots, scales, k, warp, lane, kv_row, scale_r, NKV, part=None):
         """Wide tile, site k of the next block: the previous block's last value chunk
-        (dKV_s, two halves: k = 0, 1) and tail (dKVt_s, k = 2)."""
+        (dKV_s, two halves: k = 0, 1) and tail (dKVt_s, k = 2); ``part``: as add_chunk's."""
         if k < 2:
             add_chunk(dKV, dKV_s, k * (Dc // 2), (DKV_SPLIT - 1) * Dc + k * (Dc // 2), Dc // 2, slots, scales,
-                      warp, lane, kv_row, scale_r, NKV)
+                      warp, lane, kv_row, scale_r, NKV, part)
         elif has_tail:
-            add_chunk(dKV, dKVt_s, 0, Dv, Dt, slots, scales, warp, lane, kv_row, scale_r, NKV)
+            add_chunk(dKV, dKVt_s, 0, Dv, Dt, slots, scales, warp, lane, kv_row, scale_r, NKV, part)
 
     @T.prim_func
     def main_bwd(
@@ -691,6 +729,10 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
             dS_s = T.alloc_shared((block_H, BS), bf16)
             row_pad = WIDE_ROW_PAD if wide else F32_ROW_PAD
             dKV_s = T.alloc_shared((dkv_rows, dkv_w + row_pad), f32)
+            # The split tile: P in fp32, from the warpgroup that forms it to the one
+            # that forms dS, over the value chunk's staging (dKV_s), rows X_STRIDE
+            # words apart (8 mod 32 banks, as F32_ROW_PAD).
+            X_STRIDE = BS + F32_ROW_PAD
             slot = T.alloc_shared((BS,), i32)
             slot_next = T.alloc_shared((BS,), i32)  # the rows of the block in flight
             lse_s = T.alloc_shared((block_H,), f32)
@@ -741,8 +783,9 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
             # these GEMMs to wgmma as well (M = 32 keeps them on mma.sync).
             acc_dkv = T.alloc_fragment((Dc, BS) if wide else (BS, Dc), f32)
             if mode == "fixed":
-                mass = T.alloc_fragment((block_H, BS), f32)
                 mass_row = T.alloc_fragment((block_H,), f32)
+                if not split:  # summed per element, reduced once per row (the split tile: per block)
+                    mass = T.alloc_fragment((block_H, BS), f32)
                 scale_next = T.alloc_local((1,), f32)
             if deferred or wide:
                 slot_prev = T.alloc_shared((BS,), i32)  # the block whose dKV_s awaits its adds
@@ -799,7 +842,10 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                 if has_tail:
                     T.clear(acc_dqt)
                 if mode == "fixed":
-                    T.clear(mass)
+                    if split:
+                        T.clear(mass_row)
+                    else:
+                        T.clear(mass)
 
                 # The KV gather of slot block t + 1 is issued asynchronously
                 # right after block t's last read of KV_s (the dQ GEMM), so it
@@ -807,7 +853,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                 # (fixed) and 18 % (atomic) faster than gathering each block
                 # at its top, commit 679c2e6). Invalid slots are never read:
                 # their rows of KV_s are zero.
-                T.import_source(GATHER_SOURCE + (CLUSTER_SOURCE if cluster > 1 else "") + (SHARD_SOURCE if sharded else ""))
+                T.import_source(device_source)
                 for j in T.Parallel(BS):
                     slot_next[j] = Indices[r, j]
                 if sharded and tid < BS:
@@ -846,47 +892,100 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                                 (slot[tid] >= 0) and (slot[tid] < NKV), RowScale[slot[tid]], T.cast(0, f32)
                             )
 
-                    # Scores, then P = exp2(score * scale * log2e - Lse2), 0 on invalid slots.
-                    gemm_async(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True)
-                    if has_tail:
-                        gemm_async(Qt_s, KVt_s, acc_s, transpose_B=True)
-                    if local_adds and t > 0:  # after the GEMM: see ``deferred``
-                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 0, warp, lane, kv_row, scale_r, NKV, rank, 0, b, chain_prev)
-                    if wide_late and t > 0:
-                        wide_late_adds(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 0, warp, lane, kv_row, scale_r, NKV)
-                    if wide:
-                        T.wait_wgmma(0)
-                        T.warpgroup_fence_operand(acc_s, num_regs=block_H * BS // threads)
-                    for h, j in T.Parallel(block_H, BS):
-                        acc_s[h, j] = T.if_then_else(
-                            (slot[j] >= 0) and (slot[j] < NKV),
-                            T.exp2(acc_s[h, j] * scale_log2 - lse_s[h]),
-                            T.cast(0, f32),
-                        )
-                    T.copy(acc_s, P_s)
-                    if mode == "fixed":
+                    if split:
+                        # The warpgroups split the score and dP GEMMs: warpgroup 0
+                        # forms the scores and P, warpgroup 1 dP and dS, each GEMM
+                        # one 64 x 32 wgmma tile over the 64 heads (split by slots
+                        # instead, both read all of Q and dO and ran 64 x 16
+                        # tiles). P goes to warpgroup 1 in fp32 through shared
+                        # memory, over the value chunk's staging (X_STRIDE), which
+                        # both add first while their GEMMs run; warpgroup 0 also
+                        # stores P_s (bf16) and sums the block's softmax mass.
+                        # Each warpgroup keeps its accumulator within its own
+                        # branch, cleared before its GEMM, so that the two share
+                        # registers (neither is live in the other's branch or
+                        # between blocks); the barriers between the branches are
+                        # named ones of all the CTA's threads.
+                        with T.ws(0):
+                            T.clear(acc_s)
+                            T.wgmma_gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True)
+                            if has_tail:
+                                T.wgmma_gemm(Qt_s, KVt_s, acc_s, transpose_B=True)
+                            if wide_late and t > 0:
+                                for k in T.unroll(2):
+                                    wide_late_adds(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, k, warp, lane, kv_row, scale_r, NKV, 0)
+                            T.wait_wgmma(0)
+                            T.warpgroup_fence_operand(acc_s, num_regs=block_H * BS // WARPGROUP)
+                            T.sync_threads(barrier_id=BAR_STAGING_READ, arrive_count=threads)
+                            for h, j in T.Parallel(block_H, BS):
+                                acc_s[h, j] = T.if_then_else(
+                                    (slot[j] >= 0) and (slot[j] < NKV),
+                                    T.exp2(acc_s[h, j] * scale_log2 - lse_s[h]),
+                                    T.cast(0, f32),
+                                )
+                            for h, j in T.Parallel(block_H, BS):
+                                T.call_extern("handle", "mqa_st_shared_f32", dKV_s.data, h * X_STRIDE + j, acc_s[h, j])
+                            T.named_barrier_arrive(BAR_P_WRITTEN, threads)
+                            for h, j in T.Parallel(block_H, BS):
+                                T.call_extern("handle", "mqa_st_shared_at", T.address_of(P_s[h, j]), T.cast(acc_s[h, j], bf16))
+                            if mode == "fixed":
+                                T.reduce_sum(acc_s, mass_row, dim=1, clear=False)
+                        with T.ws(1):
+                            T.clear(acc_dp)
+                            T.wgmma_gemm(dO_s, KV_s, acc_dp, transpose_B=True, clear_accum=True)
+                            if wide_late and t > 0:
+                                for k in T.unroll(2):
+                                    wide_late_adds(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, k, warp, lane, kv_row, scale_r, NKV, 1)
+                            T.wait_wgmma(0)
+                            T.warpgroup_fence_operand(acc_dp, num_regs=block_H * BS // WARPGROUP)
+                            T.named_barrier_arrive(BAR_STAGING_READ, threads)
+                            T.sync_threads(barrier_id=BAR_P_WRITTEN, arrive_count=threads)
+                            for h, j in T.Parallel(block_H, BS):
+                                acc_dp[h, j] = (T.call_extern("float32", "mqa_ld_shared_f32", dKV_s.data, h * X_STRIDE + j)
+                                                * (acc_dp[h, j] - delta_s[h]) * sm_scale)
+                            T.copy(acc_dp, dS_s)
+                    else:
+                        # Scores, then P = exp2(score * scale * log2e - Lse2), 0 on invalid slots.
+                        gemm_async(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True)
+                        if has_tail:
+                            gemm_async(Qt_s, KVt_s, acc_s, transpose_B=True)
+                        if local_adds and t > 0:  # after the GEMM: see ``deferred``
+                            add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 0, warp, lane, kv_row, scale_r, NKV, rank, 0, b, chain_prev)
+                        if wide_late and t > 0:
+                            wide_late_adds(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 0, warp, lane, kv_row, scale_r, NKV)
+                        if wide:
+                            T.wait_wgmma(0)
+                            T.warpgroup_fence_operand(acc_s, num_regs=block_H * BS // threads)
                         for h, j in T.Parallel(block_H, BS):
-                            mass[h, j] += acc_s[h, j]
+                            acc_s[h, j] = T.if_then_else(
+                                (slot[j] >= 0) and (slot[j] < NKV),
+                                T.exp2(acc_s[h, j] * scale_log2 - lse_s[h]),
+                                T.cast(0, f32),
+                            )
+                        T.copy(acc_s, P_s)
+                        if mode == "fixed":
+                            for h, j in T.Parallel(block_H, BS):
+                                mass[h, j] += acc_s[h, j]
 
-                    if sharded and t > 0:
-                        # The peer's partials of block t - 1 are in; expect those of block t.
-                        T.call_extern("handle", "mqa_mbar_wait", bars.data, 0, (t - 1) % 2)
-                        if tid == 0:
-                            T.call_extern("handle", "mqa_mbar_expect", bars.data, 0, inbox_bytes)
-                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 0, warp, lane, kv_row, scale_r, NKV, rank,
-                                  2 * BS, b, chain_prev)
-                    # dP = dO KV_v^T; dS = P * (dP - Delta) * sm_scale.
-                    gemm_async(dO_s, KV_s, acc_dp, transpose_B=True, clear_accum=True)
-                    if local_adds and t > 0:
-                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 1, warp, lane, kv_row, scale_r, NKV, rank, 0, b, chain_prev)
-                    if wide_late and t > 0:
-                        wide_late_adds(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 1, warp, lane, kv_row, scale_r, NKV)
-                    if wide:
-                        T.wait_wgmma(0)
-                        T.warpgroup_fence_operand(acc_dp, num_regs=block_H * BS // threads)
-                    for h, j in T.Parallel(block_H, BS):
-                        acc_dp[h, j] = acc_s[h, j] * (acc_dp[h, j] - delta_s[h]) * sm_scale
-                    T.copy(acc_dp, dS_s)
+                        if sharded and t > 0:
+                            # The peer's partials of block t - 1 are in; expect those of block t.
+                            T.call_extern("handle", "mqa_mbar_wait", bars.data, 0, (t - 1) % 2)
+                            if tid == 0:
+                                T.call_extern("handle", "mqa_mbar_expect", bars.data, 0, inbox_bytes)
+                            add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 0, warp, lane, kv_row, scale_r, NKV, rank,
+                                      2 * BS, b, chain_prev)
+                        # dP = dO KV_v^T; dS = P * (dP - Delta) * sm_scale.
+                        gemm_async(dO_s, KV_s, acc_dp, transpose_B=True, clear_accum=True)
+                        if local_adds and t > 0:
+                            add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 1, warp, lane, kv_row, scale_r, NKV, rank, 0, b, chain_prev)
+                        if wide_late and t > 0:
+                            wide_late_adds(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 1, warp, lane, kv_row, scale_r, NKV)
+                        if wide:
+                            T.wait_wgmma(0)
+                            T.warpgroup_fence_operand(acc_dp, num_regs=block_H * BS // threads)
+                        for h, j in T.Parallel(block_H, BS):
+                            acc_dp[h, j] = acc_s[h, j] * (acc_dp[h, j] - delta_s[h]) * sm_scale
+                        T.copy(acc_dp, dS_s)
 
                     if sharded and t > 0:
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 1, warp, lane, kv_row, scale_r, NKV, rank,
@@ -997,7 +1096,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                                 dKV_s[j, d] = acc_dkv[d, j]
                             if c + 1 < DKV_SPLIT:
                                 T.sync_threads()
-                                add_chunk(dKV, dKV_s, 0, c * Dc, Dc, slot, scale_cur, warp, lane, kv_row, scale_r, NKV)
+                                add_chunk(dKV, dKV_s, 0, c * Dc, Dc, slot, scale_cur, warp, lane, kv_row, scale_r, NKV, None)
                                 T.sync_threads()
                         if has_tail:
                             T.gemm(Qt_s, dS_s, acc_dkvt, transpose_A=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
@@ -1121,7 +1220,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         if sharded and tid == 0:  # the next row initialises them again
                             T.call_extern("handle", "mqa_mbar_inval", bars.data, 2)
                 if mode == "fixed":
-                    T.reduce_sum(mass, mass_row, dim=1)
+                    if not split:
+                        T.reduce_sum(mass, mass_row, dim=1)
                     for h in T.Parallel(block_H):
                         # A NaN mass (a NaN lse or score) flags too: its
                         # contributions would otherwise convert to garbage.

@@ -8,6 +8,8 @@ KV rows with a copy that cannot skip an invalid slot, or bulk-copy a cluster
 peer a byte count its barrier does not expect."""
 
 import collections
+import functools
+import inspect
 import itertools
 import re
 import shutil
@@ -118,6 +120,68 @@ def test_wide_tile_adds_while_its_wgmma_runs(config):
         names = tuple(re.search(r"<float\*>\((\w+) \+", line).group(1)
                       for line in lines[: len(fenced[site])] if "warpgroup_fence_operand" in line)
         assert names == fenced[site], f"{_id(config)}: after wait {site}, {lines[:2]} does not fence {fenced[site]}"
+
+
+@functools.lru_cache(maxsize=None)
+def split_kernels():
+    """The kernels module with the wide tile's score and dP GEMMs split between its
+    warpgroups (kernels.WIDE_SPLIT, off by default: README, Speed)."""
+    from mqa_bwd.bench import kernels_module_from_source
+
+    source = inspect.getsource(K)
+    assert source.count("\nWIDE_SPLIT = False\n") == 1
+    return kernels_module_from_source(source.replace("\nWIDE_SPLIT = False\n", "\nWIDE_SPLIT = True\n"), "kernels_split")
+
+
+def branch_at(source: str, head: str, start: int = 0) -> tuple:
+    """(body, end) of the first block ``head {...}`` at or after ``start``: the text
+    between its braces and the index just past its closing brace."""
+    i = source.index(head + " {", start) + len(head) + 2
+    depth, j = 1, i
+    while depth:
+        depth += {"{": 1, "}": -1}.get(source[j], 0)
+        j += 1
+    return source[i:j - 1], j
+
+
+WARPGROUP_0, WARPGROUP_1 = "if (((int)threadIdx.x) < 128)", "if (128 <= ((int)threadIdx.x))"
+NAMED_SYNC = re.compile(r"__sync_thread_partial\((\d+), (\d+)\)")
+NAMED_ARRIVE = re.compile(r"__named_barrier_arrive\((\d+), (\d+)\)")
+
+
+@pytest.mark.parametrize("config", WIDE_CONFIGS, ids=_id)
+def test_split_wide_tile_compiles_without_spills_and_fits(config):
+    kernel = split_kernels().compiled(*config)
+    info = K.ptxas_info_of_source(kernel.get_kernel_source(), config)
+    assert info["spill_stores"] == info["spill_loads"] == info["stack"] == 0, f"{_id(config)}: {info}"
+    assert K.dynamic_shared_bytes(kernel) <= SM90_MAX_DYNAMIC_SMEM
+
+
+@pytest.mark.parametrize("config", WIDE_CONFIGS, ids=_id)
+def test_split_wide_tile_warpgroups_meet_only_at_their_named_barriers(config):
+    # Each warpgroup runs its GEMM and its elementwise work in a branch of its
+    # own, and they hand over through named barriers: one side's bar.arrive,
+    # the other's bar.sync, on the CTA's 256 threads. A __syncthreads between
+    # or inside the branches (TileLang's planner inserts one when it sees a
+    # shared-memory hazard between them) deadlocks: each warpgroup would wait
+    # at a different barrier for the other (seen on the H200: the call hung).
+    source = split_kernels().compiled(*config).get_kernel_source()
+    start = source.index("wgmma_ss") - 2000  # the slot loop's first branch precedes its first GEMM
+    first, end = branch_at(source, WARPGROUP_0, start)
+    second, end2 = branch_at(source, WARPGROUP_1, end)
+    assert source[end:source.index(WARPGROUP_1, end)].strip() == "", f"{_id(config)}: code between the branches"
+    threads = str(2 * K.WARPGROUP)
+    for name, body in (("warpgroup 0", first), ("warpgroup 1", second)):
+        assert "wgmma_ss" in body and "wait_wgmma" in body, f"{_id(config)}: {name} has no GEMM of its own"
+        assert "__syncthreads" not in body, f"{_id(config)}: __syncthreads inside {name}'s branch"
+    for bar in (K.BAR_STAGING_READ, K.BAR_P_WRITTEN):
+        sides = [(NAMED_ARRIVE.findall(body), NAMED_SYNC.findall(body)) for body in (first, second)]
+        arrivals = [sum(b == str(bar) for b, _ in arrive) for arrive, _ in sides]
+        syncs = [sum(b == str(bar) for b, _ in sync) for _, sync in sides]
+        assert sorted(zip(arrivals, syncs)) == [(0, 1), (1, 0)], f"{_id(config)}: barrier {bar}: arrive {arrivals}, sync {syncs}"
+        counts = {n for body in (first, second) for pattern in (NAMED_ARRIVE, NAMED_SYNC)
+                  for b, n in pattern.findall(body) if b == str(bar)}
+        assert counts == {threads}, f"{_id(config)}: barrier {bar} counts {counts}"
 
 
 def test_head_tile_rule():
