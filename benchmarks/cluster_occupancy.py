@@ -19,7 +19,6 @@ clusters of two) is slower: 53.40 against 51.63 ms (cluster_ab.py).
 """
 
 import argparse
-import os
 import subprocess
 import tempfile
 
@@ -68,13 +67,10 @@ def main_kernel_shared_bytes() -> dict:
 
 
 def build_probe(directory: str) -> str:
-    """The probe program, built with the machine's nvcc for sm_90a in ``directory``: its path."""
-    nvcc = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
-    src, exe = os.path.join(directory, "probe.cu"), os.path.join(directory, "probe")
-    with open(src, "w") as f:
-        f.write(PROBE)
-    subprocess.run([nvcc, "-arch=sm_90a", "-o", exe, src], check=True, capture_output=True)
-    return exe
+    """The probe program, built for sm_90a in ``directory``: its path."""
+    from mqa_bwd.bench import build_cuda_program
+
+    return build_cuda_program(PROBE, directory, "probe")
 
 
 def main():

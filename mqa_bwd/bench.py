@@ -206,6 +206,20 @@ def kernels_module_from_source(source: str, name: str):
     return load_kernels_module(path)
 
 
+def build_cuda_program(source: str, directory: str, name: str) -> str:
+    """A plain CUDA program (a benchmark's probe) built for sm_90a with the machine's
+    nvcc in ``directory``: the executable's path."""
+    import os
+    import subprocess
+
+    nvcc = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
+    src, exe = os.path.join(directory, f"{name}.cu"), os.path.join(directory, name)
+    with open(src, "w") as f:
+        f.write(source)
+    subprocess.run([nvcc, "-arch=sm_90a", "-o", exe, src], check=True, capture_output=True)
+    return exe
+
+
 def call_with_kernels(args, module, deterministic: bool) -> tuple:
     """(ms, outputs) of one whole wrapper call (timed_wrapper_call) that compiles and
     launches ``module``'s kernels and follows its cluster rule (another kernels.py)."""

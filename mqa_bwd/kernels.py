@@ -337,7 +337,7 @@ WIDE_HEADS = 64
 WIDE_MODES = ("fixed", "atomic")
 WIDE_PAIRS = True
 #: Whether the wide tile splits its score and dP GEMMs between its warpgroups
-#: (main_bwd_program's ``split``). Off: on the H200 it takes 4 % off the
+#: (main_bwd_program's ``split_tile``). Off: on the H200 it takes 4 % off the
 #: deterministic call and 11 % off the control with the same bits, but
 #: racecheck reports its warpgroup handshake (bar.arrive to bar.sync) as
 #: hazards, which the gate does not accept (README, Speed).
@@ -346,8 +346,11 @@ WIDE_SPLIT = False
 WARPGROUP = 128
 #: The split tile's named barriers (ids above those TileLang's warpgroup syncs
 #: take), each one warpgroup's bar.arrive and the other's bar.sync (a bar.sync
-#: at two places of a branch is undefined, and synccheck says so): warpgroup
-#: 1's late adds have read the staging that P's exchange overlays; P is there.
+#: at two places of the branches made synccheck report errors; bar.arrive and
+#: bar.sync are PTX's .aligned forms too, which PTX words for one instruction
+#: that all threads execute, so the non-aligned barrier.cta forms are the
+#: conforming ones to try): warpgroup 1's late adds have read the staging that
+#: P's exchange overlays; P is there.
 BAR_STAGING_READ, BAR_P_WRITTEN = 10, 11
 
 
@@ -537,10 +540,12 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
         raise ValueError(f"a {WIDE_HEADS}-head tile is built for the fixed and atomic modes without clusters: "
                          f"mode={mode!r}, cluster={cluster}")
     # The wide tile's score and dP GEMMs split between its warpgroups (WIDE_SPLIT).
-    split = wide and WIDE_SPLIT
+    split_tile = wide and WIDE_SPLIT
+    if split_tile and block_H * (BS + F32_ROW_PAD) > BS * (Dc + WIDE_ROW_PAD):
+        raise ValueError(f"split tile: P ({block_H} x {BS} fp32, padded) does not fit the staging of a {Dc}-column chunk")
     # The device functions the kernel calls (benchmarks/add_width.py appends its own).
     device_source = (GATHER_SOURCE + (CLUSTER_SOURCE if cluster > 1 else "") + (SHARD_SOURCE if sharded else "")
-                     + (SPLIT_SOURCE if split else ""))
+                     + (SPLIT_SOURCE if split_tile else ""))
     deferred = (mode in ("fixed", "atomic") and not wide) or sharded
     # Wide tile: its last value chunk and its tail wait in their staging for
     # the next block, which adds them while its score, dP and dQ GEMMs run
@@ -784,7 +789,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
             acc_dkv = T.alloc_fragment((Dc, BS) if wide else (BS, Dc), f32)
             if mode == "fixed":
                 mass_row = T.alloc_fragment((block_H,), f32)
-                if not split:  # summed per element, reduced once per row (the split tile: per block)
+                if not split_tile:  # summed per element, reduced once per row (the split tile: per block)
                     mass = T.alloc_fragment((block_H, BS), f32)
                 scale_next = T.alloc_local((1,), f32)
             if deferred or wide:
@@ -842,7 +847,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                 if has_tail:
                     T.clear(acc_dqt)
                 if mode == "fixed":
-                    if split:
+                    if split_tile:
                         T.clear(mass_row)
                     else:
                         T.clear(mass)
@@ -892,7 +897,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                                 (slot[tid] >= 0) and (slot[tid] < NKV), RowScale[slot[tid]], T.cast(0, f32)
                             )
 
-                    if split:
+                    if split_tile:
                         # The warpgroups split the score and dP GEMMs: warpgroup 0
                         # forms the scores and P, warpgroup 1 dP and dS, each GEMM
                         # one 64 x 32 wgmma tile over the 64 heads (split by slots
@@ -1220,7 +1225,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         if sharded and tid == 0:  # the next row initialises them again
                             T.call_extern("handle", "mqa_mbar_inval", bars.data, 2)
                 if mode == "fixed":
-                    if not split:
+                    if not split_tile:
                         T.reduce_sum(mass, mass_row, dim=1)
                     for h in T.Parallel(block_H):
                         # A NaN mass (a NaN lse or score) flags too: its

@@ -113,10 +113,12 @@ def test_add_width_device_code_compiles_for_sm90(variant, call, ptx_add):
     assert ptx_add in module.ptx_of(config)
 
 
-def test_cluster_occupancy_probe_builds(tmp_path):
-    # The probe is plain CUDA, built where it runs: a source or API slip must
+@pytest.mark.parametrize("name", ["cluster_occupancy", "racecheck_handoff"])
+def test_cuda_probe_builds(name, tmp_path):
+    # The probes are plain CUDA (racecheck_handoff's with inline PTX: named
+    # barriers, mbarriers), built where they run: a source or API slip must
     # fail here, not on the GPU machine.
-    tool = _tool("cluster_occupancy")
+    tool = _tool(name)
     nvcc = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
     if not os.path.exists(nvcc):
         pytest.skip("needs nvcc (CUDA toolkit)")

@@ -1,0 +1,139 @@
+"""Which warpgroup handoffs compute-sanitizer's racecheck can check (GPU only).
+
+    python benchmarks/racecheck_handoff.py
+
+The split wide tile (kernels.WIDE_SPLIT) hands P from one warpgroup to the
+other through shared memory under named barriers: the producer's bar.arrive,
+the consumer's bar.sync. On the H200 racecheck reported those handoffs as
+hazards, while synccheck passed and the outputs had the same bits as the
+default kernel. This probe tells a racecheck blind spot from a real race: one
+256-thread CTA whose warpgroups hand a shared buffer over (each thread reads
+another thread's word), ordered by
+
+  sync         one __syncthreads that both warpgroups reach (the reference)
+  arrive       the producer's bar.arrive, the consumer's bar.sync (the split
+               tile's; PTX's .aligned forms)
+  barrier_cta  the same with the non-aligned barrier.cta.arrive / .sync
+  mbarrier     mbarrier.arrive (release) and try_wait.parity (acquire)
+  none         nothing (racecheck must report this one)
+
+both ways, as in the tile: warpgroup 1 reads, then lets warpgroup 0
+overwrite; warpgroup 0 writes, then lets warpgroup 1 read. It prints, for
+each, racecheck's hazard count and how many reads missed their value. If
+``arrive`` reports hazards and ``barrier_cta`` or ``mbarrier`` none, the split
+tile's handoff can move to that form, which the gate can then check.
+"""
+
+import os
+import re
+import subprocess
+import tempfile
+
+PROBE = r"""
+#include <cstdio>
+#include <cstring>
+#include <cstdint>
+#include <cuda_runtime.h>
+
+enum Handoff { SYNC, ARRIVE, BARRIER_CTA, MBARRIER, NONE, KINDS };
+
+__device__ __forceinline__ unsigned smem_addr(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+
+// One handoff from the producer warpgroup to the other, on barrier ``id``
+// (named barrier id + 1, or mbarrier bars[id]); every thread calls it.
+__device__ __forceinline__ void handoff(int kind, bool producer, int id, uint64_t* bars) {
+  if (kind == SYNC) {
+    __syncthreads();
+  } else if (kind == ARRIVE) {  // the .aligned forms, as the split tile's
+    if (producer) asm volatile("bar.arrive %0, 256;" :: "r"(id + 1) : "memory");
+    else asm volatile("bar.sync %0, 256;" :: "r"(id + 1) : "memory");
+  } else if (kind == BARRIER_CTA) {  // the non-aligned forms
+    if (producer) asm volatile("barrier.cta.arrive %0, 256;" :: "r"(id + 1) : "memory");
+    else asm volatile("barrier.cta.sync %0, 256;" :: "r"(id + 1) : "memory");
+  } else if (kind == MBARRIER) {  // 128 arrivals (release), then a wait on phase 0 (acquire)
+    if (producer) {
+      asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" :: "r"(smem_addr(bars + id)) : "memory");
+    } else {
+      unsigned done = 0;
+      while (!done) {
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(done) : "r"(smem_addr(bars + id)) : "memory");
+      }
+    }
+  }
+}
+
+// The split tile's two handoffs: warpgroup 1 reads the buffer, then lets
+// warpgroup 0 overwrite it (write after read); warpgroup 0 writes it, then
+// lets warpgroup 1 read (read after write). Each reads another thread's word.
+__global__ void probe(int kind, float* out) {
+  __shared__ float buf[128];
+  __shared__ uint64_t bars[2];
+  int t = threadIdx.x;
+  if (t < 128) buf[t] = -1.0f - t;
+  if (kind == MBARRIER && t == 0) {
+    for (int i = 0; i < 2; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 128;" :: "r"(smem_addr(bars + i)) : "memory");
+  }
+  __syncthreads();
+  float old = 0.0f;
+  if (t >= 128) old = buf[255 - t];
+  handoff(kind, t >= 128, 0, bars);
+  if (t < 128) buf[t] = 1.0f + t;
+  handoff(kind, t < 128, 1, bars);
+  if (t >= 128) {
+    out[2 * (t - 128)] = old;
+    out[2 * (t - 128) + 1] = buf[255 - t];
+  }
+}
+
+int main(int argc, char** argv) {
+  const char* names[KINDS] = {"sync", "arrive", "barrier_cta", "mbarrier", "none"};
+  int kind = -1;
+  for (int k = 0; k < KINDS; ++k) if (argc > 1 && !strcmp(argv[1], names[k])) kind = k;
+  if (kind < 0) { fprintf(stderr, "usage: %s sync|arrive|barrier_cta|mbarrier|none\n", argv[0]); return 2; }
+  float* out;
+  float host[256];
+  if (cudaMalloc(&out, sizeof(host)) != cudaSuccess) return 3;
+  probe<<<1, 256>>>(kind, out);
+  if (cudaMemcpy(host, out, sizeof(host), cudaMemcpyDeviceToHost) != cudaSuccess) return 3;
+  int wrong = 0;  // reader i = t - 128 reads word 127 - i: first its old value, then the new one
+  for (int i = 0; i < 128; ++i) wrong += (host[2 * i] != -128.0f + i) + (host[2 * i + 1] != 128.0f - i);
+  printf("%s wrong %d\n", names[kind], wrong);
+  return 0;
+}
+"""
+
+HANDOFFS = ("sync", "arrive", "barrier_cta", "mbarrier", "none")
+HAZARDS = re.compile(r"RACECHECK SUMMARY: (\d+) hazards? displayed")
+
+
+def build_probe(directory: str) -> str:
+    """The probe program, built for sm_90a in ``directory``: its path."""
+    from mqa_bwd.bench import build_cuda_program
+
+    return build_cuda_program(PROBE, directory, "handoff")
+
+
+def racecheck(exe: str, handoff: str) -> tuple:
+    """(racecheck's hazard count, the probe's count of reads that missed their write) for one handoff."""
+    tool = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "compute-sanitizer")
+    done = subprocess.run([tool, "--tool", "racecheck", exe, handoff], capture_output=True, text=True, timeout=300)
+    found, wrong = HAZARDS.search(done.stdout), re.search(rf"{handoff} wrong (\d+)", done.stdout)
+    if not (found and wrong) or done.returncode:
+        raise RuntimeError(f"no racecheck summary or probe output for {handoff}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
+    return int(found.group(1)), int(wrong.group(1))
+
+
+def main():
+    with tempfile.TemporaryDirectory() as tmp:
+        exe = build_probe(tmp)
+        print(f"{'handoff':<12} {'racecheck hazards':>18} {'wrong reads':>12}")
+        results = {handoff: racecheck(exe, handoff) for handoff in HANDOFFS}
+        for handoff, (hazards, wrong) in results.items():
+            print(f"{handoff:<12} {hazards:>18} {wrong:>12}")
+    if results["none"][0] == 0 or results["sync"][0] != 0:
+        print("racecheck missed the race in 'none' or saw one in 'sync': its other counts say nothing here")
+
+
+if __name__ == "__main__":
+    main()
