@@ -166,9 +166,9 @@ def test_split_wide_tile_warpgroups_meet_only_at_their_named_barriers(config):
     # shared-memory hazard between them) deadlocks: each warpgroup would wait
     # at a different barrier for the other (seen on the H200: the call hung).
     source = split_kernels().compiled(*config).get_kernel_source()
-    start = source.index("wgmma_ss") - 2000  # the slot loop's first branch precedes its first GEMM
-    first, end = branch_at(source, WARPGROUP_0, start)
-    second, end2 = branch_at(source, WARPGROUP_1, end)
+    # Warpgroup 0's branch: the last one to open before the kernel's first GEMM.
+    first, end = branch_at(source, WARPGROUP_0, source.rindex(WARPGROUP_0 + " {", 0, source.index("wgmma_ss")))
+    second, _ = branch_at(source, WARPGROUP_1, end)
     assert source[end:source.index(WARPGROUP_1, end)].strip() == "", f"{_id(config)}: code between the branches"
     for name, body in (("warpgroup 0", first), ("warpgroup 1", second)):
         assert "wgmma_ss" in body and "wait_wgmma" in body, f"{_id(config)}: {name} has no GEMM of its own"
