@@ -541,7 +541,10 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                          f"mode={mode!r}, cluster={cluster}")
     # The wide tile's score and dP GEMMs split between its warpgroups (WIDE_SPLIT).
     split_tile = wide and WIDE_SPLIT
-    if split_tile and block_H * (BS + F32_ROW_PAD) > BS * (Dc + WIDE_ROW_PAD):
+    # The split tile hands P over in fp32 over the value chunk's staging (dKV_s),
+    # rows X_STRIDE words apart (8 mod 32 banks, as F32_ROW_PAD).
+    X_STRIDE = BS + F32_ROW_PAD
+    if split_tile and block_H * X_STRIDE > BS * (Dc + WIDE_ROW_PAD):
         raise ValueError(f"split tile: P ({block_H} x {BS} fp32, padded) does not fit the staging of a {Dc}-column chunk")
     # The device functions the kernel calls (benchmarks/add_width.py appends its own).
     device_source = (GATHER_SOURCE + (CLUSTER_SOURCE if cluster > 1 else "") + (SHARD_SOURCE if sharded else "")
@@ -707,6 +710,16 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
         elif has_tail:
             add_chunk(dKV, dKVt_s, 0, Dv, Dt, slots, scales, warp, lane, kv_row, scale_r, NKV, part)
 
+    @T.macro
+    def probabilities(acc_s, slot, lse_s, scale_log2, NKV):
+        """The scores in acc_s become P = exp2(score * scale * log2e - Lse2), 0 on invalid slots."""
+        for h, j in T.Parallel(block_H, BS):
+            acc_s[h, j] = T.if_then_else(
+                (slot[j] >= 0) and (slot[j] < NKV),
+                T.exp2(acc_s[h, j] * scale_log2 - lse_s[h]),
+                T.cast(0, f32),
+            )
+
     @T.prim_func
     def main_bwd(
         Q: T.Tensor((R, HQ, Dk), bf16),
@@ -734,10 +747,6 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
             dS_s = T.alloc_shared((block_H, BS), bf16)
             row_pad = WIDE_ROW_PAD if wide else F32_ROW_PAD
             dKV_s = T.alloc_shared((dkv_rows, dkv_w + row_pad), f32)
-            # The split tile: P in fp32, from the warpgroup that forms it to the one
-            # that forms dS, over the value chunk's staging (dKV_s), rows X_STRIDE
-            # words apart (8 mod 32 banks, as F32_ROW_PAD).
-            X_STRIDE = BS + F32_ROW_PAD
             slot = T.alloc_shared((BS,), i32)
             slot_next = T.alloc_shared((BS,), i32)  # the rows of the block in flight
             lse_s = T.alloc_shared((block_H,), f32)
@@ -922,12 +931,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                             T.wait_wgmma(0)
                             T.warpgroup_fence_operand(acc_s, num_regs=block_H * BS // WARPGROUP)
                             T.sync_threads(barrier_id=BAR_STAGING_READ, arrive_count=threads)
-                            for h, j in T.Parallel(block_H, BS):
-                                acc_s[h, j] = T.if_then_else(
-                                    (slot[j] >= 0) and (slot[j] < NKV),
-                                    T.exp2(acc_s[h, j] * scale_log2 - lse_s[h]),
-                                    T.cast(0, f32),
-                                )
+                            probabilities(acc_s, slot, lse_s, scale_log2, NKV)
                             for h, j in T.Parallel(block_H, BS):
                                 T.call_extern("handle", "mqa_st_shared_f32", dKV_s.data, h * X_STRIDE + j, acc_s[h, j])
                             T.named_barrier_arrive(BAR_P_WRITTEN, threads)
@@ -950,7 +954,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                                                 * (acc_dp[h, j] - delta_s[h]) * sm_scale)
                             T.copy(acc_dp, dS_s)
                     else:
-                        # Scores, then P = exp2(score * scale * log2e - Lse2), 0 on invalid slots.
+                        # Scores, then P.
                         gemm_async(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True)
                         if has_tail:
                             gemm_async(Qt_s, KVt_s, acc_s, transpose_B=True)
@@ -961,12 +965,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         if wide:
                             T.wait_wgmma(0)
                             T.warpgroup_fence_operand(acc_s, num_regs=block_H * BS // threads)
-                        for h, j in T.Parallel(block_H, BS):
-                            acc_s[h, j] = T.if_then_else(
-                                (slot[j] >= 0) and (slot[j] < NKV),
-                                T.exp2(acc_s[h, j] * scale_log2 - lse_s[h]),
-                                T.cast(0, f32),
-                            )
+                        probabilities(acc_s, slot, lse_s, scale_log2, NKV)
                         T.copy(acc_s, P_s)
                         if mode == "fixed":
                             for h, j in T.Parallel(block_H, BS):
