@@ -196,14 +196,39 @@ __device__ __forceinline__ void mqa_st_shared_i32(void* base, int i, int v) { st
 
 # The split wide tile (WIDE_SPLIT): P goes from one warpgroup to the other in
 # fp32 through shared memory. Through calls, TileLang's barrier planner sees
-# neither these stores and loads nor the named barriers that order them (it
-# would put a __syncthreads between the warpgroups' branches: a deadlock);
-# volatile keeps them in order with those barriers. mqa_st_shared_at: a store
-# at an address TileLang computed (the layout of a GEMM operand), unseen too.
+# neither these stores and loads nor the mbarriers that order them (it would
+# put a __syncthreads between the warpgroups' branches: a deadlock); volatile
+# keeps them in order with those mbarriers. mqa_st_shared_at: a store at an
+# address TileLang computed (the layout of a GEMM operand), unseen too.
+# A handoff is arrivals on an mbarrier (release) and a wait on the block's
+# phase (acquire), one phase a slot block. bars[0] takes all 256 threads'
+# arrivals: warpgroup 0 overwrites the staging only once every thread's adds
+# have read it, its own too (with warpgroup 1's arrivals alone, its fast
+# warps would overwrite words its slow ones have yet to add). bars[1] takes
+# warpgroup 0's 128, P's writers. Not named barriers (bar.arrive / bar.sync,
+# or barrier.cta): racecheck does not take an arrival as ordering the
+# producer's stores before the consumer's loads, and reports such a handoff
+# as a hazard (benchmarks/racecheck_handoff.py). The kernel ends without
+# reusing the mbarriers' memory, so they are not invalidated.
 SPLIT_SOURCE = r"""
 __device__ __forceinline__ void mqa_st_shared_f32(void* base, int i, float v) { static_cast<volatile float*>(base)[i] = v; }
 __device__ __forceinline__ float mqa_ld_shared_f32(void* base, int i) { return static_cast<volatile float*>(base)[i]; }
 template <typename V> __device__ __forceinline__ void mqa_st_shared_at(void* p, V v) { *static_cast<V*>(p) = v; }
+__device__ __forceinline__ unsigned mqa_handoff_bar(void* bars, int i) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(static_cast<unsigned long long*>(bars) + i));
+}
+__device__ __forceinline__ void mqa_handoff_init(void* bars, int arrivals0, int arrivals1) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(mqa_handoff_bar(bars, 0)), "r"(arrivals0) : "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(mqa_handoff_bar(bars, 1)), "r"(arrivals1) : "memory");
+}
+__device__ __forceinline__ void mqa_handoff_arrive(void* bars, int i) {
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" :: "r"(mqa_handoff_bar(bars, i)) : "memory");
+}
+__device__ __forceinline__ void mqa_handoff_wait(void* bars, int i, int parity) {
+  asm volatile("{\n\t.reg .pred done;\n\tMQA_HANDOFF_%=:\n\t"
+               "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n\t"
+               "@!done bra MQA_HANDOFF_%=;\n\t}" :: "r"(mqa_handoff_bar(bars, i)), "r"(parity) : "memory");
+}
 """
 
 # A cluster of CTAs (the head groups of one query row) exchanges tiles through
@@ -337,21 +362,16 @@ WIDE_HEADS = 64
 WIDE_MODES = ("fixed", "atomic")
 WIDE_PAIRS = True
 #: Whether the wide tile splits its score and dP GEMMs between its warpgroups
-#: (main_bwd_program's ``split_tile``). Off: on the H200 it takes 4 % off the
-#: deterministic call and 11 % off the control with the same bits, but
-#: racecheck reports its warpgroup handshake (bar.arrive to bar.sync) as
-#: hazards, which the gate does not accept (README, Speed).
-WIDE_SPLIT = False
+#: (main_bwd_program's ``split_tile``): on the H200 it takes 4-5 % off the
+#: deterministic call and 11 % off the control, with the same bits (README,
+#: Speed). Off: the unsplit wide tile, kept to time against.
+WIDE_SPLIT = True
 #: Threads of a warpgroup (wgmma's unit).
 WARPGROUP = 128
-#: The split tile's named barriers (ids above those TileLang's warpgroup syncs
-#: take), each one warpgroup's bar.arrive and the other's bar.sync (a bar.sync
-#: at two places of the branches made synccheck report errors; bar.arrive and
-#: bar.sync are PTX's .aligned forms too, which PTX words for one instruction
-#: that all threads execute, so the non-aligned barrier.cta forms are the
-#: conforming ones to try): warpgroup 1's late adds have read the staging that
-#: P's exchange overlays; P is there.
-BAR_STAGING_READ, BAR_P_WRITTEN = 10, 11
+#: The split tile's two mbarriers: both warpgroups' late adds have read the
+#: staging that P's exchange overlays (all threads arrive); P is there
+#: (warpgroup 0's threads arrive).
+HANDOFF_STAGING_READ, HANDOFF_P_WRITTEN = 0, 1
 
 
 def runs_wide(heads: int, mode: str, cluster: int) -> bool:
@@ -443,8 +463,9 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     The first chunk is added right after its GEMMs from dKV_s; the second and
     the tail stay staged and are added while the next block's score, dP and
     dQ GEMMs run (shared memory holds no whole block of fp32 dKV next to the
-    64-head Q and dO tiles). WIDE_SPLIT (off): the score and dP GEMMs split
-    between the two warpgroups instead, which hand P over in fp32.
+    64-head Q and dO tiles). WIDE_SPLIT (on): the score and dP GEMMs split
+    between the two warpgroups, which hand P over in fp32 (off: both
+    warpgroups run both, each for half of the slots).
 
     cluster (shard mode, 2): cluster b (grid NSL x 2) walks shard b's rows as
     above, and each slot's contribution (the two groups' fp32 partials
@@ -810,6 +831,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                 lane = T.get_thread_binding() % 32
             if wide:
                 scale_cur = T.alloc_shared((BS,), f32)  # this block's row scales
+            if split_tile:
+                hand_bars = T.alloc_shared((2,), "uint64")  # HANDOFF_STAGING_READ, HANDOFF_P_WRITTEN
             chain_prev = None
             if sharded:  # mqa_dup_link of each slot: of the block in flight, this block, the previous one
                 chain_next = T.alloc_shared((BS,), i32)
@@ -874,6 +897,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                     T.call_extern("handle", "mqa_st_shared_i32", chain_next.data, tid,
                                   T.call_extern("int32", "mqa_dup_link", Indices[r, tid]))
                 gather_async(KV, KV_s, KVt_s, slot_next, NKV)
+                if split_tile and tid == 0:  # before the slot loop's first __syncthreads
+                    T.call_extern("handle", "mqa_handoff_init", hand_bars.data, threads, WARPGROUP)
                 # Sharded cluster (the fixed one's handshake is at its exchange
                 # below): block t's partials of the peer's half are staged,
                 # then bulk-copied to the peer's inbox, completing on its full
@@ -918,8 +943,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         # Each warpgroup keeps its accumulator within its own
                         # branch, cleared before its GEMM, so that the two share
                         # registers (neither is live in the other's branch or
-                        # between blocks); the barriers between the branches are
-                        # named ones of all the CTA's threads.
+                        # between blocks); they meet only at two mbarriers
+                        # (SPLIT_SOURCE).
                         with T.ws(0):
                             T.clear(acc_s)
                             T.wgmma_gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True)
@@ -930,11 +955,12 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                                     wide_late_adds(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, k, warp, lane, kv_row, scale_r, NKV, 0)
                             T.wait_wgmma(0)
                             T.warpgroup_fence_operand(acc_s, num_regs=block_H * BS // WARPGROUP)
-                            T.sync_threads(barrier_id=BAR_STAGING_READ, arrive_count=threads)
+                            T.call_extern("handle", "mqa_handoff_arrive", hand_bars.data, HANDOFF_STAGING_READ)
+                            T.call_extern("handle", "mqa_handoff_wait", hand_bars.data, HANDOFF_STAGING_READ, t % 2)
                             probabilities(acc_s, slot, lse_s, scale_log2, NKV)
                             for h, j in T.Parallel(block_H, BS):
                                 T.call_extern("handle", "mqa_st_shared_f32", dKV_s.data, h * X_STRIDE + j, acc_s[h, j])
-                            T.named_barrier_arrive(BAR_P_WRITTEN, threads)
+                            T.call_extern("handle", "mqa_handoff_arrive", hand_bars.data, HANDOFF_P_WRITTEN)
                             for h, j in T.Parallel(block_H, BS):
                                 T.call_extern("handle", "mqa_st_shared_at", T.address_of(P_s[h, j]), T.cast(acc_s[h, j], bf16))
                             if mode == "fixed":
@@ -947,8 +973,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                                     wide_late_adds(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, k, warp, lane, kv_row, scale_r, NKV, 1)
                             T.wait_wgmma(0)
                             T.warpgroup_fence_operand(acc_dp, num_regs=block_H * BS // WARPGROUP)
-                            T.named_barrier_arrive(BAR_STAGING_READ, threads)
-                            T.sync_threads(barrier_id=BAR_P_WRITTEN, arrive_count=threads)
+                            T.call_extern("handle", "mqa_handoff_arrive", hand_bars.data, HANDOFF_STAGING_READ)
+                            T.call_extern("handle", "mqa_handoff_wait", hand_bars.data, HANDOFF_P_WRITTEN, t % 2)
                             for h, j in T.Parallel(block_H, BS):
                                 acc_dp[h, j] = (T.call_extern("float32", "mqa_ld_shared_f32", dKV_s.data, h * X_STRIDE + j)
                                                 * (acc_dp[h, j] - delta_s[h]) * sm_scale)

@@ -123,14 +123,14 @@ def test_wide_tile_adds_while_its_wgmma_runs(config):
 
 
 @functools.lru_cache(maxsize=None)
-def split_kernels():
-    """The kernels module with the wide tile's score and dP GEMMs split between its
-    warpgroups (kernels.WIDE_SPLIT, off by default: README, Speed)."""
+def unsplit_kernels():
+    """The kernels module with the wide tile's score and dP GEMMs not split between its
+    warpgroups (kernels.WIDE_SPLIT off: the design it replaced, kept to time against)."""
     from mqa_bwd.bench import kernels_module_from_source
 
     source = inspect.getsource(K)
-    assert source.count("\nWIDE_SPLIT = False\n") == 1
-    return kernels_module_from_source(source.replace("\nWIDE_SPLIT = False\n", "\nWIDE_SPLIT = True\n"), "kernels_split")
+    assert source.count("\nWIDE_SPLIT = True\n") == 1
+    return kernels_module_from_source(source.replace("\nWIDE_SPLIT = True\n", "\nWIDE_SPLIT = False\n"), "kernels_unsplit")
 
 
 def branch_at(source: str, head: str, start: int = 0) -> tuple:
@@ -147,44 +147,61 @@ def branch_at(source: str, head: str, start: int = 0) -> tuple:
 WARPGROUP_0, WARPGROUP_1 = "if (((int)threadIdx.x) < 128)", "if (128 <= ((int)threadIdx.x))"
 #: A named barrier of the CTA's threads in generated CUDA: (kind, id, thread count).
 NAMED_BARRIER = re.compile(r"(__sync_thread_partial|__named_barrier_arrive)\((\d+), (\d+)\)")
+#: One side of a split-tile handoff in generated CUDA: (kind, mbarrier, the wait's parity or "").
+HANDOFF = re.compile(r"mqa_handoff_(wait|arrive)\(\(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ \d+\)\), (\d+)(?:, ([^;]*))?\);")
 
 
 @pytest.mark.parametrize("config", WIDE_CONFIGS, ids=_id)
-def test_split_wide_tile_compiles_without_spills_and_fits(config):
-    kernel = split_kernels().compiled(*config)
+def test_unsplit_wide_tile_compiles_without_spills_and_fits(config):
+    kernel = unsplit_kernels().compiled(*config)
     info = K.ptxas_info_of_source(kernel.get_kernel_source(), config)
     assert info["spill_stores"] == info["spill_loads"] == info["stack"] == 0, f"{_id(config)}: {info}"
     assert K.dynamic_shared_bytes(kernel) <= SM90_MAX_DYNAMIC_SMEM
 
 
 @pytest.mark.parametrize("config", WIDE_CONFIGS, ids=_id)
-def test_split_wide_tile_warpgroups_meet_only_at_their_named_barriers(config):
+def test_split_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
     # Each warpgroup runs its GEMM and its elementwise work in a branch of its
-    # own, and they hand over through named barriers: one side's bar.arrive,
-    # the other's bar.sync, on the CTA's 256 threads. A __syncthreads between
-    # or inside the branches (TileLang's planner inserts one when it sees a
-    # shared-memory hazard between them) deadlocks: each warpgroup would wait
-    # at a different barrier for the other (seen on the H200: the call hung).
-    source = split_kernels().compiled(*config).get_kernel_source()
+    # own, and they hand over through two mbarriers: one side's arrivals, the
+    # other's wait on the block's phase. A barrier of all the CTA's threads
+    # between or inside the branches (TileLang's planner inserts a
+    # __syncthreads when it sees a shared-memory hazard between them)
+    # deadlocks: each warpgroup would wait at a different barrier for the
+    # other (seen on the H200: the call hung).
+    source = K.compiled(*config).get_kernel_source()
     # Warpgroup 0's branch: the last one to open before the kernel's first GEMM.
     first, end = branch_at(source, WARPGROUP_0, source.rindex(WARPGROUP_0 + " {", 0, source.index("wgmma_ss")))
     second, _ = branch_at(source, WARPGROUP_1, end)
     assert source[end:source.index(WARPGROUP_1, end)].strip() == "", f"{_id(config)}: code between the branches"
+    cta = str(2 * K.WARPGROUP)
     for name, body in (("warpgroup 0", first), ("warpgroup 1", second)):
         assert "wgmma_ss" in body and "wait_wgmma" in body, f"{_id(config)}: {name} has no GEMM of its own"
         assert "__syncthreads" not in body, f"{_id(config)}: __syncthreads inside {name}'s branch"
-    # In order, every barrier of all the CTA's threads in each branch (one of
-    # a warpgroup's own threads, as TileLang's stmatrix syncs, cannot deadlock
-    # the other): warpgroup 0 waits until warpgroup 1's adds have read the
-    # staging, then stores P and says so; warpgroup 1 says its adds are done,
-    # then waits for P. Any other order or role waits forever.
-    cta = str(2 * K.WARPGROUP)
-    sync, arrive = "__sync_thread_partial", "__named_barrier_arrive"
-    expected = ([(sync, K.BAR_STAGING_READ), (arrive, K.BAR_P_WRITTEN)],
-                [(arrive, K.BAR_STAGING_READ), (sync, K.BAR_P_WRITTEN)])
+        # One of a warpgroup's own threads (TileLang's stmatrix syncs) cannot deadlock the other.
+        wide = [m for m in NAMED_BARRIER.findall(body) if m[2] == cta]
+        assert not wide, f"{_id(config)}: named barriers of all threads inside {name}'s branch: {wide}"
+    # In order: warpgroup 0 says its adds are done and waits until every
+    # thread's have read the staging, then stores P and says so; warpgroup 1
+    # says its adds are done, then waits for P. Any other order or role waits
+    # forever or races (warpgroup 0 without its own arrival: its fast warps
+    # overwrite what its slow ones have yet to add); a wait on any parity but
+    # the block's (one phase a block) passes at once, a race.
+    staging, p_written = K.HANDOFF_STAGING_READ, K.HANDOFF_P_WRITTEN
+    expected = ([("arrive", staging, ""), ("wait", staging, "(t & 1)"), ("arrive", p_written, "")],
+                [("arrive", staging, ""), ("wait", p_written, "(t & 1)")])
     for name, body, want in zip(("warpgroup 0", "warpgroup 1"), (first, second), expected):
-        seen = [(kind, int(bar)) for kind, bar, count in NAMED_BARRIER.findall(body) if count == cta]
-        assert seen == want, f"{_id(config)}: {name}'s barriers of all threads are {seen}, not {want}"
+        seen = [(kind, int(bar), parity) for kind, bar, parity in HANDOFF.findall(body)]
+        assert seen == want, f"{_id(config)}: {name}'s handoffs are {seen}, not {want}"
+    # The mbarriers are set up once, by one thread, before the slot loop (a
+    # __syncthreads publishes them), for all threads' arrivals and warpgroup 0's.
+    assert source.count("mqa_handoff_init(") == 2, f"{_id(config)}: mqa_handoff_init defined and called once"
+    init = source.rindex("mqa_handoff_init(")
+    assert source.startswith(f", {cta}, {K.WARPGROUP});", source.index(")), ", init) + 2), \
+        f"{_id(config)}: the mbarriers' arrival counts are not {cta} and {K.WARPGROUP}"
+    assert source.rindex("if (((int)threadIdx.x) == 0)", 0, init) > source.rfind("}", 0, init), \
+        f"{_id(config)}: the mbarriers are not set up by one thread"
+    assert init < source.index("for (int t = 0;"), f"{_id(config)}: the mbarriers are set up inside the slot loop"
+    assert len(HANDOFF.findall(source)) == 5, f"{_id(config)}: handoffs outside the two branches"
 
 
 def test_head_tile_rule():
