@@ -17,8 +17,12 @@ real race: one 256-thread CTA whose warpgroups hand a shared buffer over
   mbarrier     mbarrier.arrive (release) and try_wait.parity (acquire)
   none         nothing (racecheck must report this one)
 
-both ways, as in the tile: warpgroup 1 reads, then lets warpgroup 0
-overwrite; warpgroup 0 writes, then lets warpgroup 1 read. It prints, for
+both ways, as the tile's handoffs between its warpgroups: warpgroup 1
+reads, then lets warpgroup 0 overwrite; warpgroup 0 writes, then lets
+warpgroup 1 read. Only the cross-warpgroup ordering is modelled: each thread
+here writes words no thread of its own warpgroup reads, so the probe's
+mbarriers take the other warpgroup's arrivals alone, where the tile's first
+takes all 256 threads' (its warpgroup 0 overwrites words its own warps add). It prints, for
 each, racecheck's hazard count and how many reads missed their value.
 
 On the H200 (compute-sanitizer of CUDA 13.0): sync 0 hazards, arrive 1,
@@ -47,7 +51,7 @@ __device__ __forceinline__ unsigned smem_addr(const void* p) { return static_cas
 __device__ __forceinline__ void handoff(int kind, bool producer, int id, uint64_t* bars) {
   if (kind == SYNC) {
     __syncthreads();
-  } else if (kind == ARRIVE) {  // the .aligned forms, as the split tile's
+  } else if (kind == ARRIVE) {  // the .aligned forms (the split tile's first version)
     if (producer) asm volatile("bar.arrive %0, 256;" :: "r"(id + 1) : "memory");
     else asm volatile("bar.sync %0, 256;" :: "r"(id + 1) : "memory");
   } else if (kind == BARRIER_CTA) {  // the non-aligned forms

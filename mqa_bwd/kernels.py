@@ -362,8 +362,8 @@ WIDE_HEADS = 64
 WIDE_MODES = ("fixed", "atomic")
 WIDE_PAIRS = True
 #: Whether the wide tile splits its score and dP GEMMs between its warpgroups
-#: (main_bwd_program's ``split_tile``): on the H200 it takes 4-5 % off the
-#: deterministic call and 11 % off the control, with the same bits (README,
+#: (main_bwd_program's ``split_tile``): on the H200 it takes 3-5 % off the
+#: deterministic call and 10-11 % off the control, with the same bits (README,
 #: Speed). Off: the unsplit wide tile, kept to time against.
 WIDE_SPLIT = True
 #: Threads of a warpgroup (wgmma's unit).
@@ -897,6 +897,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                     T.call_extern("handle", "mqa_st_shared_i32", chain_next.data, tid,
                                   T.call_extern("int32", "mqa_dup_link", Indices[r, tid]))
                 gather_async(KV, KV_s, KVt_s, slot_next, NKV)
+                # Once per CTA: a wide tile's CTA has one row (rows = 1; another
+                # row would need the mbarriers invalidated first, and t restarts).
                 if split_tile and tid == 0:  # before the slot loop's first __syncthreads
                     T.call_extern("handle", "mqa_handoff_init", hand_bars.data, threads, WARPGROUP)
                 # Sharded cluster (the fixed one's handshake is at its exchange

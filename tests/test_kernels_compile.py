@@ -145,10 +145,15 @@ def branch_at(source: str, head: str, start: int = 0) -> tuple:
 
 
 WARPGROUP_0, WARPGROUP_1 = "if (((int)threadIdx.x) < 128)", "if (128 <= ((int)threadIdx.x))"
-#: A named barrier of the CTA's threads in generated CUDA: (kind, id, thread count).
+#: A named barrier in generated CUDA: (kind, id, thread count).
 NAMED_BARRIER = re.compile(r"(__sync_thread_partial|__named_barrier_arrive)\((\d+), (\d+)\)")
-#: One side of a split-tile handoff in generated CUDA: (kind, mbarrier, the wait's parity or "").
-HANDOFF = re.compile(r"mqa_handoff_(wait|arrive)\(\(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ \d+\)\), (\d+)(?:, ([^;]*))?\);")
+_HANDOFF_BARS = r"mqa_handoff_{}\(\(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\), "
+#: One side of a split-tile handoff: (kind, the mbarriers' offset, mbarrier, the wait's parity or "").
+HANDOFF = re.compile(_HANDOFF_BARS.format("(wait|arrive)") + r"(\d+)(?:, ([^;]*))?\);")
+#: The split tile's mbarrier setup: (offset, arrivals of mbarrier 0, of mbarrier 1).
+HANDOFF_INIT = re.compile(_HANDOFF_BARS.format("init") + r"(\d+), (\d+)\);")
+#: The late adds' global reductions (the fixed design's and the control's).
+GLOBAL_ADD = re.compile(r"AtomicAdd(?:x4)?\(")
 
 
 @pytest.mark.parametrize("config", WIDE_CONFIGS, ids=_id)
@@ -169,39 +174,65 @@ def test_split_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
     # deadlocks: each warpgroup would wait at a different barrier for the
     # other (seen on the H200: the call hung).
     source = K.compiled(*config).get_kernel_source()
+    loop = source.index("for (int t = 0;")
     # Warpgroup 0's branch: the last one to open before the kernel's first GEMM.
-    first, end = branch_at(source, WARPGROUP_0, source.rindex(WARPGROUP_0 + " {", 0, source.index("wgmma_ss")))
+    branches = source.rindex(WARPGROUP_0 + " {", 0, source.index("wgmma_ss"))
+    first, end = branch_at(source, WARPGROUP_0, branches)
     second, _ = branch_at(source, WARPGROUP_1, end)
     assert source[end:source.index(WARPGROUP_1, end)].strip() == "", f"{_id(config)}: code between the branches"
+    # The loop's top barrier keeps block t + 1's handoffs behind every thread's of block t.
+    assert "__syncthreads();" in source[loop:branches], f"{_id(config)}: no barrier of all threads before the branches"
     cta = str(2 * K.WARPGROUP)
+    own_barriers = []
     for name, body in (("warpgroup 0", first), ("warpgroup 1", second)):
         assert "wgmma_ss" in body and "wait_wgmma" in body, f"{_id(config)}: {name} has no GEMM of its own"
         assert "__syncthreads" not in body, f"{_id(config)}: __syncthreads inside {name}'s branch"
-        # One of a warpgroup's own threads (TileLang's stmatrix syncs) cannot deadlock the other.
-        wide = [m for m in NAMED_BARRIER.findall(body) if m[2] == cta]
-        assert not wide, f"{_id(config)}: named barriers of all threads inside {name}'s branch: {wide}"
+        wide = [m for m in NAMED_BARRIER.findall(body) if m[2] != str(K.WARPGROUP)] + re.findall(r"NamedBarrier<(?!128>)\d+>", body)
+        assert not wide, f"{_id(config)}: barriers of more than one warpgroup inside {name}'s branch: {wide}"
+        own_barriers.append({m[1] for m in NAMED_BARRIER.findall(body)})
+    # A warpgroup's own barriers (TileLang's stmatrix syncs) cannot hold the
+    # other, unless both use one id: 128 arrivals from both would complete it.
+    assert not own_barriers[0] & own_barriers[1], f"{_id(config)}: both warpgroups sync on {own_barriers[0] & own_barriers[1]}"
     # In order: warpgroup 0 says its adds are done and waits until every
     # thread's have read the staging, then stores P and says so; warpgroup 1
     # says its adds are done, then waits for P. Any other order or role waits
     # forever or races (warpgroup 0 without its own arrival: its fast warps
     # overwrite what its slow ones have yet to add); a wait on any parity but
     # the block's (one phase a block) passes at once, a race.
+    (bars, arrivals_0, arrivals_1), = HANDOFF_INIT.findall(source)
     staging, p_written = K.HANDOFF_STAGING_READ, K.HANDOFF_P_WRITTEN
     expected = ([("arrive", staging, ""), ("wait", staging, "(t & 1)"), ("arrive", p_written, "")],
                 [("arrive", staging, ""), ("wait", p_written, "(t & 1)")])
+    sides = []
     for name, body, want in zip(("warpgroup 0", "warpgroup 1"), (first, second), expected):
-        seen = [(kind, int(bar), parity) for kind, bar, parity in HANDOFF.findall(body)]
-        assert seen == want, f"{_id(config)}: {name}'s handoffs are {seen}, not {want}"
+        found = list(HANDOFF.finditer(body))
+        assert [(m[1], int(m[3]), m[4] or "") for m in found] == want, \
+            f"{_id(config)}: {name}'s handoffs are {[m.group(0) for m in found]}, not {want}"
+        assert {m[2] for m in found} == {bars}, f"{_id(config)}: {name} hands over on other mbarriers than those set up"
+        sides.append([m.start() for m in found])
+    # ... and each side's shared-memory work where its handoffs say: the late
+    # adds read the staging before their warpgroup's arrival on mbarrier 0;
+    # warpgroup 0 stores P between its wait on 0 and its arrival on 1;
+    # warpgroup 1 loads P after its wait on 1.
+    (arrive_0, wait_0, arrive_1), (arrive_0_wg1, wait_1) = sides
+    placed = [("warpgroup 0's late adds", GLOBAL_ADD, first, -1, arrive_0),
+              ("warpgroup 0's P stores", re.compile(r"mqa_st_shared_f32\("), first, wait_0, arrive_1),
+              ("warpgroup 1's late adds", GLOBAL_ADD, second, -1, arrive_0_wg1),
+              ("warpgroup 1's P loads", re.compile(r"mqa_ld_shared_f32\("), second, wait_1, len(second))]
+    for what, pattern, body, after, before in placed:
+        at = [m.start() for m in pattern.finditer(body)]
+        assert at and all(after < i < before for i in at), f"{_id(config)}: {what} are not between their handoffs ({at})"
     # The mbarriers are set up once, by one thread, before the slot loop (a
     # __syncthreads publishes them), for all threads' arrivals and warpgroup 0's.
-    assert source.count("mqa_handoff_init(") == 2, f"{_id(config)}: mqa_handoff_init defined and called once"
-    init = source.rindex("mqa_handoff_init(")
-    assert source.startswith(f", {cta}, {K.WARPGROUP});", source.index(")), ", init) + 2), \
-        f"{_id(config)}: the mbarriers' arrival counts are not {cta} and {K.WARPGROUP}"
+    assert (arrivals_0, arrivals_1) == (cta, str(K.WARPGROUP)), f"{_id(config)}: arrival counts {arrivals_0}, {arrivals_1}"
+    init = source.index(HANDOFF_INIT.search(source).group(0))
     assert source.rindex("if (((int)threadIdx.x) == 0)", 0, init) > source.rfind("}", 0, init), \
         f"{_id(config)}: the mbarriers are not set up by one thread"
-    assert init < source.index("for (int t = 0;"), f"{_id(config)}: the mbarriers are set up inside the slot loop"
+    assert init < loop, f"{_id(config)}: the mbarriers are set up inside the slot loop"
     assert len(HANDOFF.findall(source)) == 5, f"{_id(config)}: handoffs outside the two branches"
+    # No other buffer starts inside the mbarriers' 16 bytes.
+    others = {int(o) for o in SMEM_OFFSET.findall(source)} - {int(bars)}
+    assert not any(int(bars) <= o < int(bars) + 16 for o in others), f"{_id(config)}: a buffer overlaps the mbarriers"
 
 
 def test_head_tile_rule():
