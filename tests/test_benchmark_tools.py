@@ -318,3 +318,17 @@ def test_prepared_wrapper_call_is_one_whole_call():
     call = prepared_wrapper_call(args, ModelLauncher())
     want = wrapper.backward_with(ModelLauncher(), *args)
     assert same_bits(call(), want) and same_bits(call(), want)
+
+
+def test_fixed_point_headroom_bounds_hold_on_production_inputs():
+    # Both bounds are proofs (fixed_point's docstring; the per-slot one with
+    # P <= 1): on production inputs neither may fall below what a kv row's
+    # partial sums can reach, max over columns of sum |c|, which in turn is at
+    # least the row's largest final sum. A mis-indexed scatter of the
+    # contributions, or a plan that under-bounds them, fails here.
+    found = _tool("fixed_point_headroom").headroom(S=32, S_kv=64, H=16, L=16, seed=3)
+    partial = found["|c| sum"]
+    assert partial.numel() > 0 and found["contributions"] >= 1
+    assert (partial >= -1e-12).all(), partial.min()
+    for name in ("plan", "per-slot"):
+        assert (found[name] >= partial).all(), f"{name}: {(found[name] - partial).min():.3f} below the magnitude sums"

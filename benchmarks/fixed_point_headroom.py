@@ -1,0 +1,106 @@
+"""How much of the fixed-point accumulator's range real dKV uses (CPU or GPU).
+
+    python benchmarks/fixed_point_headroom.py [--S 256] [--S_kv 512] [--H 64] [--L 128] [--device cpu]
+
+The deterministic design adds every (query row, slot) contribution to dKV as
+an integer, rint(c * 2**k_j), with one exponent per kv row j chosen before
+the backward from a bound on every partial sum (mqa_bwd.fixed_point). The
+adds are int64, and they are the deterministic call's extra cost (issue 6):
+narrower sums, such as two 32-bit lanes per 64-bit add or int32 adds, would
+halve it, at 31 bits of range instead of 62. This study measures, per kv row
+j of production inputs (bench.production_inputs, scaled down), how far each
+bound stands above what the row's sums reach, in powers of two:
+
+  plan      the plan's bound (N_b * MASS_LIMIT * (mv_j * a_max + b_max)):
+            what the int64 design scales by
+  per-slot  sum over the row's contributions of sum_h (mv_j * a_rh + b_rh):
+            also rigorous (P <= 1), computable before the backward from the
+            indices and the plan's maxima, and tighter
+  |c| sum   max over columns of sum |c|: what bounds every partial sum of
+            the row, known only after the contributions are computed (what
+            an optimistic scale's overflow check would add up)
+
+against max |dKV_j|, the largest final sum of the row. With B bits of range
+under a bound, a contribution is rounded to bound * 2**-B, so the resolution
+relative to the row's largest value is 2**(headroom - B): the printed
+"resolution at 31 bits" column. The contributions are computed here in
+float64 from the bf16 inputs, as the oracle's maths (SPEC), one row block at
+a time.
+"""
+
+import argparse
+import math
+
+import torch
+
+from mqa_bwd import fixed_point
+from mqa_bwd.bench import production_inputs
+
+LANE_BITS = 31  # a signed 32-bit lane's range (the int64 design uses 61, fixed_point.PARTIAL_SUM_BITS)
+
+
+def contributions(q, kv, out, grad_out, lse, sink, idx, sm_scale, d_v):
+    """(c [S, L, Dk], A [S], B [S], Delta [S, H] float32) of batch element 0, in float64:
+    c[r, l] = sum_h dS[r, h, l] q[r, h] + P[r, h, l] dO[r, h] (dO on the first d_v columns),
+    A[r] = sum_h a_rh and B[r] = sum_h b_rh (a contribution to kv row j is at most
+    mv_j * A[r] + B[r] in every column)."""
+    q0, kv0, o0, do0 = (t[0].double() for t in (q, kv, out, grad_out))
+    lse0, idx0 = lse[0].double(), idx[0].long()
+    H = q0.shape[1]
+    keys = kv0[idx0]  # [S, L, Dk]
+    logits = torch.einsum("shd,sld->shl", q0, keys) * sm_scale
+    p = torch.exp(logits - torch.logaddexp(lse0, sink.double().view(1, H)).unsqueeze(-1))
+    delta = (o0 * do0).sum(-1)  # [S, H]
+    dp = torch.einsum("shd,sld->shl", do0, keys[..., :d_v])
+    ds = p * (dp - delta.unsqueeze(-1)) * sm_scale
+    c = torch.einsum("shl,shd->sld", ds, q0)
+    c[..., :d_v] += torch.einsum("shl,shd->sld", p, do0)
+    # The plan's per-(row, head) quantities (fixed_point's docstring): a_rh, b_rh.
+    mq, mdo = q0.abs().amax(-1), do0.abs().amax(-1)
+    a = sm_scale * d_v * mdo * mq
+    b = sm_scale * delta.abs() * mq + mdo
+    return c, a.sum(-1), b.sum(-1), delta.float()
+
+
+def headroom(S: int, S_kv: int, H: int, L: int, seed: int = 0, device: str = "cpu") -> dict:
+    """{bound name: log2(bound_j / max|dKV_j|) per kv row j that receives a nonzero sum},
+    and "contributions": the mean number of contributions a kv row receives."""
+    d_v = 512
+    q, kv, out, grad_out, lse, sink, idx, sm_scale = production_inputs(1, S, S_kv, H, L, seed=seed, device=device)
+    c, a_row, b_row, delta = contributions(q, kv, out, grad_out, lse, sink, idx, sm_scale, d_v)
+    flat = idx[0].long().reshape(-1)
+    dkv = torch.zeros((S_kv, c.shape[-1]), dtype=torch.float64, device=c.device).index_add_(0, flat, c.reshape(-1, c.shape[-1]))
+    abs_sum = torch.zeros_like(dkv).index_add_(0, flat, c.abs().reshape(-1, c.shape[-1]))
+    mv = kv[0, :, :d_v].double().abs().amax(-1)  # [S_kv]
+    per_slot = torch.zeros(S_kv, dtype=torch.float64, device=c.device).index_add_(
+        0, flat, (mv[flat].view(S, L) * a_row.view(-1, 1) + b_row.view(-1, 1)).reshape(-1))
+
+    referenced = torch.zeros(S_kv, dtype=torch.int32, device=c.device)
+    referenced[flat] = 1
+    live_row = torch.ones(S, dtype=torch.int32, device=c.device)
+    row_scale, _ = fixed_point.plan(q, grad_out, delta, kv[0, :, :d_v], referenced, live_row, sm_scale)
+    plan_bound = 2.0 ** fixed_point.PARTIAL_SUM_BITS / row_scale.double()  # within 2x above the plan's bound
+
+    rows = (referenced != 0) & (dkv.abs().amax(-1) > 0)
+    peak = dkv.abs().amax(-1)[rows]
+    bounds = {"plan": plan_bound[rows], "per-slot": per_slot[rows], "|c| sum": abs_sum.amax(-1)[rows]}
+    return {name: torch.log2(bound / peak) for name, bound in bounds.items()} | {"contributions": S * L / int(rows.sum())}
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for key, default in (("S", 256), ("S_kv", 512), ("H", 64), ("L", 128), ("seed", 0)):
+        parser.add_argument(f"--{key}", type=int, default=default)
+    parser.add_argument("--device", default="cpu")
+    a = parser.parse_args()
+    found = headroom(a.S, a.S_kv, a.H, a.L, a.seed, a.device)
+    print(f"B=1 S={a.S} S_kv={a.S_kv} H={a.H} L={a.L}: {found.pop('contributions'):.0f} contributions a kv row on average")
+    print(f"{'bound':<10} {'log2(bound / max|dKV_j|), quantiles 0 / 50 / 90 / 100 %':<58} resolution at {LANE_BITS} bits (median row)")
+    for name, log2_ratio in found.items():
+        qs = torch.quantile(log2_ratio, torch.tensor([0.0, 0.5, 0.9, 1.0], dtype=torch.float64, device=log2_ratio.device))
+        print(f"{name:<10} " + " / ".join(f"{v:6.1f}" for v in qs.tolist()).ljust(58)
+              + f" 2^{math.floor(qs[1].item() - LANE_BITS)} of the row's largest value")
+
+
+if __name__ == "__main__":
+    main()
