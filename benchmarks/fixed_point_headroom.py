@@ -57,8 +57,7 @@ def contributions(q, kv, out, grad_out, lse, sink, idx, sm_scale, d_v):
     c[..., :d_v] += torch.einsum("shl,shd->sld", p, do0)
     # The plan's per-(row, head) quantities (fixed_point's docstring): a_rh, b_rh.
     mq, mdo = q0.abs().amax(-1), do0.abs().amax(-1)
-    a = sm_scale * d_v * mdo * mq
-    b = sm_scale * delta.abs() * mq + mdo
+    a, b = fixed_point.term_coefficients(mq, mdo, delta.abs(), sm_scale, d_v)
     return c, a.sum(-1), b.sum(-1), delta.float()
 
 

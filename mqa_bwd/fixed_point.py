@@ -193,6 +193,12 @@ def _capture(fn, inputs, shape):
     return graph, static, outputs
 
 
+def term_coefficients(mq, mdo, abs_delta, scale: float, d_v: int):
+    """(a, b) of the module docstring, elementwise: a (row, head)'s contribution to
+    kv row j is at most P_j * (mv_j * a + b) in every column."""
+    return scale * d_v * mdo * mq, scale * abs_delta * mq + mdo
+
+
 # Written in few ops (each is a kernel launch on a GPU): per-batch quantities
 # are [B, 1] and broadcast against [B, S*H] views, scalars stay Python numbers.
 def _plan_small(mq, mdo, mv, delta, referenced, live_row, *, B, S, H, d_v, scale):
@@ -206,8 +212,7 @@ def _plan_small(mq, mdo, mv, delta, referenced, live_row, *, B, S, H, d_v, scale
     mq = torch.where(live_row, mq.to(torch.float64), 0.0).view(B, S * H)
     mdo = torch.where(live_row, mdo.to(torch.float64), 0.0).view(B, S * H)
     abs_delta = torch.where(live_row, delta.view(B, S, H).abs().to(torch.float64), 0.0).view(B, S * H)
-    a = scale * d_v * mdo * mq
-    b = scale * abs_delta * mq + mdo
+    a, b = term_coefficients(mq, mdo, abs_delta, scale, d_v)
     a_max = a.amax(dim=1, keepdim=True)  # [B, 1]
     b_max = b.amax(dim=1, keepdim=True)
     live = ((a > 0) | (b > 0)).sum(dim=1, keepdim=True, dtype=torch.float64)  # N_b
