@@ -31,10 +31,11 @@ none. Racecheck does not take a barrier arrival as ordering the producer's
 stores, so the split tile hands over on mbarriers, which the gate checks.
 """
 
-import os
 import re
 import subprocess
 import tempfile
+
+from mqa_bwd.bench import RACECHECK_HAZARDS, build_cuda_program, compute_sanitizer
 
 PROBE = r"""
 #include <cstdio>
@@ -111,21 +112,20 @@ int main(int argc, char** argv) {
 """
 
 HANDOFFS = ("sync", "arrive", "barrier_cta", "mbarrier", "none")
-HAZARDS = re.compile(r"RACECHECK SUMMARY: (\d+) hazards? displayed")
 
 
 def build_probe(directory: str) -> str:
     """The probe program, built for sm_90a in ``directory``: its path."""
-    from mqa_bwd.bench import build_cuda_program
-
     return build_cuda_program(PROBE, directory, "handoff")
 
 
 def racecheck(exe: str, handoff: str) -> tuple:
     """(racecheck's hazard count, the probe's count of reads that missed their write) for one handoff."""
-    tool = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "compute-sanitizer")
+    tool = compute_sanitizer()
+    if tool is None:
+        raise RuntimeError("racecheck_handoff needs compute-sanitizer (CUDA toolkit)")
     done = subprocess.run([tool, "--tool", "racecheck", exe, handoff], capture_output=True, text=True, timeout=300)
-    found, wrong = HAZARDS.search(done.stdout), re.search(rf"{handoff} wrong (\d+)", done.stdout)
+    found, wrong = re.search(RACECHECK_HAZARDS, done.stdout), re.search(rf"{handoff} wrong (\d+)", done.stdout)
     if not (found and wrong) or done.returncode:
         raise RuntimeError(f"no racecheck summary or probe output for {handoff}:\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     return int(found.group(1)), int(wrong.group(1))

@@ -206,6 +206,22 @@ def kernels_module_from_source(source: str, name: str):
     return load_kernels_module(path)
 
 
+#: compute-sanitizer's summary lines (one group: the count): racecheck's hazards, and the
+#: errors of memcheck, synccheck and racecheck.
+RACECHECK_HAZARDS = r"RACECHECK SUMMARY: (\d+) hazards? displayed"
+SANITIZER_ERRORS = r"ERROR SUMMARY: (\d+) errors?"
+
+
+def compute_sanitizer() -> str | None:
+    """The compute-sanitizer executable (on PATH, else in CUDA_HOME's bin), or None where neither has it."""
+    import os
+    import shutil
+
+    tool = shutil.which("compute-sanitizer") or os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin",
+                                                             "compute-sanitizer")
+    return tool if os.path.exists(tool) else None
+
+
 def build_cuda_program(source: str, directory: str, name: str) -> str:
     """A plain CUDA program (a benchmark's probe) built for sm_90a with the machine's
     nvcc in ``directory``: the executable's path."""

@@ -11,7 +11,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from mqa_bwd import backends, fixed_point, kernels, launch, mqa_latent_sparse_bwd, wrapper  # noqa: E402
-from mqa_bwd.bench import production_inputs  # noqa: E402
+from mqa_bwd.bench import RACECHECK_HAZARDS, SANITIZER_ERRORS, compute_sanitizer, production_inputs  # noqa: E402
 from mqa_bwd.model import ModelLauncher  # noqa: E402
 from properties.case import INVALID_KINDS, Case, expected, to_framework  # noqa: E402
 from properties.compare import compare, first_difference  # noqa: E402
@@ -298,13 +298,11 @@ def run_under_compute_sanitizer(tool_name: str, script: str, **env_extra) -> tup
     (exit code 99: the tool found errors); fails if the script did not finish."""
     import os
     import pathlib
-    import shutil
     import subprocess
     import sys
 
-    tool = shutil.which("compute-sanitizer") or os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin",
-                                                              "compute-sanitizer")
-    if not os.path.exists(tool):
+    tool = compute_sanitizer()
+    if tool is None:
         pytest.skip("needs compute-sanitizer (CUDA toolkit)")
     root = pathlib.Path(__file__).resolve().parents[1]
     env = dict(os.environ, PYTORCH_NO_CUDA_MEMORY_CACHING="1",
@@ -328,21 +326,17 @@ def sanitizer_count(report: str, pattern: str) -> int:
     return int(found.group(1))
 
 
-RACECHECK_HAZARDS = r"RACECHECK SUMMARY: (\d+) hazards? displayed"
-ERROR_SUMMARY = r"ERROR SUMMARY: (\d+) errors?"
-
-
 @pytest.mark.slow
 def test_no_invalid_memory_access_under_compute_sanitizer():
     # Guard bands see stray writes, not stray reads. memcheck sees both, with
     # the caching allocator off so that a read just past a buffer is past an
     # allocation. It does not see shared-memory races (the next test).
     code, report = run_under_compute_sanitizer("memcheck", SANITIZED_CALL)
-    assert code == 0 and sanitizer_count(report, ERROR_SUMMARY) == 0, report[-4000:]
+    assert code == 0 and sanitizer_count(report, SANITIZER_ERRORS) == 0, report[-4000:]
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("tool_name,summary", [("racecheck", RACECHECK_HAZARDS), ("synccheck", ERROR_SUMMARY)])
+@pytest.mark.parametrize("tool_name,summary", [("racecheck", RACECHECK_HAZARDS), ("synccheck", SANITIZER_ERRORS)])
 def test_no_shared_memory_hazard_under_compute_sanitizer(tool_name, summary):
     # racecheck: two threads of a CTA touching one shared-memory word without
     # a barrier between them; synccheck: barriers that not every thread
