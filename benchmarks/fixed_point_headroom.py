@@ -26,6 +26,17 @@ relative to the row's largest value is 2**(headroom - B): the printed
 "resolution at 31 bits" column. The contributions are computed here in
 float64 from the bf16 inputs, as the oracle's maths (SPEC), one row block at
 a time.
+
+It then measures what a scale from the data would give at its best
+(``narrow_precision``): per kv row, the largest power of two that keeps the
+row's sum over contributions of max_d |c| (what a check must prove) within
+2**B, known in advance here (a real design must guess it and check: issue 6's
+fp32 fast path). The sums of the rounded contributions are exact integers,
+so only the rounding is measured: dKV's relative L2 distance from the float64
+sum of the same (fp32) contributions, and the share of its bf16 values that
+differ from that sum's.
+The int64 design (the plan's scale, 61 bits) and a plain fp32 sum in slot
+order (an order of the control's atomics) are printed for comparison.
 """
 
 import argparse
@@ -86,6 +97,40 @@ def headroom(S: int, S_kv: int, H: int, L: int, seed: int = 0, device: str = "cp
     return {name: torch.log2(bound / peak) for name, bound in bounds.items()} | {"contributions": S * L / int(rows.sum())}
 
 
+def narrow_precision(S: int, S_kv: int, H: int, L: int, bits=(24, 31), seed: int = 0, device: str = "cpu") -> dict:
+    """{name: (rel L2 of dKV from the float64 sum, share of bf16 values that differ)} for fixed
+    point with a per-row scale from the data at each of ``bits``, the int64 plan ("int64") and an
+    fp32 sum in slot order ("fp32")."""
+    d_v = 512
+    q, kv, out, grad_out, lse, sink, idx, sm_scale = production_inputs(1, S, S_kv, H, L, seed=seed, device=device)
+    c, _, _, delta = contributions(q, kv, out, grad_out, lse, sink, idx, sm_scale, d_v)
+    # The kernel's contributions are fp32: every design sums these, so they are the reference.
+    flat, rows = idx[0].long().reshape(-1), c.reshape(-1, c.shape[-1]).float().double()
+    exact = torch.zeros((S_kv, c.shape[-1]), dtype=torch.float64, device=c.device).index_add_(0, flat, rows)
+
+    def fixed_sum(scale):  # scale [S_kv] float64, powers of two: exact integer sums, then scaled back
+        ints = torch.round(rows * scale[flat].view(-1, 1))
+        return torch.zeros_like(exact).index_add_(0, flat, ints) / scale.view(-1, 1)
+
+    found = {}
+    need = torch.zeros(S_kv, dtype=torch.float64, device=c.device).index_add_(0, flat, rows.abs().amax(-1))
+    for b in bits:
+        _, e = torch.frexp(need)  # need < 2**e: the largest 2**f with need * 2**f <= 2**b is 2**(b - e)
+        found[f"data {b}-bit"] = fixed_sum(torch.where(need > 0, torch.ldexp(torch.ones_like(need), b - e), 1.0))
+    referenced = torch.zeros(S_kv, dtype=torch.int32, device=c.device)
+    referenced[flat] = 1
+    row_scale, _ = fixed_point.plan(q, grad_out, delta, kv[0, :, :d_v], referenced,
+                                    torch.ones(S, dtype=torch.int32, device=c.device), sm_scale)
+    found["int64"] = fixed_sum(row_scale.double())
+    fp32 = torch.zeros((S_kv, c.shape[-1]), dtype=torch.float32, device=c.device)
+    for i in range(0, rows.shape[0], L):  # one query row's slots at a time, in order
+        fp32.index_add_(0, flat[i : i + L], rows[i : i + L].float())
+    found["fp32"] = fp32.double()
+    want = exact.float().bfloat16()
+    return {name: (float((got - exact).norm() / exact.norm()), float((got.float().bfloat16() != want).float().mean()))
+            for name, got in found.items()}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for key, default in (("S", 256), ("S_kv", 512), ("H", 64), ("L", 128), ("seed", 0)):
@@ -99,6 +144,9 @@ def main():
         qs = torch.quantile(log2_ratio, torch.tensor([0.0, 0.5, 0.9, 1.0], dtype=torch.float64, device=log2_ratio.device))
         print(f"{name:<10} " + " / ".join(f"{v:6.1f}" for v in qs.tolist()).ljust(58)
               + f" 2^{math.floor(qs[1].item() - LANE_BITS)} of the row's largest value")
+    print(f"{'sums':<14} {'dKV rel L2 from float64':>24} {'bf16 values that differ':>24}")
+    for name, (rel, flips) in narrow_precision(a.S, a.S_kv, a.H, a.L, seed=a.seed, device=a.device).items():
+        print(f"{name:<14} {rel:>24.2e} {flips:>24.2%}")
 
 
 if __name__ == "__main__":

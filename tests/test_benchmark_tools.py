@@ -320,6 +320,16 @@ def test_prepared_wrapper_call_is_one_whole_call():
     assert same_bits(call(), want) and same_bits(call(), want)
 
 
+def test_narrow_fixed_point_precision_grows_with_its_bits():
+    # Seven more bits of a data-derived scale must shrink the rounding error
+    # (about 2**-7 of it), and the int64 plan must round finer still: a scale
+    # exponent off by the wrong sign, or sums not scaled back, fail here.
+    found = _tool("fixed_point_headroom").narrow_precision(S=32, S_kv=64, H=16, L=16, seed=3)
+    (err24, _), (err31, _), (err64, _) = found["data 24-bit"], found["data 31-bit"], found["int64"]
+    assert 0 < err24 < 1e-3, found
+    assert err31 < err24 / 16 and err64 < err31, found
+
+
 def test_fixed_point_headroom_bounds_hold_on_production_inputs():
     # Both bounds are proofs (fixed_point's docstring; the per-slot one with
     # P <= 1): on production inputs neither may fall below what a kv row's
