@@ -115,7 +115,7 @@ def narrow_precision(S: int, S_kv: int, H: int, L: int, bits=(24, 31), seed: int
     found = {}
     need = torch.zeros(S_kv, dtype=torch.float64, device=c.device).index_add_(0, flat, rows.abs().amax(-1))
     for b in bits:
-        _, e = torch.frexp(need)  # need < 2**e: the largest 2**f with need * 2**f <= 2**b is 2**(b - e)
+        _, e = torch.frexp(need)  # 2**(e - 1) <= need < 2**e, so need * 2**(b - e) lies in [2**(b - 1), 2**b)
         found[f"data {b}-bit"] = fixed_sum(torch.where(need > 0, torch.ldexp(torch.ones_like(need), b - e), 1.0))
     referenced = torch.zeros(S_kv, dtype=torch.int32, device=c.device)
     referenced[flat] = 1
