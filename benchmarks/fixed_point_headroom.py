@@ -28,9 +28,9 @@ float64 from the bf16 inputs, as the oracle's maths (SPEC), one row block at
 a time.
 
 It then measures what a scale from the data would give at its best
-(``narrow_precision``): per kv row, the largest power of two that keeps the
-row's sum over contributions of max_d |c| (what a check must prove) within
-2**B, known in advance here (a real design must guess it and check: issue 6's
+(``narrow_precision``): per kv row, the power of two that puts the row's sum
+over contributions of max_d |c| (what a check must prove) in [2**(B-1),
+2**B), known in advance here (a real design must guess it and check: issue 6's
 fp32 fast path). The sums of the rounded contributions are exact integers,
 so only the rounding is measured: dKV's relative L2 distance from the float64
 sum of the same (fp32) contributions, and the share of its bf16 values that
@@ -97,6 +97,12 @@ def headroom(S: int, S_kv: int, H: int, L: int, seed: int = 0, device: str = "cp
     return {name: torch.log2(bound / peak) for name, bound in bounds.items()} | {"contributions": S * L / int(rows.sum())}
 
 
+def data_scale(need: torch.Tensor, bits: int) -> torch.Tensor:
+    """Per row, the power of two that puts ``need`` (float64, >= 0) in [2**(bits - 1), 2**bits); 1 where need is 0."""
+    _, e = torch.frexp(need)  # 2**(e - 1) <= need < 2**e
+    return torch.where(need > 0, torch.ldexp(torch.ones_like(need), bits - e), 1.0)
+
+
 def narrow_precision(S: int, S_kv: int, H: int, L: int, bits=(24, 31), seed: int = 0, device: str = "cpu") -> dict:
     """{name: (rel L2 of dKV from the float64 sum, share of bf16 values that differ)} for fixed
     point with a per-row scale from the data at each of ``bits``, the int64 plan ("int64") and an
@@ -115,8 +121,7 @@ def narrow_precision(S: int, S_kv: int, H: int, L: int, bits=(24, 31), seed: int
     found = {}
     need = torch.zeros(S_kv, dtype=torch.float64, device=c.device).index_add_(0, flat, rows.abs().amax(-1))
     for b in bits:
-        _, e = torch.frexp(need)  # 2**(e - 1) <= need < 2**e, so need * 2**(b - e) lies in [2**(b - 1), 2**b)
-        found[f"data {b}-bit"] = fixed_sum(torch.where(need > 0, torch.ldexp(torch.ones_like(need), b - e), 1.0))
+        found[f"data {b}-bit"] = fixed_sum(data_scale(need, b))
     referenced = torch.zeros(S_kv, dtype=torch.int32, device=c.device)
     referenced[flat] = 1
     row_scale, _ = fixed_point.plan(q, grad_out, delta, kv[0, :, :d_v], referenced,

@@ -321,10 +321,20 @@ def test_prepared_wrapper_call_is_one_whole_call():
 
 
 def test_narrow_fixed_point_precision_grows_with_its_bits():
-    # Seven more bits of a data-derived scale must shrink the rounding error
-    # (about 2**-7 of it), and the int64 plan must round finer still: a scale
-    # exponent off by the wrong sign, or sums not scaled back, fail here.
-    found = _tool("fixed_point_headroom").narrow_precision(S=32, S_kv=64, H=16, L=16, seed=3)
+    # The data scale must put each row's need in [2**(B-1), 2**B). Seven more
+    # bits must shrink the rounding error (about 2**-7 of it), and the int64
+    # plan must round finer still: a scale exponent off by the wrong sign, or
+    # sums not scaled back, fail here.
+    import torch
+
+    study = _tool("fixed_point_headroom")
+    g = torch.Generator().manual_seed(0)
+    need = torch.cat([torch.zeros(1, dtype=torch.float64),
+                      torch.rand(1000, generator=g, dtype=torch.float64) * 2.0 ** torch.randint(-60, 60, (1000,), generator=g)])
+    for bits in (24, 31):
+        put = need[1:] * study.data_scale(need, bits)[1:]
+        assert ((put >= 2.0 ** (bits - 1)) & (put < 2.0**bits)).all() and study.data_scale(need, bits)[0] == 1
+    found = study.narrow_precision(S=32, S_kv=64, H=16, L=16, seed=3)
     (err24, _), (err31, _), (err64, _) = found["data 24-bit"], found["data 31-bit"], found["int64"]
     assert 0 < err24 < 1e-3, found
     assert err31 < err24 / 16 and err64 < err31, found
