@@ -72,6 +72,17 @@ def contributions(q, kv, out, grad_out, lse, sink, idx, sm_scale, d_v):
     return c, a.sum(-1), b.sum(-1), delta.float()
 
 
+def plan_scales(q, kv, grad_out, delta, flat, sm_scale, d_v):
+    """The int64 design's row scales 2**k_j (fixed_point.plan) for batch element 0, whose
+    slots name the kv rows ``flat`` (every query row live)."""
+    S, S_kv = q.shape[1], kv.shape[1]
+    referenced = torch.zeros(S_kv, dtype=torch.int32, device=q.device)
+    referenced[flat] = 1
+    live_row = torch.ones(S, dtype=torch.int32, device=q.device)
+    row_scale, _ = fixed_point.plan(q, grad_out, delta, kv[0, :, :d_v], referenced, live_row, sm_scale)
+    return row_scale
+
+
 def headroom(S: int, S_kv: int, H: int, L: int, seed: int = 0, device: str = "cpu") -> dict:
     """{bound name: log2(bound_j / max|dKV_j|) per kv row j that receives a nonzero sum},
     and "contributions": the mean number of contributions a kv row receives."""
@@ -85,13 +96,12 @@ def headroom(S: int, S_kv: int, H: int, L: int, seed: int = 0, device: str = "cp
     per_slot = torch.zeros(S_kv, dtype=torch.float64, device=c.device).index_add_(
         0, flat, (mv[flat].view(S, L) * a_row.view(-1, 1) + b_row.view(-1, 1)).reshape(-1))
 
-    referenced = torch.zeros(S_kv, dtype=torch.int32, device=c.device)
-    referenced[flat] = 1
-    live_row = torch.ones(S, dtype=torch.int32, device=c.device)
-    row_scale, _ = fixed_point.plan(q, grad_out, delta, kv[0, :, :d_v], referenced, live_row, sm_scale)
-    plan_bound = 2.0 ** fixed_point.PARTIAL_SUM_BITS / row_scale.double()  # within 2x above the plan's bound
+    # 2**61 / 2**k_j: within 2x above the plan's bound
+    plan_bound = 2.0 ** fixed_point.PARTIAL_SUM_BITS / plan_scales(q, kv, grad_out, delta, flat, sm_scale, d_v).double()
 
-    rows = (referenced != 0) & (dkv.abs().amax(-1) > 0)
+    referenced = torch.zeros(S_kv, dtype=torch.bool, device=c.device)
+    referenced[flat] = True
+    rows = referenced & (dkv.abs().amax(-1) > 0)
     peak = dkv.abs().amax(-1)[rows]
     bounds = {"plan": plan_bound[rows], "per-slot": per_slot[rows], "|c| sum": abs_sum.amax(-1)[rows]}
     return {name: torch.log2(bound / peak) for name, bound in bounds.items()} | {"contributions": S * L / int(rows.sum())}
@@ -122,11 +132,7 @@ def narrow_precision(S: int, S_kv: int, H: int, L: int, bits=(24, 31), seed: int
     need = torch.zeros(S_kv, dtype=torch.float64, device=c.device).index_add_(0, flat, rows.abs().amax(-1))
     for b in bits:
         found[f"data {b}-bit"] = fixed_sum(data_scale(need, b))
-    referenced = torch.zeros(S_kv, dtype=torch.int32, device=c.device)
-    referenced[flat] = 1
-    row_scale, _ = fixed_point.plan(q, grad_out, delta, kv[0, :, :d_v], referenced,
-                                    torch.ones(S, dtype=torch.int32, device=c.device), sm_scale)
-    found["int64"] = fixed_sum(row_scale.double())
+    found["int64"] = fixed_sum(plan_scales(q, kv, grad_out, delta, flat, sm_scale, d_v).double())
     fp32 = torch.zeros((S_kv, c.shape[-1]), dtype=torch.float32, device=c.device)
     for i in range(0, rows.shape[0], L):  # one query row's slots at a time, in order
         fp32.index_add_(0, flat[i : i + L], rows[i : i + L].float())
