@@ -10,6 +10,9 @@ constant (no GEMM, no shared-memory partials). Variants:
 
   u64      one red.global.add.u64 per lane and column: the fixed design's
            adds (one per (row, slot, column): the cluster has summed the heads)
+  u64pair  one red.global.add.u64 per lane and two columns (two 32-bit lanes
+           a word, as the experiment on branch exp/fixed-lanes adds them)
+  u32      one red.global.add.u32 per lane and column
   f32x4    red.global.add.v4.f32, four columns a lane: the control's add
            instruction; the control issues it once per head group
   f32x4 x2 the same kernel launched twice: the control's adds at H=64
@@ -20,7 +23,9 @@ than their time here (they overlap the GEMMs at best), so the 3.7 ms the
 tensor cores need (issue 6) is out of reach while the floor is above it.
 Measured on the H200 at dsv32 (B=1, S=4096, S_kv=8192, L=2048): u64 10.20
 ms (3.8 TB/s of adds), f32x4 4.57, f32x4 x2 9.12, indices 0.06; fleet: 6.34,
-2.88, 5.74, 0.04.
+2.88, 5.74, 0.04. Another run at dsv32: u64 10.24, u64pair 5.40, u32 5.17,
+f32x4 4.61, f32x4 x2 9.11, indices 0.10: the L2 reduction time follows the
+bytes (3.6-4.2 TB/s), not the instruction's width.
 """
 
 import argparse
@@ -33,7 +38,8 @@ __device__ __forceinline__ void mqa_red4_ones(void* dst) {
   asm volatile("red.global.add.v4.f32 [%0], {%1, %1, %1, %1};" :: "l"(dst), "f"(1.0f) : "memory");
 }
 """
-VARIANTS = ("u64", "f32x4", "indices")
+VARIANTS = ("u64", "u64pair", "u32", "f32x4", "indices")
+DTYPES = {"f32x4": "float32", "u32": "int32"}  # the others add into int64
 
 
 def adds_program(variant: str, d_k: int = 576, slots: int = 32, threads: int = 256):
@@ -45,7 +51,7 @@ def adds_program(variant: str, d_k: int = 576, slots: int = 32, threads: int = 2
     BS, n_warps = slots, threads // 32
 
     @T.prim_func
-    def adds(Indices: T.Tensor((R, Lp), "int32"), dKV: T.Tensor((NKV, d_k), "float32" if variant == "f32x4" else "int64")):
+    def adds(Indices: T.Tensor((R, Lp), "int32"), dKV: T.Tensor((NKV, d_k), DTYPES.get(variant, "int64"))):
         with T.Kernel(R, threads=threads) as r:
             slot = T.alloc_shared((BS,), "int32")
             kv_row = T.alloc_local((1,), "int32")
@@ -62,6 +68,12 @@ def adds_program(variant: str, d_k: int = 576, slots: int = 32, threads: int = 2
                         if variant == "u64":
                             for c in T.unroll(d_k // 32):
                                 T.atomic_add(dKV[kv_row[0], c * 32 + lane], T.cast(lane + 1, "int64"))
+                        elif variant == "u64pair":  # two columns a lane: the row's first d_k / 2 words
+                            for c in T.unroll(d_k // 64):
+                                T.atomic_add(dKV[kv_row[0], c * 32 + lane], T.cast(lane + 1, "int64"))
+                        elif variant == "u32":
+                            for c in T.unroll(d_k // 32):
+                                T.atomic_add(dKV[kv_row[0], c * 32 + lane], T.cast(lane + 1, "int32"))
                         else:
                             for c in T.unroll(d_k // 128):
                                 T.call_extern("handle", "mqa_red4_ones", T.address_of(dKV[kv_row[0], c * 128 + lane * 4]))
@@ -84,8 +96,9 @@ def time_floor(shape: dict, repeats: int) -> None:
     nkv, d_k = problem.B * problem.S_kv, problem.d_k
     kernels = {v: K.compile_program(adds_program(v, d_k)) for v in VARIANTS}
     acc = {"u64": torch.zeros((nkv, d_k), dtype=torch.int64, device="cuda"),
+           "u32": torch.zeros((nkv, d_k), dtype=torch.int32, device="cuda"),
            "f32x4": torch.zeros((nkv, d_k), dtype=torch.float32, device="cuda")}
-    acc["indices"] = acc["u64"]
+    acc["indices"] = acc["u64pair"] = acc["u64"]
     calls = {v: functools.partial(kernels[v], slots, acc[v]) for v in VARIANTS}
     calls["f32x4 x2"] = lambda: (calls["f32x4"](), calls["f32x4"]())
     medians = {name: statistics.median(t) for name, t in time_interleaved(calls, warmup=2, repeats=repeats).items()}
