@@ -37,6 +37,13 @@ sum of the same (fp32) contributions, and the share of its bf16 values that
 differ from that sum's.
 The int64 design (the plan's scale, 61 bits) and a plain fp32 sum in slot
 order (an order of the control's atomics) are printed for comparison.
+
+Last (``plan_lanes``), the 32-bit lanes of branch exp/fixed-lanes with the
+plan's scales lowered by ``shift`` bits: a kv row's lane sums at most n terms
+(n: its references), each at most 2**(k-1), with k = 32 - bit_length(n_max -
+1); a contribution above 2**(k-2) takes the slow overflow path. Per shift:
+the share of contributions and of (slot, kv row) rows with one that large,
+and the rounding error as above. More shift: fewer slow adds, coarser sums.
 """
 
 import argparse
@@ -48,6 +55,7 @@ from mqa_bwd import fixed_point
 from mqa_bwd.bench import production_inputs
 
 LANE_BITS = 31  # a signed 32-bit lane's range (the int64 design uses 61, fixed_point.PARTIAL_SUM_BITS)
+MAX_LANE_BITS = 23  # exp/fixed-lanes' cap on k: its rounding trick is exact below 2**22
 
 
 def contributions(q, kv, out, grad_out, lse, sink, idx, sm_scale, d_v):
@@ -142,6 +150,28 @@ def narrow_precision(S: int, S_kv: int, H: int, L: int, bits=(24, 31), seed: int
             for name, got in found.items()}
 
 
+def plan_lanes(S: int, S_kv: int, H: int, L: int, shifts=(10, 11, 12), seed: int = 0, device: str = "cpu") -> dict:
+    """{shift: (share of contributions above 2**(k-2), share of slots with one, dKV rel L2 from
+    float64, share of bf16 values that differ)} for the plan's scales times 2**-shift, one launch."""
+    d_v = 512
+    q, kv, out, grad_out, lse, sink, idx, sm_scale = production_inputs(1, S, S_kv, H, L, seed=seed, device=device)
+    c, _, _, delta = contributions(q, kv, out, grad_out, lse, sink, idx, sm_scale, d_v)
+    flat, rows = idx[0].long().reshape(-1), c.reshape(-1, c.shape[-1]).float().double()
+    exact = torch.zeros((S_kv, c.shape[-1]), dtype=torch.float64, device=c.device).index_add_(0, flat, rows)
+    plan = plan_scales(q, kv, grad_out, delta, flat, sm_scale, d_v).double()
+    k = min(MAX_LANE_BITS, 32 - (int(torch.bincount(flat).max()) - 1).bit_length())
+    found = {}
+    for shift in shifts:
+        scale = plan * 2.0**-shift
+        v = torch.round(rows * scale[flat].view(-1, 1))
+        large = v.abs() > 2.0 ** (k - 2)
+        got = torch.zeros_like(exact).index_add_(0, flat, v) / scale.view(-1, 1)
+        found[shift] = (float(large.double().mean()), float(large.any(-1).double().mean()),
+                        float((got - exact).norm() / exact.norm()),
+                        float((got.float().bfloat16() != exact.float().bfloat16()).float().mean()))
+    return found
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for key, default in (("S", 256), ("S_kv", 512), ("H", 64), ("L", 128), ("seed", 0)):
@@ -158,6 +188,9 @@ def main():
     print(f"{'sums':<14} {'dKV rel L2 from float64':>24} {'bf16 values that differ':>24}")
     for name, (rel, flips) in narrow_precision(a.S, a.S_kv, a.H, a.L, seed=a.seed, device=a.device).items():
         print(f"{name:<14} {rel:>24.2e} {flips:>24.2%}")
+    print(f"{'lanes, shift':<14} {'contributions > 2^(k-2)':>24} {'slots with one':>16} {'dKV rel L2':>12} {'bf16 differ':>12}")
+    for shift, (large, slots, rel, flips) in plan_lanes(a.S, a.S_kv, a.H, a.L, seed=a.seed, device=a.device).items():
+        print(f"{shift:<14} {large:>24.2e} {slots:>16.2e} {rel:>12.2e} {flips:>12.2%}")
 
 
 if __name__ == "__main__":

@@ -345,6 +345,18 @@ def test_narrow_fixed_point_precision_grows_with_its_bits():
     assert err31 < err24 / 16 and err64 < err31, found
 
 
+def test_lane_study_trades_slow_adds_for_precision():
+    # Each bit of shift halves every scaled contribution: the rounding error
+    # must grow and the contributions too large for a lane must not; the
+    # int64 plan (no shift) must round finer than any of them.
+    study = _tool("fixed_point_headroom")
+    found = study.plan_lanes(S=32, S_kv=64, H=16, L=16, shifts=(2, 6, 10), seed=3)
+    (large2, slots2, err2, _), (large6, _, err6, _), (large10, slots10, err10, _) = found[2], found[6], found[10]
+    assert large2 >= large6 >= large10 and slots2 >= slots10 and large2 > 0, found
+    assert 0 < err2 < err6 < err10 < 1e-2, found
+    assert study.narrow_precision(S=32, S_kv=64, H=16, L=16, seed=3)["int64"][0] < err2
+
+
 def test_fixed_point_headroom_bounds_hold_on_production_inputs():
     # Both bounds are proofs (fixed_point's docstring; the per-slot one with
     # P <= 1): on production inputs neither may fall below what a kv row's
