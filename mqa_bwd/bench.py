@@ -228,7 +228,11 @@ def build_cuda_program(source: str, directory: str, name: str) -> str:
     import os
     import subprocess
 
-    nvcc = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
+    from .kernels import nvcc_path
+
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise RuntimeError("nvcc not found: set CUDA_HOME or put nvcc on PATH")
     src, exe = os.path.join(directory, f"{name}.cu"), os.path.join(directory, name)
     with open(src, "w") as f:
         f.write(source)

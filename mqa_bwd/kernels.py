@@ -1506,6 +1506,16 @@ def _nvcc(config, output: str, code: str, extra=()):
     return _nvcc_source(compiled(*config).get_kernel_source(), output, code, extra)
 
 
+def nvcc_path() -> str | None:
+    """The nvcc that builds for sm_90a here: CUDA_HOME's (default /usr/local/cuda), else
+    the one on PATH; None where there is neither (tests that compile then skip)."""
+    import os
+    import shutil
+
+    nvcc = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
+    return nvcc if os.path.exists(nvcc) else shutil.which("nvcc")
+
+
 def _nvcc_source(source: str, output: str, code: str, extra=()):
     import os
     import subprocess
@@ -1513,7 +1523,9 @@ def _nvcc_source(source: str, output: str, code: str, extra=()):
 
     from tilelang import env
 
-    nvcc = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise RuntimeError("nvcc not found: set CUDA_HOME or put nvcc on PATH")
     with tempfile.TemporaryDirectory() as tmp:
         cu, out = os.path.join(tmp, "kernel.cu"), os.path.join(tmp, "kernel.out")
         with open(cu, "w") as f:

@@ -119,10 +119,26 @@ def test_cuda_probe_builds(name, tmp_path):
     # barriers, mbarriers), built where they run: a source or API slip must
     # fail here, not on the GPU machine.
     tool = _tool(name)
-    nvcc = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
-    if not os.path.exists(nvcc):
+    if kernels.nvcc_path() is None:
         pytest.skip("needs nvcc (CUDA toolkit)")
     assert os.path.exists(tool.build_probe(str(tmp_path)))
+
+
+def test_nvcc_path_prefers_cuda_home_then_path(tmp_path, monkeypatch):
+    # Every compile (kernels._nvcc_source, bench.build_cuda_program) and every
+    # skip test asks kernels.nvcc_path, so they agree on whether nvcc exists.
+    home = tmp_path / "cuda"
+    (home / "bin").mkdir(parents=True)
+    nvcc = home / "bin" / "nvcc"
+    nvcc.write_text("#!/bin/sh\n")
+    nvcc.chmod(0o755)
+    monkeypatch.setenv("CUDA_HOME", str(home))
+    assert kernels.nvcc_path() == str(nvcc)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "none"))
+    monkeypatch.setenv("PATH", str(home / "bin"))
+    assert kernels.nvcc_path() == str(nvcc)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert kernels.nvcc_path() is None
 
 
 def test_cluster_mix_launches_cover_every_row_and_head_once():

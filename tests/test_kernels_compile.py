@@ -12,7 +12,6 @@ import functools
 import inspect
 import itertools
 import re
-import shutil
 
 import pytest
 
@@ -20,10 +19,7 @@ pytest.importorskip("tilelang")
 
 from mqa_bwd import kernels as K  # noqa: E402
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("nvcc") is None and not __import__("os").path.exists("/usr/local/cuda/bin/nvcc"),
-    reason="needs nvcc (CUDA_HOME=/usr/local/cuda) to compile for sm_90a",
-)
+pytestmark = pytest.mark.skipif(K.nvcc_path() is None, reason="needs nvcc (CUDA_HOME=/usr/local/cuda) to compile for sm_90a")
 
 ATOMIC_PTX = re.compile(r"\b(?:atom|red)\.[a-z0-9.]+")
 CONFIGS = list(K.gpu_configs())
