@@ -42,8 +42,8 @@ Last (``plan_lanes``), the 32-bit lanes of branch exp/fixed-lanes with the
 plan's scales lowered by ``shift`` bits: a kv row's lane sums at most n terms
 (n: its references), each at most 2**(k-1), with k = 32 - bit_length(n_max -
 1); a contribution above 2**(k-2) takes the slow overflow path. Per shift:
-the share of contributions and of (slot, kv row) rows with one that large,
-and the rounding error as above. More shift: fewer slow adds, coarser sums.
+the share of contributions that large and of the slots with one, and the
+rounding error as above. More shift: fewer slow adds, coarser sums.
 """
 
 import argparse

@@ -170,15 +170,13 @@ def test_add_floor_kernels_issue_their_adds():
     # u64pair issues half as many, two columns a word), the 32-bit one, the
     # vector fp32 add, or none (index loads only).
     tool = _tool("add_floor")
-    found = {}
+    found, counts = {}, {}
     for variant in tool.VARIANTS:
         source = kernels.compile_program(tool.adds_program(variant)).get_kernel_source()
-        ptx = kernels._nvcc_source(source, "-ptx", "compute_90a")[0]
-        found[variant] = sorted(set(re.findall(r"\b(?:atom|red)\.[a-z0-9.]+", ptx)))
+        adds = re.findall(r"\b(?:atom|red)\.[a-z0-9.]+", kernels._nvcc_source(source, "-ptx", "compute_90a")[0])
+        found[variant], counts[variant] = sorted(set(adds)), len(adds)
     assert found == {"u64": ["atom.global.add.u64"], "u64pair": ["atom.global.add.u64"], "u32": ["atom.global.add.u32"],
                      "f32x4": ["red.global.add.v4.f32"], "indices": []}, found
-    counts = {v: len(re.findall(r"\batom\.global\.add\.u64", kernels._nvcc_source(
-        kernels.compile_program(tool.adds_program(v)).get_kernel_source(), "-ptx", "compute_90a")[0])) for v in ("u64", "u64pair")}
     assert counts["u64pair"] * 2 == counts["u64"], counts
     with pytest.raises(ValueError, match="variant"):
         tool.adds_program("f64")
