@@ -228,11 +228,9 @@ def build_cuda_program(source: str, directory: str, name: str) -> str:
     import os
     import subprocess
 
-    from .kernels import nvcc_path
+    from .kernels import require_nvcc
 
-    nvcc = nvcc_path()
-    if nvcc is None:
-        raise RuntimeError("nvcc not found: set CUDA_HOME or put nvcc on PATH")
+    nvcc = require_nvcc()
     src, exe = os.path.join(directory, f"{name}.cu"), os.path.join(directory, name)
     with open(src, "w") as f:
         f.write(source)

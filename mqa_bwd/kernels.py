@@ -1516,6 +1516,14 @@ def nvcc_path() -> str | None:
     return nvcc if os.path.exists(nvcc) else shutil.which("nvcc")
 
 
+def require_nvcc() -> str:
+    """nvcc_path for a compile that cannot skip: RuntimeError where there is no nvcc."""
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise RuntimeError("nvcc not found: set CUDA_HOME or put nvcc on PATH")
+    return nvcc
+
+
 def _nvcc_source(source: str, output: str, code: str, extra=()):
     import os
     import subprocess
@@ -1523,9 +1531,7 @@ def _nvcc_source(source: str, output: str, code: str, extra=()):
 
     from tilelang import env
 
-    nvcc = nvcc_path()
-    if nvcc is None:
-        raise RuntimeError("nvcc not found: set CUDA_HOME or put nvcc on PATH")
+    nvcc = require_nvcc()
     with tempfile.TemporaryDirectory() as tmp:
         cu, out = os.path.join(tmp, "kernel.cu"), os.path.join(tmp, "kernel.out")
         with open(cu, "w") as f:
