@@ -47,6 +47,7 @@ rounding error as above. More shift: fewer slow adds, coarser sums.
 """
 
 import argparse
+import functools
 import math
 
 import torch
@@ -56,6 +57,7 @@ from mqa_bwd.bench import production_inputs
 
 LANE_BITS = 31  # a signed 32-bit lane's range (the int64 design uses 61, fixed_point.PARTIAL_SUM_BITS)
 MAX_LANE_BITS = 23  # exp/fixed-lanes' cap on k: its rounding trick is exact below 2**22
+D_V = 512  # production_inputs' value width
 
 
 def contributions(q, kv, out, grad_out, lse, sink, idx, sm_scale, d_v):
@@ -80,6 +82,32 @@ def contributions(q, kv, out, grad_out, lse, sink, idx, sm_scale, d_v):
     return c, a.sum(-1), b.sum(-1), delta.float()
 
 
+@functools.lru_cache(maxsize=1)
+def study_case(S: int, S_kv: int, H: int, L: int, seed: int = 0, device: str = "cpu") -> tuple:
+    """(inputs, contributions) of the study at one shape: production_inputs' tuple and
+    contributions' (c, A, B, Delta). The last shape is kept: main's three studies
+    share one computation of the contributions (minutes at S=1024)."""
+    inputs = production_inputs(1, S, S_kv, H, L, seed=seed, device=device)
+    q, kv, out, grad_out, lse, sink, idx, sm_scale = inputs
+    return inputs, contributions(q, kv, out, grad_out, lse, sink, idx, sm_scale, D_V)
+
+
+def summed(S: int, S_kv: int, H: int, L: int, seed: int = 0, device: str = "cpu") -> tuple:
+    """(flat kv row of each contribution, the contributions [S*L, Dk] as fp32 values in
+    float64, their float64 sum per kv row, the int64 plan's row scales) of study_case. The
+    kernel's contributions are fp32: every design sums these, so they are the reference."""
+    (q, kv, _, grad_out, _, _, idx, sm_scale), (c, _, _, delta) = study_case(S, S_kv, H, L, seed, device)
+    flat, rows = idx[0].long().reshape(-1), c.reshape(-1, c.shape[-1]).float().double()
+    exact = torch.zeros((S_kv, c.shape[-1]), dtype=torch.float64, device=c.device).index_add_(0, flat, rows)
+    return flat, rows, exact, plan_scales(q, kv, grad_out, delta, flat, sm_scale, D_V).double()
+
+
+def error(got: torch.Tensor, exact: torch.Tensor) -> tuple:
+    """(dKV's rel L2 from the float64 sum, share of its bf16 values that differ from that sum's)."""
+    return (float((got - exact).norm() / exact.norm()),
+            float((got.float().bfloat16() != exact.float().bfloat16()).float().mean()))
+
+
 def plan_scales(q, kv, grad_out, delta, flat, sm_scale, d_v):
     """The int64 design's row scales 2**k_j (fixed_point.plan) for batch element 0, whose
     slots name the kv rows ``flat`` (every query row live)."""
@@ -94,18 +122,16 @@ def plan_scales(q, kv, grad_out, delta, flat, sm_scale, d_v):
 def headroom(S: int, S_kv: int, H: int, L: int, seed: int = 0, device: str = "cpu") -> dict:
     """{bound name: log2(bound_j / max|dKV_j|) per kv row j that receives a nonzero sum},
     and "contributions": the mean number of contributions a kv row receives."""
-    d_v = 512
-    q, kv, out, grad_out, lse, sink, idx, sm_scale = production_inputs(1, S, S_kv, H, L, seed=seed, device=device)
-    c, a_row, b_row, delta = contributions(q, kv, out, grad_out, lse, sink, idx, sm_scale, d_v)
+    (q, kv, _, grad_out, _, _, idx, sm_scale), (c, a_row, b_row, delta) = study_case(S, S_kv, H, L, seed, device)
     flat = idx[0].long().reshape(-1)
     dkv = torch.zeros((S_kv, c.shape[-1]), dtype=torch.float64, device=c.device).index_add_(0, flat, c.reshape(-1, c.shape[-1]))
     abs_sum = torch.zeros_like(dkv).index_add_(0, flat, c.abs().reshape(-1, c.shape[-1]))
-    mv = kv[0, :, :d_v].double().abs().amax(-1)  # [S_kv]
+    mv = kv[0, :, :D_V].double().abs().amax(-1)  # [S_kv]
     per_slot = torch.zeros(S_kv, dtype=torch.float64, device=c.device).index_add_(
         0, flat, (mv[flat].view(S, L) * a_row.view(-1, 1) + b_row.view(-1, 1)).reshape(-1))
 
     # 2**61 / 2**k_j: within 2x above the plan's bound
-    plan_bound = 2.0 ** fixed_point.PARTIAL_SUM_BITS / plan_scales(q, kv, grad_out, delta, flat, sm_scale, d_v).double()
+    plan_bound = 2.0 ** fixed_point.PARTIAL_SUM_BITS / plan_scales(q, kv, grad_out, delta, flat, sm_scale, D_V).double()
 
     referenced = torch.zeros(S_kv, dtype=torch.bool, device=c.device)
     referenced[flat] = True
@@ -125,40 +151,28 @@ def narrow_precision(S: int, S_kv: int, H: int, L: int, bits=(24, 31), seed: int
     """{name: (rel L2 of dKV from the float64 sum, share of bf16 values that differ)} for fixed
     point with a per-row scale from the data at each of ``bits``, the int64 plan ("int64") and an
     fp32 sum in slot order ("fp32")."""
-    d_v = 512
-    q, kv, out, grad_out, lse, sink, idx, sm_scale = production_inputs(1, S, S_kv, H, L, seed=seed, device=device)
-    c, _, _, delta = contributions(q, kv, out, grad_out, lse, sink, idx, sm_scale, d_v)
-    # The kernel's contributions are fp32: every design sums these, so they are the reference.
-    flat, rows = idx[0].long().reshape(-1), c.reshape(-1, c.shape[-1]).float().double()
-    exact = torch.zeros((S_kv, c.shape[-1]), dtype=torch.float64, device=c.device).index_add_(0, flat, rows)
+    flat, rows, exact, plan = summed(S, S_kv, H, L, seed, device)
 
     def fixed_sum(scale):  # scale [S_kv] float64, powers of two: exact integer sums, then scaled back
         ints = torch.round(rows * scale[flat].view(-1, 1))
         return torch.zeros_like(exact).index_add_(0, flat, ints) / scale.view(-1, 1)
 
     found = {}
-    need = torch.zeros(S_kv, dtype=torch.float64, device=c.device).index_add_(0, flat, rows.abs().amax(-1))
+    need = torch.zeros(S_kv, dtype=torch.float64, device=rows.device).index_add_(0, flat, rows.abs().amax(-1))
     for b in bits:
         found[f"data {b}-bit"] = fixed_sum(data_scale(need, b))
-    found["int64"] = fixed_sum(plan_scales(q, kv, grad_out, delta, flat, sm_scale, d_v).double())
-    fp32 = torch.zeros((S_kv, c.shape[-1]), dtype=torch.float32, device=c.device)
+    found["int64"] = fixed_sum(plan)
+    fp32 = torch.zeros(exact.shape, dtype=torch.float32, device=rows.device)
     for i in range(0, rows.shape[0], L):  # one query row's slots at a time, in order
         fp32.index_add_(0, flat[i : i + L], rows[i : i + L].float())
     found["fp32"] = fp32.double()
-    want = exact.float().bfloat16()
-    return {name: (float((got - exact).norm() / exact.norm()), float((got.float().bfloat16() != want).float().mean()))
-            for name, got in found.items()}
+    return {name: error(got, exact) for name, got in found.items()}
 
 
 def plan_lanes(S: int, S_kv: int, H: int, L: int, shifts=(10, 11, 12), seed: int = 0, device: str = "cpu") -> dict:
     """{shift: (share of contributions above 2**(k-2), share of slots with one, dKV rel L2 from
     float64, share of bf16 values that differ)} for the plan's scales times 2**-shift, one launch."""
-    d_v = 512
-    q, kv, out, grad_out, lse, sink, idx, sm_scale = production_inputs(1, S, S_kv, H, L, seed=seed, device=device)
-    c, _, _, delta = contributions(q, kv, out, grad_out, lse, sink, idx, sm_scale, d_v)
-    flat, rows = idx[0].long().reshape(-1), c.reshape(-1, c.shape[-1]).float().double()
-    exact = torch.zeros((S_kv, c.shape[-1]), dtype=torch.float64, device=c.device).index_add_(0, flat, rows)
-    plan = plan_scales(q, kv, grad_out, delta, flat, sm_scale, d_v).double()
+    flat, rows, exact, plan = summed(S, S_kv, H, L, seed, device)
     k = min(MAX_LANE_BITS, 32 - (int(torch.bincount(flat).max()) - 1).bit_length())
     found = {}
     for shift in shifts:
@@ -166,9 +180,7 @@ def plan_lanes(S: int, S_kv: int, H: int, L: int, shifts=(10, 11, 12), seed: int
         v = torch.round(rows * scale[flat].view(-1, 1))
         large = v.abs() > 2.0 ** (k - 2)
         got = torch.zeros_like(exact).index_add_(0, flat, v) / scale.view(-1, 1)
-        found[shift] = (float(large.double().mean()), float(large.any(-1).double().mean()),
-                        float((got - exact).norm() / exact.norm()),
-                        float((got.float().bfloat16() != exact.float().bfloat16()).float().mean()))
+        found[shift] = (float(large.double().mean()), float(large.any(-1).double().mean())) + error(got, exact)
     return found
 
 
