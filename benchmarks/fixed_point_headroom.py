@@ -44,6 +44,17 @@ plan's scales lowered by ``shift`` bits: a kv row's lane sums at most n terms
 1); a contribution above 2**(k-2) takes the slow overflow path. Per shift:
 the share of contributions that large and of the slots with one, and the
 rounding error as above. More shift: fewer slow adds, coarser sums.
+
+``checked_lanes`` (also ``--checked-lanes`` alone, a query-row block at a
+time, so that it runs at production shapes on a GPU): the same lanes summed
+mod 2**64, where a pair of lane sums decodes exactly whenever each *final*
+sum fits 32 signed bits, however the partial sums wrap (``pack_pairs``,
+``unpack_pairs``). No contribution needs a range test then, only a check
+after the fact: per kv row, sum over its contributions of max_d |v| below
+2**31 (the bound a kernel would add up beside the lanes). Per shift of the
+plan's scales: the share of kv rows failing that check, the largest bound,
+whether the decoded words equal the integer sums on the rows that pass, and
+the rounding error as above, with an fp32 sum in slot order for comparison.
 """
 
 import argparse
@@ -184,12 +195,79 @@ def plan_lanes(S: int, S_kv: int, H: int, L: int, shifts=(10, 11, 12), seed: int
     return found
 
 
+def pack_pairs(v: torch.Tensor) -> torch.Tensor:
+    """int64 words of the column pairs (2p, 2p + 1) of integer-valued v [..., 2n], each
+    |v| < 2**31: lo + 2**32 * hi, two's complement; sums of words wrap mod 2**64."""
+    lo, hi = v[..., 0::2].long(), v[..., 1::2].long()
+    return lo + hi * 2**32
+
+
+def _signed32(w: torch.Tensor) -> torch.Tensor:
+    return ((w & 0xFFFFFFFF) ^ 0x80000000) - 0x80000000
+
+
+def unpack_pairs(w: torch.Tensor) -> torch.Tensor:
+    """The column pairs of a (wrapped) sum of pack_pairs words: exact where each pair's true
+    sums lie in [-2**31, 2**31), whatever the partial sums did."""
+    lo = _signed32(w)
+    hi = _signed32((w - lo) >> 32)
+    return torch.stack((lo, hi), -1).flatten(-2)
+
+
+def checked_lanes(S: int, S_kv: int, H: int, L: int, shifts=(6, 8, 10), seed: int = 0, device: str = "cpu",
+                  rows_per_step: int = 64) -> dict:
+    """{shift: (share of kv rows whose bound sum_r max_d |v_r| reaches 2**31, log2 of the largest
+    bound, decoded pairs equal the integer sums on every row that passes, dKV rel L2 from
+    float64, share of bf16 values that differ)} for the plan's scales times 2**-shift, and
+    "fp32": (rel L2, bf16 share) of an fp32 sum in slot order. Query rows are taken
+    ``rows_per_step`` at a time (production shapes fit a GPU's memory)."""
+    q, kv, out, grad_out, lse, sink, idx, sm_scale = production_inputs(1, S, S_kv, H, L, seed=seed, device=device)
+    delta = (out[0].double() * grad_out[0].double()).sum(-1).float()
+    plan = plan_scales(q, kv, grad_out, delta, idx[0].long().reshape(-1), sm_scale, D_V).double()
+    Dk = q.shape[-1]
+    zeros = functools.partial(torch.zeros, device=q.device)
+    exact, fp32 = zeros((S_kv, Dk), dtype=torch.float64), zeros((S_kv, Dk), dtype=torch.float32)
+    sums = {s: zeros((S_kv, Dk), dtype=torch.float64) for s in shifts}
+    words = {s: zeros((S_kv, Dk // 2), dtype=torch.int64) for s in shifts}
+    bounds = {s: zeros(S_kv, dtype=torch.float64) for s in shifts}
+    for r0 in range(0, S, rows_per_step):
+        r = slice(r0, min(S, r0 + rows_per_step))
+        c, _, _, _ = contributions(q[:, r], kv, out[:, r], grad_out[:, r], lse[:, r], sink, idx[:, r], sm_scale, D_V)
+        flat, rows = idx[0, r].long().reshape(-1), c.reshape(-1, Dk).float().double()
+        exact.index_add_(0, flat, rows)
+        for i in range(0, rows.shape[0], L):  # one query row's slots at a time, in order
+            fp32.index_add_(0, flat[i : i + L], rows[i : i + L].float())
+        for s in shifts:
+            v = torch.round(rows * (plan[flat] * 2.0**-s).view(-1, 1))
+            sums[s].index_add_(0, flat, v)
+            bounds[s].index_add_(0, flat, v.abs().amax(-1))
+            words[s].index_add_(0, flat, pack_pairs(v.clamp(-(2.0**31), 2.0**31 - 1)))
+    found = {}
+    for s in shifts:
+        passes = bounds[s] < 2.0**31
+        decoded = bool((unpack_pairs(words[s][passes]).double() == sums[s][passes]).all())
+        found[s] = (float((~passes).double().mean()), math.log2(max(float(bounds[s].max()), 1.0)), decoded) \
+            + error(sums[s] / (plan * 2.0**-s).view(-1, 1), exact)
+    found["fp32"] = error(fp32.double(), exact)
+    return found
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for key, default in (("S", 256), ("S_kv", 512), ("H", 64), ("L", 128), ("seed", 0)):
         parser.add_argument(f"--{key}", type=int, default=default)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--checked-lanes", metavar="SHIFTS", help="only checked_lanes, at these shifts (e.g. 6,7,8)")
     a = parser.parse_args()
+    if a.checked_lanes:
+        shifts = tuple(int(x) for x in a.checked_lanes.split(","))
+        found = checked_lanes(a.S, a.S_kv, a.H, a.L, shifts, a.seed, a.device)
+        rel, flips = found.pop("fp32")
+        print(f"B=1 S={a.S} S_kv={a.S_kv} H={a.H} L={a.L}; fp32 sum in slot order: rel L2 {rel:.2e}, bf16 differ {flips:.3%}")
+        print(f"{'shift':<6} {'rows failing':>13} {'log2 max bound':>15} {'decoded exact':>14} {'dKV rel L2':>11} {'bf16 differ':>12}")
+        for shift, (failing, top, decoded, rel, flips) in found.items():
+            print(f"{shift:<6} {failing:>13.3e} {top:>15.2f} {str(decoded):>14} {rel:>11.2e} {flips:>12.3%}")
+        return
     found = headroom(a.S, a.S_kv, a.H, a.L, a.seed, a.device)
     print(f"B=1 S={a.S} S_kv={a.S_kv} H={a.H} L={a.L}: {found.pop('contributions'):.0f} contributions a kv row on average")
     print(f"{'bound':<10} {'log2(bound / max|dKV_j|), quantiles 0 / 50 / 90 / 100 %':<58} resolution at {LANE_BITS} bits (median row)")

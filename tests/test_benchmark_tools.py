@@ -371,6 +371,71 @@ def test_lane_study_trades_slow_adds_for_precision():
     assert study.narrow_precision(S=32, S_kv=64, H=16, L=16, seed=3)["int64"][0] < err2
 
 
+@pytest.mark.parametrize("variant", ["nb", "peaks", "redux", "bound", "lanes"])
+def test_lanes_probe_rewrites_the_wide_adds(variant):
+    # The probe's timings mean something only while it rewrites the wide
+    # tile's int64 adds (and nothing else): a kernel edit that moves them must
+    # fail here, not time an unchanged kernel.
+    probe = _tool("lanes_probe")
+    original = inspect.getsource(kernels)
+    patched = probe.variant_source(variant)
+    assert probe.INT64_ADDS not in patched and patched.count("mqa_pair_add") == 2
+    assert patched.count('"mqa_bound_add"') == (variant != "nb")
+    compile(patched, "variant", "exec")
+    with pytest.raises(RuntimeError, match="add_chunk's int64 adds"):
+        probe.variant_source(variant, original.replace(probe.INT64_ADDS, ""))
+
+
+def test_lanes_probe_compiles_its_pair_and_bound_adds():
+    # The full check's variant, built for sm_90a: pair adds of 32-bit
+    # conversions, the warp max, and no int64 conversion left in the wide tile.
+    from mqa_bwd.bench import kernels_module_from_source
+
+    module = kernels_module_from_source(_tool("lanes_probe").variant_source("bound"), "lanes_bound")
+    ptx = module.ptx_of(("main_bwd", 64, 576, 512, "fixed"))
+    assert "redux.sync.max.u32" in ptx and "cvt.rni.s32.f32" in ptx and "cvt.rni.s64.f32" not in ptx
+    assert len(re.findall(r"red\.global\.add\.u64", ptx)) >= 2
+
+
+def test_lane_pairs_decode_exact_sums_whatever_the_partial_sums_did():
+    # Two signed 32-bit lanes per int64 word, summed mod 2**64: a pair decodes
+    # to its exact sums whenever the final sums fit 32 signed bits, even where
+    # partial sums wrapped (large terms first, their negations last, in any
+    # order). A final sum out of range must not decode to itself: that is
+    # what the bound check exists for.
+    import torch
+
+    study = _tool("fixed_point_headroom")
+    g = torch.Generator().manual_seed(5)
+    big = torch.randint(2**30, 2**31, (64, 8), generator=g, dtype=torch.int64) * torch.where(
+        torch.rand(64, 8, generator=g) < 0.5, 1, -1)
+    small = torch.randint(-(2**20), 2**20, (32, 8), generator=g, dtype=torch.int64)
+    terms = torch.cat([big, small, -big])
+    exact = terms.sum(0)
+    assert (exact.abs() < 2**31).all() and (big[:, 0].cumsum(0).abs() >= 2**32).any()
+    for order in (torch.arange(terms.shape[0]), torch.randperm(terms.shape[0], generator=g)):
+        words = study.pack_pairs(terms[order]).sum(0)
+        assert torch.equal(study.unpack_pairs(words), exact)
+    over = torch.cat([big[:2, :2].abs(), big[:2, :2].abs()])  # sums in [2**32, 2**33): out of range
+    assert not torch.equal(study.unpack_pairs(study.pack_pairs(over).sum(0)), over.sum(0))
+
+
+def test_checked_lane_study_trades_failing_rows_for_precision():
+    # More shift: fewer kv rows whose bound reaches 2**31 and coarser sums; the
+    # rows that pass decode to the exact integer sums; at shift 0 the plan's
+    # scale, so int64's rounding. The study's blocks of query rows must not
+    # change its sums.
+    study = _tool("fixed_point_headroom")
+    found = study.checked_lanes(S=32, S_kv=64, H=16, L=16, shifts=(0, 8, 16), seed=3, rows_per_step=8)
+    assert study.checked_lanes(S=32, S_kv=64, H=16, L=16, shifts=(0, 8, 16), seed=3, rows_per_step=32) == found
+    (fail0, top0, dec0, err0, _), (fail8, top8, dec8, err8, _), (fail16, _, dec16, err16, _) = found[0], found[8], found[16]
+    assert fail0 >= fail8 >= fail16 and fail0 > 0 and fail16 == 0, found
+    assert top0 - top8 == pytest.approx(8, abs=0.1) and dec0 and dec8 and dec16, found
+    assert 0 < err0 < err8 < err16 < 1e-2, found
+    assert study.narrow_precision(S=32, S_kv=64, H=16, L=16, seed=3)["int64"][0] == err0
+    assert 0 < found["fp32"][0] < 1e-5, found
+
+
 def test_fixed_point_headroom_bounds_hold_on_production_inputs():
     # Both bounds are proofs (fixed_point's docstring; the per-slot one with
     # P <= 1): on production inputs neither may fall below what a kv row's
