@@ -252,13 +252,56 @@ def checked_lanes(S: int, S_kv: int, H: int, L: int, shifts=(6, 8, 10), seed: in
     return found
 
 
+def sampled_offset(S: int, S_kv: int, H: int, L: int, every=(16, 64), temperature: float = 1.0, seed: int = 0,
+                   device: str = "cpu", rows_per_step: int = 64) -> dict:
+    """How well a sample of query rows predicts the lanes' check (checked_lanes) before the
+    backward: {"full": log2 of the largest kv row bound sum_r max_d |c_r| * 2**k_j (the plan's
+    scale, shift 0), e: log2 of ``e`` times the largest such bound over the query rows r with
+    r % e == 0}. The smallest shift whose check passes is about full - 31; a sample that
+    predicts it within a bit could set the shift per batch element. ``temperature`` scales
+    q before the forward (out and lse follow): above 1 concentrates P, as trained attention
+    does, where the plan (every P at most 1) cannot tell."""
+    from mqa_bwd.bench import _forward
+
+    q, kv, out, grad_out, lse, sink, idx, sm_scale = production_inputs(1, S, S_kv, H, L, seed=seed, device=device)
+    if temperature != 1.0:
+        q = (q.float() * temperature).bfloat16()
+        out, lse = _forward(q, kv, idx, sink, sm_scale, D_V)
+    delta = (out[0].double() * grad_out[0].double()).sum(-1).float()
+    plan = plan_scales(q, kv, grad_out, delta, idx[0].long().reshape(-1), sm_scale, D_V).double()
+    full = torch.zeros(S_kv, dtype=torch.float64, device=q.device)
+    sampled = {e: torch.zeros_like(full) for e in every}
+    for r0 in range(0, S, rows_per_step):
+        r = slice(r0, min(S, r0 + rows_per_step))
+        c, _, _, _ = contributions(q[:, r], kv, out[:, r], grad_out[:, r], lse[:, r], sink, idx[:, r], sm_scale, D_V)
+        need = c.float().double().abs().amax(-1)  # [rows, L]: each slot's largest |contribution|
+        flat = idx[0, r].long()
+        bound = need * plan[flat]
+        full.index_add_(0, flat.reshape(-1), bound.reshape(-1))
+        for e in every:
+            keep = (torch.arange(r.start, r.stop, device=q.device) % e) == 0
+            sampled[e].index_add_(0, flat[keep].reshape(-1), bound[keep].reshape(-1))
+    return {"full": math.log2(float(full.max()))} | {e: math.log2(e * float(sampled[e].max())) for e in every}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for key, default in (("S", 256), ("S_kv", 512), ("H", 64), ("L", 128), ("seed", 0)):
         parser.add_argument(f"--{key}", type=int, default=default)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--checked-lanes", metavar="SHIFTS", help="only checked_lanes, at these shifts (e.g. 6,7,8)")
+    parser.add_argument("--sampled-offset", metavar="EVERY", help="only sampled_offset, sampling every EVERY-th query row (e.g. 16,64)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampled_offset: q's scale before the forward")
     a = parser.parse_args()
+    if a.sampled_offset:
+        every = tuple(int(x) for x in a.sampled_offset.split(","))
+        found = sampled_offset(a.S, a.S_kv, a.H, a.L, every, a.temperature, a.seed, a.device)
+        full = found.pop("full")
+        print(f"B=1 S={a.S} S_kv={a.S_kv} H={a.H} L={a.L} temperature {a.temperature}: largest bound 2^{full:.2f} "
+              f"(smallest passing shift about {math.ceil(full - 31)})")
+        for e, guess in found.items():
+            print(f"  every {e:>4}th row: predicts 2^{guess:.2f} ({guess - full:+.2f} bits)")
+        return
     if a.checked_lanes:
         shifts = tuple(int(x) for x in a.checked_lanes.split(","))
         found = checked_lanes(a.S, a.S_kv, a.H, a.L, shifts, a.seed, a.device)

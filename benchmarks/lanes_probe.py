@@ -24,6 +24,9 @@ bound words sit in its unused columns), they only issue the same work:
           slot and add site): the full check
   lanes   as bound without the warp reduction, every lane adding its own
           max into its own word (32 reds per slot and site)
+  running one max per lane over everything it adds, never reset; after
+          each add site, an add only when it reaches 2**31 (never here): the
+          max's arithmetic without any per-slot work
 """
 
 import argparse
@@ -77,9 +80,15 @@ BOUND_ADDS = """            for s_i in T.serial(BS // n_warps):
                 T.call_extern("handle", "mqa_bound_add", T.address_of(dKV[T.max(T.min(slots[j], NKV - 1), 0), {word}]),
                               scale_r[1 + s_i], (0 <= slots[j]) and (slots[j] < NKV))
 """
+#: The "running" variant instead: one peak per lane over everything it adds (scale_r[1]), and
+#: after each add site's slot loop one bound add at a fixed word (no per-slot work).
+RUNNING_PAIR_ADDS = PAIR_ADDS.replace("                scale_r[1 + s_i] = 0.0\n", "").replace("scale_r[1 + s_i]", "scale_r[1]")
+RUNNING_BOUND_ADD = """            T.call_extern("handle", "mqa_bound_add", T.address_of(dKV[0, Dk // 2]), scale_r[1], True)
+"""
 SCALE_ALLOC = "                scale_r = T.alloc_local((1,), f32)\n"
 #: scale_r grows by a peak per slot a warp takes in add_chunk (BS // n_warps = 4).
 SCALE_ALLOC_PEAKS = "                scale_r = T.alloc_local((5,), f32)\n"
+SCALE_ALLOC_RUNNING = SCALE_ALLOC_PEAKS + "                scale_r[1] = 0.0\n"
 
 LANE0 = "(threadIdx.x & 31u) == 0u"
 NEVER = "__uint_as_float(bits) >= 2147483648.f"  # no bound reaches 2**31 in production data
@@ -90,6 +99,7 @@ VARIANTS = {
     "redux": (True, 1, f"{LANE0} && {NEVER}", "Dk // 2 + col0 // 128"),
     "bound": (True, 1, LANE0, "Dk // 2 + col0 // 128"),
     "lanes": (True, 0, "true", "Dk // 2 + lane"),
+    "running": (True, 0, NEVER, None),
 }
 
 
@@ -108,9 +118,12 @@ def variant_source(name: str, source: str | None = None) -> str:
     bounds, reduce, add_if, word = VARIANTS[name]
     defines = f"#define MQA_PROBE_REDUCE {reduce}\n#define MQA_PROBE_ADD_IF {add_if}\n"
     source = _replace_once(source, HELPERS_AT, defines + HELPERS + HELPERS_AT, "the device helpers' anchor")
-    body = PAIR_ADDS + (BOUND_ADDS.format(word=word) if bounds else "")
+    if name == "running":
+        body, alloc = RUNNING_PAIR_ADDS + RUNNING_BOUND_ADD, SCALE_ALLOC_RUNNING
+    else:
+        body, alloc = PAIR_ADDS + (BOUND_ADDS.format(word=word) if bounds else ""), SCALE_ALLOC_PEAKS
     source = _replace_once(source, INT64_ADDS, body, "add_chunk's int64 adds")
-    return _replace_once(source, SCALE_ALLOC, SCALE_ALLOC_PEAKS, "the scale register")
+    return _replace_once(source, SCALE_ALLOC, alloc, "the scale register")
 
 
 def main():

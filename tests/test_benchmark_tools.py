@@ -371,7 +371,7 @@ def test_lane_study_trades_slow_adds_for_precision():
     assert study.narrow_precision(S=32, S_kv=64, H=16, L=16, seed=3)["int64"][0] < err2
 
 
-@pytest.mark.parametrize("variant", ["nb", "peaks", "redux", "bound", "lanes"])
+@pytest.mark.parametrize("variant", ["nb", "peaks", "redux", "bound", "lanes", "running"])
 def test_lanes_probe_rewrites_the_wide_adds(variant):
     # The probe's timings mean something only while it rewrites the wide
     # tile's int64 adds (and nothing else): a kernel edit that moves them must
@@ -434,6 +434,19 @@ def test_checked_lane_study_trades_failing_rows_for_precision():
     assert 0 < err0 < err8 < err16 < 1e-2, found
     assert study.narrow_precision(S=32, S_kv=64, H=16, L=16, seed=3)["int64"][0] == err0
     assert 0 < found["fp32"][0] < 1e-5, found
+
+
+def test_sampled_offset_samples_the_rows_it_names():
+    # Sampling every row must reproduce the full bound exactly (same sums);
+    # every 4th row must scale its sample by 4, so on these uniform inputs it
+    # lands within a few bits of the full bound, not 2 bits below it. A
+    # temperature reaches the forward: the bound moves with it.
+    study = _tool("fixed_point_headroom")
+    found = study.sampled_offset(S=64, S_kv=128, H=16, L=32, every=(1, 4), seed=3, rows_per_step=16)
+    assert found[1] == found["full"], found
+    assert -1 < found[4] - found["full"] < 4, found
+    hot = study.sampled_offset(S=64, S_kv=128, H=16, L=32, every=(1,), temperature=4.0, seed=3, rows_per_step=16)
+    assert hot[1] == hot["full"] != found["full"], (hot, found)
 
 
 def test_fixed_point_headroom_bounds_hold_on_production_inputs():
