@@ -55,6 +55,9 @@ after the fact: per kv row, sum over its contributions of max_d |v| below
 plan's scales: the share of kv rows failing that check, the largest bound,
 whether the decoded words equal the integer sums on the rows that pass, and
 the rounding error as above, with an fp32 sum in slot order for comparison.
+``sampled_offset`` (``--sampled-offset``, ``--temperature``): how well every
+e-th query row predicts the largest bound, that is the shift to choose,
+before the backward; q scaled up before the forward concentrates P.
 """
 
 import argparse
@@ -214,26 +217,47 @@ def unpack_pairs(w: torch.Tensor) -> torch.Tensor:
     return torch.stack((lo, hi), -1).flatten(-2)
 
 
+def blocked_case(S: int, S_kv: int, H: int, L: int, seed: int = 0, device: str = "cpu", temperature: float = 1.0) -> tuple:
+    """(production_inputs' tuple, the int64 plan's row scales) without the contributions, which
+    contribution_blocks gives a block of query rows at a time (production shapes fit a GPU).
+    ``temperature`` scales q before the forward (out and lse follow): above 1 concentrates P,
+    as trained attention does, where the plan (every P at most 1) cannot tell."""
+    from mqa_bwd.bench import _forward
+
+    q, kv, out, grad_out, lse, sink, idx, sm_scale = production_inputs(1, S, S_kv, H, L, seed=seed, device=device)
+    if temperature != 1.0:
+        q = (q.float() * temperature).bfloat16()
+        out, lse = _forward(q, kv, idx, sink, sm_scale, D_V)
+    delta = (out[0].double() * grad_out[0].double()).sum(-1).float()
+    plan = plan_scales(q, kv, grad_out, delta, idx[0].long().reshape(-1), sm_scale, D_V).double()
+    return (q, kv, out, grad_out, lse, sink, idx, sm_scale), plan
+
+
+def contribution_blocks(inputs: tuple, rows_per_step: int):
+    """Per block of ``rows_per_step`` query rows: (their row indices, the kv row of each slot
+    [rows, L], the contributions [rows, L, Dk] as fp32 values in float64)."""
+    q, kv, out, grad_out, lse, sink, idx, sm_scale = inputs
+    for r0 in range(0, q.shape[1], rows_per_step):
+        r = slice(r0, min(q.shape[1], r0 + rows_per_step))
+        c, _, _, _ = contributions(q[:, r], kv, out[:, r], grad_out[:, r], lse[:, r], sink, idx[:, r], sm_scale, D_V)
+        yield torch.arange(r.start, r.stop, device=q.device), idx[0, r].long(), c.float().double()
+
+
 def checked_lanes(S: int, S_kv: int, H: int, L: int, shifts=(6, 8, 10), seed: int = 0, device: str = "cpu",
                   rows_per_step: int = 64) -> dict:
     """{shift: (share of kv rows whose bound sum_r max_d |v_r| reaches 2**31, log2 of the largest
     bound, decoded pairs equal the integer sums on every row that passes, dKV rel L2 from
     float64, share of bf16 values that differ)} for the plan's scales times 2**-shift, and
-    "fp32": (rel L2, bf16 share) of an fp32 sum in slot order. Query rows are taken
-    ``rows_per_step`` at a time (production shapes fit a GPU's memory)."""
-    q, kv, out, grad_out, lse, sink, idx, sm_scale = production_inputs(1, S, S_kv, H, L, seed=seed, device=device)
-    delta = (out[0].double() * grad_out[0].double()).sum(-1).float()
-    plan = plan_scales(q, kv, grad_out, delta, idx[0].long().reshape(-1), sm_scale, D_V).double()
-    Dk = q.shape[-1]
-    zeros = functools.partial(torch.zeros, device=q.device)
+    "fp32": (rel L2, bf16 share) of an fp32 sum in slot order."""
+    inputs, plan = blocked_case(S, S_kv, H, L, seed, device)
+    Dk = inputs[0].shape[-1]
+    zeros = functools.partial(torch.zeros, device=plan.device)
     exact, fp32 = zeros((S_kv, Dk), dtype=torch.float64), zeros((S_kv, Dk), dtype=torch.float32)
     sums = {s: zeros((S_kv, Dk), dtype=torch.float64) for s in shifts}
     words = {s: zeros((S_kv, Dk // 2), dtype=torch.int64) for s in shifts}
     bounds = {s: zeros(S_kv, dtype=torch.float64) for s in shifts}
-    for r0 in range(0, S, rows_per_step):
-        r = slice(r0, min(S, r0 + rows_per_step))
-        c, _, _, _ = contributions(q[:, r], kv, out[:, r], grad_out[:, r], lse[:, r], sink, idx[:, r], sm_scale, D_V)
-        flat, rows = idx[0, r].long().reshape(-1), c.reshape(-1, Dk).float().double()
+    for _, kv_rows, c in contribution_blocks(inputs, rows_per_step):
+        flat, rows = kv_rows.reshape(-1), c.reshape(-1, Dk)
         exact.index_add_(0, flat, rows)
         for i in range(0, rows.shape[0], L):  # one query row's slots at a time, in order
             fp32.index_add_(0, flat[i : i + L], rows[i : i + L].float())
@@ -258,29 +282,16 @@ def sampled_offset(S: int, S_kv: int, H: int, L: int, every=(16, 64), temperatur
     backward: {"full": log2 of the largest kv row bound sum_r max_d |c_r| * 2**k_j (the plan's
     scale, shift 0), e: log2 of ``e`` times the largest such bound over the query rows r with
     r % e == 0}. The smallest shift whose check passes is about full - 31; a sample that
-    predicts it within a bit could set the shift per batch element. ``temperature`` scales
-    q before the forward (out and lse follow): above 1 concentrates P, as trained attention
-    does, where the plan (every P at most 1) cannot tell."""
-    from mqa_bwd.bench import _forward
-
-    q, kv, out, grad_out, lse, sink, idx, sm_scale = production_inputs(1, S, S_kv, H, L, seed=seed, device=device)
-    if temperature != 1.0:
-        q = (q.float() * temperature).bfloat16()
-        out, lse = _forward(q, kv, idx, sink, sm_scale, D_V)
-    delta = (out[0].double() * grad_out[0].double()).sum(-1).float()
-    plan = plan_scales(q, kv, grad_out, delta, idx[0].long().reshape(-1), sm_scale, D_V).double()
-    full = torch.zeros(S_kv, dtype=torch.float64, device=q.device)
+    predicts it within a bit could set the shift per batch element (blocked_case: temperature)."""
+    inputs, plan = blocked_case(S, S_kv, H, L, seed, device, temperature)
+    full = torch.zeros(S_kv, dtype=torch.float64, device=plan.device)
     sampled = {e: torch.zeros_like(full) for e in every}
-    for r0 in range(0, S, rows_per_step):
-        r = slice(r0, min(S, r0 + rows_per_step))
-        c, _, _, _ = contributions(q[:, r], kv, out[:, r], grad_out[:, r], lse[:, r], sink, idx[:, r], sm_scale, D_V)
-        need = c.float().double().abs().amax(-1)  # [rows, L]: each slot's largest |contribution|
-        flat = idx[0, r].long()
-        bound = need * plan[flat]
-        full.index_add_(0, flat.reshape(-1), bound.reshape(-1))
+    for query_rows, kv_rows, c in contribution_blocks(inputs, rows_per_step):
+        bound = c.abs().amax(-1) * plan[kv_rows]  # [rows, L]: each slot's largest |v| at shift 0
+        full.index_add_(0, kv_rows.reshape(-1), bound.reshape(-1))
         for e in every:
-            keep = (torch.arange(r.start, r.stop, device=q.device) % e) == 0
-            sampled[e].index_add_(0, flat[keep].reshape(-1), bound[keep].reshape(-1))
+            keep = query_rows % e == 0
+            sampled[e].index_add_(0, kv_rows[keep].reshape(-1), bound[keep].reshape(-1))
     return {"full": math.log2(float(full.max()))} | {e: math.log2(e * float(sampled[e].max())) for e in every}
 
 
