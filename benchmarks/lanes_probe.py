@@ -15,8 +15,9 @@ bound words sit in its unused columns), they only issue the same work:
 
   nb      the pair adds alone (no bound): the floor of the format
   peaks   each lane tracks its columns' max |v| per slot, and after the slot
-          loop adds it only when it reaches 2**31 (never here): the peaks'
-          arithmetic alone, no warp reduction, no traffic
+          loop adds it only when it reaches 2**31 (never here): the peaks
+          and their per-slot code after the loop (the slot's kv row reloaded
+          and clamped, its address, the test), no warp reduction, no traffic
   redux   each lane tracks its columns' max |v| per slot; after the slot
           loop, __reduce_max_sync per slot, and lane 0 adds the bound only
           when it reaches 2**31 (never here): the bound's arithmetic, no traffic
