@@ -16,6 +16,10 @@ real race: one 256-thread CTA whose warpgroups hand a shared buffer over
   barrier_cta  the same with the non-aligned barrier.cta.arrive / .sync
   mbarrier     mbarrier.arrive (release) and try_wait.parity (acquire)
   none         nothing (racecheck must report this one)
+  sync_wgmma   sync, with a group of wgmmas (reading other shared memory)
+               issued before the reads and waited for after them, before
+               the barrier: the overlap variant's dKV GEMMs and adds (README)
+  sync_wgmma_waited  the same wgmmas waited for before the reads
 
 both ways, as the tile's handoffs between its warpgroups: warpgroup 1
 reads, then lets warpgroup 0 overwrite; warpgroup 0 writes, then lets
@@ -26,8 +30,10 @@ takes all 256 threads' (its warpgroup 0 overwrites words its own warps add). It 
 each, racecheck's hazard count and how many reads missed their value.
 
 On the H200 (compute-sanitizer of CUDA 13.0): sync 0 hazards, arrive 1,
-barrier_cta 1, mbarrier 0, none 1 (64 wrong reads); no wrong read but for
-none. Racecheck does not take a barrier arrival as ordering the producer's
+barrier_cta 1, mbarrier 0, none 1 (64 wrong reads; 96 in a later run); no
+wrong read but for none. sync_wgmma and sync_wgmma_waited: 0 and 0, with one
+wgmma or a chain of 64 in the group: a wgmma in flight across the reads
+does not by itself make racecheck report the barrier's ordering. Racecheck does not take a barrier arrival as ordering the producer's
 stores, so the split tile hands over on mbarriers, which the gate checks.
 """
 
@@ -43,14 +49,37 @@ PROBE = r"""
 #include <cstdint>
 #include <cuda_runtime.h>
 
-enum Handoff { SYNC, ARRIVE, BARRIER_CTA, MBARRIER, NONE, KINDS };
+enum Handoff { SYNC, ARRIVE, BARRIER_CTA, MBARRIER, NONE, SYNC_WGMMA, SYNC_WGMMA_WAITED, KINDS };
 
 __device__ __forceinline__ unsigned smem_addr(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+
+// A wgmma descriptor of a no-swizzle tile at ``p``: core matrices of 8 rows x 16
+// bytes, 128 bytes apart along K (LBO) and 256 along M or N (SBO).
+__device__ __forceinline__ uint64_t tile_desc(const void* p) {
+  return ((smem_addr(p) & 0x3FFFFu) >> 4) | (uint64_t(128 >> 4) << 16) | (uint64_t(256 >> 4) << 32);
+}
+
+// Each warpgroup issues WGMMA_CHAIN asynchronous m64n8k16 bf16 wgmmas reading ``tiles`` (A: 2 KB,
+// then B) as one group, still in flight while the reads that follow run, as the overlap variant's
+// dKV GEMMs are (fence.proxy.async first: the tiles were written by generic stores).
+#define WGMMA_CHAIN 64
+__device__ __forceinline__ void wgmma_issue(const void* tiles, float* acc) {
+  uint64_t a = tile_desc(tiles), b = tile_desc(static_cast<const char*>(tiles) + 2048);
+  asm volatile("fence.proxy.async.shared::cta;\nwgmma.fence.sync.aligned;" ::: "memory");
+  for (int i = 0; i < WGMMA_CHAIN; ++i)
+  asm volatile("{ .reg .pred p; setp.ne.b32 p, %6, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0; }"
+               : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3]) : "l"(a), "l"(b), "r"(0) : "memory");
+  asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory");
+}
+__device__ __forceinline__ void wgmma_wait(float* acc) {
+  asm volatile("wgmma.wait_group.sync.aligned 0;" : "+f"(acc[0]), "+f"(acc[1]), "+f"(acc[2]), "+f"(acc[3]) :: "memory");
+}
 
 // One handoff from the producer warpgroup to the other, on barrier ``id``
 // (named barrier id + 1, or mbarrier bars[id]); every thread calls it.
 __device__ __forceinline__ void handoff(int kind, bool producer, int id, uint64_t* bars) {
-  if (kind == SYNC) {
+  if (kind == SYNC || kind == SYNC_WGMMA || kind == SYNC_WGMMA_WAITED) {
     __syncthreads();
   } else if (kind == ARRIVE) {  // the .aligned forms (the split tile's first version)
     if (producer) asm volatile("bar.arrive %0, 256;" :: "r"(id + 1) : "memory");
@@ -77,28 +106,37 @@ __device__ __forceinline__ void handoff(int kind, bool producer, int id, uint64_
 __global__ void probe(int kind, float* out) {
   __shared__ float buf[128];
   __shared__ uint64_t bars[2];
+  __shared__ __align__(128) unsigned short tiles[1152];  // wgmma's A (64 x 16) and B (16 x 8), bf16 zeros
+  float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
   int t = threadIdx.x;
+  for (int i = t; i < 1152; i += 256) tiles[i] = 0;
   if (t < 128) buf[t] = -1.0f - t;
   if (kind == MBARRIER && t == 0) {
     for (int i = 0; i < 2; ++i) asm volatile("mbarrier.init.shared::cta.b64 [%0], 128;" :: "r"(smem_addr(bars + i)) : "memory");
   }
   __syncthreads();
+  // The wgmma kinds: a wgmma in flight while the reads below run and waited
+  // for before the barrier (the overlap variant's dKV chunk GEMM and adds),
+  // or waited for before the reads.
+  if (kind == SYNC_WGMMA || kind == SYNC_WGMMA_WAITED) wgmma_issue(tiles, acc);
+  if (kind == SYNC_WGMMA_WAITED) wgmma_wait(acc);
   float old = 0.0f;
   if (t >= 128) old = buf[255 - t];
+  if (kind == SYNC_WGMMA) wgmma_wait(acc);
   handoff(kind, t >= 128, 0, bars);
   if (t < 128) buf[t] = 1.0f + t;
   handoff(kind, t < 128, 1, bars);
   if (t >= 128) {
-    out[2 * (t - 128)] = old;
+    out[2 * (t - 128)] = old + (acc[0] + acc[1] + acc[2] + acc[3]);  // the zero tiles add 0
     out[2 * (t - 128) + 1] = buf[255 - t];
   }
 }
 
 int main(int argc, char** argv) {
-  const char* names[KINDS] = {"sync", "arrive", "barrier_cta", "mbarrier", "none"};
+  const char* names[KINDS] = {"sync", "arrive", "barrier_cta", "mbarrier", "none", "sync_wgmma", "sync_wgmma_waited"};
   int kind = -1;
   for (int k = 0; k < KINDS; ++k) if (argc > 1 && !strcmp(argv[1], names[k])) kind = k;
-  if (kind < 0) { fprintf(stderr, "usage: %s sync|arrive|barrier_cta|mbarrier|none\n", argv[0]); return 2; }
+  if (kind < 0) { fprintf(stderr, "usage: %s sync|arrive|barrier_cta|mbarrier|none|sync_wgmma|sync_wgmma_waited\n", argv[0]); return 2; }
   float* out;
   float host[256];
   if (cudaMalloc(&out, sizeof(host)) != cudaSuccess) return 3;
@@ -111,7 +149,7 @@ int main(int argc, char** argv) {
 }
 """
 
-HANDOFFS = ("sync", "arrive", "barrier_cta", "mbarrier", "none")
+HANDOFFS = ("sync", "arrive", "barrier_cta", "mbarrier", "none", "sync_wgmma", "sync_wgmma_waited")
 
 
 def build_probe(directory: str) -> str:

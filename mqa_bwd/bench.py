@@ -234,7 +234,7 @@ def build_cuda_program(source: str, directory: str, name: str) -> str:
     src, exe = os.path.join(directory, f"{name}.cu"), os.path.join(directory, name)
     with open(src, "w") as f:
         f.write(source)
-    subprocess.run([nvcc, "-arch=sm_90a", "-o", exe, src], check=True, capture_output=True)
+    subprocess.run([nvcc, "-gencode=arch=compute_90a,code=sm_90a", "-o", exe, src], check=True, capture_output=True)
     return exe
 
 
