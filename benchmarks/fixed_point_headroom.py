@@ -58,6 +58,8 @@ the rounding error as above, with an fp32 sum in slot order for comparison.
 ``sampled_offset`` (``--sampled-offset``, ``--temperature``): how well every
 e-th query row predicts the largest bound, that is the shift to choose,
 before the backward; q scaled up before the forward concentrates P.
+``bound_excess`` (``--bound-excess``): how much looser two cheaper forms of
+the check are (a max per warp and block; a bound from P and dS).
 """
 
 import argparse
@@ -74,11 +76,8 @@ MAX_LANE_BITS = 23  # exp/fixed-lanes' cap on k: its rounding trick is exact bel
 D_V = 512  # production_inputs' value width
 
 
-def contributions(q, kv, out, grad_out, lse, sink, idx, sm_scale, d_v):
-    """(c [S, L, Dk], A [S], B [S], Delta [S, H] float32) of batch element 0, in float64:
-    c[r, l] = sum_h dS[r, h, l] q[r, h] + P[r, h, l] dO[r, h] (dO on the first d_v columns),
-    A[r] = sum_h a_rh and B[r] = sum_h b_rh (a contribution to kv row j is at most
-    mv_j * A[r] + B[r] in every column)."""
+def probabilities(q, kv, out, grad_out, lse, sink, idx, sm_scale, d_v):
+    """(P, dS [S, H, L], Delta [S, H]) of batch element 0, in float64 (SPEC's maths)."""
     q0, kv0, o0, do0 = (t[0].double() for t in (q, kv, out, grad_out))
     lse0, idx0 = lse[0].double(), idx[0].long()
     H = q0.shape[1]
@@ -87,7 +86,16 @@ def contributions(q, kv, out, grad_out, lse, sink, idx, sm_scale, d_v):
     p = torch.exp(logits - torch.logaddexp(lse0, sink.double().view(1, H)).unsqueeze(-1))
     delta = (o0 * do0).sum(-1)  # [S, H]
     dp = torch.einsum("shd,sld->shl", do0, keys[..., :d_v])
-    ds = p * (dp - delta.unsqueeze(-1)) * sm_scale
+    return p, p * (dp - delta.unsqueeze(-1)) * sm_scale, delta
+
+
+def contributions(q, kv, out, grad_out, lse, sink, idx, sm_scale, d_v):
+    """(c [S, L, Dk], A [S], B [S], Delta [S, H] float32) of batch element 0, in float64:
+    c[r, l] = sum_h dS[r, h, l] q[r, h] + P[r, h, l] dO[r, h] (dO on the first d_v columns),
+    A[r] = sum_h a_rh and B[r] = sum_h b_rh (a contribution to kv row j is at most
+    mv_j * A[r] + B[r] in every column)."""
+    q0, do0 = q[0].double(), grad_out[0].double()
+    p, ds, delta = probabilities(q, kv, out, grad_out, lse, sink, idx, sm_scale, d_v)
     c = torch.einsum("shl,shd->sld", ds, q0)
     c[..., :d_v] += torch.einsum("shl,shd->sld", p, do0)
     # The plan's per-(row, head) quantities (fixed_point's docstring): a_rh, b_rh.
@@ -295,6 +303,45 @@ def sampled_offset(S: int, S_kv: int, H: int, L: int, every=(16, 64), temperatur
     return {"full": math.log2(float(full.max()))} | {e: math.log2(e * float(sampled[e].max())) for e in every}
 
 
+#: The wide tile's add sites: the columns each adds (the first chunk, the second chunk's halves, the tail).
+ADD_SITES = ((0, 256), (256, 384), (384, 512), (512, 576))
+
+
+def bound_excess(S: int, S_kv: int, H: int, L: int, seed: int = 0, device: str = "cpu") -> dict:
+    """How far two cheaper forms of the lanes' check stand above the per-slot one, in bits:
+    {name: (at the largest kv row, least, median and most over rows)} of log2(cheaper bound /
+    per-slot bound), where the per-slot bound of kv row j at add site a is the sum over the slots
+    naming j of max over a's columns of |c|, and
+
+      group   each slot counted with the largest such max among the 4 slots a warp adds of its
+              block (w, w + 8, w + 16, w + 24): one max per lane and block, no per-slot work
+      P, dS   sum_h |dS_h| max|q_h| + P_h max|dO_h| per slot (every column, no cancellation
+              over the heads): computable before the dKV GEMMs, outside the add loop."""
+    if L % 32:
+        raise ValueError(f"bound_excess: L={L} must be a multiple of 32 (the kernel's slot blocks)")
+    (q, kv, out, grad_out, lse, sink, idx, sm_scale), (c, _, _, _) = study_case(S, S_kv, H, L, seed, device)
+    flat = idx[0].long().reshape(-1)
+    site_max = torch.stack([c[..., a:b].abs().amax(-1) for a, b in ADD_SITES], -1)  # [S, L, sites]
+    group = site_max.reshape(S, L // 32, 4, 8, len(ADD_SITES)).amax(2, keepdim=True).expand(
+        S, L // 32, 4, 8, len(ADD_SITES)).reshape(S, L, len(ADD_SITES))
+    p, ds, _ = probabilities(q, kv, out, grad_out, lse, sink, idx, sm_scale, D_V)
+    q0, do0 = q[0].double(), grad_out[0].double()
+    from_p = torch.einsum("shl,sh->sl", ds.abs(), q0.abs().amax(-1)) + torch.einsum("shl,sh->sl", p, do0.abs().amax(-1))
+
+    def per_row(v):  # [S, L, ...] -> [S_kv, ...]
+        return torch.zeros((S_kv,) + v.shape[2:], dtype=torch.float64, device=v.device).index_add_(
+            0, flat, v.reshape((-1,) + v.shape[2:]))
+
+    tight = per_row(site_max)  # [S_kv, sites]
+    found = {}
+    for name, loose in (("group", per_row(group)), ("P, dS", per_row(from_p).unsqueeze(-1).expand_as(tight))):
+        rows = tight.amax(-1) > 0
+        ratio = torch.log2(loose.amax(-1)[rows] / tight.amax(-1)[rows])
+        found[name] = (math.log2(float(loose.max() / tight.max())), float(ratio.min()), float(ratio.median()),
+                       float(ratio.max()))
+    return found
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     for key, default in (("S", 256), ("S_kv", 512), ("H", 64), ("L", 128), ("seed", 0)):
@@ -303,7 +350,14 @@ def main():
     parser.add_argument("--checked-lanes", metavar="SHIFTS", help="only checked_lanes, at these shifts (e.g. 6,7,8)")
     parser.add_argument("--sampled-offset", metavar="EVERY", help="only sampled_offset, sampling every EVERY-th query row (e.g. 16,64)")
     parser.add_argument("--temperature", type=float, default=1.0, help="sampled_offset: q's scale before the forward")
+    parser.add_argument("--bound-excess", action="store_true", help="only bound_excess")
     a = parser.parse_args()
+    if a.bound_excess:
+        print(f"B=1 S={a.S} S_kv={a.S_kv} H={a.H} L={a.L}: log2(bound / per-slot bound), "
+              "at the largest kv row / least / median / most over rows")
+        for name, values in bound_excess(a.S, a.S_kv, a.H, a.L, a.seed, a.device).items():
+            print(f"  {name:<6} " + " ".join(f"{v:6.2f}" for v in values))
+        return
     if a.sampled_offset:
         every = tuple(int(x) for x in a.sampled_offset.split(","))
         found = sampled_offset(a.S, a.S_kv, a.H, a.L, every, a.temperature, a.seed, a.device)

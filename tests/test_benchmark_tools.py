@@ -449,6 +449,16 @@ def test_sampled_offset_samples_the_rows_it_names():
     assert hot[1] == hot["full"] != found["full"], (hot, found)
 
 
+def test_cheaper_lane_checks_still_bound_the_per_slot_one():
+    # A warp's group max and the bound from P and dS must stand at or above
+    # the per-slot bound on every kv row (else a check built on them could
+    # pass an overflowing lane); the group one is the tighter of the two.
+    found = _tool("fixed_point_headroom").bound_excess(S=32, S_kv=64, H=16, L=64, seed=3)
+    for name, (top, least, median, most) in found.items():
+        assert least >= -1e-9 and least <= median <= most and top >= -1e-9, (name, found)
+    assert found["group"][2] < found["P, dS"][2], found
+
+
 def test_fixed_point_headroom_bounds_hold_on_production_inputs():
     # Both bounds are proofs (fixed_point's docstring; the per-slot one with
     # P <= 1): on production inputs neither may fall below what a kv row's
