@@ -213,13 +213,10 @@ SANITIZER_ERRORS = r"ERROR SUMMARY: (\d+) errors?"
 
 
 def compute_sanitizer() -> str | None:
-    """The compute-sanitizer executable (on PATH, else in CUDA_HOME's bin), or None where neither has it."""
-    import os
-    import shutil
+    """The compute-sanitizer executable (kernels.cuda_tool: CUDA_HOME's, else PATH's), or None."""
+    from .kernels import cuda_tool
 
-    tool = shutil.which("compute-sanitizer") or os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin",
-                                                             "compute-sanitizer")
-    return tool if os.path.exists(tool) else None
+    return cuda_tool("compute-sanitizer")
 
 
 def build_cuda_program(source: str, directory: str, name: str) -> str:

@@ -1506,14 +1506,21 @@ def _nvcc(config, output: str, code: str, extra=()):
     return _nvcc_source(compiled(*config).get_kernel_source(), output, code, extra)
 
 
-def nvcc_path() -> str | None:
-    """The nvcc that builds for sm_90a here: CUDA_HOME's (default /usr/local/cuda), else
-    the one on PATH; None where there is neither (tests that compile then skip)."""
+def cuda_tool(name: str) -> str | None:
+    """A CUDA toolkit executable: CUDA_HOME's (default /usr/local/cuda) bin, else the one on
+    PATH; None where there is neither. Every tool is looked up this way (nvcc_path,
+    bench.compute_sanitizer), so they come from one toolkit where both are set."""
     import os
     import shutil
 
-    nvcc = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "nvcc")
-    return nvcc if os.path.exists(nvcc) else shutil.which("nvcc")
+    tool = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", name)
+    return tool if os.path.exists(tool) else shutil.which(name)
+
+
+def nvcc_path() -> str | None:
+    """The nvcc that builds for sm_90a here (cuda_tool); None where there is none (tests that
+    compile then skip)."""
+    return cuda_tool("nvcc")
 
 
 def require_nvcc() -> str:

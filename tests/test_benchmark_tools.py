@@ -124,21 +124,28 @@ def test_cuda_probe_builds(name, tmp_path):
     assert os.path.exists(tool.build_probe(str(tmp_path)))
 
 
-def test_nvcc_path_prefers_cuda_home_then_path(tmp_path, monkeypatch):
+@pytest.mark.parametrize("name", ["nvcc", "compute-sanitizer"])
+def test_cuda_tools_prefer_cuda_home_then_path(name, tmp_path, monkeypatch):
     # Every compile (kernels._nvcc_source, bench.build_cuda_program) and every
-    # skip test asks kernels.nvcc_path, so they agree on whether nvcc exists.
-    home = tmp_path / "cuda"
-    (home / "bin").mkdir(parents=True)
-    nvcc = home / "bin" / "nvcc"
-    nvcc.write_text("#!/bin/sh\n")
-    nvcc.chmod(0o755)
+    # skip test asks kernels.nvcc_path, so they agree on whether nvcc exists;
+    # compute-sanitizer is looked up the same way, so both come from one
+    # toolkit where CUDA_HOME and PATH name different ones.
+    from mqa_bwd.bench import compute_sanitizer
+
+    lookup = {"nvcc": kernels.nvcc_path, "compute-sanitizer": compute_sanitizer}[name]
+    home, other = tmp_path / "cuda", tmp_path / "other"
+    for root in (home, other):
+        (root / "bin").mkdir(parents=True)
+        tool = root / "bin" / name
+        tool.write_text("#!/bin/sh\n")
+        tool.chmod(0o755)
     monkeypatch.setenv("CUDA_HOME", str(home))
-    assert kernels.nvcc_path() == str(nvcc)
+    monkeypatch.setenv("PATH", str(other / "bin"))
+    assert lookup() == str(home / "bin" / name)
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "none"))
-    monkeypatch.setenv("PATH", str(home / "bin"))
-    assert kernels.nvcc_path() == str(nvcc)
+    assert lookup() == str(other / "bin" / name)
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert kernels.nvcc_path() is None
+    assert lookup() is None
 
 
 def test_cluster_mix_launches_cover_every_row_and_head_once():
