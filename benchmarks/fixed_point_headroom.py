@@ -89,15 +89,21 @@ def probabilities(q, kv, out, grad_out, lse, sink, idx, sm_scale, d_v):
     return p, p * (dp - delta.unsqueeze(-1)) * sm_scale, delta
 
 
-def contributions(q, kv, out, grad_out, lse, sink, idx, sm_scale, d_v):
-    """(c [S, L, Dk], A [S], B [S], Delta [S, H] float32) of batch element 0, in float64:
-    c[r, l] = sum_h dS[r, h, l] q[r, h] + P[r, h, l] dO[r, h] (dO on the first d_v columns),
-    A[r] = sum_h a_rh and B[r] = sum_h b_rh (a contribution to kv row j is at most
-    mv_j * A[r] + B[r] in every column)."""
-    q0, do0 = q[0].double(), grad_out[0].double()
-    p, ds, delta = probabilities(q, kv, out, grad_out, lse, sink, idx, sm_scale, d_v)
+def slot_contributions(q0, do0, p, ds, d_v):
+    """c [S, L, Dk] = sum_h dS[r, h, l] q[r, h] + P[r, h, l] dO[r, h] (dO on the first d_v
+    columns), from batch element 0's q and dO in float64 and probabilities' P and dS."""
     c = torch.einsum("shl,shd->sld", ds, q0)
     c[..., :d_v] += torch.einsum("shl,shd->sld", p, do0)
+    return c
+
+
+def contributions(q, kv, out, grad_out, lse, sink, idx, sm_scale, d_v):
+    """(c [S, L, Dk], A [S], B [S], Delta [S, H] float32) of batch element 0, in float64:
+    c as slot_contributions, A[r] = sum_h a_rh and B[r] = sum_h b_rh (a contribution to kv
+    row j is at most mv_j * A[r] + B[r] in every column)."""
+    q0, do0 = q[0].double(), grad_out[0].double()
+    p, ds, delta = probabilities(q, kv, out, grad_out, lse, sink, idx, sm_scale, d_v)
+    c = slot_contributions(q0, do0, p, ds, d_v)
     # The plan's per-(row, head) quantities (fixed_point's docstring): a_rh, b_rh.
     mq, mdo = q0.abs().amax(-1), do0.abs().amax(-1)
     a, b = fixed_point.term_coefficients(mq, mdo, delta.abs(), sm_scale, d_v)
@@ -122,6 +128,13 @@ def summed(S: int, S_kv: int, H: int, L: int, seed: int = 0, device: str = "cpu"
     flat, rows = idx[0].long().reshape(-1), c.reshape(-1, c.shape[-1]).float().double()
     exact = torch.zeros((S_kv, c.shape[-1]), dtype=torch.float64, device=c.device).index_add_(0, flat, rows)
     return flat, rows, exact, plan_scales(q, kv, grad_out, delta, flat, sm_scale, D_V).double()
+
+
+def add_in_slot_order(acc: torch.Tensor, flat: torch.Tensor, rows: torch.Tensor, L: int) -> None:
+    """acc (fp32) += rows in fp32, one query row's L slots at a time, in order: an order of the
+    control's atomics."""
+    for i in range(0, rows.shape[0], L):
+        acc.index_add_(0, flat[i : i + L], rows[i : i + L].float())
 
 
 def error(got: torch.Tensor, exact: torch.Tensor) -> tuple:
@@ -185,8 +198,7 @@ def narrow_precision(S: int, S_kv: int, H: int, L: int, bits=(24, 31), seed: int
         found[f"data {b}-bit"] = fixed_sum(data_scale(need, b))
     found["int64"] = fixed_sum(plan)
     fp32 = torch.zeros(exact.shape, dtype=torch.float32, device=rows.device)
-    for i in range(0, rows.shape[0], L):  # one query row's slots at a time, in order
-        fp32.index_add_(0, flat[i : i + L], rows[i : i + L].float())
+    add_in_slot_order(fp32, flat, rows, L)
     found["fp32"] = fp32.double()
     return {name: error(got, exact) for name, got in found.items()}
 
@@ -267,8 +279,7 @@ def checked_lanes(S: int, S_kv: int, H: int, L: int, shifts=(6, 8, 10), seed: in
     for _, kv_rows, c in contribution_blocks(inputs, rows_per_step):
         flat, rows = kv_rows.reshape(-1), c.reshape(-1, Dk)
         exact.index_add_(0, flat, rows)
-        for i in range(0, rows.shape[0], L):  # one query row's slots at a time, in order
-            fp32.index_add_(0, flat[i : i + L], rows[i : i + L].float())
+        add_in_slot_order(fp32, flat, rows, L)
         for s in shifts:
             v = torch.round(rows * (plan[flat] * 2.0**-s).view(-1, 1))
             sums[s].index_add_(0, flat, v)
@@ -319,13 +330,14 @@ def bound_excess(S: int, S_kv: int, H: int, L: int, seed: int = 0, device: str =
               over the heads): computable before the dKV GEMMs, outside the add loop."""
     if L % 32:
         raise ValueError(f"bound_excess: L={L} must be a multiple of 32 (the kernel's slot blocks)")
-    (q, kv, out, grad_out, lse, sink, idx, sm_scale), (c, _, _, _) = study_case(S, S_kv, H, L, seed, device)
+    q, kv, out, grad_out, lse, sink, idx, sm_scale = production_inputs(1, S, S_kv, H, L, seed=seed, device=device)
     flat = idx[0].long().reshape(-1)
+    p, ds, _ = probabilities(q, kv, out, grad_out, lse, sink, idx, sm_scale, D_V)
+    q0, do0 = q[0].double(), grad_out[0].double()
+    c = slot_contributions(q0, do0, p, ds, D_V)
     site_max = torch.stack([c[..., a:b].abs().amax(-1) for a, b in ADD_SITES], -1)  # [S, L, sites]
     group = site_max.reshape(S, L // 32, 4, 8, len(ADD_SITES)).amax(2, keepdim=True).expand(
         S, L // 32, 4, 8, len(ADD_SITES)).reshape(S, L, len(ADD_SITES))
-    p, ds, _ = probabilities(q, kv, out, grad_out, lse, sink, idx, sm_scale, D_V)
-    q0, do0 = q[0].double(), grad_out[0].double()
     from_p = torch.einsum("shl,sh->sl", ds.abs(), q0.abs().amax(-1)) + torch.einsum("shl,sh->sl", p, do0.abs().amax(-1))
 
     def per_row(v):  # [S, L, ...] -> [S_kv, ...]

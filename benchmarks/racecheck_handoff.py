@@ -31,10 +31,11 @@ each, racecheck's hazard count and how many reads missed their value.
 
 On the H200 (compute-sanitizer of CUDA 13.0): sync 0 hazards, arrive 1,
 barrier_cta 1, mbarrier 0, none 1 (64 wrong reads; 96 in a later run); no
-wrong read but for none. sync_wgmma and sync_wgmma_waited: 0 and 0, with one
+wrong read but for none. Racecheck does not take a barrier arrival as
+ordering the producer's stores, so the split tile hands over on mbarriers,
+which the gate checks. sync_wgmma and sync_wgmma_waited: 0 and 0, with one
 wgmma or a chain of 64 in the group: a wgmma in flight across the reads
-does not by itself make racecheck report the barrier's ordering. Racecheck does not take a barrier arrival as ordering the producer's
-stores, so the split tile hands over on mbarriers, which the gate checks.
+does not by itself make racecheck report the barrier's ordering.
 """
 
 import re
