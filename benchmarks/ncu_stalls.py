@@ -12,7 +12,10 @@ prints:
 - the stall reasons, as shares of all warp samples;
 - the opcodes where warps stall, each with its three main reasons;
 - shared-memory wavefronts against the ideal per opcode (bank conflicts);
-- the instructions with the most samples, with their index in the listing.
+- the instructions with the most samples, with their index in the listing;
+- with ``DIR/details.csv`` beside the CSV: the floor the shared-memory data
+  pipe sets (all shared wavefronts, wgmma operand reads included, at one
+  per SM per cycle) against the launch's duration.
 
 Both wins of the 2026-11-30 stop came from this view: 4-way conflicted float2
 stores of the dKV tile, and barriers that waited on global loads issued just
@@ -30,7 +33,10 @@ import sys
 SAMPLES = "Warp Stall Sampling (All Samples)"
 WAVEFRONTS, IDEAL = "L1 Wavefronts Shared", "L1 Wavefronts Shared Ideal"
 EXECUTED = "Instructions Executed"
-SECTIONS = ("SpeedOfLight", "WarpStateStats", "SourceCounters", "SchedulerStats", "MemoryWorkloadAnalysis")
+SECTIONS = ("SpeedOfLight", "WarpStateStats", "SourceCounters", "SchedulerStats", "MemoryWorkloadAnalysis", "LaunchStats")
+#: ncu scales units to the value; these bring them to GHz and ms.
+TO_GHZ = {"hz": 1e-9, "khz": 1e-6, "mhz": 1e-3, "ghz": 1.0}
+TO_MS = {"ns": 1e-6, "us": 1e-3, "usecond": 1e-3, "ms": 1.0, "msecond": 1.0, "s": 1e3, "second": 1e3}
 
 
 def read_listing(path: str):
@@ -94,6 +100,36 @@ def summarize(header, rows, top: int = 25) -> dict:
     }
 
 
+def read_details(path: str) -> dict:
+    """(section, metric) -> (value, unit) of ncu's ``--page details --csv`` export (numbers
+    without their thousands separators; rule rows, which have no unit column, are skipped)."""
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    found = {}
+    for r in rows:
+        if r.get("Metric Name") and r.get("Metric Value") not in (None, ""):
+            value = _number(r["Metric Value"].replace(",", ""))
+            found[(r["Section Name"], r["Metric Name"])] = (value, (r.get("Metric Unit") or "").lower())
+    return found
+
+
+def shared_pipe(shared: list, details: dict) -> dict:
+    """What the shared-memory data pipe costs the launch: its wavefronts (``summarize``'s
+    "shared" rows), the share of them that wgmma operand reads take, and, where ``details``
+    has the SM count, clock and duration, the time those wavefronts need at the pipe's
+    peak of one per SM per cycle."""
+    total = sum(w for _, w, _, _ in shared)
+    gmma = sum(w for op, w, _, _ in shared if op.startswith("HGMMA"))
+    result = {"wavefronts": total, "gmma_share": 100 * gmma / total if total else math.nan}
+    sms, clock, duration = (details.get(key) for key in (
+        ("Launch Statistics", "# SMs"), ("GPU Speed Of Light Throughput", "SM Frequency"),
+        ("GPU Speed Of Light Throughput", "Duration")))
+    if sms and clock and duration and clock[1] in TO_GHZ and duration[1] in TO_MS:
+        ghz, ms = clock[0] * TO_GHZ[clock[1]], duration[0] * TO_MS[duration[1]]
+        result.update(sms=sms[0], ghz=ghz, duration_ms=ms, floor_ms=total / sms[0] / (ghz * 1e9) * 1e3)
+    return result
+
+
 def print_summary(s: dict, top_opcodes: int = 15) -> None:
     name = lambda reason: reason[len("stall_"):]  # noqa: E731
     print(f"{s['samples']:.0f} warp samples")
@@ -104,6 +140,14 @@ def print_summary(s: dict, top_opcodes: int = 15) -> None:
     print("\nshared memory   wavefronts      ideal   x ideal   instructions")
     for op, w, i, n in s["shared"]:
         print(f"{op:<16} {w / 1e6:9.1f}M {i / 1e6:9.1f}M {w / i if i else math.inf:8.2f} {n / 1e6:11.1f}M")
+    pipe = s.get("pipe")
+    if pipe and "floor_ms" in pipe:
+        print(f"shared-memory pipe: {pipe['wavefronts'] / 1e6:.1f}M wavefronts, {pipe['gmma_share']:.1f} % of them wgmma "
+              f"operand reads; at one per SM per cycle ({pipe['sms']:.0f} SMs, {pipe['ghz']:.2f} GHz) "
+              f"{pipe['floor_ms']:.2f} ms of the launch's {pipe['duration_ms']:.2f} ms")
+    elif pipe:
+        print(f"shared-memory pipe: {pipe['wavefronts'] / 1e6:.1f}M wavefronts, {pipe['gmma_share']:.1f} % of them wgmma "
+              "operand reads (no SM count, clock or duration in details.csv: no floor)")
     print("\nline  samples  instruction  (reasons above 0.2%)")
     for i, sass, share, main in s["top"]:
         print(f"{i:5d} {share:6.2f}%  {sass[:60]:<60} " + ", ".join(f"{name(k)} {v:.2f}" for k, v in main))
@@ -139,7 +183,15 @@ def profile(a) -> None:
         with open(os.path.join(a.out, name), "w") as f:
             subprocess.run(["ncu", "-i", report + ".ncu-rep", "--page", page, "--csv"] + extra, stdout=f, check=True)
     print(f"wrote {a.out}/sass.csv and {a.out}/details.csv")
-    print_summary(summarize(*read_listing(os.path.join(a.out, "sass.csv")), top=a.top))
+    print_summary(summary_of(os.path.join(a.out, "sass.csv"), a.top))
+
+
+def summary_of(listing: str, top: int) -> dict:
+    """``summarize`` of an exported listing, with ``shared_pipe`` from the details.csv beside it if there is one."""
+    s = summarize(*read_listing(listing), top=top)
+    details = os.path.join(os.path.dirname(os.path.abspath(listing)), "details.csv")
+    s["pipe"] = shared_pipe(s["shared"], read_details(details) if os.path.exists(details) else {})
+    return s
 
 
 def main():
@@ -161,7 +213,7 @@ def main():
     if a.command == "profile":
         profile(a)
     else:
-        print_summary(summarize(*read_listing(a.csv), top=a.top))
+        print_summary(summary_of(a.csv, a.top))
 
 
 if __name__ == "__main__":

@@ -226,6 +226,32 @@ def test_ncu_stalls_summary(tmp_path):
     tool.print_summary(s)  # the printed form takes what summarize returns
 
 
+def test_ncu_stalls_shared_pipe_floor(tmp_path):
+    # 3,000 wavefronts on 2 SMs at 1 MHz: 1.5 ms at one per SM per cycle, whatever
+    # units ncu chose; a rule row (no unit) is skipped; wgmma's share is its wavefronts'.
+    import csv
+
+    tool = _tool("ncu_stalls")
+    _write_listing(tmp_path / "sass.csv", [
+        ["0x0", "      HGMMA.64x32x16.F32.BF16 R152, gdesc[UR8], R152", "1", "1", "1800", "1800", "0", "0", "1", "0"],
+        ["0x10", "      STS [R1], R2", "1", "1", "1200", "600", "0", "0", "1", "0"],
+    ])
+    with open(tmp_path / "details.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["ID", "Section Name", "Metric Name", "Metric Unit", "Metric Value"])
+        w.writerow(["0", "Launch Statistics", "# SMs", "", "2"])
+        w.writerow(["0", "GPU Speed Of Light Throughput", "SM Frequency", "Mhz", "1.00"])
+        w.writerow(["0", "GPU Speed Of Light Throughput", "Duration", "us", "3,000"])
+        w.writerow(["0", "SOLBottleneck", "", "", "OPT"])
+    s = tool.summary_of(str(tmp_path / "sass.csv"), top=1)
+    pipe = s["pipe"]
+    assert pipe["wavefronts"] == 3000 and pipe["gmma_share"] == 60.0
+    assert pipe["floor_ms"] == pytest.approx(1.5) and pipe["duration_ms"] == pytest.approx(3.0)
+    tool.print_summary(s)
+    (tmp_path / "details.csv").unlink()  # an older export: the shares, no floor
+    assert "floor_ms" not in tool.summary_of(str(tmp_path / "sass.csv"), top=1)["pipe"]
+
+
 def test_ncu_stalls_rejects_an_export_without_source_counters(tmp_path):
     path = tmp_path / "details.csv"
     path.write_text('"ID","Section Name","Metric Name"\n"0","SpeedOfLight","Duration"\n')
@@ -252,6 +278,16 @@ def test_load_kernels_module_for_kernel_ab(tmp_path):
     bogus.write_text("X = 1\n")
     with pytest.raises(ValueError, match="--against"):
         load_kernels_module(str(bogus), "--against")
+
+
+def test_kernel_ab_reports_how_far_differing_bits_lie():
+    import torch
+
+    agreement = _tool("kernel_ab").agreement
+    mine = (torch.ones(4), torch.ones(8), torch.zeros(2))
+    assert agreement(mine, tuple(x.clone() for x in mine), "b") == "b True"
+    theirs = (torch.ones(4), torch.tensor([1.0] * 7 + [2.0]), torch.zeros(2))
+    assert agreement(mine, theirs, "b") == "b False (rel L2: dq 0.0e+00 dkv 3.5e-01 dsink 0.0e+00)"
 
 
 def test_kernel_ab_takes_kernels_an_older_file_lacks_from_this_tree(tmp_path, monkeypatch):
