@@ -227,10 +227,13 @@ def test_delta_maxima_match_the_model():
 
 
 # The main kernel alone on the given slots, once per design: the atomic
-# control, one fixed-point group, clusters of two and four groups that swap
-# P and dS tiles (bulk copies, mbarriers), and the sharded cluster, whose two
-# groups exchange dKV partials (three shards, so each walks several rows and
-# sets its mbarriers up again per row). Shared by the sanitizer scripts.
+# control, one 32-head group and a pair of them as one 64-head CTA (the wide
+# tile, kernels.runs_wide: the control's kernel at H = 64 and 128), one
+# fixed-point group, the wide fixed-point tile (its warpgroups hand P over on
+# mbarriers), a cluster of four groups that swap P and dS tiles (bulk copies,
+# mbarriers), and the sharded cluster, whose two groups exchange dKV partials
+# (three shards, so each walks several rows and sets its mbarriers up again
+# per row). Shared by the sanitizer scripts.
 MAIN_KERNEL_EACH_DESIGN = """
 def main_kernel_each_design(idx, R, HQ, NKV, seed):
     import torch
@@ -240,7 +243,7 @@ def main_kernel_each_design(idx, R, HQ, NKV, seed):
     kv = torch.randn(NKV, 576, generator=g).bfloat16().cuda()
     do = torch.randn(R, HQ, 512, generator=g).bfloat16().cuda()
     lse2, delta = torch.full((R, HQ), 30.0).cuda(), torch.randn(R, HQ, generator=g).cuda()
-    for mode, cluster in (("atomic", 1), ("fixed", 1), ("fixed", 2), ("fixed", 4), ("shard", 2)):
+    for mode, cluster in (("atomic", 1), ("atomic", 2), ("fixed", 1), ("fixed", 2), ("fixed", 4), ("shard", 2)):
         dq = torch.empty(R, HQ, 576, dtype=torch.bfloat16).cuda()
         dkv = torch.zeros(NKV, 576, dtype=torch.int64 if mode == "fixed" else torch.float32).cuda()
         extra = {} if mode == "atomic" else dict(
