@@ -16,7 +16,7 @@ from mqa_bwd import wrapper
 from mqa_bwd.bench import flops, production_inputs
 from mqa_bwd.launch import TileLangLauncher
 
-KERNELS = ("delta", "mark_slots", "main_bwd", "dkv_reduce", "shard_fold", "dsink_reduce", "cast_bf16", "fixed_to_bf16")
+KERNELS = ("delta", "mark_slots", "plan", "main_bwd", "dkv_reduce", "shard_fold", "dsink_reduce", "cast_bf16", "fixed_to_bf16")
 
 
 class TimedLauncher(TileLangLauncher):
@@ -30,9 +30,10 @@ class TimedLauncher(TileLangLauncher):
     def _timed(self, name, fn, *args, **kw):
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         start.record()
-        fn(*args, **kw)
+        result = fn(*args, **kw)
         end.record()
         self.events[name].append((start, end))
+        return result
 
     def delta(self, *a, **k):
         self._timed("delta", super().delta, *a, **k)
@@ -55,6 +56,9 @@ class TimedLauncher(TileLangLauncher):
 
     def mark_slots(self, *a, **k):
         self._timed("mark_slots", super().mark_slots, *a, **k)
+
+    def plan(self, *a, **k):
+        return self._timed("plan", super().plan, *a, **k)
 
     def fixed_to_bf16(self, *a, **k):
         self._timed("fixed_to_bf16", super().fixed_to_bf16, *a, **k)

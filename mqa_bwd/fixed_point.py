@@ -67,7 +67,6 @@ the same bits on every run, whatever the chunking or the device's scheduling.
 """
 
 import math
-import threading
 
 import torch
 
@@ -119,78 +118,15 @@ def plan(query, grad_out, delta, kv_v, referenced, live_row, sm_scale: float, ma
     query and grad_out again.
 
     The three maxima read the large tensors; everything after them works on
-    [R, H] and [NKV] values: some 80 small ops, which on a GPU cost their
-    launches from the host, not their work. There they run as one CUDA graph
-    per shape seen twice (the same kernels, so the same bits), replayed on
-    copies of the inputs.
+    [R, H] and [NKV] values: some 80 small ops. This is the reference (the
+    CPU model's plan); on the H200 the TileLang launcher runs the same
+    operations as three kernels (kernels.plan_program), with the same bits.
     """
     B, S, H = query.shape[:3]
     mq = max_abs(query) if max_q is None else max_q.reshape(B, S, H)
     mdo = max_abs(grad_out) if max_do is None else max_do.reshape(B, S, H)
-    small = (mq, mdo, max_abs(kv_v), delta, referenced, live_row)
-    shape = dict(B=B, S=S, H=H, d_v=kv_v.shape[1], scale=abs(float(sm_scale)))
-    # Inside a caller's own graph capture the ops are simply captured there.
-    if query.device.type == "cuda" and USE_CUDA_GRAPHS and not torch.cuda.is_current_stream_capturing():
-        return _graphed(_plan_small, small, shape)
-    return _plan_small(*small, **shape)
-
-
-#: Replay the plan's small ops as a CUDA graph on a GPU (False: eager, as on a CPU).
-USE_CUDA_GRAPHS = True
-# Each graph keeps its inputs and temporaries (about ten [B*S*H] float64
-# tensors). A key gets a graph on its second call, and only while fewer than
-# _GRAPHS_KEPT exist: shapes that change every call, or more recurring
-# shapes than that, run eagerly instead of capturing again and again.
-_GRAPHS_KEPT = 4
-_GRAPHS = {}  # key -> (graph, static inputs, static outputs)
-_SEEN = {}  # keys called once without a graph (insertion-ordered, bounded)
-# Callers sharing a graph share its buffers: the key holds the stream (calls
-# on one stream are ordered), the lock keeps two threads' enqueues apart.
-_LOCK = threading.Lock()
-
-
-def _graphed(fn, inputs, shape):
-    """fn(*inputs, **shape), through a CUDA graph once its key has been seen before; outputs are fresh tensors."""
-    with torch.cuda.device(inputs[0].device):
-        stream = torch.cuda.current_stream()
-        key = (inputs[0].device, stream.cuda_stream, tuple(sorted(shape.items())),
-               tuple((t.dtype, tuple(t.shape)) for t in inputs))
-        with _LOCK:
-            entry = _GRAPHS.get(key)
-            if entry is None and key in _SEEN and len(_GRAPHS) < _GRAPHS_KEPT:
-                entry = _capture(fn, inputs, shape)
-                if entry is not None:
-                    _GRAPHS[key] = entry
-                    del _SEEN[key]
-            if entry is not None:
-                graph, static, outputs = entry
-                for s, t in zip(static, inputs):
-                    s.copy_(t)
-                graph.replay()
-                return tuple(o.clone() for o in outputs)
-            if key not in _SEEN:
-                while len(_SEEN) >= 64:
-                    _SEEN.pop(next(iter(_SEEN)))
-                _SEEN[key] = True
-        return fn(*inputs, **shape)
-
-
-def _capture(fn, inputs, shape):
-    """(graph, static inputs, static outputs) of fn, or None when the capture fails (the caller runs eagerly)."""
-    static = tuple(t.clone(memory_format=torch.contiguous_format) for t in inputs)
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up outside the capture, as torch.cuda.graph asks
-        fn(*static, **shape)
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    try:
-        # thread_local: other threads' CUDA calls stay legal during the capture.
-        with torch.cuda.graph(graph, capture_error_mode="thread_local"):
-            outputs = fn(*static, **shape)
-    except RuntimeError:
-        return None
-    return graph, static, outputs
+    return _plan_small(mq, mdo, max_abs(kv_v), delta, referenced, live_row, B=B, S=S, H=H, d_v=kv_v.shape[1],
+                       scale=abs(float(sm_scale)))
 
 
 def term_coefficients(mq, mdo, abs_delta, scale: float, d_v: int):

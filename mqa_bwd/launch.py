@@ -16,6 +16,7 @@ import threading
 
 import torch
 
+from . import fixed_point
 from . import kernels as K
 
 COUNTERS = collections.Counter()
@@ -91,6 +92,16 @@ class Launcher:
     def mark_slots(self, slots, referenced, live_row):
         raise NotImplementedError
 
+    def plan(self, query, grad_out, delta, kv_v, referenced, live_row, sm_scale, peak_q, peak_do):
+        """(row_scale [NKV] f32, allowance [R, H] f32): the fixed-point plan
+        (fixed_point.plan) of the H = query.shape[2] real heads, from the delta
+        launch's Delta and maxima (delta, peak_q, peak_do [R, HQ], HQ >= H) and
+        the slot marks. Here in torch ops, the reference; a launcher may run it
+        as kernels, with the same bits."""
+        H = query.shape[2]
+        return fixed_point.plan(query, grad_out, delta[:, :H], kv_v, referenced, live_row, sm_scale,
+                                max_q=fixed_point.bits_to_bf16(peak_q[:, :H]), max_do=fixed_point.bits_to_bf16(peak_do[:, :H]))
+
     def cast_bf16(self, src, dst):
         raise NotImplementedError
 
@@ -148,6 +159,24 @@ class TileLangLauncher(Launcher):
         kernel = K.compiled("dsink_reduce")
         self.launched("dsink_reduce")
         kernel(dsink_rows, dsink)
+
+    def plan(self, query, grad_out, delta, kv_v, referenced, live_row, sm_scale, peak_q, peak_do):
+        # Three launches (kernels.plan_program) where the torch ops took some 80
+        # kernels and their copies in and out of a CUDA graph.
+        B, S, H = query.shape[:3]
+        NKV, d_v = kv_v.shape
+        R, scale = B * S, abs(float(sm_scale))
+        mv = fixed_point.max_abs(kv_v)
+        peaks = torch.zeros((B, K.PLAN_SLOTS), dtype=torch.int64, device=self.device)
+        allowance = torch.empty((R, H), dtype=torch.float32, device=self.device)
+        row_scale = torch.empty((NKV,), dtype=torch.float32, device=self.device)
+        inputs = (peak_q, peak_do, delta, live_row, mv, referenced, peaks)
+        self.launched("plan")
+        K.compiled("plan", "terms")(*inputs, S, H, NKV // B, scale * d_v, scale)
+        K.compiled("plan", "peaks")(*inputs, allowance, S, H, NKV // B, d_v, scale * d_v, scale, fixed_point.MASS_LIMIT)
+        K.compiled("plan", "scales")(mv, referenced, peaks, row_scale, NKV // B, d_v, fixed_point.MASS_LIMIT,
+                                     fixed_point.FP32_SAFE)
+        return row_scale, allowance
 
     def mark_slots(self, slots, referenced, live_row):
         kernel = K.compiled("mark_slots")

@@ -410,9 +410,8 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
         referenced = launcher.zeros((NKV,), torch.int32)
         live_row = launcher.zeros((R,), torch.int32)
         launcher.mark_slots(slots, referenced, live_row)
-        row_scale, allowance = fixed_point.plan(query, grad_out, delta[:, : p.H], kv2[:, : p.d_v], referenced, live_row,
-                                                sm_scale, max_q=fixed_point.bits_to_bf16(peak_q[:, : p.H]),
-                                                max_do=fixed_point.bits_to_bf16(peak_do[:, : p.H]))
+        row_scale, allowance = launcher.plan(query, grad_out, delta, kv2[:, : p.d_v], referenced, live_row, sm_scale,
+                                             peak_q, peak_do)
         # Padding heads (q = dO = 0) contribute nothing: no limit on their mass.
         allowance = _pad_heads(allowance, Hp, math.inf, launcher)
         row_flags = launcher.zeros((R,), torch.int32)

@@ -280,6 +280,32 @@ def test_load_kernels_module_for_kernel_ab(tmp_path):
         load_kernels_module(str(bogus), "--against")
 
 
+def test_package_ab_imports_another_copy_of_the_package_beside_this_one(tmp_path):
+    # The other version's modules are its own (relative imports resolve inside
+    # the copy), not this tree's; a directory that is not the package is refused.
+    import shutil
+    import sys
+
+    import mqa_bwd
+    from mqa_bwd import wrapper
+
+    copy = tmp_path / "mqa_bwd"
+    shutil.copytree(ROOT / "mqa_bwd", copy, ignore=shutil.ignore_patterns("__pycache__"))
+    (copy / "wrapper.py").write_text((copy / "wrapper.py").read_text() + "\nMARK = 'the copy'\n")
+    tool = _tool("package_ab")
+    try:
+        other = tool.load_package(str(copy), "mqa_bwd_test_copy")
+        other_wrapper = importlib.import_module("mqa_bwd_test_copy.wrapper")
+        assert other is not mqa_bwd and other_wrapper is not wrapper
+        assert other_wrapper.MARK == "the copy" and not hasattr(wrapper, "MARK")
+        assert importlib.import_module("mqa_bwd_test_copy.launch").K.__name__ == "mqa_bwd_test_copy.kernels"
+    finally:
+        for name in [m for m in sys.modules if m.startswith("mqa_bwd_test_copy")]:
+            del sys.modules[name]
+    with pytest.raises(ValueError, match="--against"):
+        tool.load_package(str(tmp_path))
+
+
 def test_kernel_ab_reports_how_far_differing_bits_lie():
     import torch
 

@@ -359,48 +359,62 @@ def test_racecheck_sees_a_dropped_barrier():
     assert sanitizer_count(report, RACECHECK_HAZARDS) > 0, report[-4000:]
 
 
-def test_plan_graph_replays_equal_the_eager_plan(monkeypatch, device="cuda"):
-    # The plan's small ops replay as a CUDA graph per key: the same kernels, so
-    # the same bits as eager, on every call's own inputs. A replay that read
-    # stale inputs, a graph for the wrong shape or sm_scale, or outputs that a
-    # later replay overwrites (rechecked at the end) differ here.
+def plan_inputs(B, S, H, S_kv, seed, quirk=None, device="cuda"):
+    """Inputs of a launcher's plan: q, grad_out [B, S, H, ...], Delta and the maxima as the
+    delta launch leaves them ([R, H + 3]: three padding heads of garbage the plan must not
+    read), kv's value part, the slot marks; ``quirk`` bends them toward an edge of the proof."""
     from mqa_bwd import fixed_point
 
-    def inputs(B, S, H, S_kv, seed, poison=False):
-        g = torch.Generator().manual_seed(seed)
-        q = torch.randn((B, S, H, 576), generator=g).bfloat16()
-        do = torch.randn((B, S, H, 512), generator=g).bfloat16()
-        if poison:
-            q[-1, 0, 0, 5] = float("nan")
-        delta = torch.randn((B * S, H + 3), generator=g)[:, :H]  # a strided slice, as the wrapper passes
-        kv_v = torch.randn((B * S_kv, 512), generator=g).bfloat16()
-        referenced = (torch.rand(B * S_kv, generator=g) < 0.7).to(torch.int32)
-        live_row = (torch.rand(B * S, generator=g) < 0.9).to(torch.int32)
-        live_row[(B - 1) * S] = referenced[(B - 1) * S_kv] = 1  # the poisoned row counts
-        return [t.to(device) for t in (q, do, delta, kv_v, referenced, live_row)]
+    g = torch.Generator().manual_seed(seed)
+    R, NKV, HQ = B * S, B * S_kv, H + 3
+    q = torch.randn((B, S, H, 576), generator=g).bfloat16()
+    do = torch.randn((B, S, H, 512), generator=g).bfloat16()
+    delta = torch.randn((R, HQ), generator=g)
+    kv_v = torch.randn((NKV, 512), generator=g).bfloat16()
+    referenced = (torch.rand(NKV, generator=g) < 0.7).to(torch.int32)
+    live_row = (torch.rand(R, generator=g) < 0.9).to(torch.int32)
+    live_row[R - S] = referenced[NKV - S_kv] = 1
+    if quirk == "nan_q":  # the last batch element's proof no longer holds: its scales are NaN
+        q[-1, 0, 0, 5] = float("nan")
+    elif quirk == "dead":  # batch element 1 has no live row, element 2 no referenced kv row
+        live_row[S : 2 * S] = 0
+        referenced[2 * S_kv :] = 0
+    elif quirk == "inf_delta":  # b = inf on one live term: b_max / b is NaN there
+        delta[R - S, 0] = float("inf")
+    elif quirk == "huge":  # peaks past FP32_SAFE: the element is poisoned
+        q[0, 1, 0, 3] = 1e30
+    elif quirk == "zeros":  # a = 0 everywhere, b = max |dO| only; kv rows of zeros: bound_j = N_b b_max
+        q.zero_()
+        kv_v[: S_kv // 2] = 0
+    peak_q = torch.randint(0, 1 << 15, (R, HQ), generator=g, dtype=torch.int32)
+    peak_do = torch.randint(0, 1 << 15, (R, HQ), generator=g, dtype=torch.int32)
+    peak_q[:, :H] = fixed_point.magnitude_bits(q.reshape(R, H, 576))
+    peak_do[:, :H] = fixed_point.magnitude_bits(do.reshape(R, H, 512))
+    return [t.to(device) for t in (q, do, delta, kv_v, referenced, live_row)], peak_q.to(device), peak_do.to(device)
 
-    monkeypatch.setattr(fixed_point, "_GRAPHS", {})
-    monkeypatch.setattr(fixed_point, "_SEEN", {})
-    monkeypatch.setattr(fixed_point, "_GRAPHS_KEPT", 2)
-    a, b = (1, 64, 8, 256), (2, 33, 3, 100)
-    # a: eager, then captured and replayed; b likewise; a at another sm_scale is
-    # a new key, and with both graph slots taken it stays eager.
-    calls = [(a, False, 0.0417), (b, True, 0.0417), (a, False, 0.0417), (a, True, 0.0417), (b, False, 0.0417),
-             (a, False, 0.125), (a, False, 0.125)]
-    results = []
-    for n, (shape, poison, sm_scale) in enumerate(calls):
-        args = inputs(*shape, seed=n, poison=poison) + [sm_scale]
-        monkeypatch.setattr(fixed_point, "USE_CUDA_GRAPHS", False)
-        eager = fixed_point.plan(*args)
-        monkeypatch.setattr(fixed_point, "USE_CUDA_GRAPHS", True)
-        results.append((n, shape, eager, fixed_point.plan(*args)))
-        assert bool(torch.isnan(results[-1][3][0]).any()) == poison
-    for n, shape, eager, graphed in results:
-        for name, x, y in zip(("row_scale", "allowance"), eager, graphed):
-            assert x.dtype == y.dtype and x.shape == y.shape, name
-            assert torch.equal(torch.isnan(x), torch.isnan(y)) and torch.equal(x.nan_to_num(-1.0), y.nan_to_num(-1.0)), \
-                f"call {n} {shape}: graphed {name} differs from eager"
-    assert len(fixed_point._GRAPHS) == 2, "one graph per key seen twice, none past the limit"
+
+@pytest.mark.parametrize("shape,quirk,sm_scale", [
+    ((1, 64, 8, 256), None, 0.0417), ((2, 33, 3, 100), "nan_q", 0.0417), ((3, 17, 5, 50), "dead", 0.125),
+    ((2, 40, 4, 64), "inf_delta", 0.0417), ((2, 40, 4, 64), "huge", 0.0417), ((1, 30, 2, 300), "zeros", -0.5),
+    ((1, 4096, 64, 8192), None, 576**-0.5),
+])
+def test_plan_kernels_give_the_torch_plan_bits(shape, quirk, sm_scale):
+    # The TileLang launcher runs the fixed-point plan as three kernels; every
+    # output bit must be the torch reference's (on the same device):
+    # maxima, counts, NaN and inf cases, poisoned and dead batch elements.
+    (q, do, delta, kv_v, referenced, live_row), peak_q, peak_do = plan_inputs(*shape, seed=len(str(quirk)), quirk=quirk)
+    args = (q, do, delta, kv_v, referenced, live_row, sm_scale, peak_q, peak_do)
+    want = launch.Launcher.plan(launch.TileLangLauncher(), *args)
+    got = launch.TileLangLauncher().plan(*args)
+    for name, x, y in zip(("row_scale", "allowance"), want, got):
+        assert x.dtype == y.dtype and x.shape == y.shape, name
+        same = torch.isnan(x).eq(torch.isnan(y)) & (x.nan_to_num(-1.0) == y.nan_to_num(-1.0))
+        assert bool(same.all()), f"{name}: {int((~same).sum())} of {x.numel()} differ, first at {torch.nonzero(~same)[0].tolist()}"
+    # The quirks that break a proof poison exactly their batch element (every kv row a slot names).
+    nan = torch.isnan(want[0]).view(shape[0], -1)
+    poisoned = ((nan | (referenced == 0).view(shape[0], -1)).all(dim=1) & nan.any(dim=1)).tolist()
+    broken = {"nan_q": shape[0] - 1, "inf_delta": shape[0] - 1, "huge": 0}.get(quirk)
+    assert poisoned == [b == broken for b in range(shape[0])], poisoned
 
 
 def test_fixed_point_flag_poisons_only_the_flagged_batch_element():

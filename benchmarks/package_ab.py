@@ -1,0 +1,64 @@
+"""This tree's whole package against another version of it: wrapper, launcher,
+plan and kernels together (GPU only). kernel_ab.py swaps kernels.py alone; a
+change to the host side (what runs around the main kernel) needs this.
+
+    git archive <commit> mqa_bwd | tar -x -C /tmp/other     # where git is (not on the device)
+    python benchmarks/package_ab.py --against /tmp/other/mqa_bwd [--shapes dsv32,fleet] [--repeats 12]
+
+The other package is imported under a name of its own, so both run in one
+process: per shape, both versions' deterministic calls and this tree's atomic
+control, interleaved (bench.time_interleaved), with medians, minima and the
+ratio to the control, and whether the two deterministic calls give the same bits.
+"""
+
+import argparse
+import importlib.util
+import os
+import statistics
+import sys
+
+from mqa_bwd import bench, launch
+
+OTHER = "mqa_bwd_other"
+
+
+def load_package(path: str, name: str = OTHER):
+    """The package at ``path`` (a copy of mqa_bwd/) imported as ``name``; ValueError naming
+    --against when it is not one."""
+    init = os.path.join(path, "__init__.py")
+    if not all(os.path.exists(os.path.join(path, f)) for f in ("__init__.py", "wrapper.py", "launch.py", "bench.py")):
+        raise ValueError(f"--against: {path} is not a copy of the mqa_bwd package (no __init__, wrapper, launch or bench)")
+    spec = importlib.util.spec_from_file_location(name, init, submodule_search_locations=[path])
+    package = importlib.util.module_from_spec(spec)
+    sys.modules[name] = package
+    spec.loader.exec_module(package)
+    return package
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--against", required=True, help="a copy of another version's mqa_bwd/ directory")
+    parser.add_argument("--shapes", default="dsv32,fleet")
+    parser.add_argument("--repeats", type=int, default=12)
+    a = parser.parse_args()
+    load_package(os.path.abspath(a.against))
+    other_bench = importlib.import_module(f"{OTHER}.bench")
+    other_launch = importlib.import_module(f"{OTHER}.launch")
+    for shape in [s for name in a.shapes.split(",") for s in bench.SHAPES[name]]:
+        args = bench.production_inputs(**shape)
+        calls = {
+            "fixed, this tree": bench.prepared_wrapper_call(args, launch.TileLangLauncher(True)),
+            "fixed, --against": other_bench.prepared_wrapper_call(args, other_launch.TileLangLauncher(True)),
+            "atomic, this tree": bench.prepared_wrapper_call(args, launch.TileLangLauncher(False)),
+        }
+        same = bench.same_bits(calls["fixed, this tree"](), calls["fixed, --against"]())
+        times = bench.time_interleaved(calls, warmup=2, repeats=a.repeats)
+        control = statistics.median(times["atomic, this tree"])
+        print(f"{shape}: fixed bits equal across the versions: {same}")
+        for name, t in times.items():
+            m = statistics.median(t)
+            print(f"   {name:<18} median {m:7.3f} ms  min {min(t):7.3f}  /atomic {m / control:.3f}")
+
+
+if __name__ == "__main__":
+    main()
