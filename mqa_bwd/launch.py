@@ -167,9 +167,10 @@ class TileLangLauncher(Launcher):
         NKV, d_v = kv_v.shape
         R, scale = B * S, abs(float(sm_scale))
         mv = fixed_point.max_abs(kv_v)
-        peaks = torch.zeros((B, K.PLAN_SLOTS), dtype=torch.int64, device=self.device)
-        allowance = torch.empty((R, H), dtype=torch.float32, device=self.device)
-        row_scale = torch.empty((NKV,), dtype=torch.float32, device=self.device)
+        # Through the launcher's allocator: guard-banded under GuardBands, poisoned where asked.
+        peaks = self.zeros((B, K.PLAN_SLOTS), torch.int64)
+        allowance = self.empty((R, H), torch.float32)
+        row_scale = self.empty((NKV,), torch.float32)
         inputs = (peak_q, peak_do, delta, live_row, mv, referenced, peaks)
         self.launched("plan")
         K.compiled("plan", "terms")(*inputs, S, H, NKV // B, scale * d_v, scale)
