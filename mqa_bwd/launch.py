@@ -5,7 +5,8 @@ taking exactly the tensors the kernel takes (torch tensors, on the launcher's
 device). The wrapper never computes a gradient itself; it lays out inputs and
 launches. Scratch, outputs and padded copies are allocated through
 ``empty``/``zeros`` (counted, guard-banded under ``GuardBands``); small index
-and layout tensors made by torch ops (slots, CSR, Lse2, fixed-point scales) are not.
+and layout tensors made by torch ops (slots, CSR, Lse2, the reference plan's
+fixed-point scales) are not.
 
 ``COUNTERS`` counts launches and allocations across every launcher, so that a
 test can prove that a rejected call launched and allocated nothing.
