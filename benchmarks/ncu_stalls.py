@@ -141,13 +141,12 @@ def print_summary(s: dict, top_opcodes: int = 15) -> None:
     for op, w, i, n in s["shared"]:
         print(f"{op:<16} {w / 1e6:9.1f}M {i / 1e6:9.1f}M {w / i if i else math.inf:8.2f} {n / 1e6:11.1f}M")
     pipe = s.get("pipe")
-    if pipe and "floor_ms" in pipe:
+    if pipe:
+        floor = (f"; at one per SM per cycle ({pipe['sms']:.0f} SMs, {pipe['ghz']:.2f} GHz) {pipe['floor_ms']:.2f} ms of "
+                 f"the launch's {pipe['duration_ms']:.2f} ms" if "floor_ms" in pipe
+                 else " (no SM count, clock or duration in details.csv: no floor)")
         print(f"shared-memory pipe: {pipe['wavefronts'] / 1e6:.1f}M wavefronts, {pipe['gmma_share']:.1f} % of them wgmma "
-              f"operand reads; at one per SM per cycle ({pipe['sms']:.0f} SMs, {pipe['ghz']:.2f} GHz) "
-              f"{pipe['floor_ms']:.2f} ms of the launch's {pipe['duration_ms']:.2f} ms")
-    elif pipe:
-        print(f"shared-memory pipe: {pipe['wavefronts'] / 1e6:.1f}M wavefronts, {pipe['gmma_share']:.1f} % of them wgmma "
-              "operand reads (no SM count, clock or duration in details.csv: no floor)")
+              f"operand reads{floor}")
     print("\nline  samples  instruction  (reasons above 0.2%)")
     for i, sass, share, main in s["top"]:
         print(f"{i:5d} {share:6.2f}%  {sass[:60]:<60} " + ", ".join(f"{name(k)} {v:.2f}" for k, v in main))

@@ -1394,10 +1394,11 @@ def mark_slots_program(threads: int = MARK_THREADS):
 # The fixed-point plan (mqa_bwd.fixed_point's _plan_small) as three launches,
 # the same float64 operations in the same order (the __d*_rn intrinsics keep
 # nvcc from contracting a product and a sum into an FMA), so the same bits
-# (NaN payloads aside). On the H200 the call took 0.19-0.30 ms less than with
+# (NaN payloads aside). On the H200 the call took 0.14-0.30 ms less than with
 # the torch ops, some 80 kernels replayed as a CUDA graph with their inputs
-# copied in and outputs out (ab: dsv32 H=64 16.18 against 16.36 ms, H=128
-# 31.63 against 31.93, fleet 11.07 against 11.32).
+# copied in and outputs out (two runs of benchmarks/package_ab.py: dsv32 H=64
+# 16.14 and 16.18 against 16.36 ms, H=128 32.16 and 31.63 against 32.30 and
+# 31.93, fleet 11.44 and 11.07 against 11.65 and 11.32).
 # Per batch element, its maxima and the live-term count go through PlanPeaks
 # [B, PLAN_SLOTS] as 64-bit integers: non-negative doubles order as their
 # bits do, and a NaN of either sign lies above inf, so an unsigned max of the
@@ -1544,7 +1545,7 @@ def plan_program(stage: str, threads: int = PLAN_THREADS):
 
     tilelang, T = _tl()
     R, HQ, NKV, B = T.dynamic("R"), T.dynamic("HQ"), T.dynamic("NKV"), T.dynamic("B")
-    i32, i64, f32, f64, bf16 = "int32", "int64", "float32", "float64", "bfloat16"
+    i32, i64, f32, bf16 = "int32", "int64", "float32", "bfloat16"
     source = PLAN_SOURCE % dict(slots=PLAN_SLOTS, A=PLAN_A, B=PLAN_B, LIVE=PLAN_LIVE, DO=PLAN_DO, MV=PLAN_MV, DS=PLAN_DS,
                                 BOUND=PLAN_BOUND, fp32_max=F.FP32_MAX_EXPONENT, sum_bits=F.PARTIAL_SUM_BITS)
     if stage == "terms":

@@ -166,7 +166,7 @@ class TileLangLauncher(Launcher):
         # kernels and their copies in and out of a CUDA graph.
         B, S, H = query.shape[:3]
         NKV, d_v = kv_v.shape
-        R, scale = B * S, abs(float(sm_scale))
+        R, S_kv, scale = B * S, NKV // B, abs(float(sm_scale))
         mv = fixed_point.max_abs(kv_v)
         # Through the launcher's allocator: guard-banded under GuardBands, poisoned where asked.
         peaks = self.zeros((B, K.PLAN_SLOTS), torch.int64)
@@ -174,10 +174,9 @@ class TileLangLauncher(Launcher):
         row_scale = self.empty((NKV,), torch.float32)
         inputs = (peak_q, peak_do, delta, live_row, mv, referenced, peaks)
         self.launched("plan")
-        K.compiled("plan", "terms")(*inputs, S, H, NKV // B, scale * d_v, scale)
-        K.compiled("plan", "peaks")(*inputs, allowance, S, H, NKV // B, d_v, scale * d_v, scale, fixed_point.MASS_LIMIT)
-        K.compiled("plan", "scales")(mv, referenced, peaks, row_scale, NKV // B, d_v, fixed_point.MASS_LIMIT,
-                                     fixed_point.FP32_SAFE)
+        K.compiled("plan", "terms")(*inputs, S, H, S_kv, scale * d_v, scale)
+        K.compiled("plan", "peaks")(*inputs, allowance, S, H, S_kv, d_v, scale * d_v, scale, fixed_point.MASS_LIMIT)
+        K.compiled("plan", "scales")(mv, referenced, peaks, row_scale, S_kv, d_v, fixed_point.MASS_LIMIT, fixed_point.FP32_SAFE)
         return row_scale, allowance
 
     def mark_slots(self, slots, referenced, live_row):
