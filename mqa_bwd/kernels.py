@@ -1541,7 +1541,7 @@ def plan_program(stage: str, threads: int = PLAN_THREADS):
     each row's value part. PlanPeaks [B, PLAN_SLOTS] int64 is zeroed by the
     caller. Grid (ceil(max(S * H, S_kv) / threads), B).
     """
-    from . import fixed_point as F  # the plan's constants (it imports this module at load)
+    from mqa_bwd import fixed_point as F  # the plan's constants; absolute: kernel_ab loads copies of this file alone
 
     tilelang, T = _tl()
     R, HQ, NKV, B = T.dynamic("R"), T.dynamic("HQ"), T.dynamic("NKV"), T.dynamic("B")

@@ -274,6 +274,7 @@ def test_load_kernels_module_for_kernel_ab(tmp_path):
 
     other = load_kernels_module(inspect.getsourcefile(kernels), "--against")
     assert other is not kernels and other.MAX_CLUSTER == kernels.MAX_CLUSTER
+    other.plan_program("terms")  # builds what imports fixed_point too (a copy loaded alone has no package)
     bogus = tmp_path / "not_kernels.py"
     bogus.write_text("X = 1\n")
     with pytest.raises(ValueError, match="--against"):
