@@ -369,6 +369,11 @@ WIDE_PAIRS = True
 #: deterministic call and 10-11 % off the control, with the same bits (README,
 #: Speed). Off: the unsplit wide tile, kept to time against.
 WIDE_SPLIT = True
+#: Whether the wide tile adds a block's earlier dKV chunks while the GEMMs of
+#: the next chunk run (issued asynchronously, waited for after the adds)
+#: rather than between two barriers before them. Off: the former order, kept
+#: to time against.
+EARLY_CHUNK_UNDER_GEMM = True
 #: Threads of a warpgroup (wgmma's unit).
 WARPGROUP = 128
 #: The split tile's two mbarriers: both warpgroups' late adds have read the
@@ -1122,19 +1127,40 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         # The GEMMs give dKV^T (acc_dkv); each warpgroup takes whole
                         # rows of it (FullRow: 64 x 32 wgmma tiles, where the default
                         # split of the 32 slots gave 64 x 16 ones and was slower).
+                        # Chunk c > 0's GEMMs (and the tail's, with the last) are issued
+                        # asynchronously and chunk c - 1's adds go out while they run
+                        # (EARLY_CHUNK_UNDER_GEMM); the wait and a barrier follow, and
+                        # only then is chunk c staged over chunk c - 1.
                         for c in T.unroll(DKV_SPLIT):
-                            T.gemm(Q_s[0:block_H, c * Dc : (c + 1) * Dc], dS_s, acc_dkv, transpose_A=True, clear_accum=True,
-                                   policy=T.GemmWarpPolicy.FullRow)
-                            T.gemm(dO_s[0:block_H, c * Dc : (c + 1) * Dc], P_s, acc_dkv, transpose_A=True,
-                                   policy=T.GemmWarpPolicy.FullRow)
+                            if EARLY_CHUNK_UNDER_GEMM and c > 0:
+                                T.wgmma_gemm(Q_s[0:block_H, c * Dc : (c + 1) * Dc], dS_s, acc_dkv, transpose_A=True,
+                                             clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                                T.wgmma_gemm(dO_s[0:block_H, c * Dc : (c + 1) * Dc], P_s, acc_dkv, transpose_A=True,
+                                             policy=T.GemmWarpPolicy.FullRow)
+                                if has_tail and c + 1 == DKV_SPLIT:
+                                    T.wgmma_gemm(Qt_s, dS_s, acc_dkvt, transpose_A=True, clear_accum=True,
+                                                 policy=T.GemmWarpPolicy.FullRow)
+                                add_chunk(dKV, dKV_s, 0, (c - 1) * Dc, Dc, slot, scale_cur, warp, lane, kv_row, scale_r, NKV, None)
+                                T.wait_wgmma(0)
+                                T.warpgroup_fence_operand(acc_dkv, num_regs=Dc * BS // threads)
+                                if has_tail and c + 1 == DKV_SPLIT:
+                                    T.warpgroup_fence_operand(acc_dkvt, num_regs=Dt * BS // threads)
+                                T.sync_threads()  # every warp has read chunk c - 1's staging
+                            else:
+                                T.gemm(Q_s[0:block_H, c * Dc : (c + 1) * Dc], dS_s, acc_dkv, transpose_A=True,
+                                       clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                                T.gemm(dO_s[0:block_H, c * Dc : (c + 1) * Dc], P_s, acc_dkv, transpose_A=True,
+                                       policy=T.GemmWarpPolicy.FullRow)
                             for d, j in T.Parallel(Dc, BS):
                                 dKV_s[j, d] = acc_dkv[d, j]
                             if c + 1 < DKV_SPLIT:
                                 T.sync_threads()
-                                add_chunk(dKV, dKV_s, 0, c * Dc, Dc, slot, scale_cur, warp, lane, kv_row, scale_r, NKV, None)
-                                T.sync_threads()
+                                if not EARLY_CHUNK_UNDER_GEMM:
+                                    add_chunk(dKV, dKV_s, 0, c * Dc, Dc, slot, scale_cur, warp, lane, kv_row, scale_r, NKV, None)
+                                    T.sync_threads()
                         if has_tail:
-                            T.gemm(Qt_s, dS_s, acc_dkvt, transpose_A=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
+                            if not EARLY_CHUNK_UNDER_GEMM or DKV_SPLIT == 1:
+                                T.gemm(Qt_s, dS_s, acc_dkvt, transpose_A=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
                             for d, j in T.Parallel(Dt, BS):
                                 dKVt_s[j, d] = acc_dkvt[d, j]
                         for j in T.Parallel(BS):
