@@ -468,10 +468,11 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     and dQ GEMMs as they are, the dKV GEMMs because they are formed
     transposed (dKV^T = Q^T dS + dO^T P, M = columns). dKV is formed over
     all 64 heads in two 256-column chunks and the tail.
-    The first chunk is added right after its GEMMs from dKV_s; the second and
-    the tail stay staged and are added while the next block's score, dP and
-    dQ GEMMs run (shared memory holds no whole block of fp32 dKV next to the
-    64-head Q and dO tiles). WIDE_SPLIT (on): the score and dP GEMMs split
+    The first chunk is added from dKV_s while the second chunk's and the
+    tail's GEMMs run (EARLY_CHUNK_UNDER_GEMM); the second and the tail stay
+    staged and are added while the next block's score, dP and dQ GEMMs run
+    (shared memory holds no whole block of fp32 dKV next to the 64-head Q
+    and dO tiles). WIDE_SPLIT (on): the score and dP GEMMs split
     between the two warpgroups, which hand P over in fp32 (off: both
     warpgroups run both, each for half of the slots).
 
@@ -562,7 +563,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     # all 64 heads on chip, no tile exchange. Its Q and
     # dO tiles take 136 KB of shared memory, so a whole block's fp32 dKV
     # (74 KB) cannot wait in it for the next block: its first column chunk is
-    # added as soon as it is computed, from a one-chunk staging buffer, and
+    # added from a one-chunk staging buffer under the next chunk's GEMMs, and
     # only the last chunk and the tail wait (``wide_late``).
     wide = block_H == WIDE_HEADS
     if wide and (cluster > 1 or mode not in WIDE_MODES + ("none",)):
@@ -581,7 +582,8 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
     deferred = (mode in ("fixed", "atomic") and not wide) or sharded
     # Wide tile: its last value chunk and its tail wait in their staging for
     # the next block, which adds them while its score, dP and dQ GEMMs run
-    # (gemm_async below), so only the first chunk's adds hold the block up.
+    # (gemm_async below); the first chunk's go out under the second chunk's
+    # GEMMs: every add overlaps some GEMM.
     wide_late = wide and mode != "none"
     PIECES = 4  # four call sites below
     piece = BS // PIECES

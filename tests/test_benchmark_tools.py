@@ -189,6 +189,17 @@ def test_add_floor_kernels_issue_their_adds():
         tool.adds_program("f64")
 
 
+def test_fence_probe_issues_reductions_then_each_fence():
+    # The probe's numbers mean something only if the reductions are 64-bit
+    # fire-and-forget ones (as the main kernel's) and each mode is its fence.
+    tool = _tool("fence_probe")
+    source = kernels.compile_program(tool.probe_program()).get_kernel_source()
+    ptx = kernels._nvcc_source(source, "-ptx", "compute_90a")[0]
+    assert "red.global.add.u64" in ptx and "atom." not in ptx
+    for fence in ("fence.proxy.async.shared::cta", "membar.cta", "bar.sync", "membar.gl"):
+        assert fence in ptx, fence
+
+
 def _write_listing(path, rows):
     """An ncu per-instruction export: a kernel line, the header, then rows."""
     import csv
