@@ -124,14 +124,16 @@ def test_wide_tile_adds_while_its_wgmma_runs(config):
 
 
 @functools.lru_cache(maxsize=None)
-def unsplit_kernels():
-    """The kernels module with the wide tile's score and dP GEMMs not split between its
-    warpgroups (kernels.WIDE_SPLIT off: the design it replaced, kept to time against)."""
+def kernels_with_switch_off(switch: str):
+    """The kernels module with a wide-tile switch off: WIDE_SPLIT (score and dP GEMMs
+    not split between its warpgroups) or EARLY_CHUNK_UNDER_GEMM (the first dKV chunk's
+    adds between two barriers); the designs they replaced, kept to time against."""
     from mqa_bwd.bench import kernels_module_from_source
 
     source = inspect.getsource(K)
-    assert source.count("\nWIDE_SPLIT = True\n") == 1
-    return kernels_module_from_source(source.replace("\nWIDE_SPLIT = True\n", "\nWIDE_SPLIT = False\n"), "kernels_unsplit")
+    assert source.count(f"\n{switch} = True\n") == 1, switch
+    return kernels_module_from_source(source.replace(f"\n{switch} = True\n", f"\n{switch} = False\n"),
+                                      f"kernels_{switch.lower()}_off")
 
 
 def branch_at(source: str, head: str, start: int = 0) -> tuple:
@@ -157,9 +159,10 @@ HANDOFF_INIT = re.compile(_HANDOFF_BARS.format("init") + r"(\d+), (\d+)\);")
 GLOBAL_ADD = re.compile(r"AtomicAdd(?:x4)?\(")
 
 
+@pytest.mark.parametrize("switch", ["WIDE_SPLIT", "EARLY_CHUNK_UNDER_GEMM"])
 @pytest.mark.parametrize("config", WIDE_CONFIGS, ids=_id)
-def test_unsplit_wide_tile_compiles_without_spills_and_fits(config):
-    kernel = unsplit_kernels().compiled(*config)
+def test_wide_tile_with_a_switch_off_compiles_without_spills_and_fits(config, switch):
+    kernel = kernels_with_switch_off(switch).compiled(*config)
     info = K.ptxas_info_of_source(kernel.get_kernel_source(), config)
     assert info["spill_stores"] == info["spill_loads"] == info["stack"] == 0, f"{_id(config)}: {info}"
     assert K.dynamic_shared_bytes(kernel) <= SM90_MAX_DYNAMIC_SMEM
