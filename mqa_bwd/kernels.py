@@ -742,6 +742,16 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
             add_chunk(dKV, dKVt_s, 0, Dv, Dt, slots, scales, warp, lane, kv_row, scale_r, NKV, part)
 
     @T.macro
+    def dkv_chunk_gemms(gemm, Q_s, dO_s, dS_s, P_s, acc_dkv, c):
+        """Wide tile: dKV^T of value chunk c, Q^T dS + dO^T P over the 64 heads, by ``gemm``
+        (T.wgmma_gemm: issued, not waited for; T.gemm: waited for). Each warpgroup takes
+        whole rows (FullRow: 64 x 32 wgmma tiles; the default split of the 32 slots gave
+        64 x 16 ones and was slower)."""
+        gemm(Q_s[0:block_H, c * Dc : (c + 1) * Dc], dS_s, acc_dkv, transpose_A=True, clear_accum=True,
+             policy=T.GemmWarpPolicy.FullRow)
+        gemm(dO_s[0:block_H, c * Dc : (c + 1) * Dc], P_s, acc_dkv, transpose_A=True, policy=T.GemmWarpPolicy.FullRow)
+
+    @T.macro
     def probabilities(acc_s, slot, lse_s, scale_log2, NKV):
         """The scores in acc_s become P = exp2(score * scale * log2e - Lse2), 0 on invalid slots."""
         for h, j in T.Parallel(block_H, BS):
@@ -1126,19 +1136,14 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                         # overwrites the staging); the last and the tail wait
                         # in dKV_s and dKVt_s for the next block, which adds them
                         # while its GEMMs run (``wide_late``).
-                        # The GEMMs give dKV^T (acc_dkv); each warpgroup takes whole
-                        # rows of it (FullRow: 64 x 32 wgmma tiles, where the default
-                        # split of the 32 slots gave 64 x 16 ones and was slower).
-                        # Chunk c > 0's GEMMs (and the tail's, with the last) are issued
+                        # The GEMMs give dKV^T (acc_dkv, dkv_chunk_gemms). Chunk c > 0's
+                        # GEMMs (and the tail's, with the last) are issued
                         # asynchronously and chunk c - 1's adds go out while they run
                         # (EARLY_CHUNK_UNDER_GEMM); the wait and a barrier follow, and
                         # only then is chunk c staged over chunk c - 1.
                         for c in T.unroll(DKV_SPLIT):
                             if EARLY_CHUNK_UNDER_GEMM and c > 0:
-                                T.wgmma_gemm(Q_s[0:block_H, c * Dc : (c + 1) * Dc], dS_s, acc_dkv, transpose_A=True,
-                                             clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                                T.wgmma_gemm(dO_s[0:block_H, c * Dc : (c + 1) * Dc], P_s, acc_dkv, transpose_A=True,
-                                             policy=T.GemmWarpPolicy.FullRow)
+                                dkv_chunk_gemms(T.wgmma_gemm, Q_s, dO_s, dS_s, P_s, acc_dkv, c)
                                 if has_tail and c + 1 == DKV_SPLIT:
                                     T.wgmma_gemm(Qt_s, dS_s, acc_dkvt, transpose_A=True, clear_accum=True,
                                                  policy=T.GemmWarpPolicy.FullRow)
@@ -1149,10 +1154,7 @@ def main_bwd_program(heads: int, d_k: int, d_v: int, *, mode: str, cluster: int 
                                     T.warpgroup_fence_operand(acc_dkvt, num_regs=Dt * BS // threads)
                                 T.sync_threads()  # every warp has read chunk c - 1's staging
                             else:
-                                T.gemm(Q_s[0:block_H, c * Dc : (c + 1) * Dc], dS_s, acc_dkv, transpose_A=True,
-                                       clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                                T.gemm(dO_s[0:block_H, c * Dc : (c + 1) * Dc], P_s, acc_dkv, transpose_A=True,
-                                       policy=T.GemmWarpPolicy.FullRow)
+                                dkv_chunk_gemms(T.gemm, Q_s, dO_s, dS_s, P_s, acc_dkv, c)
                             for d, j in T.Parallel(Dc, BS):
                                 dKV_s[j, d] = acc_dkv[d, j]
                             if c + 1 < DKV_SPLIT:
