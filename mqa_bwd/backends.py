@@ -5,7 +5,7 @@ import warnings
 
 import torch
 
-BACKENDS = ("tilelang", "tilelang-atomic", "model", "model-atomic")
+from .contract import BACKENDS
 
 
 @functools.lru_cache(maxsize=None)
