@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml Makefile
 		$(BIN)/pip install -q $(if $(TORCH_CPU_INDEX),--extra-index-url $(TORCH_CPU_INDEX)) "$(TORCH_CPU)"; \
 	fi
 	$(BIN)/pip freeze | grep -i '^torch==' > $(VENV)/constraints.txt
-	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e ".[torch,tilelang,paddle,test]"
+	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e ".[tilelang,paddle,test]"
 	touch $(STAMP)
 
 check: $(STAMP)

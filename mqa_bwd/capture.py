@@ -28,15 +28,15 @@ import dataclasses
 import hashlib
 import json
 import numbers
-import os
-import secrets
 from pathlib import Path
 
-import numpy as np
+from .contract import SPEC_ARGS
+from .edge import as_cpu_torch, framework_of, to_numpy
+from .files import write_atomic
 
 FORMAT = "mqa-bwd-capture/1"
 #: The SPEC signature's tensor arguments, in order; attn_sink may be absent.
-TENSOR_NAMES = ("query", "kv", "out", "grad_out", "lse", "attn_sink", "token_indices")
+TENSOR_NAMES = SPEC_ARGS[:-1]
 BF16_NAMES = ("query", "kv", "out", "grad_out")
 _RANKS = {"query": 4, "kv": 3, "out": 4, "grad_out": 4, "lse": 3, "attn_sink": 1, "token_indices": 3}
 
@@ -49,42 +49,6 @@ class Capture:
     inputs: dict  # NumPy arrays (bf16 as ml_dtypes.bfloat16), attn_sink possibly None, sm_scale a float
     meta: dict  # the caller's extra keywords
     framework: str = "torch"  # what the caller's tensors were: torch, paddle or numpy
-
-
-# ---------------------------------------------------------------------------
-# Framework edge: torch / paddle / NumPy -> CPU torch tensor, bits unchanged
-# ---------------------------------------------------------------------------
-
-
-def _as_cpu_torch(name, x):
-    import torch
-
-    if isinstance(x, torch.Tensor):
-        return x.detach().to("cpu").contiguous()
-    if (type(x).__module__ or "").startswith("paddle") or isinstance(x, np.ndarray):
-        import ml_dtypes
-
-        from properties.compare import to_numpy
-
-        a = np.ascontiguousarray(to_numpy(x))
-        if a.dtype == ml_dtypes.bfloat16:
-            return torch.from_numpy(a.view(np.int16).copy()).view(torch.bfloat16)
-        return torch.from_numpy(a.copy())
-    raise ValueError(f"{name}: expected a torch tensor, a paddle tensor or a NumPy array, got {type(x).__name__}")
-
-
-def _framework_of(x) -> str:
-    module = type(x).__module__ or ""
-    for name in ("torch", "paddle"):
-        if module.startswith(name):
-            return name
-    return "numpy"
-
-
-def _to_numpy(t):
-    from properties.compare import to_numpy
-
-    return to_numpy(t)
 
 
 def _digest(t) -> str:
@@ -141,57 +105,6 @@ def check_structure(tensors: dict, sm_scale) -> None:
 # ---------------------------------------------------------------------------
 
 
-def _fsync_directory(directory: Path) -> None:
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:  # some filesystems do not open directories; the rename is still atomic
-        return
-    try:
-        os.fsync(fd)
-    except OSError:
-        pass
-    finally:
-        os.close(fd)
-
-
-def write_atomic(path, write, *, durable: bool = True) -> Path:
-    """Run ``write(temporary_path)``, then rename the result over ``path``.
-
-    ``durable`` fsyncs the file and its directory, so the capture survives a
-    power loss too; a process crash loses nothing either way, which is why the
-    fuzzer's in-flight records skip it.
-    """
-    path = Path(path)
-    directory = path.parent if str(path.parent) else Path(".")
-    if not directory.is_dir():
-        raise ValueError(f"path: directory {str(directory)!r} does not exist")
-    temporary = directory / f".{path.name}.{os.getpid()}.{secrets.token_hex(4)}.partial"
-    try:
-        # Created here first to learn the mode the caller's umask gives a new file; the writer may
-        # replace the file with one of its own (safetensors makes it 0600), so that mode is put back.
-        os.close(os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666))
-        mode = os.stat(temporary).st_mode & 0o777
-        write(temporary)
-        os.chmod(temporary, mode)
-        if durable:
-            fd = os.open(temporary, os.O_RDONLY)
-            try:
-                os.fsync(fd)
-            finally:
-                os.close(fd)
-        os.replace(temporary, path)
-    except BaseException:
-        # Interrupted or failed: the target is untouched; do not leave the half file behind.
-        try:
-            os.unlink(temporary)
-        except FileNotFoundError:
-            pass
-        raise
-    if durable:
-        _fsync_directory(directory)
-    return path
-
-
 def write(path, inputs: dict, meta: dict | None = None, *, durable: bool = True, check: bool = True) -> Path:
     """Write ``inputs`` (the SPEC arguments by name, sm_scale included) as a capture.
 
@@ -210,7 +123,7 @@ def write(path, inputs: dict, meta: dict | None = None, *, durable: bool = True,
             if name != "attn_sink":
                 raise ValueError(f"{name}: is None; only attn_sink may be None")
             continue
-        tensors[name] = _as_cpu_torch(name, value)
+        tensors[name] = as_cpu_torch(value, name)
     sm_scale = inputs["sm_scale"]
     if check:
         check_structure(tensors, sm_scale)
@@ -225,7 +138,7 @@ def write(path, inputs: dict, meta: dict | None = None, *, durable: bool = True,
         "tensors": json.dumps(sorted(tensors)),
         "sha256": json.dumps({name: _digest(t) for name, t in tensors.items()}, sort_keys=True),
         "meta": meta_text,
-        "framework": _framework_of(inputs["query"]),
+        "framework": framework_of(inputs["query"]) or "numpy",
     }
     return write_atomic(path, lambda tmp: safetensors.torch.save_file(tensors, str(tmp), metadata=metadata), durable=durable)
 
@@ -299,7 +212,7 @@ def load(path) -> Capture:
         check_structure(tensors, sm_scale)
     except ValueError as e:
         raise ValueError(f"capture {path}: {e}") from None
-    inputs = {name: (_to_numpy(tensors[name]) if name in tensors else None) for name in TENSOR_NAMES}
+    inputs = {name: (to_numpy(tensors[name]) if name in tensors else None) for name in TENSOR_NAMES}
     if sink_state == "none":
         inputs["attn_sink"] = None
     inputs["sm_scale"] = sm_scale

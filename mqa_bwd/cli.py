@@ -7,25 +7,26 @@ argument, unreadable or damaged input, no GPU where one is needed).
 """
 
 import argparse
+import json
 import os
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-DEFAULT_SUITE = ROOT / "tests" / "test_properties.py"
+from properties.plugin import DEFAULT_FAILURES_DIR, REGRESSIONS_DIR, SUITE_MODULE
+
+#: The property suite, shipped in the package: it runs wherever mqa-bwd is installed.
+DEFAULT_SUITE = Path(__file__).resolve().parent.parent / Path(*SUITE_MODULE.split(".")).with_suffix(".py")
 PROFILES = ("ci", "dev", "fuzz", "repro")
 MAX_HEADS = 128  # shown in --help; parse_heads enforces properties.strategies.MAX_HEADS
-#: Where the property suite keeps failing cases and replays them first (its plugin's default).
-REGRESSIONS_DIR = ROOT / "tests" / "regressions"
 FUZZ_FAILURES_DIR = "fuzz-failures"
 #: Fuzz rounds shorter than this are not worth a pytest start-up.
 MIN_ROUND_S = 20.0
 
 MAIN_HELP = """\
 Correctness and determinism gate for the backward of sparse absorbed MQA with
-an attention sink (SPEC.md). Four jobs:
+an attention sink (docs/SPEC.md). Five jobs:
 
   check   run the property suite (ci profile) on the best backend here:
           the TileLang kernel on a Hopper GPU, the CPU tile model elsewhere
@@ -34,21 +35,24 @@ an attention sink (SPEC.md). Four jobs:
   fuzz    run the properties for M minutes with many random cases, one
           worker per GPU; every failure and crash saved as a replayable file
   bench   time the deterministic backward against the atomic one (GPU)
+  promote make a saved failing case one of the suite's replayed regressions
 
 Run 'mqa-bwd COMMAND --help' for what each prints and its options.
 Exit codes: 0 all held, 1 something failed, 2 could not run (bad input, no GPU).
 """
 
 CHECK_HELP = """\
-Runs every property of the suite (tests/test_properties.py) under the 'ci'
+Runs every property of the suite (properties/test_properties.py, shipped in
+the package) under the 'ci'
 Hypothesis profile (derandomized, fixed example counts), shows progress per
 property, and ends with a table: property x verdict x cases x time. Exit 0
 only when every property that ran holds.
 
 A failing property's report (worst elements, ULP distances, a REPRO line) is
-printed after the table, and each failing case is saved as JSON in the
-suite's regressions folder (tests/regressions/, replayed first on every later
-run) or in --failures-dir; 'mqa-bwd repro FILE' replays it.
+printed after the table, and each failing case is saved as JSON in
+.mqa-failures/ (in the working directory) or in --failures-dir;
+'mqa-bwd repro FILE' replays it, and 'mqa-bwd promote FILE' makes it one of
+the regressions every later run replays first.
 
 examples:
   mqa-bwd check                              best backend on this machine
@@ -99,6 +103,18 @@ examples:
   mqa-bwd fuzz --heads 1-64 --minutes 30       all GPUs, heads 1..64
   mqa-bwd fuzz --heads 1-16 --workers 1        one GPU (or the CPU model)
   mqa-bwd fuzz --backend model --minutes 2     the CPU tile model
+"""
+
+PROMOTE_HELP = """\
+Copies one saved failing case into the suite's regressions folder, which
+every later run of the suite replays first, before any generated case (in a
+source checkout: properties/regressions/, to commit with the fix). The case
+is checked first: a file that is not a case is refused. Failure files keep
+their property (and report); the name is <property>-<hash>.json.
+
+examples:
+  mqa-bwd promote .mqa-failures/determinism-3f2a9c1b7d0e.json
+  mqa-bwd promote case.json --property memory_safety
 """
 
 BENCH_HELP = """\
@@ -186,17 +202,26 @@ def build_parser() -> argparse.ArgumentParser:
                        f"(default: {failures_default})")
         p.add_argument("-k", dest="keyword", metavar="EXPR", help="only properties matching this pytest -k expression")
         p.add_argument("--tests", type=Path, default=None, metavar="PATH",
-                       help="the property suite to run (default: the project's tests/test_properties.py)")
+                       help=f"the property suite to run (default: the installed {SUITE_MODULE})")
         p.add_argument("pytest_args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
 
     check = sub.add_parser("check", help="run the correctness gate (ci profile) on the best backend",
                            description=CHECK_HELP, formatter_class=fmt)
-    suite_options(check, "the suite's tests/regressions")
+    suite_options(check, f"{DEFAULT_FAILURES_DIR}/ in the working directory")
     check.add_argument("--profile", choices=PROFILES, default="ci", help="Hypothesis profile (default: ci)")
     check.add_argument("--workers", type=positive_int, default=1, metavar="N",
                        help="pytest-xdist workers (default 1; on GPUs, worker i is pinned to GPU i mod count)")
     check.add_argument("--summary-json", type=Path, metavar="PATH", help="keep the suite's summary JSON here")
     check.set_defaults(handler=cmd_check)
+
+    promote = sub.add_parser("promote", help="make a saved failing case a replayed regression of the suite",
+                             description=PROMOTE_HELP, formatter_class=fmt)
+    promote.add_argument("source", type=Path, metavar="FILE", help="a failure file from check or fuzz, or Case JSON")
+    promote.add_argument("--property", metavar="NAME", help="replay it for this property only (default: the "
+                         "property the failure file names; all properties for bare Case JSON)")
+    promote.add_argument("--regressions-dir", type=Path, default=REGRESSIONS_DIR, metavar="DIR",
+                         help=f"the suite's regressions (default: {REGRESSIONS_DIR})")
+    promote.set_defaults(handler=cmd_promote)
 
     repro = sub.add_parser("repro", help="replay a case or a capture N times: determinism and accuracy",
                            description=REPRO_HELP, formatter_class=fmt)
@@ -369,8 +394,25 @@ def _suite_path(args) -> Path:
 
 
 def _suite_cwd(tests: Path) -> Path:
-    """The project root for its own suite (so its conftest and settings load), else the suite's folder."""
-    return ROOT if ROOT in tests.parents else tests.parent
+    """A source checkout's root for its own suite (so the project's pytest settings load), else the
+    suite's folder."""
+    checkout = _checkout_of(tests)
+    return checkout if checkout is not None else tests.parent
+
+
+def _checkout_of(tests: Path) -> Path | None:
+    for folder in tests.parents:
+        if (folder / "pyproject.toml").is_file() and (folder / "properties").is_dir():
+            return folder
+    return None
+
+
+def _isolation_args(tests: Path) -> list:
+    """An installed suite runs with no configuration file: whatever project the caller's virtualenv
+    lives in, its pytest settings do not apply to the gate."""
+    if _checkout_of(tests) is not None:
+        return []
+    return ["-c", os.devnull, "--rootdir", str(tests.parent)]
 
 
 def _resolve_target(args) -> tuple:
@@ -416,8 +458,8 @@ def cmd_check(args) -> int:
     tests = _suite_path(args)
     backend, impl, needs_gpu = _resolve_target(args)
     gpus = fuzz.count_gpus() if needs_gpu else 0
-    # Failing cases go where the suite keeps its regressions (replayed first on every run), unless told.
-    failures_dir = args.failures_dir or (REGRESSIONS_DIR if ROOT in tests.parents else tests.parent / "regressions")
+    # Failing cases go to an untracked folder; 'mqa-bwd promote' makes one a replayed regression.
+    failures_dir = (args.failures_dir or DEFAULT_FAILURES_DIR).resolve()
     before = set(failures_dir.iterdir()) if failures_dir.is_dir() else set()
     target = " with ".join(filter(None, (impl, f"backend {backend!r}" if backend else None)))
     console.print(f"mqa-bwd check: profile {args.profile!r} on {target}, suite {tests}"
@@ -430,7 +472,7 @@ def cmd_check(args) -> int:
             tests, profile=args.profile, summary_json=summary_path.resolve(),
             failures_dir=failures_dir.resolve(),
             backend=backend, impl=impl, heads=args.heads, repeats=args.repeats, workers=args.workers, gpus=gpus,
-            extra=_extra_pytest_args(args))
+            extra=_isolation_args(tests) + _extra_pytest_args(args))
         with LiveProgress(console, f"check ({args.profile})") as view:
             run = fuzz.run_suite(command, cwd=_suite_cwd(tests), progress_dir=tmp / "progress", records_dir=None,
                                  log_path=tmp / "pytest.log", summary_json=summary_path, on_update=view.update)
@@ -478,6 +520,44 @@ def _check_report(console, run, failures_dir: Path, before: set, summary_path: P
 
 
 # ---------------------------------------------------------------------------
+# promote
+# ---------------------------------------------------------------------------
+
+
+def cmd_promote(args) -> int:
+    from properties import checks
+    from properties.plugin import load_case_text, regression_name
+
+    from .files import write_json_atomic
+
+    try:
+        text = args.source.read_text()
+    except OSError as e:
+        raise ValueError(f"FILE: cannot read {str(args.source)!r} ({e.strerror or e})") from None
+    try:
+        case, recorded = load_case_text(text)
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"FILE: {str(args.source)!r} is not a case or failure file ({e})") from None
+    prop = args.property or recorded
+    if prop is not None and prop not in checks.PROPERTIES:
+        raise ValueError(f"--property: expected one of {', '.join(checks.PROPERTIES)}, got {prop!r}")
+    data = json.loads(text)
+    record = dict(data) if "case" in data else {"case": case.to_dict()}
+    record["case"] = case.to_dict()
+    if prop is not None:
+        record["property"] = prop
+    else:
+        record.pop("property", None)
+    if not args.regressions_dir.is_dir():
+        raise ValueError(f"--regressions-dir: {str(args.regressions_dir)!r} is not a folder")
+    path = args.regressions_dir / regression_name(prop, case)
+    write_json_atomic(path, record)
+    print(f"promoted {args.source} -> {path} (replayed first by "
+          + (f"property {prop}" if prop else "every property") + ")")
+    return 0
+
+
+# ---------------------------------------------------------------------------
 # fuzz
 # ---------------------------------------------------------------------------
 
@@ -515,7 +595,7 @@ def cmd_fuzz(args) -> int:
                 tests, profile="fuzz", summary_json=summary, failures_dir=failures_dir,
                 backend=backend, impl=fuzz.GUARD, heads=args.heads, repeats=args.repeats, workers=workers,
                 gpus=gpus, xdist=True, seed=None if args.seed is None else args.seed + round_no - 1,
-                deselect=sorted(done), extra=_extra_pytest_args(args))
+                deselect=sorted(done), extra=_isolation_args(tests) + _extra_pytest_args(args))
             env = {fuzz.ENV_TARGET: target, fuzz.ENV_RECORDS: str(failures_dir)}
 
             def remaining():

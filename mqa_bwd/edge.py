@@ -88,7 +88,8 @@ def to_torch(x, name: str = "tensor", accept=("torch", "paddle", "numpy")):
     (paddle through DLPack, zero-copy; NumPy copied to the CPU)."""
     framework = framework_of(x)
     if framework not in accept:
-        kinds = " or ".join(f"a {f} tensor" if f != "numpy" else "a NumPy array" for f in accept)
+        kinds = [f"a {f} tensor" if f != "numpy" else "a NumPy array" for f in accept]
+        kinds = " or ".join(filter(None, (", ".join(kinds[:-1]), kinds[-1])))
         raise ValueError(f"{name}: expected {kinds}, got {type(x).__name__}")
     if framework == "torch":
         return x

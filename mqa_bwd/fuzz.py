@@ -42,7 +42,8 @@ from pathlib import Path
 
 import pytest
 
-from properties.target import SPEC_ARGS as _SPEC_ARGS
+from .contract import SPEC_ARGS as _SPEC_ARGS
+from .files import write_json_atomic as _write_json_atomic
 
 ENV_PROGRESS = "MQA_PROGRESS_DIR"  # where each process writes its progress file
 ENV_DEADLINE = "MQA_FUZZ_DEADLINE"  # epoch seconds: the end of the time budget
@@ -57,7 +58,7 @@ _SEARCH_PHASES = ("explicit", "reuse", "generate", "target")
 
 
 def property_name(nodeid: str) -> str:
-    """'tests/test_properties.py::test_property_oracle[x]' -> 'oracle[x]'."""
+    """'properties/test_properties.py::test_property_oracle[x]' -> 'oracle[x]'."""
     name = nodeid.split("::")[-1]
     return name[len(PROPERTY_PREFIX):] if name.startswith(PROPERTY_PREFIX) else name
 
@@ -65,13 +66,6 @@ def property_name(nodeid: str) -> str:
 # ===========================================================================
 # Worker side: the pytest plugin
 # ===========================================================================
-
-
-def _write_json_atomic(path: Path, data) -> None:
-    from .capture import write_atomic
-
-    text = json.dumps(data, sort_keys=True)
-    write_atomic(path, lambda tmp: Path(tmp).write_text(text), durable=False)
 
 
 class _Progress:
@@ -254,7 +248,7 @@ def _record_call(args, kwargs):
     _calls[0] += 1
     named = dict(zip(_SPEC_ARGS, args))
     named.update({k: v for k, v in kwargs.items() if k in _SPEC_ARGS})
-    options = {k: v for k, v in kwargs.items() if k not in _SPEC_ARGS}
+    options = {k: v for k, v in kwargs.items() if k not in _SPEC_ARGS and k != "instruments"}
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     target = os.environ.get(ENV_TARGET)
     meta = {"property": _PROGRESS.current if _PROGRESS else None, "worker": worker, "pid": os.getpid(),
@@ -315,6 +309,16 @@ def guarded(*args, **kwargs):
     if record is not None:
         record.unlink(missing_ok=True)
     return result
+
+
+def _target_takes_instruments() -> bool:
+    from properties.target import takes_instruments
+
+    return takes_instruments(_target())
+
+
+#: guarded forwards instruments= exactly when the function it runs takes them.
+guarded.takes_instruments = _target_takes_instruments
 
 
 # ===========================================================================

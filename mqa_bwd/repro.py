@@ -15,7 +15,6 @@ are apart, so that "which one drifts, and by how much" has an answer.
 """
 
 import dataclasses
-import hashlib
 import json
 from pathlib import Path
 
@@ -161,107 +160,34 @@ def parse_target(text: str) -> tuple:
 # ---------------------------------------------------------------------------
 
 
-_INT_OF_SIZE = {1: "uint8", 2: "int16", 4: "int32", 8: "int64"}
+class _Tracker:
+    """One output's runs: equal bytes are found on the device (no copy); a run that differs
+    goes to the host, where the comparison engine (properties.compare.RunTally) measures it."""
+
+    def __init__(self, name):
+        from properties.compare import RunTally
+
+        self.stats = RunTally(name)
+        self.reference = None
+
+    def add(self, t):
+        import torch
+
+        from mqa_bwd.edge import to_numpy
+
+        if self.reference is not None and t.shape == self.reference.shape and t.dtype == self.reference.dtype \
+                and torch.equal(_bits(t), _bits(self.reference)):
+            self.stats.add_same()
+            return
+        if self.reference is None:
+            self.reference = t.detach().clone()
+        self.stats.add(to_numpy(t))
 
 
 def _bits(t):
     import torch
 
-    return t.contiguous().view(getattr(torch, _INT_OF_SIZE[t.element_size()]))
-
-
-def ulp_distance(a, b):
-    """Number of representable values between a and b in their own dtype (bf16, fp32, ...); int64 tensor."""
-    import torch
-
-    width = a.element_size() * 8
-    mask = (1 << width) - 1
-    sign = 1 << (width - 1)
-
-    def ordered(x):
-        u = _bits(x).to(torch.int64) & mask
-        return torch.where(u >= sign, sign - u, u)  # monotone in the value; -0 == +0
-
-    return (ordered(a) - ordered(b)).abs()
-
-
-def _host_digest(t) -> str:
-    return hashlib.sha256(_bits(t).cpu().numpy().tobytes()).hexdigest()
-
-
-@dataclasses.dataclass
-class RerunStats:
-    """How N runs of one output compare with run 0, byte for byte."""
-
-    name: str
-    shape: tuple = ()
-    dtype: str = ""
-    runs: int = 0
-    distinct: int = 0
-    first_diverging_run: int | None = None
-    first_element: tuple | None = None  # index in the output
-    first_values: tuple | None = None  # (run 0's value, the diverging run's value)
-    differing_elements: int = 0  # in the first diverging run
-    max_abs_diff: float = 0.0  # over all runs, against run 0
-    max_ulp: int = 0
-
-    @property
-    def bitwise(self) -> bool:
-        return self.runs > 0 and self.distinct == 1
-
-    def as_dict(self):
-        d = dataclasses.asdict(self)
-        d["bitwise"] = self.bitwise
-        return d
-
-
-class _Tracker:
-    def __init__(self, name):
-        self.stats = RerunStats(name)
-        self.reference = None
-        self.reference_bits = None
-        self.digests = set()
-
-    def add(self, run: int, t) -> None:
-        import torch
-
-        s = self.stats
-        s.runs += 1
-        if self.reference is None:
-            self.reference = t.detach().clone()
-            self.reference_bits = _bits(self.reference)
-            s.shape, s.dtype, s.distinct = tuple(t.shape), str(t.dtype).replace("torch.", ""), 1
-            return
-        if t.shape != self.reference.shape or t.dtype != self.reference.dtype:
-            s.distinct += 1
-            if s.first_diverging_run is None:
-                s.first_diverging_run = run
-                s.first_values = (f"shape {tuple(self.reference.shape)} {self.reference.dtype}", f"shape {tuple(t.shape)} {t.dtype}")
-            s.max_abs_diff = float("inf")
-            return
-        bits = _bits(t)
-        if torch.equal(bits, self.reference_bits):
-            return
-        # Only runs that differ from run 0 are copied to the host and hashed.
-        if not self.digests:
-            self.digests.add(_host_digest(self.reference))
-        digest = _host_digest(t)
-        if digest not in self.digests:
-            self.digests.add(digest)
-            s.distinct = len(self.digests)
-        a, b = self.reference.to(torch.float64), t.to(torch.float64)
-        diff = (a - b).abs()
-        both_nan = torch.isnan(a) & torch.isnan(b)
-        diff = torch.where(both_nan, torch.zeros_like(diff), torch.nan_to_num(diff, nan=float("inf")))
-        s.max_abs_diff = max(s.max_abs_diff, float(diff.max()))
-        s.max_ulp = max(s.max_ulp, int(ulp_distance(self.reference, t).max()))
-        if s.first_diverging_run is None:
-            differs = (bits != self.reference_bits).reshape(-1)
-            k = int(torch.nonzero(differs)[0])
-            s.first_diverging_run = run
-            s.first_element = tuple(int(i) for i in np.unravel_index(k, tuple(t.shape)))
-            s.first_values = (float(a.reshape(-1)[k]), float(b.reshape(-1)[k]))
-            s.differing_elements = int(differs.sum())
+    return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
 # ---------------------------------------------------------------------------
@@ -274,7 +200,7 @@ class RunReport:
     implementation: str
     device: str
     runs_requested: int
-    reruns: dict  # output name -> RerunStats
+    reruns: dict  # output name -> properties.compare.RunTally
     oracle: dict = dataclasses.field(default_factory=dict)  # output name -> properties.compare.Comparison
     problems: list = dataclasses.field(default_factory=list)  # exceptions, wrong dtypes, modified inputs
     run0: tuple = ()  # host NumPy outputs of run 0 (not serialised)
@@ -315,21 +241,13 @@ class RunReport:
 _EXPECTED_DTYPES = {"dq": "bfloat16", "dkv": "bfloat16", "d_attn_sink": "float32"}
 
 
-def _as_torch(x):
-    import torch
-
-    if isinstance(x, torch.Tensor):
-        return x
-    if (type(x).__module__ or "").startswith("paddle"):
-        return torch.from_dlpack(x)
-    raise TypeError(f"expected a torch or paddle tensor, got {type(x).__name__}")
-
-
 def run_many(impl: Implementation, host_inputs: dict, runs: int, on_run=None) -> RunReport:
     """Call ``impl`` ``runs`` times on the same device tensors; track each output's bytes."""
     import torch
 
     from properties.case import to_framework
+
+    from .edge import to_numpy, to_torch
 
     # Copies: torch.from_numpy shares memory, and an implementation that writes into its inputs must
     # neither change the source for the next implementation nor hide its own write.
@@ -344,17 +262,15 @@ def run_many(impl: Implementation, host_inputs: dict, runs: int, on_run=None) ->
             if not isinstance(result, (tuple, list)) or len(result) != 3:
                 raise TypeError(f"expected (dq, dkv, d_attn_sink), got {type(result).__name__}"
                                 + (f" of length {len(result)}" if isinstance(result, (tuple, list)) else ""))
-            outputs = [_as_torch(x) for x in result]
+            outputs = [to_torch(x, name, accept=("torch", "paddle")) for name, x in zip(OUTPUT_NAMES, result)]
             if impl.device.startswith("cuda"):
                 torch.cuda.synchronize()  # an asynchronous fault belongs to this run, not the next
         except Exception as e:  # the implementation's failure is the finding, not a crash of repro
             report.problems.append(f"run {run} raised {type(e).__name__}: {e}")
             break
         for name, t in zip(OUTPUT_NAMES, outputs):
-            trackers[name].add(run, t)
+            trackers[name].add(t)
         if run == 0:
-            from properties.compare import to_numpy
-
             report.run0 = tuple(to_numpy(t) for t in outputs)
             for name, t in zip(OUTPUT_NAMES, outputs):
                 got = str(t.dtype).replace("torch.", "")
@@ -364,8 +280,6 @@ def run_many(impl: Implementation, host_inputs: dict, runs: int, on_run=None) ->
             on_run(run)
     report.reruns = {name: tr.stats for name, tr in trackers.items() if tr.stats.runs}
     # A kernel that writes into its inputs drifts from call to call: check they are unchanged.
-    from properties.compare import to_numpy
-
     for name in SPEC_ARGS:
         if name == "sm_scale" or host_inputs[name] is None:
             continue
@@ -414,29 +328,19 @@ class CrossStats:
 
 def cross_compare(a: RunReport, b: RunReport) -> dict:
     """Run 0 of ``a`` against run 0 of ``b``, output by output."""
-    import torch
-
-    from .capture import _as_cpu_torch
+    from properties.compare import difference
 
     result = {}
     if not a.run0 or not b.run0:
         return result
     for name, x, y in zip(OUTPUT_NAMES, a.run0, b.run0):
-        tx, ty = _as_cpu_torch(name, x), _as_cpu_torch(name, y)
-        if tx.shape != ty.shape or tx.dtype != ty.dtype:
-            result[name] = CrossStats(name, False, -1, tx.numel(), float("inf"), -1, None,
-                                      (f"{tuple(tx.shape)} {tx.dtype}", f"{tuple(ty.shape)} {ty.dtype}"))
+        if x.shape != y.shape or x.dtype != y.dtype:
+            result[name] = CrossStats(name, False, -1, x.size, float("inf"), -1, None,
+                                      (f"{tuple(x.shape)} {x.dtype}", f"{tuple(y.shape)} {y.dtype}"))
             continue
-        differs = (_bits(tx) != _bits(ty)).reshape(-1)
-        n = int(differs.sum())
-        first = values = None
-        if n:
-            k = int(torch.nonzero(differs)[0])
-            first = tuple(int(i) for i in np.unravel_index(k, tuple(tx.shape)))
-            values = (float(tx.reshape(-1)[k]), float(ty.reshape(-1)[k]))
-        diff = (tx.double() - ty.double()).abs().nan_to_num(nan=float("inf"))
-        result[name] = CrossStats(name, n == 0, n, tx.numel(), float(diff.max()) if n else 0.0,
-                                  int(ulp_distance(tx, ty).max()) if n else 0, first, values)
+        d = difference(x, y)
+        result[name] = (CrossStats(name, True, 0, x.size, 0.0, 0, None, None) if d is None else
+                        CrossStats(name, False, d.count, x.size, d.max_abs, d.max_ulp, d.first_index, d.first_values))
     return result
 
 

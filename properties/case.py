@@ -20,6 +20,8 @@ import ml_dtypes
 import numpy as np
 
 import oracle
+from mqa_bwd import edge
+from mqa_bwd.contract import SPEC_ARGS
 
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
@@ -230,42 +232,13 @@ class Case:
 
 def expected(inputs: dict):
     """(float64 oracle, bf16 baseline) gradients for a case's inputs."""
-    args = (
-        inputs["query"], inputs["kv"], inputs["out"], inputs["grad_out"], inputs["lse"],
-        inputs["attn_sink"], inputs["token_indices"], inputs["sm_scale"],
-    )
+    args = tuple(inputs[name] for name in SPEC_ARGS)
     return oracle.backward(*args, precision="float64"), oracle.backward_bf16_baseline(*args)
 
 
 def to_framework(inputs: dict, framework: str = "torch", device: str = "cpu") -> dict:
     """NumPy inputs -> torch or paddle tensors (bf16 bits preserved)."""
-    out = {}
-    for name, value in inputs.items():
-        if value is None or name == "sm_scale":
-            out[name] = value
-            continue
-        if framework == "torch":
-            import torch
-
-            if value.dtype == ml_dtypes.bfloat16:
-                t = torch.from_numpy(value.view(np.int16).copy()).view(torch.bfloat16)
-            else:
-                t = torch.from_numpy(np.ascontiguousarray(value))
-            out[name] = t.to(device)
-        elif framework == "paddle":
-            import paddle
-
-            place = paddle.CUDAPlace(_cuda_index(device)) if str(device).startswith("cuda") else paddle.CPUPlace()
-            if value.dtype == ml_dtypes.bfloat16:
-                t = paddle.to_tensor(value.view(np.uint16), place=place).view(paddle.bfloat16)
-            else:
-                t = paddle.to_tensor(np.ascontiguousarray(value), place=place)
-            out[name] = t
-        else:
-            raise ValueError(f"framework: {framework!r}")
-    return out
-
-
-def _cuda_index(device) -> int:
-    text = str(device)
-    return int(text.split(":", 1)[1]) if ":" in text else 0
+    if framework not in ("torch", "paddle"):
+        raise ValueError(f"framework: {framework!r}")
+    return {name: value if value is None or name == "sm_scale" else edge.numpy_to(value, framework, device)
+            for name, value in inputs.items()}

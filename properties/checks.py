@@ -32,6 +32,9 @@ import traceback
 
 import numpy as np
 
+from mqa_bwd import edge
+from mqa_bwd.contract import BoundsError, Instruments
+
 from . import compare as cmp
 from .case import Case, expected, to_framework
 from .target import OUTPUT_NAMES, Target
@@ -75,29 +78,19 @@ class CallFailed(Exception):
 
 
 def framework_of(x) -> str:
-    module = type(x).__module__ or ""
-    if module.startswith("torch"):
-        return "torch"
-    if module.startswith("paddle"):
-        return "paddle"
-    return type(x).__name__
+    """The framework of an output, or its type's name when it is none of ours."""
+    return edge.framework_of(x) or type(x).__name__
 
 
 def host_copy(x) -> np.ndarray:
     """A host NumPy copy that later writes to ``x`` cannot change."""
-    return np.array(cmp.to_numpy(x), copy=True)
-
-
-def _as_torch(x):
-    import torch
-
-    return x if isinstance(x, torch.Tensor) else torch.from_dlpack(x)
+    return np.array(edge.to_numpy(x), copy=True)
 
 
 def poison(outputs) -> None:
     """Fill floating outputs with NaN in place, so stale memory cannot pass as a fresh result."""
     for x in outputs:
-        t = _as_torch(x)
+        t = edge.to_torch(x, "output")
         if t.is_floating_point():
             t.fill_(float("nan"))
 
@@ -116,7 +109,7 @@ def spec_default_block_h(H: int) -> int:
 
 def bitwise_difference(name: str, got, want) -> str | None:
     """None when got and want are the same bytes of the same shape and dtype; else what differs."""
-    a, b = cmp.to_numpy(got), cmp.to_numpy(want)
+    a, b = edge.to_numpy(got), edge.to_numpy(want)
     if a.shape != b.shape or a.dtype != b.dtype:
         return f"{name}: shape/dtype {a.shape} {a.dtype} vs {b.shape} {b.dtype}"
     return cmp.first_difference(name, [b, a], labels=("reference call", "other call"))
@@ -402,12 +395,6 @@ def _names(message: str, name: str) -> bool:
     return re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", message) is not None
 
 
-def _launch_counts() -> dict:
-    from mqa_bwd.launch import COUNTERS
-
-    return {"launches": COUNTERS["launches"], "allocations": COUNTERS["allocations"]}
-
-
 def rejection(target: Target, case: Case, options: Options = Options()) -> Verdict:
     host = case.inputs()
     problems = []
@@ -415,14 +402,14 @@ def rejection(target: Target, case: Case, options: Options = Options()) -> Verdi
     for defect in DEFECTS:
         bad_host, kwargs = defect.make(host, case)
         tensors = to_framework(bad_host, case.framework, target.device)
-        before = _launch_counts()
+        instruments = Instruments() if target.instrumented else None
         error = None
         try:
-            target(tensors, **kwargs)
+            target(tensors, **kwargs, **({"instruments": instruments} if instruments else {}))
         except Exception as err:  # noqa: BLE001 - which exception it is, is the verdict
             error = err
-        after = _launch_counts()
-        launched = {k: after[k] - before[k] for k in after if after[k] != before[k]}
+        launched = {k: v for k, v in (instruments.counts if instruments else {}).items()
+                    if k in ("launches", "allocations") and v}
         wrong = None
         if error is None:
             wrong = "accepted: no exception"
@@ -432,13 +419,13 @@ def rejection(target: Target, case: Case, options: Options = Options()) -> Verdi
             wrong = f"ValueError does not name {' or '.join(defect.names)}: {str(error)!r}"
         if launched:
             counts = ", ".join(f"{v} {k}" for k, v in launched.items())
-            wrong = (wrong + "; and " if wrong else "rejected, but only ") + f"after {counts} through mqa_bwd's launchers"
+            wrong = (wrong + "; and " if wrong else "rejected, but only ") + f"after {counts} (counted through instruments=)"
         findings[defect.label] = wrong is None
         if wrong:
             problems.append(f"{defect.label}: {wrong}")
     ok = not problems
-    proof = ("no launch or allocation counted (mqa_bwd.launch.COUNTERS)" if target.ours
-             else "launches counted only where the implementation goes through mqa_bwd's launchers")
+    proof = ("no launch or allocation counted (instruments=)" if target.instrumented
+             else "launches not counted: the implementation takes no instruments=")
     lines = [f"rejection of {len(DEFECTS)} bad-argument classes ({case.framework}): "
              + (f"every one a ValueError naming the argument; {proof}" if ok else f"{len(problems)} FAIL")]
     return Verdict("rejection", ok, "\n".join(lines + problems), findings)
@@ -452,35 +439,31 @@ def rejection(target: Target, case: Case, options: Options = Options()) -> Verdi
 def memory_safety(target: Target, case: Case, options: Options = Options()) -> Verdict:
     import torch
 
-    from mqa_bwd.launch import GuardBands
-    from mqa_bwd.model import TileBoundsError
+    from .guards import GuardBands
 
     host = case.inputs()
     call = Caller(target, case)
     device_tensors = to_framework(host, "torch", target.device)
     problems = []
     findings = {}
-    with GuardBands() as bands:
-        placed = {k: (bands.place(v, k) if isinstance(v, torch.Tensor) else v) for k, v in device_tensors.items()}
-        before = {k: host_copy(v) for k, v in placed.items() if isinstance(v, torch.Tensor)}
-        handed = placed
-        if case.framework == "paddle":
-            import paddle
-
-            handed = {k: (paddle.utils.dlpack.from_dlpack(v) if isinstance(v, torch.Tensor) else v) for k, v in placed.items()}
-        try:
-            call(handed)
-        except CallFailed as failed:
-            if isinstance(failed.error, TileBoundsError):
-                e = failed.error
-                problems.append(f"out-of-bounds access caught by the bounds-checked model: kernel {e.kernel} touched "
-                                f"{e.tensor} {e.row} outside [0, {e.extent}) ({e})")
-                findings["bounds"] = False
-            else:
-                problems.append(str(failed))
-                findings["call"] = False
-        if target.needs_gpu:
-            torch.cuda.synchronize()
+    bands = GuardBands()
+    seam = {"instruments": bands.instruments()} if target.instrumented else {}
+    placed = {k: (bands.place(v, k) if isinstance(v, torch.Tensor) else v) for k, v in device_tensors.items()}
+    before = {k: host_copy(v) for k, v in placed.items() if isinstance(v, torch.Tensor)}
+    handed = placed
+    if case.framework == "paddle":
+        handed = {k: (edge.from_torch(v, "paddle") if isinstance(v, torch.Tensor) else v) for k, v in placed.items()}
+    try:
+        call(handed, **seam)
+    except CallFailed as failed:
+        if isinstance(failed.error, BoundsError):
+            problems.append(f"out-of-bounds access caught by the implementation's own bounds checks: {failed.error}")
+            findings["bounds"] = False
+        else:
+            problems.append(str(failed))
+            findings["call"] = False
+    if target.needs_gpu:
+        torch.cuda.synchronize()
     damaged = bands.violations()
     findings["guard bands"] = not damaged
     for label, side, offset, count in damaged:
@@ -492,7 +475,9 @@ def memory_safety(target: Target, case: Case, options: Options = Options()) -> V
             problems.append(f"the call wrote to its input: {diff}")
     ok = not problems
     lines = [f"memory safety {_describe_call(case)} on {target.device}: {len(bands.regions)} guard-banded buffers "
-             f"(inputs and every launcher allocation)" + (", bounds-checked model" if target.backend and target.backend.startswith("model") else "")
+             + ("(inputs and every allocation of the call, through instruments=)" if seam else
+                "(the inputs; the implementation takes no instruments=, so its own allocations are not banded)")
+             + (", bounds-checked model" if target.backend and target.backend.startswith("model") else "")
              + (": safe" if ok else ": VIOLATED")]
     return Verdict("memory_safety", ok, "\n".join(lines + problems + call.notes), findings)
 

@@ -15,49 +15,39 @@ import dataclasses
 import ml_dtypes
 import numpy as np
 
+from mqa_bwd.edge import to_numpy
+
 FLOOR_REL = 1e-5  # float32 accumulation floor, relative to max |reference|
 FACTOR = 2.0
 
 
-def to_numpy(x) -> np.ndarray:
-    """torch / paddle / numpy -> numpy (bf16 stays ml_dtypes.bfloat16), on the host."""
-    if isinstance(x, np.ndarray):
-        return x
-    mod = type(x).__module__ or ""
-    if mod.startswith("torch"):
-        import torch
-
-        t = x.detach().cpu()
-        if t.dtype == torch.bfloat16:
-            return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-        return t.numpy()
-    if mod.startswith("paddle"):
-        import paddle
-
-        if x.dtype == paddle.bfloat16:
-            return x.cpu().numpy().view(np.uint16).view(ml_dtypes.bfloat16)
-        return x.cpu().numpy()
-    return np.asarray(x)
-
-
-def bf16_ulp_distance(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Number of bf16 values between a and b (both rounded to bf16 first)."""
+def ulp_distance(a, b) -> np.ndarray:
+    """Number of representable values between a and b in their own floating dtype (bf16, fp16, fp32,
+    fp64; both the same), as int64; -0 and +0 are one value. Integer arrays: the plain difference."""
+    a, b = np.asarray(a), np.asarray(b)
+    if a.dtype != b.dtype:
+        raise ValueError(f"ulp_distance: dtypes differ ({a.dtype} vs {b.dtype})")
+    if a.dtype.kind in "iu":
+        return np.abs(a.astype(np.int64) - b.astype(np.int64))
+    width = a.dtype.itemsize * 8
+    unsigned = {16: np.uint16, 32: np.uint32, 64: np.uint64}[width]
+    sign = 1 << (width - 1)
 
     def ordered(x):
-        bits = np.asarray(x, dtype=np.float32).astype(ml_dtypes.bfloat16).view(np.uint16).astype(np.int32)
-        return np.where(bits & 0x8000, 0x8000 - bits, bits)  # monotone in the value; -0 == +0
+        u = np.ascontiguousarray(x).view(unsigned)
+        if width == 64:  # int64 arithmetic cannot hold 2**64: fold on the sign bit as signed values
+            signed = u.view(np.int64)
+            return np.where(signed < 0, -(signed & np.int64(sign - 1)), signed)
+        u = u.astype(np.int64)
+        return np.where(u >= sign, sign - u, u)  # monotone in the value
 
     return np.abs(ordered(a) - ordered(b))
 
 
-def f32_ulp_distance(a, b) -> np.ndarray:
-    """Number of float32 values between a and b."""
-
-    def ordered(x):
-        bits = np.asarray(x, dtype=np.float32).view(np.int32).astype(np.int64)
-        return np.where(bits < 0, -(bits & 0x7FFFFFFF), bits)  # monotone in the value; -0 == +0
-
-    return np.abs(ordered(a) - ordered(b))
+def bf16_ulp_distance(a, b) -> np.ndarray:
+    """Number of bf16 values between a and b, both rounded to bf16 first."""
+    as_bf16 = lambda x: np.asarray(x, dtype=np.float32).astype(ml_dtypes.bfloat16)  # noqa: E731
+    return ulp_distance(as_bf16(a), as_bf16(b))
 
 
 @dataclasses.dataclass
@@ -120,51 +110,144 @@ def _bits(x: np.ndarray) -> np.ndarray:
     return x.view(np.uint8).reshape(x.shape + (x.dtype.itemsize,))
 
 
+@dataclasses.dataclass(frozen=True)
+class Difference:
+    """Where and how much two arrays of one shape and dtype differ, byte for byte."""
+
+    count: int  # elements whose bytes differ
+    total: int
+    first_index: tuple
+    first_values: tuple  # (a's value, b's value) as floats
+    max_abs: float  # over the differing elements; inf where one side is non-finite
+    max_ulp: int  # in the arrays' own dtype
+    nonfinite: int  # differing elements with a NaN or inf on one side
+
+    def describe(self, dtype) -> str:
+        unit = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16", "float64": "fp64"}.get(str(dtype))
+        first_ulp = f" ({self.first_ulp} {unit} ulp)" if unit else ""
+        return (f"{self.count} of {self.total} elements; first at {self.first_index}: "
+                f"{self.first_values[0]!r} vs {self.first_values[1]!r}{first_ulp}; "
+                + (f"max |diff| {self.max_abs_finite:.3e}" if self.max_abs_finite is not None else "no finite difference")
+                + (f"; {self.nonfinite} differ by NaN/inf (one side non-finite or NaN payloads)" if self.nonfinite else ""))
+
+    first_ulp: int = 0
+    max_abs_finite: float | None = None
+
+
+def difference(a, b) -> Difference | None:
+    """None when a and b are the same bytes; else where and how much they differ.
+    Both must have one shape and dtype (a ValueError otherwise)."""
+    a, b = np.ascontiguousarray(to_numpy(a)), np.ascontiguousarray(to_numpy(b))
+    if a.shape != b.shape or a.dtype != b.dtype:
+        raise ValueError(f"difference: shape/dtype {a.shape} {a.dtype} vs {b.shape} {b.dtype}")
+    differs = (_bits(a) != _bits(b)).any(-1)
+    count = int(differs.sum())
+    if not count:
+        return None
+    k = int(np.flatnonzero(differs)[0])
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    with np.errstate(invalid="ignore"):
+        d = np.abs(a64 - b64)[differs]
+    finite = d[np.isfinite(d)]
+    ulps = ulp_distance(a[differs], b[differs]) if a.dtype.kind in "fiu" or a.dtype == ml_dtypes.bfloat16 else None
+    return Difference(
+        count=count, total=differs.size, first_index=tuple(int(j) for j in np.unravel_index(k, a.shape)),
+        first_values=(float(a64.flat[k]), float(b64.flat[k])),
+        max_abs=float(d.max()) if finite.size == d.size else float("inf"),
+        max_ulp=int(ulps.max()) if ulps is not None else 0, nonfinite=int(d.size - finite.size),
+        first_ulp=int(ulp_distance(a.flat[k:k + 1], b.flat[k:k + 1])[0]) if ulps is not None else 0,
+        max_abs_finite=float(finite.max()) if finite.size else None)
+
+
 def first_difference(name, runs, labels=None) -> str | None:
     """Bitwise comparison of repeated results. None when all are identical bytes.
 
     Otherwise says which run diverged first from run 0, in how many elements,
-    where the first differing element is (both values, bf16 ULP distance for
-    bf16 outputs), the largest difference, and how many distinct results the
+    where the first differing element is (both values, ULP distance in the
+    output's dtype), the largest difference, and how many distinct results the
     runs produced. ``labels`` names the runs (default: "run 0", "run 1", ...).
     """
-    label = (lambda i: labels[i]) if labels else (lambda i: f"run {i}")
-    arrays = [np.ascontiguousarray(to_numpy(r)) for r in runs]
-    first = arrays[0]
-    distinct = {(first.shape, first.dtype.str, first.tobytes())}
-    report = None
-    for i, x in enumerate(arrays[1:], start=1):
+    tally = RunTally(name)
+    for x in runs:
+        tally.add(to_numpy(x))
+    return tally.report(labels)
+
+
+@dataclasses.dataclass
+class RunTally:
+    """N runs of one output against run 0, byte for byte: distinct results, the first run that
+    diverges and where, the largest distance from run 0 over all runs. Runs are host arrays;
+    ``add_same`` counts a run its caller already found equal to run 0 (on the device, say)."""
+
+    name: str
+    shape: tuple = ()
+    dtype: str = ""
+    runs: int = 0
+    distinct: int = 0
+    first_diverging_run: int | None = None
+    first_element: tuple | None = None  # index in the output
+    first_values: tuple | None = None  # (run 0's value, the diverging run's value)
+    differing_elements: int = 0  # in the first diverging run
+    max_abs_diff: float = 0.0  # over all runs, against run 0
+    max_ulp: int = 0
+
+    def __post_init__(self):
+        self._reference = None
+        self._seen = set()
+        self._first = None  # (run, Difference or a shape/dtype text)
+
+    @property
+    def bitwise(self) -> bool:
+        return self.runs > 0 and self.distinct == 1
+
+    def add_same(self) -> None:
+        self.runs += 1
+
+    def add(self, x) -> None:
+        x = np.ascontiguousarray(x)
+        run, self.runs = self.runs, self.runs + 1
         key = (x.shape, x.dtype.str, x.tobytes())
-        if key in distinct:
-            continue
-        distinct.add(key)
-        if report is not None:
-            continue
-        if x.shape != first.shape or x.dtype != first.dtype:
-            report = f"{name}: {label(i)} has shape {x.shape} {x.dtype}, {label(0)} {first.shape} {first.dtype}"
-            continue
-        differs = (_bits(first) != _bits(x)).any(-1)
-        k = int(np.flatnonzero(differs)[0])
-        a64, x64 = first.astype(np.float64), x.astype(np.float64)
-        with np.errstate(invalid="ignore"):
-            d = np.abs(a64 - x64)
-        where = tuple(int(j) for j in np.unravel_index(k, first.shape))
-        ulp = ""
-        if first.dtype == ml_dtypes.bfloat16:
-            ulp = f" ({int(bf16_ulp_distance(a64.flat[k], x64.flat[k]))} bf16 ulp)"
-        elif first.dtype == np.float32:
-            ulp = f" ({int(f32_ulp_distance(first.flat[k], x.flat[k]))} fp32 ulp)"
-        d = d[differs]
-        finite = d[np.isfinite(d)]
-        nonfinite = d.size - finite.size
-        report = (
-            f"{name}: {label(i)} differs from {label(0)} in {int(differs.sum())} of {differs.size} elements; "
-            f"first at {where}: {float(a64.flat[k])!r} vs {float(x64.flat[k])!r}{ulp}; "
-            + (f"max |diff| {finite.max():.3e}" if finite.size else "no finite difference")
-            + (f"; {nonfinite} differ by NaN/inf (one side non-finite or NaN payloads)" if nonfinite else "")
-        )
-    if report is None:
-        return None
-    if len(arrays) > 2:
-        report += f"; {len(distinct)} distinct results in {len(arrays)} runs"
-    return report
+        if self._reference is None:
+            self._reference = x
+            self._seen.add(key)
+            self.shape, self.dtype, self.distinct = tuple(x.shape), str(x.dtype), 1
+            return
+        if key in self._seen and key[2] == self._reference.tobytes():
+            return
+        if key not in self._seen:
+            self._seen.add(key)
+            self.distinct = len(self._seen)
+        ref = self._reference
+        if x.shape != ref.shape or x.dtype != ref.dtype:
+            self.max_abs_diff = float("inf")
+            if self.first_diverging_run is None:
+                self.first_diverging_run = run
+                self.first_values = (f"shape {ref.shape} {ref.dtype}", f"shape {x.shape} {x.dtype}")
+                self._first = (run, f"has shape {x.shape} {x.dtype}, run 0 {ref.shape} {ref.dtype}")
+            return
+        d = difference(ref, x)
+        self.max_abs_diff = max(self.max_abs_diff, d.max_abs)
+        self.max_ulp = max(self.max_ulp, d.max_ulp)
+        if self.first_diverging_run is None:
+            self.first_diverging_run, self.first_element, self.first_values = run, d.first_index, d.first_values
+            self.differing_elements = d.count
+            self._first = (run, d)
+
+    def as_dict(self) -> dict:
+        d = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        d["bitwise"] = self.bitwise
+        return d
+
+    def report(self, labels=None) -> str | None:
+        """One line on how the runs differ (None when all are identical bytes)."""
+        if self._first is None:
+            return None
+        label = (lambda i: labels[i]) if labels else (lambda i: f"run {i}")
+        run, d = self._first
+        if isinstance(d, str):
+            text = f"{self.name}: {label(run)} {d.replace('run 0', label(0))}"
+        else:
+            text = f"{self.name}: {label(run)} differs from {label(0)} in {d.describe(self.dtype)}"
+        if self.runs > 2:
+            text += f"; {self.distinct} distinct results in {self.runs} runs"
+        return text

@@ -1,4 +1,8 @@
-"""The pytest plugin of the property suite (registered by the root conftest.py).
+"""The pytest plugin of the property suite (registered as the ``pytest11`` entry point "mqa_bwd").
+
+The suite itself, ``properties/test_properties.py``, ships in the package:
+``pytest --pyargs properties`` or ``mqa-bwd check`` run it wherever the
+package is installed.
 
 Options (``pytest --help``, group "mqa-bwd properties"):
 
@@ -9,7 +13,7 @@ Options (``pytest --help``, group "mqa-bwd properties"):
   --mqa-profile NAME       Hypothesis profile: ci, dev, fuzz, repro ($MQA_PROFILE)
   --replay CASE            run only this case (JSON text, or a case/failure file)
   --summary-json PATH      per-property verdicts, example counts and seconds
-  --failures-dir DIR       where failing cases are saved (default tests/regressions/)
+  --failures-dir DIR       where failing cases are saved (default .mqa-failures/ in the working directory)
 
 A property test is written as::
 
@@ -37,12 +41,28 @@ import pytest
 from hypothesis import example, given
 from hypothesis import strategies as st
 
+from mqa_bwd.files import write_json_atomic
+
 from . import checks, profiles, strategies
 from .case import Case
 from .target import OURS, Target
 
-ROOT = Path(__file__).resolve().parents[1]
-REGRESSIONS_DIR = ROOT / "tests" / "regressions"
+#: The replayed regressions: shipped with the suite, replayed first on every run.
+#: A failing case lands in the failures folder; ``mqa-bwd promote FILE`` moves it here.
+REGRESSIONS_DIR = Path(__file__).resolve().parent / "regressions"
+#: Where failing cases go unless --failures-dir says otherwise (relative to the working directory).
+DEFAULT_FAILURES_DIR = Path(".mqa-failures")
+#: The suite as pytest --pyargs names it, wherever the package is installed.
+SUITE_MODULE = "properties.test_properties"
+#: Markers the suite and the project's tests use, registered here so that an
+#: installed suite runs under --strict-markers from any directory.
+MARKERS = (
+    "gpu: needs a CUDA GPU (Hopper for the TileLang kernels)",
+    "slow: long-running; select with -m slow",
+    "determinism: bitwise run-to-run reproducibility",
+    "paddle: needs paddlepaddle",
+    "experiments: variants kept only to time against (experiments/); not in the default run",
+)
 DEFAULT_REPEATS = 20
 
 
@@ -58,7 +78,7 @@ class Harness:
     """
 
     def __init__(self, target: Target, options: checks.Options, space: strategies.Space, profile: str,
-                 replay: Case | None = None, failures_dir: Path | None = REGRESSIONS_DIR,
+                 replay: Case | None = None, failures_dir: Path | None = DEFAULT_FAILURES_DIR,
                  regressions_dir: Path = REGRESSIONS_DIR):
         self.target, self.options, self.space, self.profile = target, options, space, profile
         self.replay, self.failures_dir, self.regressions_dir = replay, failures_dir, regressions_dir
@@ -83,10 +103,7 @@ class Harness:
         raise PropertyFailure(f"{report}\nREPRO: {self.repro_command(name, case)}")
 
     def repro_command(self, name: str, case: Case) -> str:
-        path = "tests/test_properties.py"
-        if self.current_item is not None:
-            path = self.current_item.nodeid.split("::")[0]
-        words = ["python", "-m", "pytest", "-p", "no:xdist", f"{path}::test_property_{name}",
+        words = ["python", "-m", "pytest", "-p", "no:xdist", "--pyargs", f"{SUITE_MODULE}::test_property_{name}",
                  "--replay", case.to_json(), "--backend", str(self.target.backend)]
         if self.target.spec != OURS:
             words += ["--impl", self.target.spec]
@@ -104,14 +121,10 @@ class Harness:
                     return existing
             except (ValueError, TypeError):
                 continue
-        digest = hashlib.sha1(f"{name}\n{case.to_json()}".encode()).hexdigest()[:12]
-        path = self.failures_dir / f"{name}-{digest}.json"
+        path = self.failures_dir / regression_name(name, case)
         record = {"case": case.to_dict(), "property": name, "backend": self.target.backend,
                   "impl": self.target.spec, "report": report}
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(record, indent=1, sort_keys=True) + "\n")
-        os.replace(tmp, path)  # a reader never sees half a file
-        return path
+        return write_json_atomic(path, record)  # a reader never sees half a file
 
 
 _HARNESS: Harness | None = None
@@ -121,7 +134,7 @@ def harness() -> Harness:
     """The configured harness; outside pytest, one with the defaults."""
     global _HARNESS
     if _HARNESS is None:
-        _HARNESS = _build(None, None, DEFAULT_REPEATS, None, None, None, REGRESSIONS_DIR)
+        _HARNESS = _build(None, None, DEFAULT_REPEATS, None, None, None, DEFAULT_FAILURES_DIR)
     return _HARNESS
 
 
@@ -148,6 +161,13 @@ def load_case_text(text: str) -> tuple:
     if "case" in data:
         return Case.from_dict(data["case"]), data.get("property")
     return Case.from_dict(data), None
+
+
+def regression_name(prop: str | None, case: Case) -> str:
+    """The file name of a saved case: its property (or "all") and a hash of both."""
+    digest = hashlib.sha1(f"{prop}\n{case.to_json()}".encode()).hexdigest()[:12] if prop else \
+        hashlib.sha1(case.to_json().encode()).hexdigest()[:12]
+    return f"{prop or 'all'}-{digest}.json"
 
 
 def regression_cases(name: str, directory: Path = REGRESSIONS_DIR) -> list:
@@ -217,7 +237,7 @@ def pytest_addoption(parser):
                     help="run only this case: Case JSON, or a path to a case or failure file")
     group.addoption("--summary-json", default=None, metavar="PATH", help="write per-property verdicts as JSON")
     group.addoption("--failures-dir", default=None, metavar="DIR",
-                    help="save failing cases here as JSON (default: tests/regressions/)")
+                    help=f"save failing cases here as JSON (default: {DEFAULT_FAILURES_DIR}/)")
 
 
 def _paddle_can_reach(device: str) -> bool:
@@ -278,6 +298,8 @@ def _one_thread_per_worker(config) -> None:
 
 def pytest_configure(config):
     global _HARNESS
+    for marker in MARKERS:
+        config.addinivalue_line("markers", marker)
     _one_thread_per_worker(config)
     opt = config.option
     replay = _replay_option(opt.replay) if opt.replay else None
@@ -285,13 +307,12 @@ def pytest_configure(config):
         profile = profiles.chosen(opt.mqa_profile or ("repro" if replay is not None and not os.environ.get(profiles.ENV_VAR) else None))
         if opt.repeats < 2:
             raise ValueError(f"--repeats: need at least 2 calls to compare, got {opt.repeats}")
-        failures_dir = Path(opt.failures_dir) if opt.failures_dir else REGRESSIONS_DIR
+        failures_dir = (Path(opt.failures_dir) if opt.failures_dir else DEFAULT_FAILURES_DIR).resolve()
         _HARNESS = _build(opt.impl, opt.backend, opt.repeats, opt.heads, profile, replay, failures_dir)
     except ValueError as err:
         raise pytest.UsageError(str(err)) from None
     profiles.load(profile)
     config._mqa_summary = {}  # property -> {"outcomes": [...], "cases": n, "seconds": t}
-    config._mqa_kill_rows = []
 
 
 def pytest_report_header(config):
@@ -358,8 +379,6 @@ def pytest_runtest_logreport(report):
     if config is None or _is_worker(config):
         return
     props = dict(report.user_properties)
-    if "mqa_kill_row" in props and report.when == "call":  # record_property's entries ride on every later phase
-        config._mqa_kill_rows.append(props["mqa_kill_row"])
     name = props.get("mqa_property")
     if name is None:
         return
@@ -407,12 +426,3 @@ def pytest_sessionfinish(session, exitstatus):
     path = Path(config.option.summary_json)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(summary(config), indent=1, sort_keys=True) + "\n")
-
-
-def pytest_terminal_summary(terminalreporter, exitstatus, config):
-    rows = getattr(config, "_mqa_kill_rows", [])
-    if rows:
-        from .mutants import format_kill_matrix
-
-        terminalreporter.write_sep("=", "mutant kill matrix (CPU model)")
-        terminalreporter.write_line(format_kill_matrix([json.loads(r) for r in rows]))

@@ -6,17 +6,23 @@
 A ``Target`` names it as ``module:function`` (imported from the Python path
 exactly as given, so a user's wrapper of ours works), with the backend it is
 asked for and the device its tensors live on. Properties drive it only
-through that signature.
+through that signature, plus the optional seam ``mqa_bwd.contract``
+describes, which an implementation may leave out:
+
+  instruments=            a keyword taking an ``Instruments``: the harness
+                          injects a guard-banded allocator and counts
+                          launches and allocations
+  fn.default_backend()    the backend it picks when none is given
+  fn.backend_unavailable(backend)
+                          why that backend cannot run here, or None
 """
 
 import dataclasses
 import importlib
+import inspect
 from typing import Callable
 
-SPEC_ARGS = ("query", "kv", "out", "grad_out", "lse", "attn_sink", "token_indices", "sm_scale")
-OUTPUT_NAMES = ("dq", "dkv", "d_attn_sink")
-OURS = "mqa_bwd:mqa_latent_sparse_bwd"
-GPU_BACKENDS = ("tilelang", "tilelang-atomic")
+from mqa_bwd.contract import GPU_BACKENDS, OURS, OUTPUT_NAMES, SPEC_ARGS, backend_device  # noqa: F401 (re-exported)
 
 
 def load_function(spec: str, option: str = "--impl") -> Callable:
@@ -41,21 +47,22 @@ def load_function(spec: str, option: str = "--impl") -> Callable:
     return obj
 
 
-def backend_device(backend: str | None) -> str:
-    """Where a backend's tensors live: the GPU backends on CUDA, everything else on the CPU."""
-    if backend in GPU_BACKENDS:
-        return "cuda"
-    if backend is None:
-        import torch
+def _cuda_available() -> bool:
+    import torch
 
-        return "cuda" if torch.cuda.is_available() else "cpu"
-    return "cpu"
+    return torch.cuda.is_available()
 
 
-def default_backend() -> str:
-    import mqa_bwd
-
-    return mqa_bwd.default_backend()
+def takes_instruments(function: Callable) -> bool:
+    """Does ``function`` offer the instrumentation seam (an ``instruments=`` keyword)? A wrapper that
+    forwards its keywords says so itself with a ``takes_instruments()`` attribute."""
+    declared = getattr(function, "takes_instruments", None)
+    if callable(declared):
+        return bool(declared())
+    try:
+        return "instruments" in inspect.signature(function).parameters
+    except (TypeError, ValueError):  # a builtin or C callable: no signature to read
+        return False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,15 +75,16 @@ class Target:
     @classmethod
     def load(cls, spec: str | None = None, backend: str | None = None) -> "Target":
         spec = spec or OURS
-        backend = backend or default_backend()
-        return cls(load_function(spec), spec, backend, backend_device(backend))
+        function = load_function(spec)
+        if backend is None and callable(getattr(function, "default_backend", None)):
+            backend = function.default_backend()
+        return cls(function, spec, backend, backend_device(backend, _cuda_available))
 
     @property
-    def ours(self) -> bool:
-        """Is this our own wrapper (so launch counters and the model's bounds checks speak for it)?"""
-        import mqa_bwd
-
-        return self.function is mqa_bwd.mqa_latent_sparse_bwd
+    def instrumented(self) -> bool:
+        """Does the implementation take ``instruments=`` (so launch counts and injected
+        allocations speak for it)?"""
+        return takes_instruments(self.function)
 
     @property
     def needs_gpu(self) -> bool:
@@ -84,17 +92,10 @@ class Target:
 
     def unavailable(self) -> str | None:
         """Why this target cannot run on this machine, or None."""
-        if self.needs_gpu:
-            import torch
-
-            if not torch.cuda.is_available():
-                return f"backend {self.backend!r} needs a CUDA GPU; this machine has none"
-            if self.backend in GPU_BACKENDS:
-                from mqa_bwd import backends
-
-                if not backends.hopper_available():
-                    return f"backend {self.backend!r} needs a Hopper (sm_90) GPU and tilelang"
-        return None
+        if self.needs_gpu and not _cuda_available():
+            return f"backend {self.backend!r} needs a CUDA GPU; this machine has none"
+        ask = getattr(self.function, "backend_unavailable", None)
+        return ask(self.backend) if callable(ask) else None
 
     def __call__(self, tensors: dict, **options):
         """Call with framework tensors (SPEC_ARGS keys) and keyword options."""

@@ -19,7 +19,9 @@ import pytest
 from mqa_bwd import backends, bench, capture, cli, fuzz
 
 ROOT = Path(__file__).resolve().parents[1]
-REAL_SUITE = ROOT / "tests" / "test_properties.py"
+REAL_SUITE = cli.DEFAULT_SUITE
+#: The stand-in suite brings its own plugin: the installed one (entry point "mqa_bwd") stays out.
+NO_PLUGIN = ("--", "-p", "no:mqa_bwd")
 
 STUB_CONFTEST = '''
 """Stand-in for the property harness's plugin: its options, its summary JSON and its failure files."""
@@ -178,7 +180,7 @@ def in_stub(stub, monkeypatch):
 
 def _real_suite_missing() -> str | None:
     if not REAL_SUITE.exists() or importlib.util.find_spec("properties.plugin") is None:
-        return "the property suite (tests/test_properties.py with properties/plugin.py, issue 4) has not landed"
+        return f"the property suite ({REAL_SUITE} with properties/plugin.py) is not installed"
     return None
 
 
@@ -188,8 +190,10 @@ def _real_suite_missing() -> str | None:
 
 
 @pytest.mark.parametrize("argv, phrases", [
-    ([], ["check", "repro", "fuzz", "bench", "Exit codes"]),
-    (["check"], ["'ci'", "property x verdict x cases x time", "tests/regressions", "mqa-bwd repro FILE"]),
+    ([], ["check", "repro", "fuzz", "bench", "promote", "Exit codes"]),
+    (["check"], ["'ci'", "property x verdict x cases x time", ".mqa-failures/", "mqa-bwd repro FILE",
+                  "mqa-bwd promote FILE"]),
+    (["promote"], ["regressions", "replays first", "<property>-<hash>.json"]),
     (["repro"], ["--runs", "capture", "--against", "bitwise", "first run and element", "oracle"]),
     (["fuzz"], ["CUDA_VISIBLE_DEVICES", "--minutes", "crash-*.safetensors", "mqa-bwd repro FILE"]),
     (["bench"], ["dsv32", "fleet", "--shape", "--sweep", "--plot", "det/atomic", "CUDA-event"]),
@@ -385,7 +389,7 @@ def test_failure_files_found_while_fuzzing_name_the_real_target(tmp_path):
 
 
 def test_check_on_the_model_holds_and_prints_the_table(in_stub, capsys):
-    code = cli.main(["check", "--backend", "model", "--tests", str(in_stub / "test_properties.py")])
+    code = cli.main(["check", "--backend", "model", "--tests", str(in_stub / "test_properties.py"), *NO_PLUGIN])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "HOLDS: 2 of 2 properties passed" in out
@@ -397,7 +401,7 @@ def test_check_on_the_model_holds_and_prints_the_table(in_stub, capsys):
 def test_check_fails_on_a_wrong_implementation_and_saves_a_replayable_case(in_stub, tmp_path, capsys):
     failures = tmp_path / "failures"
     code = cli.main(["check", "--backend", "model", "--impl", "stub_impls:wrong", "--failures-dir", str(failures),
-                     "--tests", str(in_stub / "test_properties.py")])
+                     "--tests", str(in_stub / "test_properties.py"), *NO_PLUGIN])
     out = capsys.readouterr().out
     assert code == 1, out
     assert "DOES NOT HOLD: 1 of 2 properties passed" in out and "REPRO:" in out and "dq: MISMATCH" in out
@@ -409,7 +413,7 @@ def test_check_fails_on_a_wrong_implementation_and_saves_a_replayable_case(in_st
 
 def test_fuzz_on_the_model_with_one_worker_runs_cases_and_finds_nothing(in_stub, tmp_path, capsys):
     code = cli.main(["fuzz", "--backend", "model", "--minutes", "0.1", "--workers", "1",
-                     "--failures-dir", str(tmp_path / "f"), "--tests", str(in_stub / "test_properties.py")])
+                     "--failures-dir", str(tmp_path / "f"), "--tests", str(in_stub / "test_properties.py"), *NO_PLUGIN])
     out = capsys.readouterr().out
     assert code == 0, out
     total = int(out.split("no failure: ")[1].split(" cases")[0])
@@ -421,7 +425,7 @@ def test_fuzz_keeps_the_case_of_a_crashed_worker_for_repro(in_stub, tmp_path, ca
     failures = tmp_path / "f"
     code = cli.main(["fuzz", "--impl", "stub_impls:crashy", "--backend", "model", "--heads", "3-3", "-k", "oracle",
                      "--minutes", "0.05", "--workers", "1", "--failures-dir", str(failures),
-                     "--tests", str(in_stub / "test_properties.py")])
+                     "--tests", str(in_stub / "test_properties.py"), *NO_PLUGIN])
     out = capsys.readouterr().out
     assert code == 1, out
     records = sorted(failures.glob("crash-gw*.safetensors"))
@@ -437,7 +441,7 @@ def test_fuzz_keeps_the_case_of_a_crashed_worker_for_repro(in_stub, tmp_path, ca
 
 
 # ---------------------------------------------------------------------------
-# The real property suite (issue 4), once it exists
+# The real property suite
 # ---------------------------------------------------------------------------
 
 

@@ -1,0 +1,175 @@
+"""Mutants of this project's implementation, one per known bug class, for the kill matrix.
+
+Each mutant is a function with the SPEC signature. It calls the wrapper's
+``backward`` with one of its named steps (``wrapper.Steps``) replaced, or
+wraps the public function; nothing in mqa_bwd is patched or edited. The
+suite must fail on every one, and say which property caught it
+(``properties.kills``; tests/test_mutants.py runs it):
+
+  no_head_padding          #1784: a head count below the group width goes to
+                           the kernel unpadded, so its 16-row tile reads and
+                           writes past the heads it was given
+  atomic_dkv               dKV by fp32 atomics (adds in arrival order)
+  pad_rows_uninitialised   the head-padding rows of q, out, dO, lse and the
+                           sink are allocated but never written
+  lse_natural_as_base2     the natural-log lse and sink go to the base-2
+                           kernel unconverted
+  lse_sink_exclusive       the sink-exclusive lse goes to the kernel, which
+                           expects the sink folded in
+  only_minus_one_invalid   only -1 is treated as an invalid index; S_kv and
+                           other out-of-range values address other rows
+  dtype_unchecked          no dtype validation: float32 / float16 tensors run
+  pad_dq_unsliced          the pad heads' dq rows are returned with the rest
+  outputs_reused           (a check of the harness) output buffers kept from
+                           the last call, rows with no valid slot not
+                           rewritten: only the NaN poisoning between reruns
+                           can tell it from ours
+
+A tool, above the implementation and the harness: it uses the wrapper's
+seams and the harness's Mutant record.
+"""
+
+import dataclasses
+
+import torch
+
+from properties.case import Case
+from properties.kills import Mutant
+
+from . import edge, wrapper
+from .contract import GPU_BACKENDS
+from .kernels import LOG2E
+
+
+def _with_steps(**replaced):
+    def call(*args, **kwargs):
+        return wrapper.backward(*args, steps=dataclasses.replace(wrapper.STEPS, **replaced), **kwargs)
+
+    return call
+
+
+def _no_head_padding_validate(*args, **kwargs):
+    return dataclasses.replace(wrapper.STEPS.validate(*args, **kwargs), pad_heads=False)
+
+
+def _pad_heads_unfilled(x, padded, value, launcher):
+    H = x.shape[1]
+    if H == padded:
+        return x.contiguous()
+    y = launcher.empty((x.shape[0], padded) + tuple(x.shape[2:]), x.dtype)
+    y[:, :H] = x  # the pad rows keep whatever the allocation held
+    return y
+
+
+def _lse_natural(lse, sink):
+    # The log2(e) factor forgotten: the natural-log values reach the base-2 kernel.
+    lse2, sink2 = wrapper.STEPS.kernel_lse(lse, sink)
+    return lse2 / LOG2E, sink2 / LOG2E
+
+
+def _lse_without_sink(lse, sink):
+    # lse handed over sink-exclusive (logaddexp with -inf is lse exactly); the sink itself as usual.
+    lse2 = wrapper.STEPS.kernel_lse(lse, torch.full_like(sink, float("-inf")))[0]
+    return lse2, wrapper.STEPS.kernel_lse(lse, sink)[1]
+
+
+def _minus_one_only_slots(token_indices, p):
+    idx = token_indices.to(torch.int64)
+    base = (torch.arange(p.B, device=idx.device, dtype=torch.int64) * p.S_kv).view(p.B, 1, 1)
+    g = torch.where(idx != -1, idx + base, torch.full_like(idx, -1)).reshape(p.rows, p.L)
+    if p.padded_slots != p.L:
+        g = torch.nn.functional.pad(g, (0, p.padded_slots - p.L), value=-1)
+    return g.to(torch.int32).contiguous()
+
+
+no_head_padding = _with_steps(validate=_no_head_padding_validate)
+pad_rows_uninitialised = _with_steps(pad_heads=_pad_heads_unfilled)
+lse_natural_as_base2 = _with_steps(kernel_lse=_lse_natural)
+lse_sink_exclusive = _with_steps(kernel_lse=_lse_without_sink)
+only_minus_one_invalid = _with_steps(global_slots=_minus_one_only_slots)
+dtype_unchecked = _with_steps(require_dtype=lambda name, t, dtype: None)
+
+
+def atomic_dkv(*args, backend=None, **kwargs):
+    """Our wrapper on the atomic control of the same backend."""
+    atomic = "tilelang-atomic" if backend in GPU_BACKENDS else "model-atomic"
+    return wrapper.mqa_latent_sparse_bwd(*args, backend=atomic, **kwargs)
+
+
+def pad_dq_unsliced(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, *, block_h=None, **kwargs):
+    """Pads the heads to the group width itself (as the wrapper does) and returns dq unsliced."""
+    ours = wrapper.mqa_latent_sparse_bwd
+    framework = edge.framework_of(query)
+    if framework not in ("torch", "paddle") or len(query.shape) != 4:
+        return ours(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h=block_h, **kwargs)
+    H = query.shape[2]
+    width = block_h or (32 if H % 32 == 0 else 16)
+    extra = -H % width
+    t = {n: edge.to_torch(x, n) for n, x in (("query", query), ("out", out), ("grad_out", grad_out), ("lse", lse))}
+
+    def pad(x, value=0.0):
+        shape = list(x.shape)
+        shape[2] = extra
+        return torch.cat([x, torch.full(shape, value, dtype=x.dtype, device=x.device)], dim=2)
+
+    sink = None if attn_sink is None else edge.to_torch(attn_sink, "attn_sink")
+    if extra:
+        t = {n: pad(x) for n, x in t.items()}
+        if sink is not None:
+            sink = torch.cat([sink, torch.full((extra,), wrapper.PAD_SINK, dtype=sink.dtype, device=sink.device)])
+    dq, dkv, dsink = ours(t["query"], edge.to_torch(kv, "kv"), t["out"], t["grad_out"], t["lse"], sink,
+                          edge.to_torch(token_indices, "token_indices"), sm_scale, block_h=width, **kwargs)
+    return tuple(edge.from_torch(x, framework) for x in (dq, dkv, dsink[:H]))
+
+
+_persistent_outputs = {}
+
+
+def outputs_reused(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, **kwargs):
+    """Writes into output buffers kept from the previous call of the same shapes, skipping the dq
+    rows of query rows with no valid slot (it assumes those rows are still zero from last time)."""
+    dq, dkv, dsink = wrapper.mqa_latent_sparse_bwd(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale,
+                                                   **kwargs)
+    framework = edge.framework_of(dq)
+    dq_t, dkv_t, dsink_t = (edge.to_torch(x, n) for n, x in zip(("dq", "dkv", "d_attn_sink"), (dq, dkv, dsink)))
+    idx = edge.to_torch(token_indices, "token_indices").to(torch.int64)
+    S_kv = edge.to_torch(kv, "kv").shape[1]
+    has_valid = ((idx >= 0) & (idx < S_kv)).any(dim=2)  # [B, S]
+    key = (framework, tuple(dq_t.shape), tuple(dkv_t.shape), tuple(dsink_t.shape), str(dq_t.device))
+    if key not in _persistent_outputs:
+        _persistent_outputs[key] = tuple(torch.zeros_like(t) for t in (dq_t, dkv_t, dsink_t))
+    keep_dq, keep_dkv, keep_dsink = _persistent_outputs[key]
+    keep_dq[has_valid] = dq_t[has_valid]
+    keep_dkv.copy_(dkv_t)
+    keep_dsink.copy_(dsink_t)
+    return tuple(edge.from_torch(t, framework) for t in (keep_dq, keep_dkv, keep_dsink))
+
+
+#: H a multiple of both group widths: no head padding happens.
+_BENIGN = Case(B=1, S=3, S_kv=9, H=32, L=5, d_k=32, d_v=16, sink="random", seed=5)
+
+
+MUTANTS = {
+    m.name: m
+    for m in (
+        Mutant("no_head_padding", no_head_padding, "#1784: no head padding below the tile", "memory_safety", _BENIGN),
+        Mutant("atomic_dkv", atomic_dkv, "dKV by fp32 atomics", "determinism",
+               # one query row, one slot: every kv row gets at most one addition, in any order
+               _BENIGN.replace(S=1, L=1)),
+        Mutant("pad_rows_uninitialised", pad_rows_uninitialised, "pad rows left uninitialised instead of zeroed",
+               "pad_heads_inert", _BENIGN),
+        Mutant("lse_natural_as_base2", lse_natural_as_base2, "lse convention: natural log taken as base 2",
+               "agreement", _BENIGN.replace(invalid=("minus_one",), hole_rate=1.0)),  # no valid slot: lse = -inf
+        Mutant("lse_sink_exclusive", lse_sink_exclusive, "lse convention: sink-exclusive taken as sink-inclusive",
+               "agreement", _BENIGN.replace(sink="none")),
+        Mutant("only_minus_one_invalid", only_minus_one_invalid, "only -1 treated as invalid", "agreement",
+               _BENIGN.replace(B=2, invalid=("minus_one",), hole_rate=0.3)),
+        Mutant("dtype_unchecked", dtype_unchecked, "dtype not checked", "rejection", _BENIGN),
+        Mutant("pad_dq_unsliced", pad_dq_unsliced, "pad heads' dq not sliced", "output_contract", _BENIGN),
+        # Not in the issue's list: it checks the harness itself. Only the NaN poisoning between
+        # reruns can tell this mutant from ours: unpoisoned, its stale rows are the right zeros.
+        Mutant("outputs_reused", outputs_reused, "outputs kept between calls, rows without a valid slot not rewritten",
+               "determinism", _BENIGN),
+    )
+}
+MUTANTS = {name: dataclasses.replace(m, spec=f"mqa_bwd.mutants:{name}") for name, m in MUTANTS.items()}
