@@ -21,6 +21,7 @@ import numpy as np
 
 import oracle
 from mqa_bwd import edge
+from mqa_bwd import contract
 from mqa_bwd.contract import SPEC_ARGS
 
 INT32_MIN = -(2**31)
@@ -37,7 +38,7 @@ PATTERNS = ("random", "causal")
 SINKS = ("none", "neg_inf", "neg_1e30", "random", "large")
 FRAMEWORKS = ("torch", "paddle")
 #: The head-group widths SPEC.md allows; None lets the implementation pick.
-BLOCK_H_CHOICES = (None, 16, 32)
+BLOCK_H_CHOICES = (None,) + contract.BLOCK_H_CHOICES  # None: the implementation's default
 #: The kernel's slot block (mqa_bwd.kernels.BLOCK_SLOTS): L is padded to it.
 SLOT_BLOCK = 32
 
