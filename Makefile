@@ -11,7 +11,7 @@ TORCH_CPU := torch==2.13.0+cpu
 TORCH_CPU_INDEX ?=
 PYTEST_ARGS ?=
 
-.PHONY: check test venv clean
+.PHONY: check test wheel-test venv clean
 
 venv: $(STAMP)
 
@@ -34,6 +34,11 @@ check: $(STAMP)
 
 test: $(STAMP)
 	CUDA_HOME=$${CUDA_HOME:-/usr/local/cuda} $(BIN)/python -m pytest -n 2 $(PYTEST_ARGS)
+
+# The wheel built from this checkout, installed into a fresh virtualenv, runs the gate from an empty
+# directory (tests/test_wheel.py): what a user who pip-installs the project gets.
+wheel-test: $(STAMP)
+	CUDA_HOME=$${CUDA_HOME:-/usr/local/cuda} MQA_TORCH_SPEC="$(TORCH_CPU)" $(BIN)/python -m pytest -m wheel tests/test_wheel.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis

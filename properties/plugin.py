@@ -7,7 +7,7 @@ package is installed.
 Options (``pytest --help``, group "mqa-bwd properties"):
 
   --impl module:function   the implementation under test (default: ours)
-  --backend NAME           passed as backend= (default: mqa_bwd.default_backend())
+  --backend NAME           passed as backend= (default: the implementation's default_backend())
   --repeats N              determinism: calls per example (default 20)
   --heads LO-HI            restrict the head counts the strategies draw
   --mqa-profile NAME       Hypothesis profile: ci, dev, fuzz, repro ($MQA_PROFILE)
@@ -62,6 +62,7 @@ MARKERS = (
     "determinism: bitwise run-to-run reproducibility",
     "paddle: needs paddlepaddle",
     "experiments: variants kept only to time against (experiments/); not in the default run",
+    "wheel: builds the wheel and runs the gate from a fresh virtualenv (.ci/run); not in the default run",
 )
 DEFAULT_REPEATS = 20
 
@@ -227,7 +228,7 @@ def pytest_addoption(parser):
     group.addoption("--impl", default=None, metavar="MODULE:FUNCTION",
                     help=f"implementation under test, any function with the SPEC signature (default: {OURS})")
     group.addoption("--backend", default=None, metavar="NAME",
-                    help="passed as backend= to the implementation (default: mqa_bwd.default_backend())")
+                    help="passed as backend= to the implementation (default: its default_backend(), if it has one)")
     group.addoption("--repeats", type=int, default=DEFAULT_REPEATS, metavar="N",
                     help=f"determinism: calls per example, compared bitwise (default {DEFAULT_REPEATS})")
     group.addoption("--heads", default=None, metavar="LO-HI", help="restrict the head counts the strategies draw")

@@ -98,8 +98,7 @@ from hypothesis import given, strategies as st
 from conftest import CASES, save_failure
 from properties.case import Case, expected, to_framework
 from properties.compare import compare
-
-ARGS = ("query", "kv", "out", "grad_out", "lse", "attn_sink", "token_indices", "sm_scale")
+from mqa_bwd.contract import SPEC_ARGS as ARGS
 
 
 def cases(options):
