@@ -32,6 +32,8 @@ Modules, by what they build
                        dynamic_shared_bytes, precompile
 """
 
+from .config import _tl  # noqa: F401  (the benchmarks build probes with it)
+from .device_functions import GATHER_SOURCE  # noqa: F401
 from .config import (ACCUMULATE, BLOCK_SLOTS, CLUSTER_SIZES, GPU_WIDTHS, LOG2E, MASS_LIMIT, TILE_HEADS, WIDE_HEADS,
                      KernelConfig, MainConfig, gpu_configs, main_config, main_launches, main_tile_heads, next_power_of_2)
 from .plan import MARK_THREADS, MAX_SLOTS_PER_ROW, PLAN_SLOTS, PLAN_THREADS

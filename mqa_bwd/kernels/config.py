@@ -91,9 +91,6 @@ class MainConfig:
         _require("cluster", self.cluster in CLUSTER_SIZES, self.cluster, f"one of {CLUSTER_SIZES}")
         _require("cluster", self.cluster == 1 or (self.accumulate == "fixed" and self.heads == 16), self.cluster,
                  "a cluster of 2 is built for 16-head groups of the fixed accumulation; two 32-head groups run as one wide tile")
-        if self.accumulate == "fixed":
-            _require("d_v", self.d_v % 32 == 0 and (self.d_k - self.d_v) % 32 == 0, self.d_v,
-                     f"fixed accumulation needs Dv and Dk - Dv multiples of 32 (Dk={self.d_k})")
 
     @property
     def wide(self) -> bool:

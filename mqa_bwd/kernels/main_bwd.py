@@ -115,6 +115,8 @@ def main_bwd_program(config: MainConfig):
         split -= 1
     DKV_SPLIT = split
     Dc = Cc // DKV_SPLIT
+    if mode == "fixed" and (Dv % 32 or (Dk - Dv) % 32):
+        raise ValueError(f"fixed mode needs Dv and Dk - Dv multiples of 32, got Dk={Dk}, Dv={Dv}")
     f32, bf16, i32 = "float32", "bfloat16", "int32"
     dkv_shape = (NKV, Dk)
     # The single-group and cluster tiles issue the global adds of slot block t
