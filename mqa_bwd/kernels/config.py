@@ -21,6 +21,12 @@ GPU_WIDTHS = ((576, 512), (512, 512))
 # The softmax mass sum_j P of a head is at most 1 with the forward's lse; the
 # fixed-point range proof (mqa_bwd.fixed_point) allows up to this.
 MASS_LIMIT = 1.0 + 2.0**-6
+#: The fixed-point range proof's constants (mqa_bwd.fixed_point says why), which
+#: the plan kernels compile in: every partial sum of a kv row's column stays at or
+#: below 2**(PARTIAL_SUM_BITS + 1); 2**k must be a normal float32 in the kernel,
+#: and 2**-k in the final division.
+PARTIAL_SUM_BITS = 61
+FP32_MAX_EXPONENT = 126
 
 #: How a main_bwd CTA adds its dKV contributions: "fixed" (int64 fixed-point
 #: red.global.add.u64, deterministic: integer adds commute) or "atomic" (fp32

@@ -206,8 +206,8 @@ def main_bwd_program(config: MainConfig):
             # nearest even. In a cluster, the CTA adds its column share, whose
             # sum over the cluster's heads its dKV GEMMs formed. (Lanes that
             # add 2 or 4 consecutive columns each, from one vector shared
-            # load, measured 19 % and 78 % slower at dsv32 H=64 on the H200:
-            # a warp's red.u64 then touches 2x or 4x the 32-byte L2 sectors.)
+            # load, were slower: a warp's red.u64 then touches 2x or 4x the
+            # 32-byte L2 sectors.)
             for s_i in T.serial(piece // n_warps):
                 j = k * piece + warp + s_i * n_warps
                 kv_row[0] = slots[j]
@@ -324,9 +324,9 @@ def main_bwd_program(config: MainConfig):
             # Thread j < BS holds slot j's global loads in flight in registers,
             # so that no warp waits on their latency at a barrier: the next
             # block's index (stored before the gather) and, fixed mode, this
-            # block's row scale (stored for its deferred adds). On the H200 the
-            # barriers behind these loads, read into shared memory at the top of
-            # each block, held 10 % of the stall samples at dsv32 H=64 (ncu).
+            # block's row scale (stored for its deferred adds). Read into shared
+            # memory at the top of each block, the barriers behind these loads
+            # held a share of the stalls (ncu).
             idx_next = T.alloc_local((1,), i32)
             if cluster > 1:
                 # mbarriers: 0 full (every peer's block is in the inbox), 1 empty
@@ -419,10 +419,9 @@ def main_bwd_program(config: MainConfig):
 
                 # The KV gather of slot block t + 1 is issued asynchronously
                 # right after block t's last read of KV_s (the dQ GEMM), so it
-                # lands while the dKV GEMMs and adds run (on the H200, 14 %
-                # (fixed) and 18 % (atomic) faster than gathering each block
-                # at its top, commit 679c2e6). Invalid slots are never read:
-                # their rows of KV_s are zero.
+                # lands while the dKV GEMMs and adds run rather than at the
+                # top of each block (commit 679c2e6). Invalid slots are never
+                # read: their rows of KV_s are zero.
                 T.import_source(device_source)
                 for j in T.Parallel(BS):
                     slot_next[j] = Indices[r, j]

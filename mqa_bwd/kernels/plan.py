@@ -1,6 +1,6 @@
 """The fixed-point plan's kernels: the slot marks and the three plan stages."""
 
-from .config import _tl
+from .config import FP32_MAX_EXPONENT, PARTIAL_SUM_BITS, _tl
 
 
 #: mark_slots' threads a CTA; its grid runs one CTA per query row and chunk of
@@ -19,8 +19,7 @@ def mark_slots_program(threads: int = MARK_THREADS):
     One thread per slot (grid R x ceil(Lp / threads)), so that every slot's
     two dependent loads (its index, then its kv row's mark) are in flight at
     once: a thread that looped over its row's slots waited on each pair in
-    turn: 0.119 ms against 0.166 at dsv32 H=64 on the H200
-    (benchmarks/call_trace.py). A kv row already marked is not stored again
+    turn (docs/performance-log.md). A kv row already marked is not stored again
     (stores to one address from many threads serialize); LiveRow[r] is
     stored by every thread with a valid slot, one transaction per warp.
     """
@@ -48,11 +47,8 @@ def mark_slots_program(threads: int = MARK_THREADS):
 # The fixed-point plan (mqa_bwd.fixed_point's _plan_small) as three launches,
 # the same float64 operations in the same order (the __d*_rn intrinsics keep
 # nvcc from contracting a product and a sum into an FMA), so the same bits
-# (NaN payloads aside). On the H200 the call took 0.14-0.30 ms less than with
-# the torch ops, some 80 kernels replayed as a CUDA graph with their inputs
-# copied in and outputs out (two runs of benchmarks/package_ab.py: dsv32 H=64
-# 16.14 and 16.18 against 16.36 ms, H=128 32.16 and 31.63 against 32.30 and
-# 31.93, fleet 11.44 and 11.07 against 11.65 and 11.32).
+# (NaN payloads aside), in place of the torch ops: some 80 kernels replayed
+# as a CUDA graph with their inputs copied in and outputs out.
 # Per batch element, its maxima and the live-term count go through PlanPeaks
 # [B, PLAN_SLOTS] as 64-bit integers: non-negative doubles order as their
 # bits do, and a NaN of either sign lies above inf, so an unsigned max of the
@@ -195,13 +191,11 @@ def plan_program(stage: str, threads: int = PLAN_THREADS):
     each row's value part. PlanPeaks [B, PLAN_SLOTS] int64 is zeroed by the
     caller. Grid (ceil(max(S * H, S_kv) / threads), B).
     """
-    from mqa_bwd import fixed_point as F  # the plan's constants; absolute: kernel_ab loads copies of this file alone
-
     tilelang, T = _tl()
     R, HQ, NKV, B = T.dynamic("R"), T.dynamic("HQ"), T.dynamic("NKV"), T.dynamic("B")
     i32, i64, f32, bf16 = "int32", "int64", "float32", "bfloat16"
     source = PLAN_SOURCE % dict(slots=PLAN_SLOTS, A=PLAN_A, B=PLAN_B, LIVE=PLAN_LIVE, DO=PLAN_DO, MV=PLAN_MV, DS=PLAN_DS,
-                                BOUND=PLAN_BOUND, fp32_max=F.FP32_MAX_EXPONENT, sum_bits=F.PARTIAL_SUM_BITS)
+                                BOUND=PLAN_BOUND, fp32_max=FP32_MAX_EXPONENT, sum_bits=PARTIAL_SUM_BITS)
     if stage == "terms":
         @T.prim_func
         def plan_terms(PeakQ: T.Tensor((R, HQ), i32), PeakDO: T.Tensor((R, HQ), i32), Delta: T.Tensor((R, HQ), f32),

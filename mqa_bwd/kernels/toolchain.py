@@ -156,15 +156,3 @@ def precompile(configs, workers: int = 1):
     ctx = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
         return dict(pool.map(_compile_source, configs))
-
-
-if __name__ == "__main__":
-    import argparse
-    import time
-
-    parser = argparse.ArgumentParser(description="Compile every kernel configuration for sm_90a (fills the cache).")
-    parser.add_argument("--workers", type=int, default=4)
-    args = parser.parse_args()
-    start = time.time()
-    sources = precompile(gpu_configs(), args.workers)
-    print(f"compiled {len(sources)} kernels in {time.time() - start:.1f} s")
