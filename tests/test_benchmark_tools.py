@@ -34,7 +34,7 @@ def test_cuda_probe_builds(name, tmp_path):
 
 @pytest.mark.parametrize("name", ["nvcc", "compute-sanitizer"])
 def test_cuda_tools_prefer_cuda_home_then_path(name, tmp_path, monkeypatch):
-    # Every compile (kernels._nvcc_source, bench.build_cuda_program) and every
+    # Every compile (kernels.toolchain._nvcc_source, bench.build_cuda_program) and every
     # skip test asks kernels.nvcc_path, so they agree on whether nvcc exists;
     # compute-sanitizer is looked up the same way, so both come from one
     # toolkit where CUDA_HOME and PATH name different ones.

@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("tilelang")
 
 from mqa_bwd import kernels as K  # noqa: E402
+from mqa_bwd.kernels import main_bwd as MB  # noqa: E402
 
 pytestmark = pytest.mark.skipif(K.nvcc_path() is None, reason="needs nvcc (CUDA_HOME=/usr/local/cuda) to compile for sm_90a")
 
@@ -162,12 +163,12 @@ def test_split_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
     assert source[end:source.index(WARPGROUP_1, end)].strip() == "", f"{_id(config)}: code between the branches"
     # The loop's top barrier keeps block t + 1's handoffs behind every thread's of block t.
     assert "__syncthreads();" in source[loop:branches], f"{_id(config)}: no barrier of all threads before the branches"
-    cta = str(2 * K.WARPGROUP)
+    cta = str(2 * MB.WARPGROUP)
     own_barriers = []
     for name, body in (("warpgroup 0", first), ("warpgroup 1", second)):
         assert "wgmma_ss" in body and "wait_wgmma" in body, f"{_id(config)}: {name} has no GEMM of its own"
         assert "__syncthreads" not in body, f"{_id(config)}: __syncthreads inside {name}'s branch"
-        wide = [m for m in NAMED_BARRIER.findall(body) if m[2] != str(K.WARPGROUP)] + re.findall(r"NamedBarrier<(?!128>)\d+>", body)
+        wide = [m for m in NAMED_BARRIER.findall(body) if m[2] != str(MB.WARPGROUP)] + re.findall(r"NamedBarrier<(?!128>)\d+>", body)
         assert not wide, f"{_id(config)}: barriers of more than one warpgroup inside {name}'s branch: {wide}"
         own_barriers.append({m[1] for m in NAMED_BARRIER.findall(body)})
     # A warpgroup's own barriers (TileLang's stmatrix syncs) cannot hold the
@@ -180,7 +181,7 @@ def test_split_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
     # overwrite what its slow ones have yet to add); a wait on any parity but
     # the block's (one phase a block) passes at once, a race.
     (bars, arrivals_0, arrivals_1), = HANDOFF_INIT.findall(source)
-    staging, p_written = K.HANDOFF_STAGING_READ, K.HANDOFF_P_WRITTEN
+    staging, p_written = MB.HANDOFF_STAGING_READ, MB.HANDOFF_P_WRITTEN
     expected = ([("arrive", staging, ""), ("wait", staging, "(t & 1)"), ("arrive", p_written, "")],
                 [("arrive", staging, ""), ("wait", p_written, "(t & 1)")])
     sides = []
@@ -204,7 +205,7 @@ def test_split_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
         assert at and all(after < i < before for i in at), f"{_id(config)}: {what} are not between their handoffs ({at})"
     # The mbarriers are set up once, by one thread, before the slot loop (a
     # __syncthreads publishes them), for all threads' arrivals and warpgroup 0's.
-    assert (arrivals_0, arrivals_1) == (cta, str(K.WARPGROUP)), f"{_id(config)}: arrival counts {arrivals_0}, {arrivals_1}"
+    assert (arrivals_0, arrivals_1) == (cta, str(MB.WARPGROUP)), f"{_id(config)}: arrival counts {arrivals_0}, {arrivals_1}"
     init = source.index(HANDOFF_INIT.search(source).group(0))
     assert source.rindex("if (((int)threadIdx.x) == 0)", 0, init) > source.rfind("}", 0, init), \
         f"{_id(config)}: the mbarriers are not set up by one thread"

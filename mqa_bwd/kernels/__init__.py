@@ -36,6 +36,9 @@ from .config import _tl  # noqa: F401  (the benchmarks build probes with it)
 from .device_functions import GATHER_SOURCE  # noqa: F401
 from .config import (ACCUMULATE, BLOCK_SLOTS, CLUSTER_SIZES, GPU_WIDTHS, LOG2E, MASS_LIMIT, TILE_HEADS, WIDE_HEADS,
                      KernelConfig, MainConfig, gpu_configs, main_config, main_launches, main_tile_heads, next_power_of_2)
-from .plan import MARK_THREADS, MAX_SLOTS_PER_ROW, PLAN_SLOTS, PLAN_THREADS
+from .delta import delta_program
+from .main_bwd import main_bwd_program
+from .plan import MARK_THREADS, MAX_SLOTS_PER_ROW, PLAN_SLOTS, PLAN_THREADS, mark_slots_program, plan_program
+from .reductions import cast_bf16_program, dsink_reduce_program, fixed_to_bf16_program
 from .toolchain import (SM90A, compile_program, compiled, cuda_tool, dynamic_shared_bytes, nvcc_path, precompile,
                         program_of, ptx_of, ptxas_info, ptxas_info_of_source, require_nvcc)
