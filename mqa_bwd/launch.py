@@ -33,6 +33,11 @@ class Launcher:
     #: The injected instruments (None: allocate with torch, count nothing).
     instruments: Instruments | None = None
 
+    def __init__(self, instruments: Instruments | None = None):
+        if instruments is not None and not isinstance(instruments, Instruments):
+            raise ValueError(f"instruments: expected a mqa_bwd.Instruments or None, got {type(instruments).__name__}")
+        self.instruments = instruments
+
     def _count(self, what: str) -> None:
         if self.instruments is not None:
             self.instruments.count(what)
@@ -106,10 +111,10 @@ class TileLangLauncher(Launcher):
     name = "tilelang"
 
     def __init__(self, deterministic: bool = True, device=None, instruments: Instruments | None = None):
+        super().__init__(instruments)
         self.deterministic = deterministic
         self.name = "tilelang" if deterministic else "tilelang-atomic"
         self.device = torch.device(device if device is not None else "cuda")
-        self.instruments = instruments
 
     def check_widths(self, d_k, d_v):
         if (d_k, d_v) not in K.GPU_WIDTHS:

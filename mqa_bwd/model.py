@@ -86,8 +86,8 @@ class ModelLauncher(Launcher):
     rows_per_step = 64
 
     def __init__(self, deterministic: bool = True, instruments=None):
+        super().__init__(instruments)
         self.deterministic = deterministic
-        self.instruments = instruments
         self.name = "model" if deterministic else "model-atomic"
         self.device = torch.device("cpu")
 
