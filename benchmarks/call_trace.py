@@ -2,8 +2,7 @@
 
     python benchmarks/call_trace.py [--H 64] [--S 4096] [--S_kv 8192] [--L 2048] [--calls 3]
 
-profile_stages.py times our kernels and lumps the rest into "other"; this
-lists each kernel by name (torch's elementwise ops, copies and reductions of
+It lists each kernel by name (torch's elementwise ops, copies and reductions of
 the layout and the fixed-point plan too), for the deterministic default and
 the atomic control: GPU ms per call and launches per call. It is how the
 plan's separate reductions of |q| and |dO| (0.26 ms at dsv32 H=64) were found.

@@ -1,6 +1,6 @@
 """Where one main_bwd launch stalls, per SASS instruction (ncu source counters).
 
-    python benchmarks/ncu_stalls.py profile --design fixed --H 64 [--max-cluster 1] --out DIR   # GPU, ncu
+    python benchmarks/ncu_stalls.py profile --design fixed --H 64 --out DIR   # GPU, ncu
     python benchmarks/ncu_stalls.py summarize DIR/sass.csv [--top 25]                          # anywhere
 
 ``profile`` runs ``benchmarks/one_call.py`` under ``ncu --clock-control none``
@@ -152,28 +152,26 @@ def print_summary(s: dict, top_opcodes: int = 15) -> None:
         print(f"{i:5d} {share:6.2f}%  {sass[:60]:<60} " + ", ".join(f"{name(k)} {v:.2f}" for k, v in main))
 
 
-def main_launches_per_call(H: int, design: str, max_cluster: int) -> int:
-    """main_bwd launches of one call: one per head group, per cluster of groups (fixed), or per
-    pair of groups that runs as one wide CTA (either design, kernels.runs_wide)."""
+def main_launches_per_call(H: int, design: str) -> int:
+    """main_bwd launches of one call (kernels.main_launches: one per head group, or per
+    pair of groups that runs as one launch)."""
     from mqa_bwd import kernels
 
     block_h = 32 if H % 32 == 0 else 16  # the wrapper's default width (SPEC)
     groups = -(-H // block_h)
-    if design == "fixed":
-        return len(kernels.cluster_launches(groups, max_cluster))
-    return len(kernels.cluster_launches(groups, mode=design, heads=block_h))
+    return len(kernels.main_launches(groups, block_h, 576, 512, design == "fixed"))
 
 
 def profile(a) -> None:
     os.makedirs(a.out, exist_ok=True)
     report = os.path.join(a.out, "report")
-    skip = (a.calls - 1) * main_launches_per_call(a.H, a.design, a.max_cluster)
+    skip = (a.calls - 1) * main_launches_per_call(a.H, a.design)
     command = ["ncu", "--clock-control", "none", "-k", "regex:main_bwd", "--launch-skip", str(skip), "-c", "1", "-f",
                "-o", report]
     for section in SECTIONS:
         command += ["--section", section]
     command += [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "one_call.py"),
-                "--design", a.design, "--H", str(a.H), "--calls", str(a.calls), "--max-cluster", str(a.max_cluster)]
+                "--design", a.design, "--H", str(a.H), "--calls", str(a.calls)]
     for key in ("B", "S", "S_kv", "L"):
         command += [f"--{key}", str(getattr(a, key))]
     subprocess.run(command, check=True)
@@ -201,8 +199,7 @@ def main():
     p = sub.add_parser("profile", help="run ncu on one main_bwd launch (GPU)")
     p.add_argument("--design", choices=("fixed", "atomic"), default="fixed")
     add_shape_arguments(p, repeats=None)
-    for key, default in (("calls", 3), ("max-cluster", 2)):
-        p.add_argument(f"--{key}", type=int, default=default)
+    p.add_argument("--calls", type=int, default=3)
     p.add_argument("--out", required=True)
     p.add_argument("--top", type=int, default=25)
     s = sub.add_parser("summarize", help="the tables of an exported per-instruction CSV")

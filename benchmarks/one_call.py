@@ -11,26 +11,24 @@ import argparse
 
 import torch
 
-from mqa_bwd import kernels, launch, wrapper
+from mqa_bwd import launch, wrapper
 from mqa_bwd.bench import add_shape_arguments, production_inputs
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--design", choices=wrapper.DKV_DESIGNS + ("atomic",), default=wrapper.DEFAULT_DKV_DESIGN)
+    parser.add_argument("--design", choices=("fixed", "atomic"), default="fixed",
+                        help="fixed: the deterministic default; atomic: the control")
     add_shape_arguments(parser, repeats=None)
     parser.add_argument("--calls", type=int, default=2)
-    parser.add_argument("--max-cluster", type=int, default=kernels.MAX_CLUSTER,
-                        help="largest cluster of head groups of the fixed design (1: one launch per group)")
     a = parser.parse_args()
-    kernels.MAX_CLUSTER = a.max_cluster
     args = production_inputs(a.B, a.S, a.S_kv, a.H, a.L)
     deterministic = a.design != "atomic"
     launcher = launch.TileLangLauncher(deterministic=deterministic)
     for _ in range(a.calls):
-        wrapper.backward_with(launcher, *args, dkv_design=a.design if deterministic else None)
+        wrapper.backward_with(launcher, *args)
     torch.cuda.synchronize()
-    print(f"{a.calls} calls of design {a.design} at B={a.B} S={a.S} S_kv={a.S_kv} H={a.H} L={a.L}, clusters <= {a.max_cluster}")
+    print(f"{a.calls} calls of design {a.design} at B={a.B} S={a.S} S_kv={a.S_kv} H={a.H} L={a.L}")
 
 
 if __name__ == "__main__":

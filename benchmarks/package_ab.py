@@ -1,6 +1,8 @@
 """This tree's whole package against another version of it: wrapper, launcher,
-plan and kernels together (GPU only). kernel_ab.py swaps kernels.py alone; a
-change to the host side (what runs around the main kernel) needs this.
+plan and kernels together (GPU only): the one way to time against another
+revision (no tool swaps modules or rewrites kernel source). Two variants of
+this tree's kernels are two configurations (mqa_bwd.kernels.MainConfig), not
+two revisions.
 
     git archive <commit> mqa_bwd | tar -x -C /tmp/other     # where git is (not on the device)
     python benchmarks/package_ab.py --against /tmp/other/mqa_bwd [--shapes dsv32,fleet] [--repeats 12]

@@ -2,7 +2,7 @@
 
     python benchmarks/racecheck_handoff.py
 
-The split wide tile (kernels.WIDE_SPLIT) hands P from one warpgroup to the
+The split wide tile (kernels.main_bwd, the 64-head tile) hands P from one warpgroup to the
 other through shared memory. Built first under named barriers (the
 producer's bar.arrive, the consumer's bar.sync), racecheck reported the
 handoffs as hazards, while synccheck passed and the outputs had the same

@@ -35,7 +35,9 @@ def default_backend(device: torch.device | None = None) -> str:
     return "model"
 
 
-def get_launcher(backend, device: torch.device | None = None):
+def get_launcher(backend, device: torch.device | None = None, instruments=None):
+    """The launcher of ``backend`` (None: default_backend(device)), with ``instruments``
+    (mqa_bwd.contract.Instruments or None) injected."""
     from .launch import TileLangLauncher
     from .model import ModelLauncher
 
@@ -44,9 +46,9 @@ def get_launcher(backend, device: torch.device | None = None):
     if backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS} or None, got {backend!r}")
     if backend.startswith("model"):
-        return ModelLauncher(deterministic=backend == "model")
+        return ModelLauncher(deterministic=backend == "model", instruments=instruments)
     if not hopper_available():
         raise ValueError(f"backend: {backend!r} needs a Hopper GPU (sm_90) and tilelang: {_hopper_missing()}")
     # CPU tensors are not the kernels' device: validation then names them.
     cuda = device if device is not None and device.type == "cuda" else None
-    return TileLangLauncher(deterministic=backend == "tilelang", device=cuda)
+    return TileLangLauncher(deterministic=backend == "tilelang", device=cuda, instruments=instruments)

@@ -10,8 +10,7 @@ What is measured, and why it is fair:
   training step pays it: CUDA events around it, median of the repeats.
 * TFLOP/s by SPEC.md's count per query row: 2 * (H*Dv*L + 3*H*Dk*L + H*Dv*L).
 * Peak scratch: the most memory allocated during one call beyond the inputs
-  and the three outputs (the per-slot or per-shard dKV buffers, fp32 dKV,
-  padded copies).
+  and the three outputs (the int64 or fp32 dKV accumulator, padded copies).
 * The outputs of the two backends are compared once (relative L2 per output):
   a fast variant that skips work shows up as a disagreement, not as a speed-up.
 
@@ -166,16 +165,16 @@ def _event_time(fn) -> float:
     return start.elapsed_time(end)
 
 
-def prepared_wrapper_call(args, launcher, design=None):
+def prepared_wrapper_call(args, launcher):
     """One whole wrapper call on ``args`` (production_inputs' tuple) with ``launcher``, as
     a no-argument callable returning (dq, dkv, d_attn_sink); validated here, once, so
-    that timing the callable leaves validation out. ``design`` forces the deterministic
-    dKV design (wrapper.DKV_DESIGNS; None: the wrapper's default)."""
+    that timing the callable leaves validation out. An A/B of two launchers (or of two
+    packages, benchmarks/package_ab.py) passes each its own launcher."""
     import functools
 
     from . import wrapper
 
-    plan = wrapper.validate(*args, None, None, launcher, dkv_design=design)
+    plan = wrapper.validate(*args, None, None, launcher)
     return functools.partial(wrapper.run, plan, *args, launcher)
 
 
@@ -192,18 +191,6 @@ def same_bits(outputs, others) -> bool:
     import torch
 
     return all(torch.equal(x, y) for x, y in zip(outputs, others))
-
-
-def kernels_module_from_source(source: str, name: str):
-    """A kernels module of its own from ``source`` (a rewritten mqa_bwd/kernels.py), written
-    to a fresh temporary file first: TileLang parses kernels from their file."""
-    import os
-    import tempfile
-
-    path = os.path.join(tempfile.mkdtemp(prefix="mqa_kernels_"), f"{name}.py")
-    with open(path, "w") as f:
-        f.write(source)
-    return load_kernels_module(path)
 
 
 #: compute-sanitizer's summary lines (one group: the count): racecheck's hazards, and the
@@ -235,30 +222,6 @@ def build_cuda_program(source: str, directory: str, name: str) -> str:
     return exe
 
 
-def call_with_kernels(args, module, deterministic: bool) -> tuple:
-    """(ms, outputs) of one whole wrapper call (timed_wrapper_call) that compiles and
-    launches ``module``'s kernels and follows its cluster rule (another kernels.py)."""
-    from . import kernels, launch, wrapper
-
-    launch.K, wrapper.K = module, module  # the launcher compiles through launch.K, the wrapper clusters through wrapper.K
-    try:
-        return timed_wrapper_call(args, launch.TileLangLauncher(deterministic))
-    finally:
-        launch.K, wrapper.K = kernels, kernels
-
-
-def time_with_kernels(args, variants: dict, repeats: int) -> dict:
-    """name -> list of ms of whole wrapper calls, for each name's (kernels module,
-    deterministic) in ``variants``: one warm-up call each, then ``repeats`` rounds interleaved."""
-    for module, deterministic in variants.values():  # compilation, allocator
-        call_with_kernels(args, module, deterministic)
-    times = {name: [] for name in variants}
-    for _ in range(repeats):
-        for name, (module, deterministic) in variants.items():
-            times[name].append(call_with_kernels(args, module, deterministic)[0])
-    return times
-
-
 def add_shape_arguments(parser, repeats: int | None = 7) -> None:
     """--B --S --S_kv --H --L (dsv32 H=64 by default) for the benchmark scripts, and
     --repeats unless ``repeats`` is None."""
@@ -266,22 +229,6 @@ def add_shape_arguments(parser, repeats: int | None = 7) -> None:
         parser.add_argument(f"--{key}", type=int, default=default)
     if repeats is not None:
         parser.add_argument("--repeats", type=int, default=repeats)
-
-
-def load_kernels_module(path: str, argument: str = "path"):
-    """Another version of mqa_bwd/kernels.py as a module of its own (TileLang parses
-    kernels from their file, so the module keeps one); ValueError naming ``argument``
-    when the file is not a kernels module."""
-    import importlib.util
-    import os
-
-    spec = importlib.util.spec_from_file_location(os.path.splitext(os.path.basename(path))[0], path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    for attr in ("main_bwd_program", "compiled", "cluster_launches"):
-        if not hasattr(module, attr):
-            raise ValueError(f"{argument}: {path} has no {attr}; is it a mqa_bwd/kernels.py?")
-    return module
 
 
 def time_interleaved(calls: dict, warmup=3, repeats=10) -> dict:
@@ -439,14 +386,3 @@ def plot(rows, path, axis=None) -> str:
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return axis
-
-
-def main(argv=None):
-    """``python -m mqa_bwd.bench ...`` is ``mqa-bwd bench ...``."""
-    from .cli import main as cli_main
-
-    return cli_main(["bench", *(argv if argv is not None else __import__("sys").argv[1:])])
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

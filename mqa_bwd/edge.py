@@ -88,8 +88,9 @@ def to_torch(x, name: str = "tensor", accept=("torch", "paddle", "numpy")):
     (paddle through DLPack, zero-copy; NumPy copied to the CPU)."""
     framework = framework_of(x)
     if framework not in accept:
-        kinds = [f"a {f} tensor" if f != "numpy" else "a NumPy array" for f in accept]
-        kinds = " or ".join(filter(None, (", ".join(kinds[:-1]), kinds[-1])))
+        tensors = [f for f in accept if f != "numpy"]
+        kinds = " or ".join((["a " + " or ".join(tensors) + " tensor"] if tensors else [])
+                            + (["a NumPy array"] if "numpy" in accept else []))
         raise ValueError(f"{name}: expected {kinds}, got {type(x).__name__}")
     if framework == "torch":
         return x

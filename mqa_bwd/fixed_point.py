@@ -70,13 +70,12 @@ import math
 
 import torch
 
-from . import kernels as K
+# The constants the plan kernels compile in live with them (kernels.config), so
+# that the kernels import nothing from here: every partial sum of a kv row's
+# column stays at or below 2**(PARTIAL_SUM_BITS + 1); 2**k must be a normal
+# float32 in the kernel, and 2**-k in the final division.
+from .kernels.config import FP32_MAX_EXPONENT, MASS_LIMIT, PARTIAL_SUM_BITS  # noqa: F401
 
-#: Every partial sum of a kv row's column stays at or below 2**(PARTIAL_SUM_BITS + 1).
-PARTIAL_SUM_BITS = 61
-#: 2**k must be a normal float32 in the kernel, and 2**-k in the final division.
-FP32_MAX_EXPONENT = 126
-MASS_LIMIT = K.MASS_LIMIT
 #: fp32 intermediates of the kernel must stay below this (float32 max is ~2**128).
 FP32_SAFE = 2.0**100
 

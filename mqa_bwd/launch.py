@@ -4,30 +4,20 @@ A ``Launcher`` is what the host wrapper drives: one method per kernel, each
 taking exactly the tensors the kernel takes (torch tensors, on the launcher's
 device). The wrapper never computes a gradient itself; it lays out inputs and
 launches. Scratch, outputs and padded copies are allocated through
-``empty``/``zeros`` (counted, guard-banded under ``GuardBands``); small index
-and layout tensors made by torch ops (slots, CSR, Lse2, the reference plan's
-fixed-point scales) are not.
+``empty``/``zeros``; small index and layout tensors made by torch ops (slots,
+Lse2, the reference plan's fixed-point scales) are not.
 
-``COUNTERS`` counts launches and allocations across every launcher, so that a
-test can prove that a rejected call launched and allocated nothing.
+Instrumentation is injected: a launcher built with ``instruments``
+(``mqa_bwd.contract.Instruments``) allocates through its ``allocate`` where
+set and counts "allocations", "launches" and "launch:<kernel>" in it, so that
+a test can prove that a rejected call launched and allocated nothing.
 """
-
-import collections
-import threading
 
 import torch
 
 from . import fixed_point
 from . import kernels as K
-
-COUNTERS = collections.Counter()
-_lock = threading.Lock()
-_guards = threading.local()
-
-
-def _count(what: str) -> None:
-    with _lock:
-        COUNTERS[what] += 1
+from .contract import Instruments
 
 
 class Launcher:
@@ -35,16 +25,27 @@ class Launcher:
 
     name = "abstract"
     device = torch.device("cpu")
-    #: True: a deterministic dKV design (fixed-point, slots or shards). False: fp32 atomics.
+    #: True: the deterministic dKV design (int64 fixed point). False: fp32 atomics.
     deterministic = True
     #: Poison value for uninitialised floating allocations (None: leave as is).
     poison = None
 
+    #: The injected instruments (None: allocate with torch, count nothing).
+    instruments: Instruments | None = None
+
+    def __init__(self, instruments: Instruments | None = None):
+        if instruments is not None and not isinstance(instruments, Instruments):
+            raise ValueError(f"instruments: expected a mqa_bwd.Instruments or None, got {type(instruments).__name__}")
+        self.instruments = instruments
+
+    def _count(self, what: str) -> None:
+        if self.instruments is not None:
+            self.instruments.count(what)
+
     def _allocate(self, shape, dtype):
-        _count("allocations")
-        bands = getattr(_guards, "active", None)
-        if bands is not None:
-            return bands.allocate(shape, dtype, self.device)
+        self._count("allocations")
+        if self.instruments is not None and self.instruments.allocate is not None:
+            return self.instruments.allocate(shape, dtype, self.device)
         return torch.empty(shape, dtype=dtype, device=self.device)
 
     def empty(self, shape, dtype):
@@ -57,8 +58,8 @@ class Launcher:
         return self._allocate(shape, dtype).zero_()
 
     def launched(self, kernel: str) -> None:
-        _count("launches")
-        _count(f"launch:{kernel}")
+        self._count("launches")
+        self._count(f"launch:{kernel}")
 
     def check_widths(self, d_k: int, d_v: int) -> None:
         """Raise ValueError for widths this launcher cannot build."""
@@ -69,22 +70,16 @@ class Launcher:
         [R, H] int32: fixed_point.magnitude_bits of q and grad_out (max |x| as bf16 bits)."""
         raise NotImplementedError
 
-    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, heads=None, head_base=0,
-                 shard_base=0, n_shards=1, row_scale=None, allowance=None, flag=None, cluster=1):
-        """One head group: ``heads`` heads from ``head_base`` of the [R, HQ, ...] tensors q,
-        grad_out, lse2, delta, dq (and allowance). The kernel's tile is
-        ``main_tile_heads(heads)`` rows, whatever ``heads`` is (SPEC); ``heads``
-        defaults to HQ. ``row_scale`` [NKV] f32, ``allowance`` [R, HQ] f32 and
-        ``flag`` [R] i32: "fixed" mode only. ``cluster`` > 1 (kernels.MODE_MAX_CLUSTER:
-        "fixed" up to 4, "shard" 2): that many consecutive groups from ``head_base``
-        as one thread block cluster, each slot's dKV contribution summed over
-        all their heads before its add."""
-        raise NotImplementedError
-
-    def shard_fold(self, dkv_shards, dkv_acc):
-        raise NotImplementedError
-
-    def dkv_reduce(self, dkv_slot, slot_of_entry, entry_lo, entry_hi, dkv_acc, slot_base):
+    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, config, sm_scale, heads=None, head_base=0,
+                 row_scale=None, allowance=None, flag=None):
+        """One launch of the kernel ``config`` (kernels.MainConfig, chosen by
+        kernels.main_launches) over ``config.groups`` consecutive groups of ``heads``
+        heads from ``head_base`` of the [R, HQ, ...] tensors q, grad_out, lse2,
+        delta, dq (and allowance). The kernel's tile is ``config.heads`` rows per
+        group's CTA, whatever ``heads`` is (SPEC); ``heads`` defaults to HQ.
+        ``row_scale`` [NKV] f32, ``allowance`` [R, HQ] f32 and ``flag`` [R] i32:
+        the fixed accumulation only. A launch of two groups sums each slot's dKV
+        contribution over all their heads before its add."""
         raise NotImplementedError
 
     def dsink_reduce(self, dsink_rows, dsink):
@@ -115,7 +110,8 @@ class TileLangLauncher(Launcher):
 
     name = "tilelang"
 
-    def __init__(self, deterministic: bool = True, device=None):
+    def __init__(self, deterministic: bool = True, device=None, instruments: Instruments | None = None):
+        super().__init__(instruments)
         self.deterministic = deterministic
         self.name = "tilelang" if deterministic else "tilelang-atomic"
         self.device = torch.device(device if device is not None else "cuda")
@@ -130,34 +126,26 @@ class TileLangLauncher(Launcher):
     def delta(self, out, grad_out, lse2, sink2, delta, dsink_rows, q=None, peak_q=None, peak_do=None):
         self.launched("delta")
         if q is None:
-            K.compiled("delta", out.shape[2])(out, grad_out, lse2, sink2, delta, dsink_rows)
+            K.compiled(K.KernelConfig("delta", (out.shape[2],)))(out, grad_out, lse2, sink2, delta, dsink_rows)
         else:
-            K.compiled("delta_max", q.shape[2], out.shape[2])(out, grad_out, lse2, sink2, delta, dsink_rows, q, peak_q, peak_do)
+            K.compiled(K.KernelConfig("delta_max", (q.shape[2], out.shape[2])))(
+                out, grad_out, lse2, sink2, delta, dsink_rows, q, peak_q, peak_do)
 
-    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, heads=None, head_base=0,
-                 shard_base=0, n_shards=1, row_scale=None, allowance=None, flag=None, cluster=1):
-        key = K.main_kernel_key(heads or q.shape[1], q.shape[2], grad_out.shape[2], mode, cluster)
-        kernel = K.compiled("main_bwd", *key)
-        if row_scale is None:  # other modes never touch them; the signature is shared
+    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, config, sm_scale, heads=None, head_base=0,
+                 row_scale=None, allowance=None, flag=None):
+        kernel = K.compiled(config)
+        if row_scale is None:  # the atomic kernel never touches them; the signature is shared
             row_scale = torch.empty((kv.shape[0],), dtype=torch.float32, device=kv.device)
             allowance = lse2  # the right shape, never read
             flag = torch.empty((q.shape[0],), dtype=torch.int32, device=kv.device)
         self.launched("main_bwd")
+        # The kernel's last two arguments (shard_base, n_shards) are unused by the kept
+        # configurations; they stay in its signature so that its generated code is unchanged.
         kernel(q, kv, grad_out, indices, lse2, delta, dq, dkv, row_scale, allowance, flag, float(sm_scale),
-               int(head_base), int(shard_base), int(n_shards))
-
-    def shard_fold(self, dkv_shards, dkv_acc):
-        kernel = K.compiled("shard_fold", dkv_shards.shape[2])
-        self.launched("shard_fold")
-        kernel(dkv_shards, dkv_acc)
-
-    def dkv_reduce(self, dkv_slot, slot_of_entry, entry_lo, entry_hi, dkv_acc, slot_base):
-        kernel = K.compiled("dkv_reduce", dkv_slot.shape[1])
-        self.launched("dkv_reduce")
-        kernel(dkv_slot, slot_of_entry, entry_lo, entry_hi, dkv_acc, int(slot_base))
+               int(head_base), 0, 1)
 
     def dsink_reduce(self, dsink_rows, dsink):
-        kernel = K.compiled("dsink_reduce")
+        kernel = K.compiled(K.KernelConfig("dsink_reduce"))
         self.launched("dsink_reduce")
         kernel(dsink_rows, dsink)
 
@@ -168,77 +156,28 @@ class TileLangLauncher(Launcher):
         NKV, d_v = kv_v.shape
         R, S_kv, scale = B * S, NKV // B, abs(float(sm_scale))
         mv = fixed_point.max_abs(kv_v)
-        # Through the launcher's allocator: guard-banded under GuardBands, poisoned where asked.
+        # Through the launcher's allocator: the injected one where given, poisoned where asked.
         peaks = self.zeros((B, K.PLAN_SLOTS), torch.int64)
         allowance = self.empty((R, H), torch.float32)
         row_scale = self.empty((NKV,), torch.float32)
         inputs = (peak_q, peak_do, delta, live_row, mv, referenced, peaks)
         self.launched("plan")
-        K.compiled("plan", "terms")(*inputs, S, H, S_kv, scale * d_v, scale)
-        K.compiled("plan", "peaks")(*inputs, allowance, S, H, S_kv, d_v, scale * d_v, scale, fixed_point.MASS_LIMIT)
-        K.compiled("plan", "scales")(mv, referenced, peaks, row_scale, S_kv, d_v, fixed_point.MASS_LIMIT, fixed_point.FP32_SAFE)
+        K.compiled(K.KernelConfig("plan", ("terms",)))(*inputs, S, H, S_kv, scale * d_v, scale)
+        K.compiled(K.KernelConfig("plan", ("peaks",)))(*inputs, allowance, S, H, S_kv, d_v, scale * d_v, scale, fixed_point.MASS_LIMIT)
+        K.compiled(K.KernelConfig("plan", ("scales",)))(mv, referenced, peaks, row_scale, S_kv, d_v, fixed_point.MASS_LIMIT, fixed_point.FP32_SAFE)
         return row_scale, allowance
 
     def mark_slots(self, slots, referenced, live_row):
-        kernel = K.compiled("mark_slots")
+        kernel = K.compiled(K.KernelConfig("mark_slots"))
         self.launched("mark_slots")
         kernel(slots, referenced, live_row)
 
     def cast_bf16(self, src, dst):
-        kernel = K.compiled("cast_bf16", src.shape[1])
+        kernel = K.compiled(K.KernelConfig("cast_bf16", (src.shape[1],)))
         self.launched("cast_bf16")
         kernel(src, dst)
 
     def fixed_to_bf16(self, acc, row_scale, dst):
-        kernel = K.compiled("fixed_to_bf16", acc.shape[1])
+        kernel = K.compiled(K.KernelConfig("fixed_to_bf16", (acc.shape[1],)))
         self.launched("fixed_to_bf16")
         kernel(acc, row_scale, dst)
-
-
-class GuardBands:
-    """Every allocation sits inside a larger one whose margins hold a byte pattern.
-
-    Used as a context manager around a call: all launcher allocations made
-    inside it (scratch, outputs, padded copies) get guard bands, and ``check``
-    compares every margin byte for byte. Inputs can be placed the same way with
-    ``place``.
-    """
-
-    PATTERN = 0xA5
-
-    def __init__(self, margin_bytes: int = 4096):
-        self.margin = margin_bytes
-        self.regions = []  # (label, backing uint8 tensor, start, end)
-
-    def allocate(self, shape, dtype, device, label=None):
-        itemsize = torch.empty((), dtype=dtype).element_size()
-        nbytes = itemsize * int(torch.Size(shape).numel())
-        backing = torch.full((nbytes + 2 * self.margin,), self.PATTERN, dtype=torch.uint8, device=device)
-        inner = backing[self.margin : self.margin + nbytes].view(dtype).view(shape)
-        self.regions.append((label or f"allocation #{len(self.regions)} {tuple(shape)} {dtype}", backing, self.margin, self.margin + nbytes))
-        return inner
-
-    def place(self, t: torch.Tensor, label: str) -> torch.Tensor:
-        """A copy of ``t`` inside a guard-banded allocation."""
-        inner = self.allocate(tuple(t.shape), t.dtype, t.device, label)
-        inner.copy_(t)
-        return inner
-
-    def violations(self):
-        """[(label, side, first bad byte offset, bad byte count)] for every damaged margin."""
-        bad = []
-        for label, backing, start, end in self.regions:
-            for side, band in (("before", backing[:start]), ("after", backing[end:])):
-                wrong = torch.nonzero(band != self.PATTERN).reshape(-1)
-                if wrong.numel():
-                    bad.append((label, side, int(wrong[0]), int(wrong.numel())))
-        return bad
-
-    def __enter__(self):
-        self._previous = getattr(_guards, "active", None)
-        _guards.active = self
-        return self
-
-    def __exit__(self, *exc):
-        _guards.active = self._previous
-        return False

@@ -4,8 +4,8 @@ Each method takes exactly what the kernel takes and keeps the kernel's launch
 contract: the tile it derives from the shapes it is handed (the main backward
 moves ``main_tile_heads(H)`` head rows whatever H is), the rows it reads and
 writes, the points where it rounds to bf16 (P and dS before the products, dQ
-and dKV at the end) and its explicit reduction orders (dKV entries in CSR
-order, d_sink rows in increasing order). Products inside one tile are done in
+and dKV at the end) and its explicit reduction orders (d_sink rows in increasing
+order; the fixed-point dKV sums are order-free). Products inside one tile are done in
 fp32 by torch and are not bit-identical to the tensor cores; everything the
 wrapper controls is.
 
@@ -27,11 +27,12 @@ import torch
 
 from . import kernels as K
 from .fixed_point import magnitude_bits
+from .contract import BoundsError
 from .launch import Launcher
-from .wrapper import per_head
+from .layout import per_head
 
 
-class TileBoundsError(IndexError):
+class TileBoundsError(BoundsError):
     """A kernel touched a row outside a tensor."""
 
     def __init__(self, kernel: str, tensor: str, row: int, extent: int, axis: str = "row", first: int = 0):
@@ -84,7 +85,8 @@ class ModelLauncher(Launcher):
     #: Query rows processed together (the kernel's CTAs are independent per row).
     rows_per_step = 64
 
-    def __init__(self, deterministic: bool = True):
+    def __init__(self, deterministic: bool = True, instruments=None):
+        super().__init__(instruments)
         self.deterministic = deterministic
         self.name = "model" if deterministic else "model-atomic"
         self.device = torch.device("cpu")
@@ -107,29 +109,33 @@ class ModelLauncher(Launcher):
         d = (out.to(torch.float32) * grad_out.to(torch.float32)).sum(-1)
         delta.copy_(d)
         # Per head, so that a head's value never depends on how many heads the
-        # call has (see wrapper.per_head): the kernel computes per element.
+        # call has (see layout.per_head): the kernel computes per element.
         dsink_rows.copy_(-per_head(lambda lse_h, sink_h: torch.exp2(sink_h - lse_h), lse2, sink2) * d)
 
     # -- main backward -----------------------------------------------------
-    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, sm_scale, mode, heads=None, head_base=0,
-                 shard_base=0, n_shards=1, row_scale=None, allowance=None, flag=None, cluster=1):
+    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, config, sm_scale, heads=None, head_base=0,
+                 row_scale=None, allowance=None, flag=None):
         kernel = "main_bwd"
+        if not isinstance(config, K.MainConfig):
+            raise ValueError(f"config: expected a kernels.MainConfig, got {config!r}")
         heads = heads or q.shape[1]
-        K.check_cluster(cluster, mode, heads)  # the kernel builder's check (a wide pair: one CTA, the same sums)
+        mode = config.accumulate
+        # A launch covers config.groups groups: the cluster's CTAs, or the wide tile's
+        # two halves (one CTA, the same sums over both groups' heads).
+        cluster = config.groups
         self.launched(kernel)
         R, _, Dk = q.shape
         NKV = kv.shape[0]
         Dv = grad_out.shape[2]
         Lp = indices.shape[1]
         BS = K.BLOCK_SLOTS
-        block_H = K.main_tile_heads(heads)
+        block_H = config.heads // cluster if config.wide else config.heads  # one group's rows of the tile
         h0, h1 = head_base, head_base + cluster * block_H  # CTA g of a cluster: [h0 + g * block_H, + block_H)
         if Lp % BS:
             raise TileBoundsError(kernel, "Indices", Lp, Lp - Lp % BS, "slot")
         if Lp == 0:
             # The kernel gathers the first slot block before its loop (and the
-            # fixed and atomic modes add the last one after it): every mode
-            # reads at least one block.
+            # last one's adds follow it): every launch reads at least one block.
             raise RuntimeError(f"main_bwd: {mode} mode needs at least one slot block of {BS} slots, got none")
         # The CTA moves head rows [h0, h0 + block_H) of Q, dO, Lse2 and Delta and
         # stores those rows of dQ, whatever the group is (in the order the kernel
@@ -146,41 +152,23 @@ class ModelLauncher(Launcher):
         _check_rows(kernel, "Delta", delta, 1, h0, h1, "head row")
         _check_rows(kernel, "dQ", dq, 1, h0, h1, "head row")
         _shape_is(kernel, "KV", kv, (NKV, Dk))
-        if mode in ("atomic", "fixed"):
-            _shape_is(kernel, "dKV", dkv, (NKV, Dk))
-            if mode == "fixed":
-                if dkv.dtype != torch.int64:
-                    raise TileBoundsError(kernel, f"dKV (dtype {dkv.dtype}, fixed mode expects int64)", 0, 0)
-                _shape_is(kernel, "RowScale", row_scale, (NKV,))
-                _check_rows(kernel, "Allowance", allowance, 0, 0, R)
-                _check_rows(kernel, "Allowance", allowance, 1, h0, h1, "head row")
-                _shape_is(kernel, "Flag", flag, (R,))
-        elif mode == "shard":
-            _shape_is(kernel, "dKV", dkv, (dkv.shape[0], NKV, Dk))
-            if shard_base + dkv.shape[0] > n_shards:
-                raise TileBoundsError(kernel, "dKV shard", shard_base + dkv.shape[0] - 1, n_shards, "shard")
-        else:
-            _shape_is(kernel, "dKV", dkv, (R, Lp, Dk))
-        if mode in ("accumulate", "shard") and bool(torch.isnan(dkv).any()):
-            # Accumulating onto scratch nobody wrote or zeroed: a launch-order bug.
-            raise RuntimeError(f"main_bwd: {mode} mode read uninitialised dKV scratch (NaN poison)")
-
-        if mode == "shard":
-            # CTA b walks rows shard_base + b, + n_shards, ...: rows of this launch.
-            rows = torch.cat([
-                torch.arange(shard_base + b, R, n_shards) for b in range(dkv.shape[0])
-            ]).sort().values if R else torch.zeros(0, dtype=torch.int64)
-        else:
-            rows = torch.arange(R)
+        _shape_is(kernel, "dKV", dkv, (NKV, Dk))
+        if mode == "fixed":
+            if dkv.dtype != torch.int64:
+                raise TileBoundsError(kernel, f"dKV (dtype {dkv.dtype}, fixed mode expects int64)", 0, 0)
+            _shape_is(kernel, "RowScale", row_scale, (NKV,))
+            _check_rows(kernel, "Allowance", allowance, 0, 0, R)
+            _check_rows(kernel, "Allowance", allowance, 1, h0, h1, "head row")
+            _shape_is(kernel, "Flag", flag, (R,))
+        rows = torch.arange(R)
         group = slice(h0, h1)
         atomic_parts = []
         for s0 in range(0, rows.numel(), self.rows_per_step):
             step = rows[s0 : s0 + self.rows_per_step]
-            # Per CTA of the cluster; the dKV contribution of a slot is the fp32
-            # sum over the cluster's heads, here the CTAs' partials in group
-            # order (the kernel: the shard cluster sums the partials the same
-            # way; the fixed cluster forms it in its dKV GEMMs, over all the
-            # cluster's CTAs' P and dS, so its last bits may differ from these).
+            # Per group of the launch; the dKV contribution of a slot is the fp32
+            # sum over the launch's heads, here the groups' partials in group
+            # order (the kernels form it in their dKV GEMMs, over all the
+            # launch's P and dS, so its last bits may differ from these).
             dq_parts, contrib, masses = [], None, []
             for g in range(cluster):
                 tile = slice(h0 + g * block_H, h0 + (g + 1) * block_H)
@@ -198,14 +186,8 @@ class ModelLauncher(Launcher):
                 over = (mass > allowance[step, group]) | torch.isnan(mass)
                 flag[step[over.any(dim=1)]] = 1
                 self._fixed_add(dkv, slot[valid], contrib[valid], row_scale)
-            elif mode == "write":
-                dkv[step] = contrib
-            elif mode == "accumulate":
-                dkv[step] += contrib
-            elif mode == "atomic":
-                atomic_parts.append((slot[valid], contrib[valid]))
             else:
-                self._shard_rmw(dkv, step, slot, valid, contrib, shard_base, n_shards)
+                atomic_parts.append((slot[valid], contrib[valid]))
         if mode == "atomic":
             self._atomic_add(dkv, atomic_parts)
 
@@ -256,30 +238,6 @@ class ModelLauncher(Launcher):
         np.add.at(acc.numpy(), rows.numpy(), float_to_int64_rn(scaled))
 
     @staticmethod
-    def _shard_rmw(shards, step, slot, valid, contrib, shard_base, n_shards):
-        """Per row (increasing) and slot block (in order): duplicates of a kv row
-        summed onto its first slot in slot order, then one add per distinct row."""
-        BS = K.BLOCK_SLOTS
-        for i, r in enumerate(step.tolist()):
-            shard = shards[(r - shard_base) % n_shards]
-            for t in range(slot.shape[1] // BS):
-                block_slots = slot[i, t * BS : (t + 1) * BS]
-                block_valid = valid[i, t * BS : (t + 1) * BS]
-                block = contrib[i, t * BS : (t + 1) * BS].clone()
-                leaders = {}
-                for j in range(BS):
-                    if not bool(block_valid[j]):
-                        continue
-                    k = int(block_slots[j])
-                    if k in leaders:
-                        block[leaders[k]] += block[j]
-                    else:
-                        leaders[k] = j
-                if leaders:
-                    ks = torch.tensor(list(leaders.keys()))
-                    shard[ks] += block[list(leaders.values())]
-
-    @staticmethod
     def _atomic_add(acc: torch.Tensor, parts):
         """fp32 adds of every (kv row, contribution) in a fresh random order."""
         if not parts:
@@ -292,36 +250,6 @@ class ModelLauncher(Launcher):
         rows_np, vals_np = rows.numpy(), vals.numpy()
         for i in order:
             acc_np[rows_np[i]] += vals_np[i]
-
-    # -- dKV reduction -------------------------------------------------------
-    def dkv_reduce(self, dkv_slot, slot_of_entry, entry_lo, entry_hi, dkv_acc, slot_base):
-        kernel = "dkv_reduce"
-        self.launched(kernel)
-        NKV, Dk = dkv_acc.shape
-        _shape_is(kernel, "EntryLo", entry_lo, (NKV,))
-        _shape_is(kernel, "EntryHi", entry_hi, (NKV,))
-        lo = entry_lo.to(torch.int64)
-        hi = entry_hi.to(torch.int64)
-        count = (hi - lo).clamp(min=0)
-        acc = dkv_acc.numpy()
-        slot_np = dkv_slot.numpy()
-        soe = slot_of_entry.to(torch.int64)
-        # Step i adds entry lo[k] + i of every kv row k that has one: per kv row,
-        # the additions happen in entry order, one fp32 chain per element.
-        for i in range(int(count.max()) if count.numel() else 0):
-            rows = torch.nonzero(count > i).reshape(-1)
-            entries = lo[rows] + i
-            _check_index_rows(kernel, "SlotOfEntry", slot_of_entry, entries)
-            src = soe[entries] - int(slot_base)
-            _check_index_rows(kernel, "DKVSlot", dkv_slot, src)
-            acc[rows.numpy()] += slot_np[src.numpy()]
-
-    # -- shard fold ------------------------------------------------------------
-    def shard_fold(self, dkv_shards, dkv_acc):
-        self.launched("shard_fold")
-        _shape_is("shard_fold", "DKVShard", dkv_shards, (dkv_shards.shape[0],) + tuple(dkv_acc.shape))
-        for shard in dkv_shards:  # shard order: one fp32 chain per element
-            dkv_acc += shard
 
     # -- slot marks --------------------------------------------------------------
     def mark_slots(self, slots, referenced, live_row):

@@ -1,7 +1,8 @@
 """Host wrapper: ``mqa_latent_sparse_bwd`` as SPEC.md defines it.
 
 Order of work, which the properties rely on:
-  1. framework edge: paddle tensors become torch tensors (DLPack, zero-copy);
+  1. framework edge: paddle tensors become torch tensors (DLPack, zero-copy;
+     ``mqa_bwd.edge``);
   2. validation, all of it, before any allocation or launch (ValueError naming
      the argument);
   3. layout: rows flattened, heads zero-padded to the group width, slots padded
@@ -10,51 +11,40 @@ Order of work, which the properties rely on:
   4. launches through a ``Launcher`` (TileLang on a GPU, the tile model on a CPU);
   5. results sliced back to H and handed back in the caller's framework.
 
-dKV is deterministic by construction on the deterministic launchers. The
-default design ("fixed") adds every contribution into an int64 fixed-point
-accumulator with integer atomics, whose sum has the same bits in any order
-(``mqa_bwd.fixed_point`` holds the range proof). The older designs keep fp32:
-"slots" writes each query row's per-slot contributions to scratch and
-``dkv_reduce`` adds them per kv row in the order of a CSR built from the
-indices alone; "shards" gives each shard of query rows its own buffer, written
-in a fixed row order and folded in shard order. Scratch is bounded by
-``dkv_buf_bytes`` (query rows in chunks, or shards per launch), and every
-budget gives bitwise identical dq, dkv and d_attn_sink.
+dKV is deterministic by construction on the deterministic launchers: every
+contribution is added into an int64 fixed-point accumulator with integer
+atomics, whose sum has the same bits in any order (``mqa_bwd.fixed_point``
+holds the range proof). The atomic control adds fp32 with atomics.
 
 The main kernel reads each head group in place from the [R, H_padded, ...]
 tensors (a head offset per launch): no per-group copies. What else grows with
 S: the int32 slot layout [R, Lp] (built a bounded number of slots at a time),
 a few floats or flags per (row, head) or row (Lse2, Delta, the d_sink rows,
-the fixed-point allowance, row flags and row marks), the "slots" design's
-int64 CSR keys, and the zero-padded copies of q, out and grad_out when H is
-not a multiple of the group width.
+the fixed-point allowance, row flags and row marks), and the zero-padded
+copies of q, out and grad_out when H is not a multiple of the group width.
+
+The steps a test may replace (a mutant, the #1784 reproduction) are the fields
+of ``Steps``; ``backward(..., steps=...)`` runs with them, and the public
+function with ``STEPS``.
 """
 
 import dataclasses
 import math
 import numbers
+from typing import Callable
 
 import torch
 
+from . import edge
 from . import fixed_point
 from . import kernels as K
 from . import launch as L
+from .contract import BLOCK_H_CHOICES, Instruments
+from .layout import per_head
 
-BLOCK_H_CHOICES = (16, 32)
 DEFAULT_DKV_BUF_BYTES = 4 << 30
 PAD_SINK = -1e30
 INT32_MAX = 2**31 - 1
-# The shard design: at most MAX_SHARDS fp32 dKV shards, together at most
-# SHARD_SCRATCH_BYTES, fixed so that the reduction order depends on the shapes
-# alone, never on the budget (nor on the GPU). A shard is walked by one
-# two-CTA cluster; 66 of them fill the 132 SMs of an H100 or H200 in one wave.
-MAX_SHARDS = 66
-SHARD_SCRATCH_BYTES = 2 << 30
-# The default deterministic design: int64 fixed-point atomics (see
-# mqa_bwd.fixed_point). The per-slot and per-shard designs stay as
-# alternatives to measure against. See benchmarks/profile_stages.py.
-DEFAULT_DKV_DESIGN = "fixed"
-DKV_DESIGNS = ("fixed", "shards", "slots")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,8 +61,6 @@ class Problem:
     #: False reproduces the #1784 wrapper for the CPU model's self-test: a head
     #: count below block_h goes to the kernel as one group of H heads, unpadded.
     pad_heads: bool = True
-    #: How the deterministic path reduces dKV (DKV_DESIGNS); None: DEFAULT_DKV_DESIGN.
-    dkv_design: str | None = None
 
     @property
     def group_width(self) -> int:
@@ -97,76 +85,11 @@ class Problem:
         return self.B * self.S
 
     @property
-    def slot_row_bytes(self) -> int:
-        """Scratch bytes one query row needs for its per-slot dKV contributions."""
-        return self.padded_slots * self.d_k * 4
-
-    @property
-    def rows_per_chunk(self) -> int:
-        return max(1, min(self.rows, self.dkv_buf_bytes // self.slot_row_bytes))
-
-    @property
-    def shard_bytes(self) -> int:
-        """One fp32 dKV shard: every kv row of every batch element."""
-        return self.B * self.S_kv * self.d_k * 4
-
-    @property
     def fixed_bytes(self) -> int:
         """The int64 fixed-point dKV accumulator: every kv row of every batch element.
-        Like the fp32 accumulator of the other designs, it is output-sized, not
-        scratch that grows with the query rows, so dkv_buf_bytes does not bound it."""
+        Like the atomic control's fp32 accumulator, it is output-sized, not scratch
+        that grows with the query rows, so dkv_buf_bytes does not bound it."""
         return self.B * self.S_kv * self.d_k * 8
-
-    @property
-    def shards(self) -> int:
-        return max(1, min(MAX_SHARDS, self.rows, SHARD_SCRATCH_BYTES // self.shard_bytes))
-
-    @property
-    def shards_per_launch(self) -> int:
-        return max(1, min(self.shards, self.dkv_buf_bytes // self.shard_bytes))
-
-    @property
-    def design(self) -> str:
-        """How the deterministic path reduces dKV:
-        "fixed"  int64 fixed-point atomics into one [NKV, Dk] accumulator, one
-                 power-of-two scale per kv row (order-free integer sums);
-        "slots"  per-slot scratch for a chunk of query rows, reduced per kv row
-                 in CSR order (sorted by kv row, then flat slot position);
-        "shards" query rows split over fixed shards, each one fp32 dKV buffer
-                 with one writer, folded in shard order (scratch independent of S).
-        """
-        return self.dkv_design or DEFAULT_DKV_DESIGN
-
-
-# ---------------------------------------------------------------------------
-# Framework edge
-# ---------------------------------------------------------------------------
-
-
-def _framework(x) -> str | None:
-    if isinstance(x, torch.Tensor):
-        return "torch"
-    mod = type(x).__module__ or ""
-    if mod.startswith("paddle"):
-        return "paddle"
-    return None
-
-
-def _to_torch(name, x):
-    fw = _framework(x)
-    if fw == "torch":
-        return x
-    if fw == "paddle":
-        return torch.from_dlpack(x)
-    raise ValueError(f"{name}: expected a torch or paddle tensor, got {type(x).__name__}")
-
-
-def _from_torch(t: torch.Tensor, framework: str):
-    if framework == "torch":
-        return t
-    import paddle
-
-    return paddle.utils.dlpack.from_dlpack(t.contiguous())
 
 
 # ---------------------------------------------------------------------------
@@ -184,7 +107,7 @@ def _require_shape(name, t, expected, dims):
         raise ValueError(f"{name}: expected shape {tuple(expected)} [{dims}], got {tuple(t.shape)}")
 
 
-def _require_dtype(name, t, dtype):
+def require_dtype(name, t, dtype):
     if t.dtype != dtype:
         raise ValueError(f"{name}: expected dtype {dtype}, got {t.dtype}")
 
@@ -200,12 +123,14 @@ def check_sm_scale(sm_scale) -> None:
 
 
 def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h, dkv_buf_bytes, launcher,
-             dkv_design=None):
+             steps=None):
     """Check every argument; return the Problem. Raises ValueError naming the argument.
 
-    ``dkv_design`` forces the deterministic dKV design (tests and benchmarks)."""
+    The dtype checks go through ``steps.require_dtype`` (``steps``: the call's Steps,
+    None: STEPS), so that a replaced check is the one every dtype goes through."""
+    steps = STEPS if steps is None else steps
     for name, t in (("query", query), ("kv", kv), ("out", out), ("grad_out", grad_out)):
-        _require_dtype(name, t, torch.bfloat16)
+        steps.require_dtype(name, t, torch.bfloat16)
     _require_rank("query", query, 4, "B,S,H,Dk")
     B, S, H, d_k = query.shape
     _require_rank("kv", kv, 3, "B,S_kv,Dk")
@@ -223,11 +148,11 @@ def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, 
         raise ValueError(f"out: value width Dv={d_v} exceeds Dk={d_k}")
     _require_rank("lse", lse, 3, "B,S,H")
     _require_shape("lse", lse, (B, S, H), "B,S,H")
-    _require_dtype("lse", lse, torch.float32)
+    steps.require_dtype("lse", lse, torch.float32)
     if attn_sink is not None:
         _require_rank("attn_sink", attn_sink, 1, "H")
         _require_shape("attn_sink", attn_sink, (H,), "H")
-        _require_dtype("attn_sink", attn_sink, torch.float32)
+        steps.require_dtype("attn_sink", attn_sink, torch.float32)
     _require_rank("token_indices", token_indices, 3, "B,S,L")
     if token_indices.dtype.is_floating_point or token_indices.dtype.is_complex or token_indices.dtype == torch.bool:
         raise ValueError(f"token_indices: expected an integer dtype, got {token_indices.dtype}")
@@ -256,19 +181,11 @@ def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, 
     elif isinstance(dkv_buf_bytes, bool) or not isinstance(dkv_buf_bytes, numbers.Integral) or dkv_buf_bytes <= 0:
         raise ValueError(f"dkv_buf_bytes: expected a positive integer, got {dkv_buf_bytes!r}")
 
-    if dkv_design not in (None,) + DKV_DESIGNS:
-        raise ValueError(f"dkv_design: one of {DKV_DESIGNS}, got {dkv_design!r}")
-    problem = Problem(B, S, S_kv, H, L_, d_k, d_v, int(block_h), int(dkv_buf_bytes), dkv_design=dkv_design)
-    if launcher.deterministic and problem.design == "slots" and problem.slot_row_bytes > problem.dkv_buf_bytes:
-        raise ValueError(
-            f"dkv_buf_bytes: {dkv_buf_bytes} cannot hold one query row's slot scratch "
-            f"({problem.slot_row_bytes} bytes = padded L {problem.padded_slots} x Dk {d_k} x 4)"
-        )
-    if launcher.deterministic and problem.design == "shards" and problem.shard_bytes > problem.dkv_buf_bytes:
-        raise ValueError(
-            f"dkv_buf_bytes: {dkv_buf_bytes} cannot hold one dKV shard "
-            f"({problem.shard_bytes} bytes = B*S_kv {B * S_kv} x Dk {d_k} x 4)"
-        )
+    # The fixed design chunks nothing by dkv_buf_bytes: its only dKV buffer is the
+    # output-sized int64 accumulator (Problem.fixed_bytes), which the budget does not
+    # bound (SPEC: it bounds scratch that grows with the query rows). The argument is
+    # still validated, so that a caller's budget is checked as SPEC says.
+    problem = Problem(B, S, S_kv, H, L_, d_k, d_v, int(block_h), int(dkv_buf_bytes))
     if problem.padded_slots > K.MAX_SLOTS_PER_ROW:
         raise ValueError(f"token_indices: top-k L = {L_} pads to {problem.padded_slots} slots a row, "
                          f"more than the kernels' {K.MAX_SLOTS_PER_ROW}")
@@ -291,7 +208,7 @@ def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, 
 # ---------------------------------------------------------------------------
 
 
-def _pad_heads(x: torch.Tensor, padded: int, value: float, launcher) -> torch.Tensor:
+def pad_heads(x: torch.Tensor, padded: int, value: float, launcher) -> torch.Tensor:
     """[R, H, ...] -> [R, padded, ...], pad heads filled with ``value``."""
     H = x.shape[1]
     if H == padded:
@@ -302,18 +219,16 @@ def _pad_heads(x: torch.Tensor, padded: int, value: float, launcher) -> torch.Te
     return y
 
 
-def per_head(fn, rows: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
-    """fn(rows[:, h], heads[h]) for every head h, as an [R, H] tensor.
+def kernel_lse(lse: torch.Tensor, sink: torch.Tensor) -> tuple:
+    """The kernels' convention, base 2 and sink-inclusive, from the padded [R, Hp] lse
+    and [Hp] sink: (Lse2 = logaddexp(lse, sink) * log2(e) per head, Sink2 = sink * log2(e)).
 
-    On a CPU, torch's vectorised transcendental functions round an element
-    differently in the vector body and in the scalar tail (AVX-512), so a
-    head's value would depend on how many heads share the call. One call per
-    head makes every head's arithmetic the same whatever H is. GPU kernels
-    compute per element already.
-    """
-    if rows.device.type != "cpu":
-        return fn(rows, heads.view(1, -1))
-    return torch.stack([fn(rows[:, h].contiguous(), heads[h]) for h in range(rows.shape[1])], dim=1)
+    A row with no valid slot (lse = -inf) has zero gradients, the sink's too:
+    Lse2 = +inf there makes both P and p_sink exactly 0, with or without a
+    sink, and never NaN."""
+    lse2 = per_head(lambda lse_h, sink_h: torch.logaddexp(lse_h, sink_h) * K.LOG2E, lse, sink)
+    lse2 = torch.where(lse == -math.inf, torch.full_like(lse2, math.inf), lse2).contiguous()
+    return lse2, (sink * K.LOG2E).contiguous()
 
 
 #: The slot layout is built this many slots at a time, so its int64
@@ -321,8 +236,9 @@ def per_head(fn, rows: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
 INDEX_STEP = 1 << 24
 
 
-def global_slots(token_indices: torch.Tensor, p: Problem) -> torch.Tensor:
+def global_slots(token_indices: torch.Tensor, problem: "Problem") -> torch.Tensor:
     """[B,S,L] any integer -> [R, Lp] int32: b*S_kv + index when 0 <= index < S_kv, else -1."""
+    p = problem
     flat = token_indices.reshape(p.rows, p.L)
     slots = torch.full((p.rows, p.padded_slots), -1, dtype=torch.int32, device=flat.device)
     step = max(1, INDEX_STEP // p.L)  # rows per step, at least one
@@ -336,124 +252,88 @@ def global_slots(token_indices: torch.Tensor, p: Problem) -> torch.Tensor:
     return slots
 
 
-@dataclasses.dataclass
-class SlotCSR:
-    """Valid slots sorted by (kv row, flat slot position r*Lp + j): the fixed dKV reduction order."""
 
-    keys: torch.Tensor  # int64, sorted: kv_row * (R*Lp) + position
-    slot_of_entry: torch.Tensor  # int32 flat slot position of each entry
-    span: int  # R * Lp
+@dataclasses.dataclass(frozen=True)
+class Steps:
+    """The wrapper's replaceable steps, each a plain function (the real ones: STEPS).
 
-    @classmethod
-    def build(cls, slots: torch.Tensor) -> "SlotCSR":
-        flat = slots.reshape(-1).to(torch.int64)
-        span = flat.numel()
-        position = torch.nonzero(flat >= 0).reshape(-1)
-        # Keys are unique (positions are), so every correct sort gives the same order.
-        keys, _ = torch.sort(flat[position] * span + position)
-        return cls(keys=keys, slot_of_entry=(keys % span).to(torch.int32), span=span)
+    validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h,
+             dkv_buf_bytes, launcher, steps) -> Problem
+    require_dtype(name, t, dtype)                 ValueError unless t.dtype == dtype
+    pad_heads(x, padded, value, launcher) -> x    [R, H, ...] -> [R, padded, ...]
+    kernel_lse(lse, sink) -> (lse2, sink2)        base 2, sink-inclusive (padded tensors)
+    global_slots(token_indices, problem) -> slots [R, Lp] int32 global kv rows or -1
+    """
 
-    def bounds(self, nkv: int, first_position: int, end_position: int):
-        """Entry ranges [lo, hi) per kv row for slot positions in [first, end)."""
-        rows = torch.arange(nkv, device=self.keys.device, dtype=torch.int64) * self.span
-        lo = torch.searchsorted(self.keys, rows + first_position)
-        hi = torch.searchsorted(self.keys, rows + end_position)
-        return lo.to(torch.int32), hi.to(torch.int32)
+    validate: Callable
+    require_dtype: Callable
+    pad_heads: Callable
+    kernel_lse: Callable
+    global_slots: Callable
 
 
-def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, launcher: L.Launcher):
+STEPS = Steps(validate=validate, require_dtype=require_dtype, pad_heads=pad_heads, kernel_lse=kernel_lse,
+              global_slots=global_slots)
+
+
+def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, launcher: L.Launcher,
+        steps: Steps = STEPS):
     """Lay out, launch, and return (dq, dkv, d_sink) as torch tensors on the launcher's device."""
-    R, Hp, G, bh, Lp = p.rows, p.padded_heads, p.groups, p.group_width, p.padded_slots
+    R, Hp, G, bh = p.rows, p.padded_heads, p.groups, p.group_width
     NKV = p.B * p.S_kv
     f32 = torch.float32
 
-    q = _pad_heads(query.reshape(R, p.H, p.d_k), Hp, 0.0, launcher)
-    o = _pad_heads(out.reshape(R, p.H, p.d_v), Hp, 0.0, launcher)
-    do = _pad_heads(grad_out.reshape(R, p.H, p.d_v), Hp, 0.0, launcher)
-    lse_p = _pad_heads(lse.reshape(R, p.H).to(f32), Hp, 0.0, launcher)
+    q = steps.pad_heads(query.reshape(R, p.H, p.d_k), Hp, 0.0, launcher)
+    o = steps.pad_heads(out.reshape(R, p.H, p.d_v), Hp, 0.0, launcher)
+    do = steps.pad_heads(grad_out.reshape(R, p.H, p.d_v), Hp, 0.0, launcher)
+    lse_p = steps.pad_heads(lse.reshape(R, p.H).to(f32), Hp, 0.0, launcher)
     if attn_sink is None:
         sink = torch.full((p.H,), -math.inf, dtype=f32, device=query.device)
     else:
         sink = attn_sink.to(f32)
-    sink_p = _pad_heads(sink.reshape(1, p.H), Hp, PAD_SINK, launcher).reshape(Hp)
+    sink_p = steps.pad_heads(sink.reshape(1, p.H), Hp, PAD_SINK, launcher).reshape(Hp)
 
-    # Kernel convention: base 2, sink-inclusive. A row with no valid slot
-    # (lse = -inf) has zero gradients, the sink's too: Lse2 = +inf there makes
-    # both P and p_sink exactly 0, with or without a sink, and never NaN.
-    lse2 = per_head(lambda lse_h, sink_h: torch.logaddexp(lse_h, sink_h) * K.LOG2E, lse_p, sink_p)
-    lse2 = torch.where(lse_p == -math.inf, torch.full_like(lse2, math.inf), lse2).contiguous()
-    sink2 = (sink_p * K.LOG2E).contiguous()
+    lse2, sink2 = steps.kernel_lse(lse_p, sink_p)
     kv2 = kv.reshape(NKV, p.d_k).contiguous()
-    slots = global_slots(token_indices, p)
+    slots = steps.global_slots(token_indices, p)
 
     delta = launcher.empty((R, Hp), f32)
     dsink_rows = launcher.empty((R, Hp), f32)
-    fixed = launcher.deterministic and p.design == "fixed"
+    fixed = launcher.deterministic
     if fixed:  # the same launch also reduces the maxima of |q| and |dO| the fixed-point plan needs
         peak_q, peak_do = launcher.empty((R, Hp), torch.int32), launcher.empty((R, Hp), torch.int32)
         launcher.delta(o, do, lse2, sink2, delta, dsink_rows, q, peak_q, peak_do)
     else:
         launcher.delta(o, do, lse2, sink2, delta, dsink_rows)
 
-    # Every launch reads its head group in place (head_base): no per-group copies.
+    # Every launch reads its head groups in place (head_base): no per-group copies.
     dq = launcher.empty((R, Hp, p.d_k), torch.bfloat16)
-    dkv_acc = None if fixed else launcher.zeros((NKV, p.d_k), f32)
-
-    def group(g):
-        return {"sm_scale": sm_scale, "heads": bh, "head_base": g * bh}
-
-    if not launcher.deterministic:
-        # Two 32-head groups run as one 64-head CTA (kernels.runs_wide), as in the fixed design.
-        for g, size in K.cluster_launches(G, mode="atomic", heads=bh):
-            launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, dkv_acc, mode="atomic", **group(g), cluster=size)
-    elif p.design == "fixed":
+    # Consecutive head groups run as one launch where a kernel for the pair exists
+    # (kernels.main_launches): the fixed cluster of two 16-head groups, whose CTAs
+    # swap P and dS tiles and each add a column share of dKV summed over both
+    # groups' heads, and the wide tile of two 32-head groups: fewer adds.
+    launches = K.main_launches(G, bh, p.d_k, p.d_v, launcher.deterministic)
+    if not fixed:
+        dkv_acc = launcher.zeros((NKV, p.d_k), f32)
+        for g, config in launches:
+            launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, dkv_acc, config=config, sm_scale=sm_scale, heads=bh,
+                              head_base=g * bh)
+    else:
         referenced = launcher.zeros((NKV,), torch.int32)
         live_row = launcher.zeros((R,), torch.int32)
         launcher.mark_slots(slots, referenced, live_row)
         row_scale, allowance = launcher.plan(query, grad_out, delta, kv2[:, : p.d_v], referenced, live_row, sm_scale,
                                              peak_q, peak_do)
         # Padding heads (q = dO = 0) contribute nothing: no limit on their mass.
-        allowance = _pad_heads(allowance, Hp, math.inf, launcher)
+        allowance = steps.pad_heads(allowance, Hp, math.inf, launcher)
         row_flags = launcher.zeros((R,), torch.int32)
         dkv_fixed = launcher.zeros((NKV, p.d_k), torch.int64)
-        # Consecutive head groups run as one cluster per query row, whose CTAs
-        # swap P and dS tiles and each add a column share of dKV summed over
-        # all the cluster's heads: fewer fixed-point adds.
-        for g, size in K.cluster_launches(G):
+        for g, config in launches:
             launcher.main_bwd(
-                q, kv2, do, slots, lse2, delta, dq, dkv_fixed, mode="fixed", **group(g),
-                row_scale=row_scale, allowance=allowance, flag=row_flags, cluster=size,
+                q, kv2, do, slots, lse2, delta, dq, dkv_fixed, config=config, sm_scale=sm_scale, heads=bh,
+                head_base=g * bh, row_scale=row_scale, allowance=allowance, flag=row_flags,
             )
         row_scale = fixed_point.poison_flagged(row_scale, row_flags, p.B)
-    elif p.design == "shards":
-        # Shard s owns query rows s, s + n, s + 2n, ...; a launch runs shards
-        # [c0, c1) (as many as the budget holds), then folds them in shard order.
-        n, per = p.shards, p.shards_per_launch
-        shard_buf = launcher.empty((per, NKV, p.d_k), f32)
-        for c0 in range(0, n, per):
-            c1 = min(n, c0 + per)
-            buf = shard_buf[: c1 - c0]
-            buf.zero_()
-            for g, size in K.cluster_launches(G, mode="shard"):
-                launcher.main_bwd(
-                    q, kv2, do, slots, lse2, delta, dq, buf, mode="shard", **group(g), shard_base=c0, n_shards=n,
-                    cluster=size,
-                )
-            launcher.shard_fold(buf, dkv_acc)
-    else:
-        csr = SlotCSR.build(slots)
-        chunk = p.rows_per_chunk
-        slot_buf = launcher.empty((chunk, Lp, p.d_k), f32)
-        for r0 in range(0, R, chunk):
-            r1 = min(R, r0 + chunk)
-            buf = slot_buf[: r1 - r0]
-            for g in range(G):
-                launcher.main_bwd(
-                    q[r0:r1], kv2, do[r0:r1], slots[r0:r1], lse2[r0:r1], delta[r0:r1], dq[r0:r1], buf,
-                    mode="write" if g == 0 else "accumulate", **group(g),
-                )
-            lo, hi = csr.bounds(NKV, r0 * Lp, r1 * Lp)
-            launcher.dkv_reduce(buf.view((r1 - r0) * Lp, p.d_k), csr.slot_of_entry, lo, hi, dkv_acc, r0 * Lp)
 
     dsink = launcher.empty((Hp,), f32)
     launcher.dsink_reduce(dsink_rows, dsink)
@@ -468,36 +348,45 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
 
 
 def backward_with(launcher: L.Launcher, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, *,
-                  block_h=None, dkv_buf_bytes=None, dkv_design=None):
-    """Validate, then run on a given launcher; torch tensors in and out.
-
-    The public function below, tests and benchmarks all go through here;
-    ``dkv_design`` forces the deterministic design (see ``Problem.design``).
-    """
-    p = validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h, dkv_buf_bytes,
-                 launcher, dkv_design=dkv_design)
-    return run(p, query, kv, out, grad_out, lse, attn_sink, token_indices, float(sm_scale), launcher)
+                  block_h=None, dkv_buf_bytes=None, steps: Steps = STEPS):
+    """Validate, then run on a given launcher; torch tensors in and out."""
+    p = steps.validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h, dkv_buf_bytes,
+                       launcher, steps=steps)
+    return run(p, query, kv, out, grad_out, lse, attn_sink, token_indices, float(sm_scale), launcher, steps)
 
 
-def mqa_latent_sparse_bwd(
-    query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, *, block_h=None, dkv_buf_bytes=None, backend=None
-):
-    """Backward of sparse absorbed MQA with an attention sink. See SPEC.md.
+def check_instruments(instruments) -> None:
+    if instruments is not None and not isinstance(instruments, Instruments):
+        raise ValueError(f"instruments: expected a mqa_bwd.Instruments or None, got {type(instruments).__name__}")
 
-    Returns (dq [B,S,H,Dk] bf16, dkv [B,S_kv,Dk] bf16, d_attn_sink [H] fp32) in
-    the caller's framework and on its device.
-    """
+
+def backward(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, *, block_h=None, dkv_buf_bytes=None,
+             backend=None, instruments=None, steps: Steps = STEPS):
+    """mqa_latent_sparse_bwd with its steps given (``steps``; the public function: STEPS)."""
     from .backends import get_launcher
 
-    framework = _framework(query)
+    framework = edge.framework_of(query)
     named = {
         "query": query, "kv": kv, "out": out, "grad_out": grad_out, "lse": lse, "token_indices": token_indices,
     }
-    tensors = {name: _to_torch(name, x) for name, x in named.items()}
-    sink = None if attn_sink is None else _to_torch("attn_sink", attn_sink)
-    launcher = get_launcher(backend, tensors["query"].device)
+    tensors = {name: edge.to_torch(x, name, accept=("torch", "paddle")) for name, x in named.items()}
+    sink = None if attn_sink is None else edge.to_torch(attn_sink, "attn_sink", accept=("torch", "paddle"))
+    check_instruments(instruments)
+    launcher = get_launcher(backend, tensors["query"].device, instruments)
     dq, dkv, dsink = backward_with(
         launcher, tensors["query"], tensors["kv"], tensors["out"], tensors["grad_out"], tensors["lse"], sink,
-        tensors["token_indices"], sm_scale, block_h=block_h, dkv_buf_bytes=dkv_buf_bytes,
+        tensors["token_indices"], sm_scale, block_h=block_h, dkv_buf_bytes=dkv_buf_bytes, steps=steps,
     )
-    return tuple(_from_torch(t, framework) for t in (dq, dkv, dsink))
+    return tuple(edge.from_torch(t, framework) for t in (dq, dkv, dsink))
+
+
+def mqa_latent_sparse_bwd(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, *, block_h=None,
+                          dkv_buf_bytes=None, backend=None, instruments=None):
+    """Backward of sparse absorbed MQA with an attention sink. See SPEC.md.
+
+    Returns (dq [B,S,H,Dk] bf16, dkv [B,S_kv,Dk] bf16, d_attn_sink [H] fp32) in
+    the caller's framework and on its device. ``instruments`` (an Instruments):
+    where the call's allocations come from, and its launch and allocation counts.
+    """
+    return backward(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h=block_h,
+                    dkv_buf_bytes=dkv_buf_bytes, backend=backend, instruments=instruments)

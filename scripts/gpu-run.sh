@@ -3,7 +3,7 @@
 # parallel (fills TileLang's cache), then run each argument as a shell command
 # with the environment set. Logs go to $OUT.
 # Usage (device tool, carry .gpu and .whl):
-#   bash scripts/gpu-run.sh 'python3 -m pytest -m gpu tests/' 'python3 -m mqa_bwd.bench --shapes dsv32'
+#   bash scripts/gpu-run.sh 'python3 -m pytest -m gpu tests/' 'python3 -m mqa_bwd bench --shapes dsv32'
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p /tmp/site "$OUT"

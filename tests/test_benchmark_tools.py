@@ -1,7 +1,6 @@
-"""The benchmark tools that rewrite kernel source (CPU: no GPU needed to check the rewrite)."""
+"""The benchmark tools (CPU: no GPU needed to check their probes, parsers and counts)."""
 
 import importlib.util
-import inspect
 import os
 import pathlib
 import re
@@ -22,98 +21,7 @@ def _tool(name):
     return module
 
 
-@pytest.mark.parametrize("adds", ["half", "none"])
-def test_add_cost_variants_guard_every_add(adds):
-    # The tool times the kernel with adds dropped by extending their guards; if
-    # a kernel edit moved a guard, it must fail, not time an unchanged kernel.
-    add_cost = _tool("add_cost")
-    original = inspect.getsource(kernels)
-    patched = add_cost.variant_source(adds)
-    fixed_cond, atomic_cond = add_cost.DROPS[adds]
-    assert patched.count(f"and ({fixed_cond}):\n") == len(add_cost.FIXED_GUARDS) == 2
-    assert patched.count(f"and ({atomic_cond}):\n") == len(add_cost.ATOMIC_GUARDS) == 3
-    assert len(patched.splitlines()) == len(original.splitlines())
-    compile(patched, "variant", "exec")
-    with pytest.raises(RuntimeError, match="add guard"):
-        add_cost.variant_source(adds, original.replace(add_cost.FIXED_GUARDS[1], ""))
-
-
-def test_add_cost_tail_drops_only_the_last_blocks_adds():
-    # Both loops after the slot loop (one head group, a cluster) run zero
-    # times; every other add, and every line count, stays.
-    add_cost = _tool("add_cost")
-    original = inspect.getsource(kernels)
-    patched = add_cost.variant_source("tail")
-    assert original.count(add_cost.TAIL_LOOP) == add_cost.TAIL_LOOPS == patched.count("for k in T.serial(0):")
-    assert len(patched.splitlines()) == len(original.splitlines())
-    assert patched.count("add_piece(") == original.count("add_piece(")
-    compile(patched, "variant", "exec")
-    with pytest.raises(RuntimeError, match="last block"):
-        add_cost.variant_source("tail", original.replace(add_cost.TAIL_LOOP, "\n", 1))
-
-
-def test_add_cost_all_is_the_kernel_itself():
-    assert _tool("add_cost").variant_source("all") == inspect.getsource(kernels)
-
-
-@pytest.mark.parametrize("variant", ["u64raw", "u64last", "f32", "f32x4", "f32x4x2", "none"])
-def test_add_width_variants_rewrite_the_cluster_adds(variant):
-    # Each variant must replace the fixed mode's 64-bit adds (a kernel edit
-    # that moved them must fail here, not time an unchanged kernel), and all
-    # but u64last must drop every __float2ll_rn conversion of that path.
-    add_width = _tool("add_width")
-    original = inspect.getsource(kernels)
-    patched = add_width.variant_source(variant)
-    compile(patched, "variant", "exec")
-    assert add_width.NOT_WIDE[1] in patched and add_width.NOT_WIDE[0] not in patched  # the cluster kernel runs
-    if variant == "none":
-        assert patched.count("and (kv_row[0] < 0):") == 1
-    else:
-        assert add_width.VALUE_ADD not in patched and add_width.TAIL_ADD not in patched
-        converted = 2 if variant == "u64last" else 0  # the hinted adds keep their conversions
-        assert patched.count("__float2ll_rn") == original.count("__float2ll_rn") - 2 + converted
-        assert patched.count("mqa_red_f32x4\", T.address_of") == {"f32x4": 1, "f32x4x2": 2}.get(variant, 0)
-        assert patched.count('"mqa_raw64"') == (2 if variant == "u64raw" else 0)
-        assert patched.count('"mqa_red_u64_last"') == (2 if variant == "u64last" else 0)
-    with pytest.raises(RuntimeError, match="update this tool"):
-        add_width.variant_source(variant, original.replace(add_width.FIXED_GUARD, "").replace(add_width.VALUE_ADD, ""))
-
-
-def test_add_width_bulk_variant_moves_every_fixed_add_to_the_bulk_unit():
-    # The bulk variant must take over both fixed-mode adds and pass each warp's
-    # staging row to every add_piece; its PTX must reduce through the bulk unit
-    # only (no SIMT 64-bit add left) and drain before the CTA exits.
-    add_width = _tool("add_width")
-    original = inspect.getsource(kernels)
-    patched = add_width.variant_source("bulk")
-    compile(patched, "variant", "exec")
-    assert add_width.VALUE_ADD not in patched and add_width.TAIL_ADD not in patched
-    assert patched.count("add_piece(dKV, dKV_s, dKVt_s, stage, ") == original.count("add_piece(dKV, dKV_s, dKVt_s, ")
-    module = add_width.variant_module("bulk")
-    ptx = module.ptx_of(("main_bwd", 32, 576, 512, "fixed", 2))
-    assert "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u64" in ptx
-    assert not ATOMIC_PTX_ADD.findall(ptx), ATOMIC_PTX_ADD.findall(ptx)
-    assert "cp.async.bulk.wait_group 0" in ptx
-    with pytest.raises(RuntimeError, match="update this tool"):
-        add_width.variant_source("bulk", original.replace(add_width.BARS, ""))
-
-
-@pytest.mark.parametrize("variant,call,ptx_add", [
-    ("f32x4", "mqa_red_f32x4(", "red.global.add.v4.f32"),
-    ("f32x4x2", "mqa_red_f32x4(", "red.global.add.v4.f32"),
-    ("u64last", "mqa_red_u64_last(", "red.global.add.L2::cache_hint.u64"),
-])
-def test_add_width_device_code_compiles_for_sm90(variant, call, ptx_add):
-    # Each variant's device functions (inline PTX, shared-memory pointers) must
-    # build, and its PTX must hold the add it times.
-    add_width = _tool("add_width")
-    module = add_width.variant_module(variant)
-    config = ("main_bwd", 32, 576, 512, "fixed", 2)
-    assert module.compiled(*config).get_kernel_source().count(call) >= 2
-    assert ptx_add in module.ptx_of(config)
-
-
-@pytest.mark.parametrize("name", ["cluster_occupancy", "racecheck_handoff"])
+@pytest.mark.parametrize("name", ["racecheck_handoff"])
 def test_cuda_probe_builds(name, tmp_path):
     # The probes are plain CUDA (racecheck_handoff's with inline PTX: named
     # barriers, mbarriers), built where they run: a source or API slip must
@@ -126,7 +34,7 @@ def test_cuda_probe_builds(name, tmp_path):
 
 @pytest.mark.parametrize("name", ["nvcc", "compute-sanitizer"])
 def test_cuda_tools_prefer_cuda_home_then_path(name, tmp_path, monkeypatch):
-    # Every compile (kernels._nvcc_source, bench.build_cuda_program) and every
+    # Every compile (kernels.toolchain._nvcc_source, bench.build_cuda_program) and every
     # skip test asks kernels.nvcc_path, so they agree on whether nvcc exists;
     # compute-sanitizer is looked up the same way, so both come from one
     # toolkit where CUDA_HOME and PATH name different ones.
@@ -148,29 +56,6 @@ def test_cuda_tools_prefer_cuda_home_then_path(name, tmp_path, monkeypatch):
     assert lookup() is None
 
 
-def test_cluster_mix_launches_cover_every_row_and_head_once():
-    # The CPU model in place of the kernels: clusters of four over some rows
-    # and of two over the rest give the dQ of clusters of two everywhere, and
-    # the same dKV up to the fixed-point rounding of each contribution.
-    import torch
-
-    from mqa_bwd.model import ModelLauncher
-
-    tool = _tool("cluster_mix")
-    t, dkv, row_scale = tool.inputs(S=6, S_kv=40, L=32, device="cpu", scale=2.0**12)
-    t["lse2"].fill_(4.0)
-    results = []
-    for splits in (((slice(0, 6), 2),), ((slice(0, 4), 4), (slice(4, 6), 2))):
-        dkv.zero_()
-        t["dq"].fill_(float("nan"))
-        for rows, cluster in splits:
-            tool.launches(t, dkv, row_scale, rows, cluster, launcher=ModelLauncher())
-        results.append((t["dq"].clone(), dkv.clone()))
-    (dq2, dkv2), (dq_mix, dkv_mix) = results
-    assert torch.equal(dq_mix, dq2) and not dq2.isnan().any()
-    assert dkv2.abs().max() > 1000 and (dkv_mix - dkv2).abs().max() <= 64
-
-
 def test_add_floor_kernels_issue_their_adds():
     # The floor is only a floor if each variant issues exactly its adds: the
     # 64-bit integer add (atom in PTX, a RED in SASS as in the main kernel;
@@ -180,7 +65,7 @@ def test_add_floor_kernels_issue_their_adds():
     found, counts = {}, {}
     for variant in tool.VARIANTS:
         source = kernels.compile_program(tool.adds_program(variant)).get_kernel_source()
-        adds = re.findall(r"\b(?:atom|red)\.[a-z0-9.]+", kernels._nvcc_source(source, "-ptx", "compute_90a")[0])
+        adds = re.findall(r"\b(?:atom|red)\.[a-z0-9.]+", kernels.toolchain._nvcc_source(source, "-ptx", "compute_90a")[0])
         found[variant], counts[variant] = sorted(set(adds)), len(adds)
     assert found == {"u64": ["atom.global.add.u64"], "u64pair": ["atom.global.add.u64"], "u32": ["atom.global.add.u32"],
                      "f32x4": ["red.global.add.v4.f32"], "indices": []}, found
@@ -194,7 +79,7 @@ def test_fence_probe_issues_reductions_then_each_fence():
     # fire-and-forget ones (as the main kernel's) and each mode is its fence.
     tool = _tool("fence_probe")
     source = kernels.compile_program(tool.probe_program()).get_kernel_source()
-    ptx = kernels._nvcc_source(source, "-ptx", "compute_90a")[0]
+    ptx = kernels.toolchain._nvcc_source(source, "-ptx", "compute_90a")[0]
     assert "red.global.add.u64" in ptx and "atom." not in ptx
     for fence in ("fence.proxy.async.shared::cta", "membar.cta", "bar.sync", "membar.gl"):
         assert fence in ptx, fence
@@ -272,24 +157,11 @@ def test_ncu_stalls_rejects_an_export_without_source_counters(tmp_path):
 
 def test_ncu_stalls_counts_main_launches_per_call():
     tool = _tool("ncu_stalls")
-    assert tool.main_launches_per_call(64, "fixed", 2) == 1  # two 32-head groups, one cluster
-    assert tool.main_launches_per_call(64, "fixed", 1) == 2
-    assert tool.main_launches_per_call(64, "atomic", 2) == 1  # the pair runs as one 64-head CTA
-    assert tool.main_launches_per_call(128, "atomic", 2) == 2
-    assert tool.main_launches_per_call(40, "atomic", 2) == 3  # 16-head groups are never paired
-    assert tool.main_launches_per_call(40, "fixed", 2) == 2  # three 16-head groups: a cluster and one alone
-
-
-def test_load_kernels_module_for_kernel_ab(tmp_path):
-    from mqa_bwd.bench import load_kernels_module
-
-    other = load_kernels_module(inspect.getsourcefile(kernels), "--against")
-    assert other is not kernels and other.MAX_CLUSTER == kernels.MAX_CLUSTER
-    other.plan_program("terms")  # builds what imports fixed_point too (a copy loaded alone has no package)
-    bogus = tmp_path / "not_kernels.py"
-    bogus.write_text("X = 1\n")
-    with pytest.raises(ValueError, match="--against"):
-        load_kernels_module(str(bogus), "--against")
+    assert tool.main_launches_per_call(64, "fixed") == 1  # two 32-head groups: one wide tile
+    assert tool.main_launches_per_call(64, "atomic") == 1  # the pair runs as one 64-head CTA
+    assert tool.main_launches_per_call(128, "atomic") == 2
+    assert tool.main_launches_per_call(40, "atomic") == 3  # 16-head groups of the control are never paired
+    assert tool.main_launches_per_call(40, "fixed") == 2  # three 16-head groups: a cluster and one alone
 
 
 def test_package_ab_imports_another_copy_of_the_package_beside_this_one(tmp_path):
@@ -316,41 +188,6 @@ def test_package_ab_imports_another_copy_of_the_package_beside_this_one(tmp_path
             del sys.modules[name]
     with pytest.raises(ValueError, match="--against"):
         tool.load_package(str(tmp_path))
-
-
-def test_kernel_ab_reports_how_far_differing_bits_lie():
-    import torch
-
-    agreement = _tool("kernel_ab").agreement
-    mine = (torch.ones(4), torch.ones(8), torch.zeros(2))
-    assert agreement(mine, tuple(x.clone() for x in mine), "b") == "b True"
-    theirs = (torch.ones(4), torch.tensor([1.0] * 7 + [2.0]), torch.zeros(2))
-    assert agreement(mine, theirs, "b") == "b False (rel L2: dq 0.0e+00 dkv 3.5e-01 dsink 0.0e+00)"
-
-
-def test_kernel_ab_takes_kernels_an_older_file_lacks_from_this_tree(tmp_path, monkeypatch):
-    # A kernels.py from before a kernel existed (delta_max) still runs the
-    # fixed design: that kernel comes from this tree, everything else from it.
-    older = tmp_path / "kernels_old.py"
-    older.write_text(
-        "MAX_CLUSTER = 1\n"
-        "def main_bwd_program(*a, **k): pass\n"
-        "def cluster_launches(groups, largest=None): return [(g, 1) for g in range(groups)]\n"
-        "def gpu_configs(): yield ('delta', 512); yield ('main_bwd', 32, 576, 512, 'fixed')\n"
-        "def compiled(kind, *key): return ('older', kind) + key\n"
-    )
-    from mqa_bwd.bench import load_kernels_module
-
-    monkeypatch.setattr(kernels, "compiled", lambda kind, *key: ("this tree", kind) + key)
-    against = _tool("kernel_ab").WithFallback(load_kernels_module(str(older), "--against"))
-    assert "delta_max" in against.missing and "delta" not in against.missing
-    assert against.compiled("delta_max", 576, 512) == ("this tree", "delta_max", 576, 512)
-    assert against.compiled("main_bwd", 32, 576, 512, "fixed") == ("older", "main_bwd", 32, 576, 512, "fixed")
-    assert against.MAX_CLUSTER == 1 and against.cluster_launches(2) == [(0, 1), (1, 1)]
-    # It predates the 64-head tile: the atomic mode runs group by group, every launch as named.
-    assert against.cluster_launches(2, mode="atomic", heads=32) == [(0, 1), (1, 1)]
-    assert against.main_kernel_key(32, 576, 512, "atomic", 1) == (32, 576, 512, "atomic")
-    assert against.main_kernel_key(32, 576, 512, "fixed", 2) == (32, 576, 512, "fixed", 2)
 
 
 def test_call_trace_sums_kernels_per_call(capsys):
@@ -450,32 +287,6 @@ def test_lane_study_trades_slow_adds_for_precision():
     assert large2 >= large6 >= large10 and slots2 >= slots10 and large2 > 0, found
     assert 0 < err2 < err6 < err10 < 1e-2, found
     assert study.narrow_precision(S=32, S_kv=64, H=16, L=16, seed=3)["int64"][0] < err2
-
-
-@pytest.mark.parametrize("variant", ["nb", "peaks", "redux", "bound", "lanes", "running"])
-def test_lanes_probe_rewrites_the_wide_adds(variant):
-    # The probe's timings mean something only while it rewrites the wide
-    # tile's int64 adds (and nothing else): a kernel edit that moves them must
-    # fail here, not time an unchanged kernel.
-    probe = _tool("lanes_probe")
-    original = inspect.getsource(kernels)
-    patched = probe.variant_source(variant)
-    assert probe.INT64_ADDS not in patched and patched.count("mqa_pair_add") == 2
-    assert patched.count('"mqa_bound_add"') == (variant != "nb")
-    compile(patched, "variant", "exec")
-    with pytest.raises(RuntimeError, match="add_chunk's int64 adds"):
-        probe.variant_source(variant, original.replace(probe.INT64_ADDS, ""))
-
-
-def test_lanes_probe_compiles_its_pair_and_bound_adds():
-    # The full check's variant, built for sm_90a: pair adds of 32-bit
-    # conversions, the warp max, and no int64 conversion left in the wide tile.
-    from mqa_bwd.bench import kernels_module_from_source
-
-    module = kernels_module_from_source(_tool("lanes_probe").variant_source("bound"), "lanes_bound")
-    ptx = module.ptx_of(("main_bwd", 64, 576, 512, "fixed"))
-    assert "redux.sync.max.u32" in ptx and "cvt.rni.s32.f32" in ptx and "cvt.rni.s64.f32" not in ptx
-    assert len(re.findall(r"red\.global\.add\.u64", ptx)) >= 2
 
 
 def test_lane_pairs_decode_exact_sums_whatever_the_partial_sums_did():

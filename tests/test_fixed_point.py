@@ -147,9 +147,9 @@ def test_unrepresentable_bounds_give_a_nan_scale(bound):
 # -- the design on the CPU tile model -----------------------------------------
 
 
-def _run(host, design="fixed"):
+def _run(host):
     inputs = to_framework(host)
-    return wrapper.backward_with(ModelLauncher(), *[inputs[k] for k in ARGS], dkv_design=design)
+    return wrapper.backward_with(ModelLauncher(), *[inputs[k] for k in ARGS])
 
 
 def _case():

@@ -15,6 +15,7 @@ from mqa_bwd.bench import RACECHECK_HAZARDS, SANITIZER_ERRORS, compute_sanitizer
 from mqa_bwd.model import ModelLauncher  # noqa: E402
 from properties.case import INVALID_KINDS, Case, expected, to_framework  # noqa: E402
 from properties.compare import compare, first_difference  # noqa: E402
+from properties.guards import GuardBands  # noqa: E402
 
 pytestmark = [
     pytest.mark.gpu,
@@ -38,39 +39,33 @@ def _grid_cases():
 ARGS = ("query", "kv", "out", "grad_out", "lse", "attn_sink", "token_indices", "sm_scale")
 
 
-def call_design(args, design, dkv_buf_bytes=None, launcher=None):
-    """The TileLang path (deterministic unless ``launcher`` says otherwise) with its dKV design forced."""
-    return wrapper.backward_with(launcher or launch.TileLangLauncher(), *args, dkv_buf_bytes=dkv_buf_bytes,
-                                 dkv_design=design)
+def call_gpu(args, dkv_buf_bytes=None, launcher=None, instruments=None):
+    """The TileLang path (deterministic unless ``launcher`` says otherwise)."""
+    launcher = launcher or launch.TileLangLauncher(instruments=instruments)
+    return wrapper.backward_with(launcher, *args, dkv_buf_bytes=dkv_buf_bytes)
 
 
-def _run(host: dict, design, guards=None, launcher=None):
+def _run(host: dict, guards=None, deterministic=True):
     inputs = to_framework(host, "torch", "cuda")
+    instruments = None
     if guards is not None:
         inputs = {k: (guards.place(v, k) if isinstance(v, torch.Tensor) else v) for k, v in inputs.items()}
-    return inputs, call_design([inputs[k] for k in ARGS], design, launcher=launcher)
+        instruments = guards.instruments()
+    launcher = launch.TileLangLauncher(deterministic=deterministic, instruments=instruments)
+    return inputs, call_gpu([inputs[k] for k in ARGS], launcher=launcher)
 
 
-def _grid_with_designs():
-    for n, case in enumerate(_grid_cases()):
-        yield case, "fixed"
-        if n % 2 == 0:
-            yield case, "shards"
-        if n % 4 == 1:
-            yield case, "slots"
+@pytest.mark.parametrize("case", list(_grid_cases()), ids=lambda x: f"H{x.H}-L{x.L}-{x.sink}")
+def test_agrees_with_oracle_inside_guard_bands(case):
+    _check_against_oracle(case)
 
 
-@pytest.mark.parametrize("case,design", list(_grid_with_designs()), ids=lambda x: x if isinstance(x, str) else f"H{x.H}-L{x.L}-{x.sink}")
-def test_agrees_with_oracle_inside_guard_bands(case, design):
-    _check_against_oracle(case, design)
-
-
-def _check_against_oracle(case, design, launcher=None):
+def _check_against_oracle(case, deterministic=True):
     """One call inside guard bands: no band damaged, exact output shapes, agreement with the oracle."""
     host = case.inputs()
-    with launch.GuardBands() as guards:
-        inputs, (dq, dkv, dsink) = _run(host, design, guards=guards, launcher=launcher)
-        torch.cuda.synchronize()
+    guards = GuardBands()
+    inputs, (dq, dkv, dsink) = _run(host, guards=guards, deterministic=deterministic)
+    torch.cuda.synchronize()
     damaged = guards.violations()
     assert not damaged, f"guard bands damaged: {damaged}\nREPRO: {case.to_json()}"
     assert dq.shape == (case.B, case.S, case.H, 576) and dq.dtype == torch.bfloat16
@@ -84,23 +79,13 @@ def _check_against_oracle(case, design, launcher=None):
     assert not bad, "\n".join(bad) + f"\nREPRO: {case.to_json()}"
 
 
-@pytest.mark.parametrize("H,L", [(57, 33), (64, 129), (128, 2048)])
-def test_clusters_of_four_agree_with_oracle_inside_guard_bands(H, L, monkeypatch):
-    # Not the default cluster size: 16-head groups (H=57, 64 padded heads; H=64
-    # runs as two 32-head groups) and 32-head ones (H=128).
-    monkeypatch.setattr(kernels, "MAX_CLUSTER", 4)
-    case = Case(B=2, S=3, S_kv=max(64, L + 7), H=H, L=L, d_k=576, d_v=512, invalid=INVALID_KINDS, hole_rate=0.2,
-                duplicates=True, empty_rows=1, sink="random", seed=70 + H)
-    _check_against_oracle(case, "fixed")
-
-
 @pytest.mark.parametrize("H,L", [(16, 1), (57, 33), (64, 129), (128, 2048)])
 def test_atomic_control_agrees_with_oracle_inside_guard_bands(H, L):
     # The control's adds are deferred like the fixed design's: a block dropped
     # or added twice would show here, not only in the benchmark's rel L2.
     case = Case(B=2, S=3, S_kv=max(64, L + 7), H=H, L=L, d_k=576, d_v=512, invalid=INVALID_KINDS, hole_rate=0.2,
                 duplicates=True, empty_rows=1, sink="random", seed=40 + H)
-    _check_against_oracle(case, None, launch.TileLangLauncher(deterministic=False))
+    _check_against_oracle(case, deterministic=False)
 
 
 @pytest.mark.determinism
@@ -117,54 +102,26 @@ def test_bitwise_identical_over_100_reruns_and_atomic_control_differs(H):
 
 
 @pytest.mark.determinism
-@pytest.mark.parametrize("H,largest", [(96, 2), (128, 2), (128, 4)])
-def test_other_cluster_sizes_bitwise_over_reruns(H, largest, monkeypatch):
-    # H=96: a cluster of two groups and a lone one; H=128: two clusters of
-    # two, or one of four (not the default: kernels.MAX_CLUSTER says why).
-    monkeypatch.setattr(kernels, "MAX_CLUSTER", largest)
+@pytest.mark.parametrize("H,block_h", [(96, 32), (48, 16)])
+def test_paired_and_lone_groups_bitwise_over_reruns(H, block_h):
+    # H=96: a wide tile of two 32-head groups and a lone group; H=48 in
+    # 16-head groups: a cluster of two and a lone group.
     args = production_inputs(B=1, S=1024, S_kv=8192, H=H, L=2048)
-    runs = [call_design(args, "fixed") for _ in range(10)]
+    runs = [wrapper.backward_with(launch.TileLangLauncher(), *args, block_h=block_h) for _ in range(10)]
     for i, name in enumerate(("dq", "dkv", "d_attn_sink")):
         diff = first_difference(name, [r[i] for r in runs])
         assert diff is None, diff
 
 
 @pytest.mark.determinism
-@pytest.mark.parametrize("design", ["slots", "shards"])
-def test_other_designs_bitwise_over_reruns(design):
-    args = production_inputs(B=1, S=1024, S_kv=8192, H=64, L=2048)
-    runs = [call_design(args, design) for _ in range(10)]
-    for i, name in enumerate(("dq", "dkv", "d_attn_sink")):
-        diff = first_difference(name, [r[i] for r in runs])
-        assert diff is None, diff
-
-
-@pytest.mark.determinism
-def test_shards_with_duplicate_slots_bitwise_over_reruns_and_close_to_the_oracle():
-    # The sharded cluster adds fp32: a block's duplicate kv rows are summed onto
-    # their first slot before the add, or two adds of one element would race.
-    # 30 % of the slots repeat another slot of their row, S_kv is small (rows
-    # repeat across blocks and rows too), and the shard rows wrap around.
-    case = Case(B=2, S=67, S_kv=80, H=64, L=64, d_k=576, d_v=512, invalid=INVALID_KINDS, hole_rate=0.1,
-                duplicates=True, sink="random", seed=11)
-    _check_against_oracle(case, "shards")
-    inputs = to_framework(case.inputs(), "torch", "cuda")
-    runs = [call_design([inputs[k] for k in ARGS], "shards") for _ in range(20)]
-    for i, name in enumerate(("dq", "dkv", "d_attn_sink")):
-        diff = first_difference(name, [r[i] for r in runs])
-        assert diff is None, f"{diff}\nREPRO: {case.to_json()}"
-
-
-@pytest.mark.determinism
-@pytest.mark.parametrize("design,budget", [
-    ("slots", 37 * 2048 * 576 * 4), ("shards", 7 * 1024 * 576 * 4), ("fixed", 1024 * 576 * 8),
-])
-def test_budget_invariance_on_gpu(design, budget):
+@pytest.mark.parametrize("budget", [1024 * 576 * 8, 1])
+def test_budget_invariance_on_gpu(budget):
+    # The fixed design chunks nothing by the budget (its accumulator is output-sized).
     args = production_inputs(B=1, S=512, S_kv=1024, H=64, L=2048)
-    whole = call_design(args, design)
-    chunked = call_design(args, design, dkv_buf_bytes=budget)
+    whole = call_gpu(args)
+    chunked = call_gpu(args, dkv_buf_bytes=budget)
     for name, a, b in zip(("dq", "dkv", "d_attn_sink"), whole, chunked):
-        assert torch.equal(a, b), f"{name} changed with the scratch budget ({design})"
+        assert torch.equal(a, b), f"{name} changed with the scratch budget"
 
 
 def test_slot_marks_match_the_model_inside_guard_bands():
@@ -179,10 +136,10 @@ def test_slot_marks_match_the_model_inside_guard_bands():
     slots[9] = -3
     marks = {}
     for name, launcher, device in (("model", ModelLauncher(), "cpu"), ("tilelang", launch.TileLangLauncher(), "cuda")):
-        with launch.GuardBands() as guards:
-            referenced = guards.allocate((NKV,), torch.int32, device, "Referenced").zero_()
-            live_row = guards.allocate((R,), torch.int32, device, "LiveRow").zero_()
-            launcher.mark_slots(slots.to(device), referenced, live_row)
+        guards = GuardBands()
+        referenced = guards.allocate((NKV,), torch.int32, device, "Referenced").zero_()
+        live_row = guards.allocate((R,), torch.int32, device, "LiveRow").zero_()
+        launcher.mark_slots(slots.to(device), referenced, live_row)
         assert not guards.violations(), f"{name}: {guards.violations()}"
         marks[name] = (referenced.cpu(), live_row.cpu())
     assert torch.equal(marks["model"][0], marks["tilelang"][0])
@@ -208,12 +165,12 @@ def test_delta_maxima_match_the_model():
     results = {}
     for name, launcher, device in (("model", ModelLauncher(), "cpu"), ("tilelang", launch.TileLangLauncher(), "cuda")):
         args = [t.to(device) for t in (o, do, lse2, sink2)]
-        with launch.GuardBands() as guards:
-            outs = [guards.allocate((R, H), torch.float32, device, n).fill_(-7.0) for n in ("Delta", "DSinkRows")]
-            peaks = [guards.allocate((R, H), torch.int32, device, n).fill_(-7) for n in ("PeakQ", "PeakDO")]
-            launcher.delta(*args, *outs, q.to(device), *peaks)
-            plain = [guards.allocate((R, H), torch.float32, device, n).fill_(-7.0) for n in ("Delta", "DSinkRows")]
-            launcher.delta(*args, *plain)
+        guards = GuardBands()
+        outs = [guards.allocate((R, H), torch.float32, device, n).fill_(-7.0) for n in ("Delta", "DSinkRows")]
+        peaks = [guards.allocate((R, H), torch.int32, device, n).fill_(-7) for n in ("PeakQ", "PeakDO")]
+        launcher.delta(*args, *outs, q.to(device), *peaks)
+        plain = [guards.allocate((R, H), torch.float32, device, n).fill_(-7.0) for n in ("Delta", "DSinkRows")]
+        launcher.delta(*args, *plain)
         assert not guards.violations(), f"{name}: {guards.violations()}"
         results[name] = [t.cpu() for t in outs + peaks + plain]
     model, gpu = results["model"], results["tilelang"]
@@ -226,33 +183,33 @@ def test_delta_maxima_match_the_model():
         torch.testing.assert_close(gpu[i], gpu[j], rtol=1e-5, atol=1e-5, equal_nan=True, msg=what)
 
 
-# The main kernel alone on the given slots, once per design: the atomic
-# control, one 32-head group and a pair of them as one 64-head CTA (the wide
-# tile, kernels.runs_wide: the control's kernel at H = 64 and 128), one
-# fixed-point group, the wide fixed-point tile (its warpgroups hand P over on
-# mbarriers), a cluster of four groups that swap P and dS tiles (bulk copies,
-# mbarriers), and the sharded cluster, whose two groups exchange dKV partials
-# (three shards, so each walks several rows and sets its mbarriers up again
-# per row). Shared by the sanitizer scripts.
+# The main kernel alone on the given slots, once per kept configuration: the
+# atomic control's 32-head group and its pair as one 64-head CTA (the wide
+# tile: the control's kernel at H = 64 and 128), one fixed-point group, the
+# wide fixed-point tile (its warpgroups hand P over on mbarriers), and the
+# cluster of two 16-head groups that swap P and dS tiles (bulk copies,
+# mbarriers). ``launch``: the launch module of the package under test.
+# Shared by the sanitizer scripts.
 MAIN_KERNEL_EACH_DESIGN = """
-def main_kernel_each_design(idx, R, HQ, NKV, seed):
+def main_kernel_each_design(idx, R, HQ, NKV, seed, launch=None):
     import torch
-    from mqa_bwd import launch
+    from mqa_bwd import kernels
+    if launch is None:
+        from mqa_bwd import launch
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(R, HQ, 576, generator=g).bfloat16().cuda()
     kv = torch.randn(NKV, 576, generator=g).bfloat16().cuda()
     do = torch.randn(R, HQ, 512, generator=g).bfloat16().cuda()
     lse2, delta = torch.full((R, HQ), 30.0).cuda(), torch.randn(R, HQ, generator=g).cuda()
-    for mode, cluster in (("atomic", 1), ("atomic", 2), ("fixed", 1), ("fixed", 2), ("fixed", 4), ("shard", 2)):
+    for heads, deterministic, cluster in ((32, False, 1), (32, False, 2), (32, True, 1), (32, True, 2), (16, True, 2)):
+        config = kernels.main_config(heads, 576, 512, deterministic, cluster)
         dq = torch.empty(R, HQ, 576, dtype=torch.bfloat16).cuda()
-        dkv = torch.zeros(NKV, 576, dtype=torch.int64 if mode == "fixed" else torch.float32).cuda()
-        extra = {} if mode == "atomic" else dict(
+        dkv = torch.zeros(NKV, 576, dtype=torch.int64 if deterministic else torch.float32).cuda()
+        extra = {} if not deterministic else dict(
             row_scale=torch.ones(NKV).cuda(), flag=torch.zeros(R, dtype=torch.int32).cuda(),
             allowance=torch.full((R, HQ), float("inf")).cuda())
-        if mode == "shard":
-            dkv, extra = torch.zeros(3, NKV, 576).cuda(), dict(n_shards=3)
-        launch.TileLangLauncher(deterministic=mode != "atomic").main_bwd(
-            q, kv, do, idx.cuda(), lse2, delta, dq, dkv, sm_scale=0.04, mode=mode, heads=32, cluster=cluster, **extra)
+        launch.TileLangLauncher(deterministic=deterministic).main_bwd(
+            q, kv, do, idx.cuda(), lse2, delta, dq, dkv, config=config, sm_scale=0.04, heads=heads, **extra)
     torch.cuda.synchronize()
 """
 
@@ -279,19 +236,29 @@ print("sanitized calls done")
 
 
 SHARED_MEMORY_CALL = MAIN_KERNEL_EACH_DESIGN + """
-import inspect, os
+import importlib, importlib.util, os, shutil, sys, tempfile
 import torch
-from mqa_bwd import kernels, launch
-from mqa_bwd.bench import kernels_module_from_source
+import mqa_bwd
 # The main kernel alone, two slot blocks: each design's shared-memory protocol.
-DROP = os.environ.get("DROP_BARRIER")  # a mutant: the kernels without the barrier of this comment
+DROP = os.environ.get("DROP_BARRIER")  # a mutant: a copy of the package without the barrier of this comment
+launch = None
 if DROP:
-    source = inspect.getsource(kernels)
+    # The mutant is a whole package of its own (as benchmarks/package_ab.py loads
+    # another revision): nothing in the package under test is patched.
+    copy = os.path.join(tempfile.mkdtemp(prefix="mqa_mutant_"), "mqa_bwd")
+    shutil.copytree(os.path.dirname(mqa_bwd.__file__), copy)
+    path = os.path.join(copy, "kernels", "main_bwd.py")
+    source = open(path).read()
     assert source.count(f"T.sync_threads()  # {DROP}") == 1, DROP
-    launch.K = kernels_module_from_source(source.replace(f"T.sync_threads()  # {DROP}", "pass"), "kernels_mutant")
+    open(path, "w").write(source.replace(f"T.sync_threads()  # {DROP}", "pass"))
+    spec = importlib.util.spec_from_file_location("mqa_bwd_mutant", os.path.join(copy, "__init__.py"),
+                                                  submodule_search_locations=[copy])
+    sys.modules["mqa_bwd_mutant"] = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sys.modules["mqa_bwd_mutant"])
+    launch = importlib.import_module("mqa_bwd_mutant.launch")
 R, HQ, NKV, Lp = 4, 128, 100, 64
 idx = torch.randint(-1, NKV, (R, Lp), generator=torch.Generator().manual_seed(1), dtype=torch.int32)
-main_kernel_each_design(idx, R, HQ, NKV, seed=1)
+main_kernel_each_design(idx, R, HQ, NKV, seed=1, launch=launch)
 print("sanitized calls done")
 """
 
@@ -422,17 +389,17 @@ def test_plan_kernels_give_the_torch_plan_bits(shape, quirk, sm_scale):
 def test_fixed_point_flag_poisons_only_the_flagged_batch_element():
     case = Case(B=2, S=5, S_kv=300, H=33, L=129, d_k=576, d_v=512, sink="random", seed=7)
     host = case.inputs()
-    _, (dq, dkv, dsink) = _run(host, "fixed")
+    _, (dq, dkv, dsink) = _run(host)
     assert torch.isfinite(dkv.float()).all()
     bad = dict(host, lse=host["lse"].copy())
     bad["lse"][1, 3, 32] -= 1.0  # H=33 runs in groups of 16: head 32 is the third group's (head_base 32)
-    _, (dq2, dkv2, dsink2) = _run(bad, "fixed")
+    _, (dq2, dkv2, dsink2) = _run(bad)
     assert torch.isnan(dkv2[1].float()).all(), "the kernel did not flag a softmax mass above the allowance"
     assert torch.equal(dkv2[0], dkv[0]), "a flag in batch element 1 changed batch element 0"
     assert torch.isfinite(dq2.float()).all() and torch.isfinite(dsink2).all()
     bad["lse"] = host["lse"].copy()
     bad["lse"][0, 1, 5] = float("nan")
-    _, (_, dkv3, _) = _run(bad, "fixed")
+    _, (_, dkv3, _) = _run(bad)
     assert torch.isnan(dkv3[0].float()).all(), "the kernel did not flag a NaN softmax mass"
     assert torch.equal(dkv3[1], dkv[1])
 
@@ -442,12 +409,12 @@ def test_fixed_point_non_finite_kv_rows_poison_dkv_only_when_read():
     host = case.inputs()
     used = sorted(set(host["token_indices"].reshape(-1).tolist()) & set(range(300)))
     spare = next(j for j in range(300) if j not in used)
-    _, (dq, dkv, _) = _run(host, "fixed")
+    _, (dq, dkv, _) = _run(host)
     bad = dict(host, kv=host["kv"].copy())
     bad["kv"][0, spare, 3] = float("inf")  # nobody reads it: its dkv stays exactly 0 (SPEC)
-    _, (dq2, dkv2, _) = _run(bad, "fixed")
+    _, (dq2, dkv2, _) = _run(bad)
     assert torch.count_nonzero(dkv2[0, spare].float()) == 0
     assert torch.equal(dkv2, dkv) and torch.equal(dq2, dq)
     bad["kv"][0, used[0], 3] = float("inf")
-    _, (_, dkv3, _) = _run(bad, "fixed")
+    _, (_, dkv3, _) = _run(bad)
     assert torch.isnan(dkv3[0, used[0]].float()).all()

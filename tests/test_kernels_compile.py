@@ -8,8 +8,6 @@ KV rows with a copy that cannot skip an invalid slot, or bulk-copy a cluster
 peer a byte count its barrier does not expect."""
 
 import collections
-import functools
-import inspect
 import itertools
 import re
 
@@ -18,6 +16,7 @@ import pytest
 pytest.importorskip("tilelang")
 
 from mqa_bwd import kernels as K  # noqa: E402
+from mqa_bwd.kernels import main_bwd as MB  # noqa: E402
 
 pytestmark = pytest.mark.skipif(K.nvcc_path() is None, reason="needs nvcc (CUDA_HOME=/usr/local/cuda) to compile for sm_90a")
 
@@ -25,32 +24,42 @@ ATOMIC_PTX = re.compile(r"\b(?:atom|red)\.[a-z0-9.]+")
 CONFIGS = list(K.gpu_configs())
 
 
+def _kind(config):
+    return "main_bwd" if isinstance(config, K.MainConfig) else config.kind
+
+
 def _id(config):
-    return "-".join(str(c) for c in config)
+    if isinstance(config, K.MainConfig):
+        return f"main_bwd-{config.heads}-{config.d_k}-{config.d_v}-{config.accumulate}" + (
+            f"-{config.cluster}" if config.cluster > 1 else "")
+    return "-".join(str(c) for c in (config.kind,) + config.args)
 
 
 def _mode(config):
-    """The main kernel's dKV mode (its configuration is (name, heads, Dk, Dv, mode))."""
-    return config[4] if config[0] == "main_bwd" else None
+    """The main kernel's dKV accumulation (None for the other kernels)."""
+    return config.accumulate if isinstance(config, K.MainConfig) else None
+
+
+MAIN_CONFIGS = [c for c in CONFIGS if isinstance(c, K.MainConfig)]
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=_id)
 def test_kernel_compiles_for_sm90a(config):
-    kernel = K.compiled(*config)
+    kernel = K.compiled(config)
     source = kernel.get_kernel_source()
     assert "__global__" in source
     # The plan's stages share one device source, whose reductions are integer max and add atomics: results
     # that do not depend on order.
-    has_atomics = _mode(config) in ("atomic", "fixed") or config[0] == "plan"
+    has_atomics = _mode(config) in ("atomic", "fixed") or _kind(config) == "plan"
     assert ("atomic" in source.lower()) == has_atomics, f"{_id(config)}: atomic in CUDA source = {not has_atomics}"
 
 
-# PTX of the kernels that touch dKV: the main backward in every mode, the
-# reductions. At the production widths; Dk = Dv = 512 is the same code without
-# the tail products.
+# PTX of the kernels that touch dKV: the main backward in both accumulations,
+# the conversions. At the production widths; Dk = Dv = 512 is the same code
+# without the tail products.
 DKV_CONFIGS = [
     c for c in CONFIGS
-    if c[0] in ("dkv_reduce", "shard_fold", "fixed_to_bf16") or (c[0] == "main_bwd" and c[2:4] == (576, 512))
+    if _kind(c) in ("fixed_to_bf16", "cast_bf16") and c.args == (576,) or (_mode(c) and (c.d_k, c.d_v) == (576, 512))
 ]
 
 
@@ -64,36 +73,26 @@ def test_only_the_atomic_control_has_floating_point_atomics(config):
         assert any(op.startswith(("atom.global.add", "red.global.add")) and op.endswith(".f32") for op in found), found
     elif _mode(config) == "fixed":
         assert found and set(found) <= INTEGER_ADDS, f"{_id(config)}: expected 64-bit integer adds only, got {found}"
-    elif _mode(config) == "shard" and config[5:] == (2,):
-        # The sharded cluster adds fp32 into shards whose every element one
-        # CTA writes, in an order its barriers fix: its one vector add only.
-        assert found == ["red.global.add.v4.f32"], f"{_id(config)}: {found}"
     else:
         assert found == [], f"{_id(config)} issues atomics: {found}"
 
 
-def test_pairs_of_32_head_groups_run_as_one_wide_cta(monkeypatch):
-    # Both designs pair 32-head groups into one 64-head launch; 16-head groups
-    # and a group without a partner keep their own kernels, and so does
-    # everything with WIDE_PAIRS off (the cluster kernels come back).
-    assert K.cluster_launches(3, mode="atomic", heads=32) == [(0, 2), (2, 1)]
-    assert K.cluster_launches(3, mode="atomic", heads=16) == [(0, 1), (1, 1), (2, 1)]
-    assert K.main_kernel_key(32, 576, 512, "fixed", 2) == (K.WIDE_HEADS, 576, 512, "fixed")
-    assert K.main_kernel_key(32, 576, 512, "atomic", 2) == (K.WIDE_HEADS, 576, 512, "atomic")
-    assert K.main_kernel_key(16, 576, 512, "fixed", 2) == (16, 576, 512, "fixed", 2)
-    assert K.main_kernel_key(32, 576, 512, "shard", 2) == (32, 576, 512, "shard", 2)
-    assert K.main_kernel_key(32, 576, 512, "none", 2) == (K.WIDE_HEADS, 576, 512, "none")  # the no-dKV probe
-    K.check_cluster(2, "atomic", 32)
-    with pytest.raises(ValueError, match="cluster"):
-        K.check_cluster(2, "atomic")  # the narrow builder has no atomic cluster
-    monkeypatch.setattr(K, "WIDE_PAIRS", False)
-    assert K.cluster_launches(2, mode="atomic", heads=32) == [(0, 1), (1, 1)]
-    assert K.main_kernel_key(32, 576, 512, "fixed", 2) == (32, 576, 512, "fixed", 2)
-    with pytest.raises(ValueError, match="cluster"):
-        K.check_cluster(2, "atomic", 32)
+def test_pairs_of_32_head_groups_run_as_one_wide_cta():
+    # Both accumulations pair 32-head groups into one 64-head launch; the fixed
+    # one pairs 16-head groups as a cluster; a group without a partner, and the
+    # control's 16-head groups, keep their own kernels.
+    def shape(launches):
+        return [(g, c.heads, c.cluster) for g, c in launches]
+
+    assert shape(K.main_launches(3, 32, 576, 512, False)) == [(0, 64, 1), (2, 32, 1)]
+    assert shape(K.main_launches(3, 16, 576, 512, False)) == [(0, 16, 1), (1, 16, 1), (2, 16, 1)]
+    assert shape(K.main_launches(3, 32, 576, 512, True)) == [(0, 64, 1), (2, 32, 1)]
+    assert shape(K.main_launches(3, 16, 576, 512, True)) == [(0, 16, 2), (2, 16, 1)]
+    with pytest.raises(ValueError, match="^cluster"):
+        K.MainConfig(16, 576, 512, "atomic", 2)  # no atomic cluster
 
 
-WIDE_CONFIGS = [c for c in CONFIGS if c[0] == "main_bwd" and c[1] == K.WIDE_HEADS]
+WIDE_CONFIGS = [c for c in MAIN_CONFIGS if c.wide]
 WGMMA_WAIT = "tl::wait_wgmma<0>();"
 
 
@@ -103,16 +102,16 @@ def test_wide_tile_adds_while_its_wgmma_runs(config):
     # the previous block's staged dKV (last chunk's halves, then the tail, if
     # any), then waits (H200: 1-3 % faster in both designs); so do the second
     # dKV chunk's GEMMs (and the tail's), under the first chunk's adds
-    # (EARLY_CHUNK_UNDER_GEMM, about 2 % faster). Each wait must be
+    # (the early chunk adds). Each wait must be
     # followed by a fence of every accumulator it waited for: without one, the
     # compiler may read wgmma's registers before the wait (silently wrong
     # values, depending on its schedule).
-    source = K.compiled(*config).get_kernel_source()
-    has_tail = config[2] > config[3]
+    source = K.compiled(config).get_kernel_source()
+    has_tail = config.d_k > config.d_v
     assert source.count(WGMMA_WAIT) == 4, f"{_id(config)}: {source.count(WGMMA_WAIT)} explicit wgmma waits"
     fenced = [("acc_s",), ("acc_dp",), ("acc_dq",) + (("acc_dqt",) if has_tail else ()),
               ("acc_dkv",) + (("acc_dkvt",) if has_tail else ())]
-    adds = "AtomicAdd(" if config[4] == "fixed" else "AtomicAddx4("
+    adds = "AtomicAdd(" if config.accumulate == "fixed" else "AtomicAddx4("
     pieces = source.split(WGMMA_WAIT)
     for site, (before, after) in enumerate(zip(pieces, pieces[1:])):
         issued = before[before.rindex("tl::warpgroup_commit_batch();"):]
@@ -121,19 +120,6 @@ def test_wide_tile_adds_while_its_wgmma_runs(config):
         names = tuple(re.search(r"<float\*>\((\w+) \+", line).group(1)
                       for line in lines[: len(fenced[site])] if "warpgroup_fence_operand" in line)
         assert names == fenced[site], f"{_id(config)}: after wait {site}, {lines[:2]} does not fence {fenced[site]}"
-
-
-@functools.lru_cache(maxsize=None)
-def kernels_with_switch_off(switch: str):
-    """The kernels module with a wide-tile switch off: WIDE_SPLIT (score and dP GEMMs
-    not split between its warpgroups) or EARLY_CHUNK_UNDER_GEMM (the first dKV chunk's
-    adds between two barriers); the designs they replaced, kept to time against."""
-    from mqa_bwd.bench import kernels_module_from_source
-
-    source = inspect.getsource(K)
-    assert source.count(f"\n{switch} = True\n") == 1, switch
-    return kernels_module_from_source(source.replace(f"\n{switch} = True\n", f"\n{switch} = False\n"),
-                                      f"kernels_{switch.lower()}_off")
 
 
 def branch_at(source: str, head: str, start: int = 0) -> tuple:
@@ -159,15 +145,6 @@ HANDOFF_INIT = re.compile(_HANDOFF_BARS.format("init") + r"(\d+), (\d+)\);")
 GLOBAL_ADD = re.compile(r"AtomicAdd(?:x4)?\(")
 
 
-@pytest.mark.parametrize("switch", ["WIDE_SPLIT", "EARLY_CHUNK_UNDER_GEMM"])
-@pytest.mark.parametrize("config", WIDE_CONFIGS, ids=_id)
-def test_wide_tile_with_a_switch_off_compiles_without_spills_and_fits(config, switch):
-    kernel = kernels_with_switch_off(switch).compiled(*config)
-    info = K.ptxas_info_of_source(kernel.get_kernel_source(), config)
-    assert info["spill_stores"] == info["spill_loads"] == info["stack"] == 0, f"{_id(config)}: {info}"
-    assert K.dynamic_shared_bytes(kernel) <= SM90_MAX_DYNAMIC_SMEM
-
-
 @pytest.mark.parametrize("config", WIDE_CONFIGS, ids=_id)
 def test_split_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
     # Each warpgroup runs its GEMM and its elementwise work in a branch of its
@@ -177,7 +154,7 @@ def test_split_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
     # __syncthreads when it sees a shared-memory hazard between them)
     # deadlocks: each warpgroup would wait at a different barrier for the
     # other (seen on the H200: the call hung).
-    source = K.compiled(*config).get_kernel_source()
+    source = K.compiled(config).get_kernel_source()
     loop = source.index("for (int t = 0;")
     # Warpgroup 0's branch: the last one to open before the kernel's first GEMM.
     branches = source.rindex(WARPGROUP_0 + " {", 0, source.index("wgmma_ss"))
@@ -186,12 +163,12 @@ def test_split_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
     assert source[end:source.index(WARPGROUP_1, end)].strip() == "", f"{_id(config)}: code between the branches"
     # The loop's top barrier keeps block t + 1's handoffs behind every thread's of block t.
     assert "__syncthreads();" in source[loop:branches], f"{_id(config)}: no barrier of all threads before the branches"
-    cta = str(2 * K.WARPGROUP)
+    cta = str(2 * MB.WARPGROUP)
     own_barriers = []
     for name, body in (("warpgroup 0", first), ("warpgroup 1", second)):
         assert "wgmma_ss" in body and "wait_wgmma" in body, f"{_id(config)}: {name} has no GEMM of its own"
         assert "__syncthreads" not in body, f"{_id(config)}: __syncthreads inside {name}'s branch"
-        wide = [m for m in NAMED_BARRIER.findall(body) if m[2] != str(K.WARPGROUP)] + re.findall(r"NamedBarrier<(?!128>)\d+>", body)
+        wide = [m for m in NAMED_BARRIER.findall(body) if m[2] != str(MB.WARPGROUP)] + re.findall(r"NamedBarrier<(?!128>)\d+>", body)
         assert not wide, f"{_id(config)}: barriers of more than one warpgroup inside {name}'s branch: {wide}"
         own_barriers.append({m[1] for m in NAMED_BARRIER.findall(body)})
     # A warpgroup's own barriers (TileLang's stmatrix syncs) cannot hold the
@@ -204,7 +181,7 @@ def test_split_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
     # overwrite what its slow ones have yet to add); a wait on any parity but
     # the block's (one phase a block) passes at once, a race.
     (bars, arrivals_0, arrivals_1), = HANDOFF_INIT.findall(source)
-    staging, p_written = K.HANDOFF_STAGING_READ, K.HANDOFF_P_WRITTEN
+    staging, p_written = MB.HANDOFF_STAGING_READ, MB.HANDOFF_P_WRITTEN
     expected = ([("arrive", staging, ""), ("wait", staging, "(t & 1)"), ("arrive", p_written, "")],
                 [("arrive", staging, ""), ("wait", p_written, "(t & 1)")])
     sides = []
@@ -228,7 +205,7 @@ def test_split_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
         assert at and all(after < i < before for i in at), f"{_id(config)}: {what} are not between their handoffs ({at})"
     # The mbarriers are set up once, by one thread, before the slot loop (a
     # __syncthreads publishes them), for all threads' arrivals and warpgroup 0's.
-    assert (arrivals_0, arrivals_1) == (cta, str(K.WARPGROUP)), f"{_id(config)}: arrival counts {arrivals_0}, {arrivals_1}"
+    assert (arrivals_0, arrivals_1) == (cta, str(MB.WARPGROUP)), f"{_id(config)}: arrival counts {arrivals_0}, {arrivals_1}"
     init = source.index(HANDOFF_INIT.search(source).group(0))
     assert source.rindex("if (((int)threadIdx.x) == 0)", 0, init) > source.rfind("}", 0, init), \
         f"{_id(config)}: the mbarriers are not set up by one thread"
@@ -244,7 +221,7 @@ def test_head_tile_rule():
     assert [K.main_tile_heads(h) for h in (1, 8, 15, 16, 17, 32, 33, 64, 65, 128)] == [16, 16, 16, 16, 32, 32, 64, 64, 64, 64]
 
 
-@pytest.mark.parametrize("config", [c for c in CONFIGS if c[0] == "main_bwd"], ids=_id)
+@pytest.mark.parametrize("config", MAIN_CONFIGS, ids=_id)
 def test_main_kernel_does_not_spill_registers(config):
     # One CTA per SM at up to 255 registers a thread: a kernel change that
     # pushes live values past that spills to local memory inside the slot loop.
@@ -255,7 +232,7 @@ def test_main_kernel_does_not_spill_registers(config):
 CP_ASYNC = re.compile(r"cp\.async\.(?:ca|cg)\.shared\.global\S*\s+\[[^\]]+\],\s*\[[^\]]+\],\s*\d+(?P<src_size>,\s*[^;]+)?;")
 
 
-@pytest.mark.parametrize("config", [c for c in DKV_CONFIGS if c[0] == "main_bwd"], ids=_id)
+@pytest.mark.parametrize("config", [c for c in DKV_CONFIGS if _mode(c)], ids=_id)
 def test_every_kv_gather_copy_can_read_nothing(config):
     # The main kernel gathers KV rows with cp.async a block ahead. An invalid
     # slot must read nothing: every copy carries a source size (0 for an
@@ -271,12 +248,12 @@ SM90_MAX_DYNAMIC_SMEM = 227 * 1024
 SMEM_OFFSET = re.compile(r"buf_dyn_shmem \+ (\d+)\)")
 
 
-@pytest.mark.parametrize("config", [c for c in CONFIGS if c[0] == "main_bwd"], ids=_id)
+@pytest.mark.parametrize("config", MAIN_CONFIGS, ids=_id)
 def test_main_kernel_fits_in_shared_memory(config):
-    # A launch over the limit fails only on the GPU; the sharded cluster sits
+    # A launch over the limit fails only on the GPU; the wide tile sits
     # 4 KB below it (its staging and inbox rows), so a wider padding or tile
     # shows here first.
-    kernel = K.compiled(*config)
+    kernel = K.compiled(config)
     smem = K.dynamic_shared_bytes(kernel)
     assert smem is not None, f"{_id(config)}: no launch arguments in the host code; update kernels.dynamic_shared_bytes"
     offsets = [int(o) for o in SMEM_OFFSET.findall(kernel.get_kernel_source())]
@@ -290,14 +267,14 @@ _SMEM_PTR = r"\(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\)"
 BULK_PTR_TO_PEER = re.compile(rf"mqa_bulk_ptr_to_peer\({_SMEM_PTR}, (.+?), {_SMEM_PTR}, (\d+),")
 
 
-@pytest.mark.parametrize("config", [c for c in CONFIGS if c[0] == "main_bwd" and len(c) > 5], ids=_id)
+@pytest.mark.parametrize("config", [c for c in MAIN_CONFIGS if c.cluster > 1], ids=_id)
 def test_cluster_bulk_copies_fill_exactly_what_the_peer_expects(config):
     # The receiver arms its full barrier for a fixed byte count; the sender's
     # bulk copies must add up to it, or the wait never completes (a hang on
     # the GPU) or completes early (stale inbox rows). cp.async.bulk also
     # needs 16-byte aligned addresses and sizes, and the copies must not
     # overlap the rows they are read from.
-    source = K.compiled(*config).get_kernel_source()
+    source = K.compiled(config).get_kernel_source()
     expected = {int(b) for b in EXPECT_TX.findall(source)}
     # (source, destination, bytes), offsets in the dynamic shared memory (the destination's in the peer)
     copies = [(base + src, base + dst, size) for base, src, dst, size in
@@ -321,15 +298,15 @@ LDMATRIX_A = re.compile(r"(?:for \(int (ki_\d+) = 0; \1 < (\d+); \+\+\1\) \{\s*)
                         r"\(&\(\(\(bfloat16_t\*\)(\w+)\)\[(.+?)\]\)\)")
 
 
-@pytest.mark.parametrize("config", [c for c in CONFIGS if c[0] == "main_bwd" and c[4] == "fixed" and len(c) > 5], ids=_id)
+@pytest.mark.parametrize("config", [c for c in MAIN_CONFIGS if c.accumulate == "fixed" and c.cluster > 1], ids=_id)
 def test_cluster_inboxes_are_laid_out_as_the_tiles_they_receive(config):
     # The peers' P and dS tiles arrive as raw bytes, so each tile's rows of
     # the taller inbox buffers must be read as P_s and dS_s are: every
     # thread's ldmatrix of k step k of peer i at P_s's element for step k,
     # plus i tiles.
-    heads, cluster = config[1], config[5]
+    heads, cluster = config.heads, config.cluster
     tile, threads = K.main_tile_heads(heads) * K.BLOCK_SLOTS, 256 if K.main_tile_heads(heads) >= 32 else 128
-    source = K.compiled(*config).get_kernel_source()
+    source = K.compiled(config).get_kernel_source()
     reads = {}
     for var, bound, buffer, index in LDMATRIX_A.findall(source):
         if buffer not in ("P_s", "P_in", "dS_s", "dS_in"):
@@ -390,7 +367,7 @@ def _shared_store_wavefronts(source: str, threads: int = 256) -> dict:
     return worst
 
 
-@pytest.mark.parametrize("config", [c for c in DKV_CONFIGS if c[0] == "main_bwd" and c[4] != "none"], ids=_id)
+@pytest.mark.parametrize("config", [c for c in DKV_CONFIGS if _mode(c)], ids=_id)
 def test_dkv_tile_stores_are_bank_conflict_free(config):
     # The dKV GEMMs' fp32 accumulators go to shared memory every slot block,
     # as float2 per lane (mma.sync fragments) or a word per lane (the 64-head
@@ -398,18 +375,18 @@ def test_dkv_tile_stores_are_bank_conflict_free(config):
     # per dsv32 H=64 call in each design (4-word padding of the float2 layout,
     # measured); this catches a padding or layout change that brings conflicts
     # back, without a GPU.
-    worst = _shared_store_wavefronts(K.compiled(*config).get_kernel_source())
+    worst = _shared_store_wavefronts(K.compiled(config).get_kernel_source())
     assert worst, f"{_id(config)}: no store of the dKV tile found; update this test"
     assert all(need == 1 for need in worst.values()), f"{_id(config)}: wavefronts per phase {worst}"
 
 
-@pytest.mark.parametrize("config", [c for c in CONFIGS if c[0] == "delta_max"], ids=_id)
+@pytest.mark.parametrize("config", [c for c in CONFIGS if _kind(c) == "delta_max"], ids=_id)
 def test_delta_maxima_reduce_within_a_warp(config):
     # The fixed design's Delta launch reduces max |q| and max |dO| per head
     # row across the 32 lanes of one warp (0.27 ms on the H200 at dsv32 H=64);
     # a first version reduced across 64 threads with block barriers and took
     # 0.64 ms. A layout change that brings the barrier back fails here.
-    source = K.compiled(*config).get_kernel_source()
+    source = K.compiled(config).get_kernel_source()
     widths = re.findall(r"AllReduce<tl::MaxOp, (\d+),", source)
     assert len(widths) == 2 and set(widths) == {"32"}, f"{_id(config)}: max reductions over {widths} threads"
-    assert "AllReduce<tl::MaxOp" not in K.compiled("delta", config[2]).get_kernel_source()
+    assert "AllReduce<tl::MaxOp" not in K.compiled(K.KernelConfig("delta", (config.args[1],))).get_kernel_source()

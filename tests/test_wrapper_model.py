@@ -9,7 +9,8 @@ import pytest
 import torch
 
 import mqa_bwd
-from mqa_bwd import kernels, launch, wrapper
+from mqa_bwd import kernels, wrapper
+from mqa_bwd.contract import Instruments
 from mqa_bwd.model import ModelLauncher, TileBoundsError
 from properties.case import INVALID_KINDS, SINKS, Case, expected, to_framework
 from properties.compare import compare, first_difference
@@ -23,10 +24,10 @@ def call(inputs, **kw):
     return mqa_bwd.mqa_latent_sparse_bwd(*[inputs[k] for k in ARGS], **kw)
 
 
-def call_design(inputs, design, dkv_buf_bytes=None, launcher=None):
-    """The wrapper with the deterministic dKV design forced (one of wrapper.DKV_DESIGNS)."""
+def call_model(inputs, dkv_buf_bytes=None, launcher=None):
+    """The wrapper on a given launcher (default: the deterministic model)."""
     return wrapper.backward_with(launcher or ModelLauncher(), *[inputs[k] for k in ARGS],
-                                 dkv_buf_bytes=dkv_buf_bytes, dkv_design=design)
+                                 dkv_buf_bytes=dkv_buf_bytes)
 
 
 def edge_cases():
@@ -40,11 +41,10 @@ def edge_cases():
         )
 
 
-@pytest.mark.parametrize("design", wrapper.DKV_DESIGNS)
 @pytest.mark.parametrize("case", list(edge_cases()), ids=lambda c: f"H{c.H}-L{c.L}-Skv{c.S_kv}-{c.sink}")
-def test_model_agrees_with_oracle(case, design):
+def test_model_agrees_with_oracle(case):
     host = case.inputs()
-    dq, dkv, dsink = call_design(to_framework(host), design)
+    dq, dkv, dsink = call_model(to_framework(host))
     (dq64, dkv64, ds64), (dqb, dkvb, dsb) = expected(host)
     reports = [compare("dq", dq, dq64, dqb), compare("dkv", dkv, dkv64, dkvb), compare("d_attn_sink", dsink, ds64, dsb)]
     bad = [r.report() for r in reports if not r.ok]
@@ -63,14 +63,13 @@ def test_both_group_widths_agree_with_oracle(block_h):
         assert r.ok, r.report()
 
 
-@pytest.mark.parametrize("design", wrapper.DKV_DESIGNS)
-def test_scratch_budget_changes_no_bit(design):
+def test_scratch_budget_changes_no_bit():
     case = Case(B=2, S=7, S_kv=6, H=20, L=40, d_k=32, d_v=16, duplicates=True, invalid=("minus_one",), hole_rate=0.1, seed=3)
     inputs = to_framework(case.inputs())
-    # One unit of scratch: a query row's slots (64 x 32 fp32), a shard (2*6 kv
-    # rows x 32 fp32) or the fixed-point accumulator (2*6 kv rows x 32 int64).
-    unit = {"slots": 64 * 32 * 4, "shards": 12 * 32 * 4, "fixed": 12 * 32 * 8}[design]
-    results = [call_design(inputs, design, unit * n) for n in (1, 2, 3, 5, 14, 1000)]
+    # In units of the fixed-point accumulator (2*6 kv rows x 32 int64): the
+    # budget is validated, and bounds nothing the fixed design allocates.
+    unit = 12 * 32 * 8
+    results = [call_model(inputs, unit * n) for n in (1, 2, 3, 5, 14, 1000)]
     for i, name in enumerate(("dq", "dkv", "d_attn_sink")):
         diff = first_difference(name, [r[i] for r in results])
         assert diff is None, diff
@@ -82,60 +81,31 @@ def test_index_layout_in_bounded_steps_changes_no_bit(monkeypatch, step):
     # the step must not show in any output.
     case = Case(B=2, S=7, S_kv=9, H=20, L=40, invalid=INVALID_KINDS, hole_rate=0.2, empty_rows=1, seed=12)
     inputs = to_framework(case.inputs())
-    whole = call_design(inputs, "fixed")
+    whole = call_model(inputs)
     monkeypatch.setattr(wrapper, "INDEX_STEP", step)
-    stepped = call_design(inputs, "fixed")
+    stepped = call_model(inputs)
     for name, a, b in zip(("dq", "dkv", "d_attn_sink"), whole, stepped):
         assert torch.equal(a, b), name
 
 
-def test_designs_share_dq_and_dsink_bitwise():
-    case = Case(B=1, S=9, S_kv=5, H=16, L=33, d_k=32, d_v=16, duplicates=True, seed=8)
-    inputs = to_framework(case.inputs())
-    first, *others = [call_design(inputs, design) for design in wrapper.DKV_DESIGNS]
-    for other in others:
-        assert torch.equal(first[0], other[0]) and torch.equal(first[2], other[2])
-
-
-@pytest.mark.parametrize("design,unit,kernel,launches", [
-    ("slots", 32 * 16 * 4, "dkv_reduce", 3),  # 6 rows, 2 per chunk
-    ("shards", 4 * 16 * 4, "shard_fold", 3),  # 6 shards of 4 kv rows, 2 per launch
-])
-def test_chunking_really_happens(design, unit, kernel, launches):
-    # The budget tests above are only meaningful if small budgets split the work.
-    inputs = to_framework(Case(B=1, S=6, S_kv=4, H=16, L=3, d_k=16, d_v=16, seed=1).inputs())
-    before = launch.COUNTERS[f"launch:{kernel}"]
-    call_design(inputs, design, unit * 2)
-    assert launch.COUNTERS[f"launch:{kernel}"] - before == launches
-
-
-@pytest.mark.parametrize("design", ["slots", "shards"])
-def test_a_budget_below_one_unit_of_scratch_is_rejected(design):
-    inputs = _good()
-    before = dict(launch.COUNTERS)
-    with pytest.raises(ValueError, match=r"^dkv_buf_bytes\b"):
-        call_design(inputs, design, 100)
-    assert dict(launch.COUNTERS) == before
-
-
 def test_the_fixed_point_design_needs_no_scratch_budget():
-    # Its accumulator is output-sized, like every design's fp32 accumulator.
+    # Its accumulator is output-sized, like the control's fp32 accumulator.
     inputs = _good()
-    assert torch.equal(call_design(inputs, "fixed", 8)[1], call_design(inputs, "fixed")[1])
+    assert torch.equal(call_model(inputs, 8)[1], call_model(inputs)[1])
 
 
 @pytest.mark.parametrize("S", [1, 4096, 1 << 20])
 def test_fixed_point_scratch_is_independent_of_s_and_l(S):
     p = wrapper.Problem(B=1, S=S, S_kv=8192, H=128, L=2048, d_k=576, d_v=512, block_h=32,
                         dkv_buf_bytes=wrapper.DEFAULT_DKV_BUF_BYTES)
-    assert p.design == "fixed" and p.fixed_bytes == 8192 * 576 * 8
+    assert p.fixed_bytes == 8192 * 576 * 8
 
 
 class _LaunchLog(ModelLauncher):
     """Records what every main_bwd launch was handed."""
 
-    def __init__(self):
-        super().__init__()
+    def __init__(self, deterministic=True):
+        super().__init__(deterministic)
         self.launches = []
 
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, **kw):
@@ -143,21 +113,25 @@ class _LaunchLog(ModelLauncher):
         super().main_bwd(q, kv, grad_out, indices, lse2, delta, dq, dkv, **kw)
 
 
-@pytest.mark.parametrize("design", wrapper.DKV_DESIGNS)
-def test_head_groups_are_read_in_place_not_copied(design):
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("H,block_h,expected", [
+    (96, 32, [(32, 0, 64), (32, 64, 32)]),  # groups 0 and 1 as one wide tile, group 2 alone
+    (48, 16, [(16, 0, 16), (16, 32, 16)]),  # fixed: a cluster of two 16-head groups, then one
+])
+def test_head_groups_are_read_in_place_not_copied(deterministic, H, block_h, expected):
     # Per-group copies of q, dO and dq would make scratch grow with S * H * Dk:
     # every group's launch gets the caller's q and grad_out storage, one dq,
-    # and its own head offset. The fixed and shards designs run groups 0 and
-    # 1 as one cluster launch (dKV summed over both on chip), group 2 alone.
-    H = 96
+    # and its own head offset. Pairs of groups run as one launch where a
+    # kernel for the pair exists (kernels.main_launches).
     inputs = to_framework(Case(B=2, S=5, S_kv=9, H=H, L=33, d_k=32, d_v=16, seed=4).inputs())
-    launcher = _LaunchLog()
-    call_design(inputs, design, launcher=launcher)
-    launches = [(x["heads"], x["head_base"], x.get("cluster", 1)) for x in launcher.launches]
-    if design in ("fixed", "shards"):
-        assert launches == [(32, 0, 2), (32, 64, 1)]
-    else:
-        assert launches == [(32, 0, 1), (32, 32, 1), (32, 64, 1)]
+    launcher = _LaunchLog(deterministic)
+    wrapper.backward_with(launcher, *[inputs[k] for k in ARGS], block_h=block_h)
+    launches = [(x["heads"], x["head_base"], x["config"].heads) for x in launcher.launches]
+    if block_h == 16 and not deterministic:  # the control pairs no 16-head groups
+        expected = [(16, 0, 16), (16, 16, 16), (16, 32, 16)]
+    assert launches == expected
+    pairs = len(expected) == 2  # every launch but the last runs a pair of groups
+    assert [x["config"].groups for x in launcher.launches] == ([2, 1] if pairs else [1, 1, 1])
     for x in launcher.launches:
         assert x["q"].data_ptr() == inputs["query"].data_ptr()
         assert x["dO"].data_ptr() == inputs["grad_out"].data_ptr()
@@ -174,18 +148,18 @@ def test_model_slot_marks():
     assert live_row.tolist() == [1, 0, 0]
 
 
-@pytest.mark.parametrize("mode", ["fixed", "atomic", "write", "accumulate", "shard"])
+@pytest.mark.parametrize("mode", ["fixed", "atomic"])
 def test_every_mode_needs_a_slot_block(mode):
-    # The kernel gathers the first block before its loop; the fixed and atomic
-    # modes also add the last block after it, from the state the loop leaves.
+    # The kernel gathers the first block before its loop and adds the last
+    # block after it, from the state the loop leaves.
     R, HQ, Dk, Dv, NKV = 2, 16, 32, 16, 4
     t = (torch.zeros((R, HQ, Dk), dtype=torch.bfloat16), torch.zeros((NKV, Dk), dtype=torch.bfloat16),
          torch.zeros((R, HQ, Dv), dtype=torch.bfloat16), torch.zeros((R, 0), dtype=torch.int32),
          torch.zeros((R, HQ)), torch.zeros((R, HQ)), torch.zeros((R, HQ, Dk), dtype=torch.bfloat16))
-    shape = {"write": (R, 0, Dk), "accumulate": (R, 0, Dk), "shard": (1, NKV, Dk)}.get(mode, (NKV, Dk))
-    dkv = torch.zeros(shape, dtype=torch.int64 if mode == "fixed" else torch.float32)
+    dkv = torch.zeros((NKV, Dk), dtype=torch.int64 if mode == "fixed" else torch.float32)
+    config = kernels.MainConfig(16, Dk, Dv, mode)
     with pytest.raises(RuntimeError, match="at least one slot block"):
-        ModelLauncher().main_bwd(*t, dkv, sm_scale=1.0, mode=mode, heads=16)
+        ModelLauncher().main_bwd(*t, dkv, config=config, sm_scale=1.0, heads=16)
 
 
 def test_a_tile_wider_than_its_group_is_caught_inside_a_wider_tensor():
@@ -200,17 +174,11 @@ def test_a_tile_wider_than_its_group_is_caught_inside_a_wider_tensor():
         "dkv": torch.zeros((NKV, Dk)),
     }
     with pytest.raises(TileBoundsError, match=r"main_bwd: Q head row 16 is outside \[8, 16\)"):
-        ModelLauncher(deterministic=False).main_bwd(*t.values(), sm_scale=1.0, mode="atomic", heads=8, head_base=8)
+        ModelLauncher(deterministic=False).main_bwd(*t.values(), config=kernels.main_config(8, Dk, Dv, False),
+                                                    sm_scale=1.0, heads=8, head_base=8)
     # The same group in 16-head steps is legal.
-    ModelLauncher(deterministic=False).main_bwd(*t.values(), sm_scale=1.0, mode="atomic", heads=16, head_base=16)
-
-
-def test_shard_scratch_is_bounded_and_independent_of_s():
-    p = wrapper.Problem(B=1, S=4096, S_kv=8192, H=64, L=2048, d_k=576, d_v=512, block_h=32,
-                        dkv_buf_bytes=wrapper.DEFAULT_DKV_BUF_BYTES, dkv_design="shards")
-    assert p.shards * p.shard_bytes <= 2 << 30 and p.shards >= 64
-    longer = wrapper.Problem(**{**p.__dict__, "S": 65536})
-    assert longer.shards == p.shards
+    ModelLauncher(deterministic=False).main_bwd(*t.values(), config=kernels.main_config(16, Dk, Dv, False),
+                                                sm_scale=1.0, heads=16, head_base=16)
 
 
 def _unpadded_call(inputs, H):
@@ -279,13 +247,12 @@ def test_atomic_model_is_not_bitwise_reproducible():
     assert first_difference("dq", dqs) is None  # dq has one writer per row
 
 
-@pytest.mark.parametrize("design", wrapper.DKV_DESIGNS)
-def test_deterministic_model_accumulator_is_bitwise_stable(design):
+def test_deterministic_model_accumulator_is_bitwise_stable():
     inputs = to_framework(Case(B=1, S=48, S_kv=2, H=16, L=8, d_k=32, d_v=16, seed=5).inputs())
     launcher = _RecordingAtomicModel()
     launcher.deterministic = True
     for _ in range(4):
-        wrapper.backward_with(launcher, *[inputs[k] for k in ARGS], dkv_design=design)
+        wrapper.backward_with(launcher, *[inputs[k] for k in ARGS])
     assert len(launcher.accumulators) == 4
     assert first_difference("dkv accumulator", launcher.accumulators) is None
 
@@ -339,28 +306,28 @@ def _mutations():
 def test_bad_argument_is_rejected_before_any_launch(argument, mutate):
     a = _good()
     mutate(a)
-    before = dict(launch.COUNTERS)
+    instruments = Instruments()
     with pytest.raises(ValueError, match=rf"^{argument}\b"):
-        call(a, backend="model")
-    assert dict(launch.COUNTERS) == before
+        call(a, backend="model", instruments=instruments)
+    assert not instruments.counts
 
 
 def test_top_k_past_the_kernels_slot_limit_is_rejected_before_any_launch():
     # mark_slots runs a row's slots as grid-y chunks, which CUDA caps.
     a = _good()
     a.update(token_indices=torch.zeros(1, 2, kernels.MAX_SLOTS_PER_ROW + 1, dtype=torch.int32))
-    before = dict(launch.COUNTERS)
+    instruments = Instruments()
     with pytest.raises(ValueError, match=rf"^token_indices: top-k L = {kernels.MAX_SLOTS_PER_ROW + 1} pads to"):
-        call(a, backend="model")
-    assert dict(launch.COUNTERS) == before
+        call(a, backend="model", instruments=instruments)
+    assert not instruments.counts
 
 
 @pytest.mark.parametrize("block_h", [0, 8, 48, 64, -16, 16.0, True, "16"])
 def test_illegal_block_h_is_rejected(block_h):
-    before = dict(launch.COUNTERS)
+    instruments = Instruments()
     with pytest.raises(ValueError, match=r"^block_h\b"):
-        call(_good(), backend="model", block_h=block_h)
-    assert dict(launch.COUNTERS) == before
+        call(_good(), backend="model", block_h=block_h, instruments=instruments)
+    assert not instruments.counts
 
 
 @pytest.mark.parametrize("kw,argument", [
@@ -369,10 +336,10 @@ def test_illegal_block_h_is_rejected(block_h):
     (dict(backend="cuda-magic"), "backend"),
 ])
 def test_bad_configuration_is_rejected(kw, argument):
-    before = dict(launch.COUNTERS)
+    instruments = Instruments()
     with pytest.raises(ValueError, match=rf"^{argument}\b"):
-        call(_good(), **{"backend": "model", **kw})
-    assert dict(launch.COUNTERS) == before
+        call(_good(), **{"backend": "model", **kw}, instruments=instruments)
+    assert not instruments.counts
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
@@ -394,7 +361,9 @@ def _fixed_launch_inputs(seed=0, R=3, HQ=32, Dk=32, Dv=16, NKV=8, Lp=32):
 
 def _fixed(t, **kw):
     NKV, R, HQ = t["kv"].shape[0], t["q"].shape[0], t["q"].shape[1]
-    ModelLauncher().main_bwd(*t.values(), sm_scale=0.125, mode="fixed", heads=16,
+    cluster = kw.pop("cluster", 1)
+    config = kernels.MainConfig(16, t["q"].shape[2], t["grad_out"].shape[2], "fixed", cluster)
+    ModelLauncher().main_bwd(*t.values(), config=config, sm_scale=0.125, heads=16,
                              row_scale=torch.full((NKV,), 2.0**20), allowance=torch.full((R, HQ), float("inf")),
                              flag=torch.zeros(R, dtype=torch.int32), **kw)
     return t
@@ -428,8 +397,59 @@ def test_a_cluster_with_zero_heads_adds_the_bits_of_the_other_group_alone():
     assert torch.equal(pair["dq"][:, :16], alone["dq"][:, :16])
 
 
-@pytest.mark.parametrize("mode", ["atomic", "write", "accumulate"])
-def test_clusters_are_for_the_fixed_and_shard_modes_only(mode):
-    t = _fixed_launch_inputs()
-    with pytest.raises(ValueError, match="cluster"):
-        ModelLauncher().main_bwd(*t.values(), sm_scale=0.125, mode=mode, heads=16, cluster=2)
+@pytest.mark.parametrize("field,kw", [
+    ("cluster", dict(heads=16, accumulate="atomic", cluster=2)),  # the control pairs only as a wide tile
+    ("cluster", dict(heads=32, accumulate="fixed", cluster=2)),  # two 32-head groups run as the wide tile
+    ("cluster", dict(heads=16, accumulate="fixed", cluster=4)),
+    ("heads", dict(heads=8)),
+    ("accumulate", dict(heads=16, accumulate="shard")),
+    ("d_v", dict(heads=16, d_v=48)),
+])
+def test_main_configurations_are_validated_naming_the_field(field, kw):
+    kw = {"d_k": 32, "d_v": 16, **kw}
+    with pytest.raises(ValueError, match=rf"^{field}: "):
+        kernels.MainConfig(**kw)
+
+
+def test_the_launch_policy_pairs_groups_where_a_pair_kernel_exists():
+    fixed16 = kernels.main_launches(3, 16, 576, 512, True)
+    assert [(g, c.heads, c.cluster) for g, c in fixed16] == [(0, 16, 2), (2, 16, 1)]
+    assert [(g, c.heads) for g, c in kernels.main_launches(3, 32, 576, 512, False)] == [(0, 64), (2, 32)]
+    assert [(g, c.heads) for g, c in kernels.main_launches(2, 16, 576, 512, False)] == [(0, 16), (1, 16)]
+    assert kernels.main_config(8, 576, 512).heads == 16  # the tile the kernel derives from H
+
+
+def test_instruments_must_be_instruments():
+    with pytest.raises(ValueError, match=r"^instruments\b"):
+        call(_good(), backend="model", instruments=object())
+
+
+def test_instruments_count_every_launch_and_allocation():
+    instruments = Instruments()
+    call(_good(), backend="model", instruments=instruments)
+    assert instruments.counts["launches"] == sum(v for k, v in instruments.counts.items() if k.startswith("launch:"))
+    assert instruments.counts["launch:main_bwd"] == 1 and instruments.counts["allocations"] > 0
+    seen = []
+
+    def allocate(shape, dtype, device):
+        seen.append(tuple(shape))
+        return torch.empty(shape, dtype=dtype, device=device)
+
+    call(_good(), backend="model", instruments=Instruments(allocate=allocate))
+    assert len(seen) == instruments.counts["allocations"]
+
+
+def test_steps_are_the_seam_a_test_replaces():
+    import dataclasses
+
+    replaced = []
+
+    def require_dtype(name, t, dtype):
+        replaced.append(name)
+        wrapper.require_dtype(name, t, dtype)
+
+    steps = dataclasses.replace(wrapper.STEPS, require_dtype=require_dtype)
+    a = _good()
+    ours = wrapper.backward(*[a[k] for k in ARGS], backend="model", steps=steps)
+    assert {"query", "kv", "out", "grad_out", "lse"} <= set(replaced)
+    assert all(torch.equal(x, y) for x, y in zip(ours, call(a, backend="model")))

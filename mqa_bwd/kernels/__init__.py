@@ -1,0 +1,44 @@
+"""TileLang kernels of the sparse absorbed-MQA backward (Hopper, sm_90a).
+
+Every kernel here has a CPU twin in ``mqa_bwd.model`` with the same launch
+contract: the same arguments, the same tile derived from the configuration it
+is built from, the same rows read and written, the same bf16 rounding points
+and the same explicit reduction orders. The host wrapper (``mqa_bwd.wrapper``)
+drives either through ``mqa_bwd.launch``.
+
+Layouts (the wrapper prepares them): query rows of every batch element are
+flattened into R = B*S rows, kv rows into NKV = B*S_kv rows, and a slot index
+is either a global kv row in [0, NKV) or -1. The main backward reads one
+head group in place: heads [head_base, head_base + tile) of [R, HQ, ...]
+tensors that hold every (padded) head, so no per-group copies exist.
+
+Modules, by what they build
+  config.py            the configurations (MainConfig, KernelConfig), constants, the launch policy
+  delta.py             Delta = rowsum(O * dO); DSinkRows = -exp2(Sink2 - Lse2) * Delta
+                       (fixed design: also max |Q|, max |dO| per row and head, as bf16 bits)
+  main_bwd.py          one CTA per query row, KV rows gathered with cp.async one slot
+                       block ahead: dQ of the group, and the per-slot dKV
+                       contributions added into an int64 fixed-point accumulator
+                       (deterministic: integer adds commute), or into fp32 with
+                       atomics (the control)
+  device_functions.py  the CUDA device functions main_bwd imports as source
+  plan.py              mark_slots: Referenced[k] = 1 for every kv row a valid slot names,
+                       LiveRow[r] = 1 for every row with a valid slot; plan: the fixed-point
+                       plan's row scales and mass allowances (fixed_point.plan's float64
+                       operations), in three stages
+  reductions.py        dsink_reduce (DSink[h] = sum over rows r, in increasing r), fixed_to_bf16
+                       (the fixed-point accumulator -> bf16 dKV, NaN when poisoned), cast_bf16
+  toolchain.py         the compile cache (compiled(config)), nvcc, ptx_of, ptxas_info,
+                       dynamic_shared_bytes, precompile
+"""
+
+from .config import _tl  # noqa: F401  (the benchmarks build probes with it)
+from .device_functions import GATHER_SOURCE  # noqa: F401
+from .config import (ACCUMULATE, BLOCK_SLOTS, CLUSTER_SIZES, GPU_WIDTHS, LOG2E, MASS_LIMIT, TILE_HEADS, WIDE_HEADS,
+                     KernelConfig, MainConfig, gpu_configs, main_config, main_launches, main_tile_heads, next_power_of_2)
+from .delta import delta_program
+from .main_bwd import main_bwd_program
+from .plan import MARK_THREADS, MAX_SLOTS_PER_ROW, PLAN_SLOTS, PLAN_THREADS, mark_slots_program, plan_program
+from .reductions import cast_bf16_program, dsink_reduce_program, fixed_to_bf16_program
+from .toolchain import (SM90A, compile_program, compiled, cuda_tool, dynamic_shared_bytes, nvcc_path, precompile,
+                        program_of, ptx_of, ptxas_info, ptxas_info_of_source, require_nvcc)

@@ -1,0 +1,171 @@
+"""The kernels' configurations as data, their constants, and the launch policy.
+
+A configuration is a frozen value: the argument of its program builder and the
+key of the compile cache (``toolchain.compiled``). The wrapper never flips a
+switch: it asks ``main_launches`` which configurations cover its head groups
+and launches those. An A/B of two variants passes two configurations.
+
+Standard library only (no torch, no TileLang), so that the CPU model, the
+fixed-point plan and the wrapper can import it cheaply.
+"""
+
+import dataclasses
+
+LOG2E = 1.4426950408889634
+
+# Slots gathered per main-loop step: the kernel's slot block. L is padded to it.
+BLOCK_SLOTS = 32
+
+# (Dk, Dv) the kernels are built and tested for on Hopper.
+GPU_WIDTHS = ((576, 512), (512, 512))
+# The softmax mass sum_j P of a head is at most 1 with the forward's lse; the
+# fixed-point range proof (mqa_bwd.fixed_point) allows up to this.
+MASS_LIMIT = 1.0 + 2.0**-6
+#: The fixed-point range proof's constants (mqa_bwd.fixed_point says why), which
+#: the plan kernels compile in: every partial sum of a kv row's column stays at or
+#: below 2**(PARTIAL_SUM_BITS + 1); 2**k must be a normal float32 in the kernel,
+#: and 2**-k in the final division.
+PARTIAL_SUM_BITS = 61
+FP32_MAX_EXPONENT = 126
+
+#: How a main_bwd CTA adds its dKV contributions: "fixed" (int64 fixed-point
+#: red.global.add.u64, deterministic: integer adds commute) or "atomic" (fp32
+#: atomics, the control).
+ACCUMULATE = ("fixed", "atomic")
+#: The head tile of the one-CTA design that runs two 32-head groups as one.
+WIDE_HEADS = 64
+#: Head tiles main_bwd builds: 16 and 32 (one group each), 64 (the wide tile).
+TILE_HEADS = (16, 32, WIDE_HEADS)
+#: Head groups of one launch: 1, or a thread block cluster of two 16-head
+#: groups (fixed only) whose CTAs swap P and dS tiles and sum dKV over both.
+CLUSTER_SIZES = (1, 2)
+
+
+def next_power_of_2(n: int) -> int:
+    return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def main_tile_heads(heads: int) -> int:
+    """The head tile the main backward derives from the H it is handed."""
+    return min(64, max(next_power_of_2(heads), 16))
+
+
+def _tl():
+    import tilelang
+    import tilelang.language as T
+
+    return tilelang, T
+
+
+def _pass_configs(tilelang):
+    key = tilelang.PassConfigKey
+    return {
+        key.TL_DISABLE_WARP_SPECIALIZED: True,
+        key.TL_DISABLE_TMA_LOWER: True,
+    }
+
+
+def _require(field: str, ok: bool, value, expected: str) -> None:
+    if not ok:
+        raise ValueError(f"{field}: {value!r} ({expected})")
+
+
+@dataclasses.dataclass(frozen=True)
+class MainConfig:
+    """One main backward kernel (main_bwd.main_bwd_program).
+
+    heads: the CTA's head tile (TILE_HEADS); 64 is the wide tile, two 32-head
+    groups in one CTA (all GEMMs on wgmma, score and dP GEMMs split between
+    its warpgroups, a block's earlier dKV chunks added under the next chunk's
+    GEMMs). cluster: 2 runs two consecutive 16-head groups as one thread block
+    cluster (fixed only).
+    """
+
+    heads: int
+    d_k: int
+    d_v: int
+    accumulate: str = "fixed"
+    cluster: int = 1
+
+    def __post_init__(self):
+        _require("heads", self.heads in TILE_HEADS, self.heads, f"one of {TILE_HEADS}")
+        for field in ("d_k", "d_v"):
+            value = getattr(self, field)
+            _require(field, isinstance(value, int) and value > 0 and value % 16 == 0, value, "a positive multiple of 16")
+        _require("d_v", self.d_v <= self.d_k, self.d_v, f"at most d_k={self.d_k}")
+        _require("accumulate", self.accumulate in ACCUMULATE, self.accumulate, f"one of {ACCUMULATE}")
+        _require("cluster", self.cluster in CLUSTER_SIZES, self.cluster, f"one of {CLUSTER_SIZES}")
+        _require("cluster", self.cluster == 1 or (self.accumulate == "fixed" and self.heads == 16), self.cluster,
+                 "a cluster of 2 is built for 16-head groups of the fixed accumulation; two 32-head groups run as one wide tile")
+
+    @property
+    def wide(self) -> bool:
+        return self.heads == WIDE_HEADS
+
+    @property
+    def groups(self) -> int:
+        """The head groups (of the wrapper's group width) one launch covers."""
+        return 2 if self.wide or self.cluster == 2 else 1
+
+    @property
+    def threads(self) -> int:
+        # 8 warps need a tile of at least 32 head rows to partition the GEMMs.
+        return 256 if self.heads >= 32 else 128
+
+
+def main_config(heads: int, d_k: int, d_v: int, deterministic: bool = True, cluster: int = 1) -> MainConfig:
+    """The kernel that runs ``cluster`` (1 or 2) consecutive groups of ``heads`` heads:
+    the tile is main_tile_heads(heads); a pair of 32-head groups runs as one wide tile."""
+    tile = main_tile_heads(heads)
+    accumulate = "fixed" if deterministic else "atomic"
+    if cluster == 2 and tile == 32:
+        return MainConfig(WIDE_HEADS, d_k, d_v, accumulate)
+    return MainConfig(tile, d_k, d_v, accumulate, cluster)
+
+
+def main_launches(groups: int, heads: int, d_k: int, d_v: int, deterministic: bool = True) -> list:
+    """[(first group, MainConfig)] covering ``groups`` head groups of ``heads`` heads:
+    pairs where a pair has a kernel (the fixed cluster of two 16-head groups, the wide
+    tile for 32-head groups of either accumulation), a single group for the rest."""
+    pairs = main_tile_heads(heads) == 32 or (deterministic and main_tile_heads(heads) == 16)
+    launches, g = [], 0
+    while g < groups:
+        size = 2 if pairs and groups - g >= 2 else 1
+        launches.append((g, main_config(heads, d_k, d_v, deterministic, size)))
+        g += size
+    return launches
+
+
+@dataclasses.dataclass(frozen=True)
+class KernelConfig:
+    """One of the small kernels: ``kind`` and the builder's arguments.
+
+    kinds: "delta" (d_v), "delta_max" (d_k, d_v), "mark_slots" (), "plan" (stage),
+    "dsink_reduce" (), "cast_bf16" (cols), "fixed_to_bf16" (cols).
+    """
+
+    kind: str
+    args: tuple = ()
+
+    def __post_init__(self):
+        _require("kind", self.kind in SMALL_KINDS, self.kind, f"one of {tuple(SMALL_KINDS)}")
+        _require("args", isinstance(self.args, tuple) and len(self.args) == SMALL_KINDS[self.kind], self.args,
+                 f"{SMALL_KINDS[self.kind]} values for {self.kind}")
+
+
+SMALL_KINDS = {"delta": 1, "delta_max": 2, "mark_slots": 0, "plan": 1, "dsink_reduce": 0, "cast_bf16": 1,
+               "fixed_to_bf16": 1}
+
+
+def gpu_configs(widths=GPU_WIDTHS, group_widths=(16, 32)):
+    """Every kernel configuration the wrapper can launch for these widths, each once."""
+    configs = [KernelConfig("dsink_reduce"), *(KernelConfig("plan", (stage,)) for stage in ("terms", "peaks", "scales")),
+               KernelConfig("mark_slots")]
+    for d_k, d_v in widths:
+        configs += [KernelConfig("delta", (d_v,)), KernelConfig("delta_max", (d_k, d_v)), KernelConfig("cast_bf16", (d_k,)),
+                    KernelConfig("fixed_to_bf16", (d_k,))]
+        for heads in group_widths:
+            for deterministic in (True, False):
+                for groups in (1, 2):
+                    configs += [config for _, config in main_launches(groups, heads, d_k, d_v, deterministic)]
+    return list(dict.fromkeys(configs))

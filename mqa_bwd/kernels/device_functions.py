@@ -1,0 +1,124 @@
+"""CUDA device functions the main backward imports as source (T.import_source)."""
+
+# The main kernel's KV gather: cp.async of 16 bytes; src-size 0 (an invalid
+# slot) reads nothing and zero-fills.
+GATHER_SOURCE = r"""
+__device__ __forceinline__ void mqa_cp_async16(void* smem, const void* gmem, bool valid) {
+  unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(s), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void mqa_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+__device__ __forceinline__ void mqa_cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+// base[i] = v for a shared int32 array. Through a call, TileLang's barrier
+// planner does not see the store: it would fence it from every later
+// shared-memory read (it cannot tell the merged buffers apart at a
+// thread-dependent index); the kernel orders it with its own barriers.
+__device__ __forceinline__ void mqa_st_shared_i32(void* base, int i, int v) { static_cast<int*>(base)[i] = v; }
+"""
+
+# The split wide tile (WIDE_SPLIT): P goes from one warpgroup to the other in
+# fp32 through shared memory. Through calls, TileLang's barrier planner sees
+# neither these stores and loads nor the mbarriers that order them (it would
+# put a __syncthreads between the warpgroups' branches: a deadlock); volatile
+# keeps them in order with those mbarriers. mqa_st_shared_at: a store at an
+# address TileLang computed (the layout of a GEMM operand), unseen too.
+# A handoff is arrivals on an mbarrier (release) and a wait on the block's
+# phase (acquire), one phase a slot block. bars[0] takes all 256 threads'
+# arrivals: warpgroup 0 overwrites the staging only once every thread's adds
+# have read it, its own too (with warpgroup 1's arrivals alone, its fast
+# warps would overwrite words its slow ones have yet to add). bars[1] takes
+# warpgroup 0's 128, P's writers. Not named barriers (bar.arrive / bar.sync,
+# or barrier.cta): racecheck does not take an arrival as ordering the
+# producer's stores before the consumer's loads, and reports such a handoff
+# as a hazard (benchmarks/racecheck_handoff.py). The kernel ends without
+# reusing the mbarriers' memory, so they are not invalidated.
+SPLIT_SOURCE = r"""
+__device__ __forceinline__ void mqa_st_shared_f32(void* base, int i, float v) { static_cast<volatile float*>(base)[i] = v; }
+__device__ __forceinline__ float mqa_ld_shared_f32(void* base, int i) { return static_cast<volatile float*>(base)[i]; }
+template <typename V> __device__ __forceinline__ void mqa_st_shared_at(void* p, V v) { *static_cast<V*>(p) = v; }
+__device__ __forceinline__ unsigned mqa_handoff_bar(void* bars, int i) {
+  return static_cast<unsigned>(__cvta_generic_to_shared(static_cast<unsigned long long*>(bars) + i));
+}
+__device__ __forceinline__ void mqa_handoff_init(void* bars, int arrivals0, int arrivals1) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(mqa_handoff_bar(bars, 0)), "r"(arrivals0) : "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(mqa_handoff_bar(bars, 1)), "r"(arrivals1) : "memory");
+}
+__device__ __forceinline__ void mqa_handoff_arrive(void* bars, int i) {
+  asm volatile("mbarrier.arrive.release.cta.shared::cta.b64 _, [%0];" :: "r"(mqa_handoff_bar(bars, i)) : "memory");
+}
+__device__ __forceinline__ void mqa_handoff_wait(void* bars, int i, int parity) {
+  asm volatile("{\n\t.reg .pred done;\n\tMQA_HANDOFF_%=:\n\t"
+               "mbarrier.try_wait.parity.acquire.cta.shared::cta.b64 done, [%0], %1;\n\t"
+               "@!done bra MQA_HANDOFF_%=;\n\t}" :: "r"(mqa_handoff_bar(bars, i)), "r"(parity) : "memory");
+}
+"""
+
+# A cluster of CTAs (the head groups of one query row) exchanges tiles through
+# distributed shared memory: every CTA's buffers sit at the same offsets.
+CLUSTER_SOURCE = r"""
+__device__ __forceinline__ unsigned mqa_smem(const void* p) { return static_cast<unsigned>(__cvta_generic_to_shared(p)); }
+__device__ __forceinline__ unsigned mqa_peer(unsigned addr, int rank) {
+  unsigned r;
+  asm("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+  return r;
+}
+__device__ __forceinline__ void mqa_cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\n\tbarrier.cluster.wait.acquire;" ::: "memory");
+}
+// mbarriers bars[0] (``full`` arrivals a phase) and bars[1] (``empty``), visible to the
+// cluster after a cluster sync.
+__device__ __forceinline__ void mqa_mbar_init(void* bars, int full, int empty) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(mqa_smem(bars)), "r"(full) : "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;"
+               :: "r"(mqa_smem(static_cast<unsigned long long*>(bars) + 1)), "r"(empty) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+// bars[0 .. n) invalidated: PTX asks it before their memory is initialised again (the
+// sharded cluster's row loop), after every arrival on them (a cluster sync).
+__device__ __forceinline__ void mqa_mbar_inval(void* bars, int n) {
+  for (int i = 0; i < n; ++i)
+    asm volatile("mbarrier.inval.shared::cta.b64 [%0];" :: "r"(mqa_smem(static_cast<unsigned long long*>(bars) + i)) : "memory");
+}
+// The one arrival of bars[i]'s current phase, which also expects ``bytes`` of bulk-copied data.
+__device__ __forceinline__ void mqa_mbar_expect(void* bars, int i, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;"
+               :: "r"(mqa_smem(static_cast<unsigned long long*>(bars) + i)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mqa_mbar_wait(void* bars, int i, int parity) {
+  unsigned a = mqa_smem(static_cast<unsigned long long*>(bars) + i);
+  asm volatile("{\n\t.reg .pred done;\n\tMQA_WAIT_%=:\n\t"
+               "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 done, [%0], %1;\n\t"
+               "@!done bra MQA_WAIT_%=;\n\t}" :: "r"(a), "r"(parity) : "memory");
+}
+// This CTA's arrival on bars[i] of CTA ``rank`` of the cluster. Default semantics
+// (release at CTA scope), as CUTLASS's cluster barriers: ``.release.cluster``
+// compiles to a GPU-wide MEMBAR on every call. What it orders, this CTA's
+// reads of its inbox, are done: their values were in registers (the adds' or
+// the GEMMs' operands) before the __syncthreads that precedes the arrival.
+__device__ __forceinline__ void mqa_mbar_arrive_peer(void* bars, int i, int rank) {
+  unsigned a = mqa_peer(mqa_smem(static_cast<unsigned long long*>(bars) + i), rank);
+  asm volatile("mbarrier.arrive.shared::cluster.b64 _, [%0];" :: "r"(a) : "memory");
+}
+// Thread i copies 16 bytes: dst[i] = src[i] (shared memory, raw bits; the column-split
+// cluster stages its P and dS tiles for the peer this way, layout and all).
+__device__ __forceinline__ void mqa_copy16(void* dst, const void* src, int i) {
+  static_cast<uint4*>(dst)[i] = static_cast<const uint4*>(src)[i];
+}
+// Bulk copy of ``bytes`` from this CTA's src to the same address as dst + offset (bytes)
+// in CTA ``rank``, completing on that CTA's bars[i].
+__device__ __forceinline__ void mqa_bulk_ptr_to_peer(void* dst, int offset, const void* src, int bytes, void* bars, int i, int rank) {
+  unsigned d = mqa_peer(mqa_smem(dst) + offset, rank), m = mqa_peer(mqa_smem(static_cast<unsigned long long*>(bars) + i), rank);
+  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               :: "r"(d), "r"(mqa_smem(src)), "r"(bytes), "r"(m) : "memory");
+}
+// Generic-proxy stores to shared memory become visible to the bulk copies issued after a barrier.
+__device__ __forceinline__ void mqa_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// Bulk copy of ``bytes`` from this CTA's base + src to CTA ``rank``'s base + dst (byte offsets),
+// completing on that CTA's bars[i]: one instruction, and the issuing thread never waits.
+__device__ __forceinline__ void mqa_bulk_to_peer(void* base, int src, int dst, int bytes, void* bars, int i, int rank) {
+  unsigned b = mqa_smem(base);
+  unsigned d = mqa_peer(b + dst, rank), m = mqa_peer(mqa_smem(static_cast<unsigned long long*>(bars) + i), rank);
+  asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               :: "r"(d), "r"(b + src), "r"(bytes), "r"(m) : "memory");
+}
+"""

@@ -1,0 +1,235 @@
+"""The fixed-point plan's kernels: the slot marks and the three plan stages."""
+
+from .config import FP32_MAX_EXPONENT, PARTIAL_SUM_BITS, _tl
+
+
+#: mark_slots' threads a CTA; its grid runs one CTA per query row and chunk of
+#: that many slots, and CUDA caps the chunks (grid y) at 65535: the longest
+#: padded top-k row the kernels take (the wrapper rejects longer ones).
+MARK_THREADS = 128
+MAX_SLOTS_PER_ROW = 65535 * MARK_THREADS
+
+
+def mark_slots_program(threads: int = MARK_THREADS):
+    """Referenced[k] = 1 for every kv row k a valid slot names; LiveRow[r] = 1 when row r has a valid slot.
+
+    Both are zeroed by the caller. Every write stores 1, so writes of the same
+    element by different threads agree: the result is the same on every run.
+    One launch with plain stores: no host sync and no int64 index temporaries.
+    One thread per slot (grid R x ceil(Lp / threads)), so that every slot's
+    two dependent loads (its index, then its kv row's mark) are in flight at
+    once: a thread that looped over its row's slots waited on each pair in
+    turn (docs/performance-log.md). A kv row already marked is not stored again
+    (stores to one address from many threads serialize); LiveRow[r] is
+    stored by every thread with a valid slot, one transaction per warp.
+    """
+    tilelang, T = _tl()
+    R = T.dynamic("R")
+    Lp = T.dynamic("Lp")
+    NKV = T.dynamic("NKV")
+    i32 = "int32"
+
+    @T.prim_func
+    def mark_slots(Slots: T.Tensor((R, Lp), i32), Referenced: T.Tensor((NKV,), i32), LiveRow: T.Tensor((R,), i32)):
+        with T.Kernel(R, T.ceildiv(Lp, threads), threads=threads) as (r, chunk):
+            k = T.alloc_local((1,), i32)
+            tx = T.get_thread_binding()
+            if chunk * threads + tx < Lp:
+                k[0] = Slots[r, chunk * threads + tx]
+                if (k[0] >= 0) and (k[0] < NKV):
+                    LiveRow[r] = 1
+                    if Referenced[k[0]] == 0:
+                        Referenced[k[0]] = 1
+
+    return mark_slots
+
+
+# The fixed-point plan (mqa_bwd.fixed_point's _plan_small) as three launches,
+# the same float64 operations in the same order (the __d*_rn intrinsics keep
+# nvcc from contracting a product and a sum into an FMA), so the same bits
+# (NaN payloads aside), in place of the torch ops: some 80 kernels replayed
+# as a CUDA graph with their inputs copied in and outputs out.
+# Per batch element, its maxima and the live-term count go through PlanPeaks
+# [B, PLAN_SLOTS] as 64-bit integers: non-negative doubles order as their
+# bits do, and a NaN of either sign lies above inf, so an unsigned max of the
+# bits is torch.amax (a NaN wins), and the integer atomics make every result
+# independent of the order the blocks finish in.
+PLAN_THREADS = 256
+PLAN_A, PLAN_B, PLAN_LIVE, PLAN_DO, PLAN_MV, PLAN_DS, PLAN_BOUND = range(7)
+PLAN_SLOTS = 8
+PLAN_SOURCE = r"""
+#define MQA_NAN __longlong_as_double(0x7FF8000000000000LL)
+#define MQA_INF __longlong_as_double(0x7FF0000000000000LL)
+#define MQA_NAN_F __int_as_float(0x7FC00000)
+__device__ __forceinline__ double mqa_bf16_bits(int bits) { return static_cast<double>(__int_as_float(bits << 16)); }
+__device__ __forceinline__ unsigned long long mqa_key(double x) { return static_cast<unsigned long long>(__double_as_longlong(x)); }
+__device__ __forceinline__ double mqa_value(unsigned long long k) { return __longlong_as_double(static_cast<long long>(k)); }
+// torch.maximum and torch.minimum: a NaN operand gives NaN.
+__device__ __forceinline__ double mqa_nan_max(double x, double y) { return (isnan(x) || isnan(y)) ? MQA_NAN : (x > y ? x : y); }
+__device__ __forceinline__ double mqa_nan_min(double x, double y) { return (isnan(x) || isnan(y)) ? MQA_NAN : (x < y ? x : y); }
+
+// Max (op 0) or sum (op 1) of v over the block, then one atomic into dst by thread 0.
+__device__ __forceinline__ void mqa_block_flush(unsigned long long v, unsigned long long* dst, int op) {
+  __shared__ unsigned long long part[32];
+  for (int o = 16; o > 0; o >>= 1) {
+    unsigned long long w = __shfl_xor_sync(0xffffffffu, v, o);
+    v = op ? v + w : (w > v ? w : v);
+  }
+  __syncthreads();  // part[] of a previous flush is read
+  if ((threadIdx.x & 31) == 0) part[threadIdx.x >> 5] = v;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    for (int w = 1; w < blockDim.x / 32; ++w) v = op ? v + part[w] : (part[w] > v ? part[w] : v);
+    if (op) atomicAdd(dst, v); else atomicMax(dst, v);
+  }
+}
+
+// One (row, head) term of batch element b: a, b of fixed_point.term_coefficients, 0 for a dead row.
+struct MqaTerm { double mq, mdo, ad, a, b; };
+__device__ __forceinline__ MqaTerm mqa_term(const int* peak_q, const int* peak_do, const float* delta, const int* live_row,
+                                            int hq, long r, int h, double c_a, double scale) {
+  MqaTerm t = {0.0, 0.0, 0.0, 0.0, 0.0};
+  if (live_row[r] != 0) {
+    t.mq = mqa_bf16_bits(peak_q[r * hq + h]);
+    t.mdo = mqa_bf16_bits(peak_do[r * hq + h]);
+    t.ad = fabs(static_cast<double>(delta[r * hq + h]));
+    t.a = __dmul_rn(__dmul_rn(c_a, t.mdo), t.mq);
+    t.b = __dadd_rn(__dmul_rn(__dmul_rn(scale, t.ad), t.mq), t.mdo);
+  }
+  return t;
+}
+
+// bound_j of kv row j (0 when no slot names it).
+__device__ __forceinline__ double mqa_bound(const void* mv_, const int* referenced, long j, double live, double limit,
+                                            double a_max, double b_max) {
+  const unsigned short* mv = static_cast<const unsigned short*>(mv_);
+  double v = referenced[j] != 0 ? mqa_bf16_bits(mv[j]) : 0.0;
+  return __dmul_rn(__dmul_rn(live, limit), __dadd_rn(__dmul_rn(v, a_max), b_max));
+}
+
+__device__ void mqa_plan_terms(const int* peak_q, const int* peak_do, const float* delta, const int* live_row,
+                               const void* mv_, const int* referenced, const void* peaks_,
+                               int S, int H, int S_kv, int hq, double c_a, double scale, int b) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  const unsigned short* mv = static_cast<const unsigned short*>(mv_);
+  unsigned long long* mine = static_cast<unsigned long long*>(const_cast<void*>(peaks_)) + b * %(slots)d;
+  MqaTerm t = {0.0, 0.0, 0.0, 0.0, 0.0};
+  if (i < S * H) t = mqa_term(peak_q, peak_do, delta, live_row, hq, static_cast<long>(b) * S + i / H, i %% H, c_a, scale);
+  double v = 0.0;
+  if (i < S_kv && referenced[static_cast<long>(b) * S_kv + i] != 0) v = mqa_bf16_bits(mv[static_cast<long>(b) * S_kv + i]);
+  mqa_block_flush(mqa_key(t.a), mine + %(A)d, 0);
+  mqa_block_flush(mqa_key(t.b), mine + %(B)d, 0);
+  mqa_block_flush((t.a > 0 || t.b > 0) ? 1ull : 0ull, mine + %(LIVE)d, 1);
+  mqa_block_flush(mqa_key(t.mdo), mine + %(DO)d, 0);
+  mqa_block_flush(mqa_key(v), mine + %(MV)d, 0);
+}
+
+__device__ void mqa_plan_peaks(const int* peak_q, const int* peak_do, const float* delta, const int* live_row,
+                               const void* mv_, const int* referenced, const void* peaks_, const void* allowance_,
+                               int S, int H, int S_kv, int hq, int d_v, double c_a, double scale, double limit, int b) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  unsigned long long* mine = static_cast<unsigned long long*>(const_cast<void*>(peaks_)) + b * %(slots)d;
+  double a_max = mqa_value(mine[%(A)d]), b_max = mqa_value(mine[%(B)d]), mv_max = mqa_value(mine[%(MV)d]);
+  double live = static_cast<double>(mine[%(LIVE)d]);
+  double ds = 0.0, bound = 0.0;
+  if (i < S * H) {
+    long r = static_cast<long>(b) * S + i / H;
+    MqaTerm t = mqa_term(peak_q, peak_do, delta, live_row, hq, r, i %% H, c_a, scale);
+    double m = mqa_nan_min(t.a > 0 ? __ddiv_rn(a_max, t.a) : MQA_INF, t.b > 0 ? __ddiv_rn(b_max, t.b) : MQA_INF);
+    double allow = __dmul_rn(limit, m);
+    static_cast<float*>(const_cast<void*>(allowance_))[r * H + i %% H] = __double2float_rn(allow);
+    ds = __dmul_rn(__dmul_rn(allow, scale), __dadd_rn(__dmul_rn(__dmul_rn(static_cast<double>(d_v), t.mdo), mv_max), t.ad));
+    if (isinf(allow)) ds = 0.0;
+  }
+  if (i < S_kv) bound = mqa_bound(mv_, referenced, static_cast<long>(b) * S_kv + i, live, limit, a_max, b_max);
+  mqa_block_flush(mqa_key(ds), mine + %(DS)d, 0);
+  mqa_block_flush(mqa_key(bound), mine + %(BOUND)d, 0);
+}
+
+// fixed_point.row_scales of one bound.
+__device__ __forceinline__ float mqa_row_scale(double bound) {
+  int k = %(fp32_max)d;
+  if (bound != 0.0) {
+    int e;
+    double m = frexp(bound, &e);
+    k = %(sum_bits)d - (e - (m == 0.5 ? 1 : 0));
+    if (k > %(fp32_max)d) k = %(fp32_max)d;
+  }
+  if (!isfinite(bound) || k < -%(fp32_max)d) return MQA_NAN_F;
+  return ldexpf(1.0f, k);
+}
+
+__device__ void mqa_plan_scales(const void* mv_, const int* referenced, const void* peaks_, const void* row_scale_,
+                                int S_kv, int d_v, double limit, double fp32_safe, int b) {
+  int i = blockIdx.x * blockDim.x + threadIdx.x;
+  if (i >= S_kv) return;
+  const unsigned long long* mine = static_cast<const unsigned long long*>(peaks_) + b * %(slots)d;
+  double a_max = mqa_value(mine[%(A)d]), b_max = mqa_value(mine[%(B)d]), mv_max = mqa_value(mine[%(MV)d]);
+  double live = static_cast<double>(mine[%(LIVE)d]);
+  double dp = __dmul_rn(__dmul_rn(static_cast<double>(d_v), mqa_value(mine[%(DO)d])), mv_max);
+  double peak = mqa_nan_max(mqa_nan_max(dp, mqa_value(mine[%(DS)d])), mqa_value(mine[%(BOUND)d]));
+  long j = static_cast<long>(b) * S_kv + i;
+  float scale = 1.0f;
+  if (referenced[j] != 0)
+    scale = !(peak < fp32_safe) ? MQA_NAN_F : mqa_row_scale(mqa_bound(mv_, referenced, j, live, limit, a_max, b_max));
+  static_cast<float*>(const_cast<void*>(row_scale_))[j] = scale;
+}
+"""
+
+
+def plan_program(stage: str, threads: int = PLAN_THREADS):
+    """One stage of the fixed-point plan (mqa_bwd.fixed_point.plan, the same bits):
+
+      terms   PlanPeaks[b] gets max a, max b, the live-term count N_b, max mdo (of
+              live rows) and max mv (of referenced kv rows) of batch element b
+      peaks   Allowance [R, H], and PlanPeaks[b] gets the peaks of dS and of bound_j
+      scales  RowScale [NKV]: 2**k_j, NaN where the batch element is unsafe or a
+              bound unrepresentable, 1 for kv rows no slot names
+
+    PeakQ, PeakDO [R, HQ] int32 (bf16 magnitude bits) and Delta [R, HQ] hold
+    the call's heads; H <= HQ are the real ones. MV [NKV] bf16 is max |kv| of
+    each row's value part. PlanPeaks [B, PLAN_SLOTS] int64 is zeroed by the
+    caller. Grid (ceil(max(S * H, S_kv) / threads), B).
+    """
+    tilelang, T = _tl()
+    R, HQ, NKV, B = T.dynamic("R"), T.dynamic("HQ"), T.dynamic("NKV"), T.dynamic("B")
+    i32, i64, f32, bf16 = "int32", "int64", "float32", "bfloat16"
+    source = PLAN_SOURCE % dict(slots=PLAN_SLOTS, A=PLAN_A, B=PLAN_B, LIVE=PLAN_LIVE, DO=PLAN_DO, MV=PLAN_MV, DS=PLAN_DS,
+                                BOUND=PLAN_BOUND, fp32_max=FP32_MAX_EXPONENT, sum_bits=PARTIAL_SUM_BITS)
+    if stage == "terms":
+        @T.prim_func
+        def plan_terms(PeakQ: T.Tensor((R, HQ), i32), PeakDO: T.Tensor((R, HQ), i32), Delta: T.Tensor((R, HQ), f32),
+                       LiveRow: T.Tensor((R,), i32), MV: T.Tensor((NKV,), bf16), Referenced: T.Tensor((NKV,), i32),
+                       PlanPeaks: T.Tensor((B, PLAN_SLOTS), i64), S: T.int32, H: T.int32, S_kv: T.int32, c_a: T.float64,
+                       scale: T.float64):
+            with T.Kernel(T.ceildiv(T.max(S * H, S_kv), threads), B, threads=threads) as (bx, b):
+                T.import_source(source)
+                T.call_extern("handle", "mqa_plan_terms", PeakQ.data, PeakDO.data, Delta.data, LiveRow.data, MV.data,
+                              Referenced.data, PlanPeaks.data, S, H, S_kv, HQ, c_a, scale, b)
+
+        return plan_terms
+    if stage == "peaks":
+        @T.prim_func
+        def plan_peaks(PeakQ: T.Tensor((R, HQ), i32), PeakDO: T.Tensor((R, HQ), i32), Delta: T.Tensor((R, HQ), f32),
+                       LiveRow: T.Tensor((R,), i32), MV: T.Tensor((NKV,), bf16), Referenced: T.Tensor((NKV,), i32),
+                       PlanPeaks: T.Tensor((B, PLAN_SLOTS), i64), Allowance: T.Tensor((R, T.dynamic("H_out")), f32),
+                       S: T.int32, H: T.int32, S_kv: T.int32, d_v: T.int32, c_a: T.float64, scale: T.float64,
+                       limit: T.float64):
+            with T.Kernel(T.ceildiv(T.max(S * H, S_kv), threads), B, threads=threads) as (bx, b):
+                T.import_source(source)
+                T.call_extern("handle", "mqa_plan_peaks", PeakQ.data, PeakDO.data, Delta.data, LiveRow.data, MV.data,
+                              Referenced.data, PlanPeaks.data, Allowance.data, S, H, S_kv, HQ, d_v, c_a, scale, limit, b)
+
+        return plan_peaks
+    if stage == "scales":
+        @T.prim_func
+        def plan_scales(MV: T.Tensor((NKV,), bf16), Referenced: T.Tensor((NKV,), i32), PlanPeaks: T.Tensor((B, PLAN_SLOTS), i64),
+                        RowScale: T.Tensor((NKV,), f32), S_kv: T.int32, d_v: T.int32, limit: T.float64, fp32_safe: T.float64):
+            with T.Kernel(T.ceildiv(S_kv, threads), B, threads=threads) as (bx, b):
+                T.import_source(source)
+                T.call_extern("handle", "mqa_plan_scales", MV.data, Referenced.data, PlanPeaks.data, RowScale.data, S_kv, d_v,
+                              limit, fp32_safe, b)
+
+        return plan_scales
+    raise ValueError(f"stage: {stage!r} (terms, peaks or scales)")
+

@@ -1,0 +1,158 @@
+"""The CUDA toolchain: the compile cache, nvcc and ptxas on generated source, precompilation.
+
+Nothing here needs a GPU: TileLang lowers and compiles for sm_90a on any
+machine with nvcc.
+"""
+
+import functools
+
+from .config import KernelConfig, MainConfig, _pass_configs, _tl, gpu_configs
+from .delta import delta_program
+from .main_bwd import main_bwd_program
+from .plan import mark_slots_program, plan_program
+from .reductions import cast_bf16_program, dsink_reduce_program, fixed_to_bf16_program
+
+SM90A = {"kind": "cuda", "arch": "sm_90a"}
+
+
+def compile_program(program, target=None):
+    tilelang, _ = _tl()
+    return tilelang.compile(program, target=target or SM90A, pass_configs=_pass_configs(tilelang))
+
+
+@functools.lru_cache(maxsize=None)
+def compiled(config):
+    """The compiled kernel of a configuration (a MainConfig or a KernelConfig), once per process."""
+    return compile_program(program_of(config))
+
+
+def program_of(config):
+    """The TileLang program a configuration builds."""
+    if isinstance(config, MainConfig):
+        return main_bwd_program(config)
+    if not isinstance(config, KernelConfig):
+        raise ValueError(f"config: expected a MainConfig or KernelConfig, got {config!r}")
+    builders = {
+        "delta": delta_program,
+        "delta_max": lambda d_k, d_v: delta_program(d_v, d_k=d_k),
+        "dsink_reduce": dsink_reduce_program,
+        "mark_slots": mark_slots_program,
+        "cast_bf16": cast_bf16_program,
+        "fixed_to_bf16": fixed_to_bf16_program,
+        "plan": plan_program,
+    }
+    return builders[config.kind](*config.args)
+
+
+def _nvcc(config, output: str, code: str, extra=()):
+    """Compile a configuration's CUDA source with the machine's nvcc (no GPU needed):
+    (the output file's text, nvcc's stderr)."""
+    return _nvcc_source(compiled(config).get_kernel_source(), output, code, extra)
+
+
+def cuda_tool(name: str) -> str | None:
+    """A CUDA toolkit executable: CUDA_HOME's (default /usr/local/cuda) bin, else the one on
+    PATH; None where there is neither. Every tool is looked up this way (nvcc_path,
+    bench.compute_sanitizer), so they come from one toolkit where both are set."""
+    import os
+    import shutil
+
+    tool = os.path.join(os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", name)
+    return tool if os.path.exists(tool) else shutil.which(name)
+
+
+def nvcc_path() -> str | None:
+    """The nvcc that builds for sm_90a here (cuda_tool); None where there is none (tests that
+    compile then skip)."""
+    return cuda_tool("nvcc")
+
+
+def require_nvcc() -> str:
+    """nvcc_path for a compile that cannot skip: RuntimeError where there is no nvcc."""
+    nvcc = nvcc_path()
+    if nvcc is None:
+        raise RuntimeError("nvcc not found: set CUDA_HOME or put nvcc on PATH")
+    return nvcc
+
+
+def _nvcc_source(source: str, output: str, code: str, extra=()):
+    import os
+    import subprocess
+    import tempfile
+
+    from tilelang import env
+
+    nvcc = require_nvcc()
+    with tempfile.TemporaryDirectory() as tmp:
+        cu, out = os.path.join(tmp, "kernel.cu"), os.path.join(tmp, "kernel.out")
+        with open(cu, "w") as f:
+            f.write(source)
+        done = subprocess.run(
+            [nvcc, output, "-std=c++17", f"-gencode=arch=compute_90a,code={code}", "-DENABLE_BF16",
+             "-I" + env.TILELANG_TEMPLATE_PATH, "-I" + env.CUTLASS_INCLUDE_DIR, "-w", *extra, cu, "-o", out],
+            check=True, capture_output=True, text=True,
+        )
+        with open(out, errors="replace") as f:
+            return f.read(), done.stderr
+
+
+def ptx_of(config) -> str:
+    """PTX of a compiled configuration.
+
+    PTX shows every atomic the kernel can issue (atom.*, red.*), whether it came
+    from the kernel body or from a library template it includes.
+    """
+    return _nvcc(config, "-ptx", "compute_90a")[0]
+
+
+def ptxas_info(config) -> dict:
+    """ptxas's resource report for sm_90a: registers, spill_stores, spill_loads (bytes), stack (bytes)."""
+    return ptxas_info_of_source(compiled(config).get_kernel_source(), config)
+
+
+def ptxas_info_of_source(source: str, name="kernel") -> dict:
+    """ptxas_info of generated CUDA source (any TileLang program, not only the configurations here)."""
+    import re
+
+    report = _nvcc_source(source, "-cubin", "sm_90a", ("-Xptxas", "-v"))[1]
+    numbers = {
+        "registers": r"Used (\d+) registers",
+        "spill_stores": r"(\d+) bytes spill stores",
+        "spill_loads": r"(\d+) bytes spill loads",
+        "stack": r"(\d+) bytes stack frame",
+    }
+    found = {key: re.findall(pattern, report) for key, pattern in numbers.items()}
+    if not all(found.values()):
+        raise RuntimeError(f"unexpected ptxas report for {name}:\n{report}")
+    return {key: max(int(v) for v in values) for key, values in found.items()}
+
+
+def dynamic_shared_bytes(kernel, name: str = "main_bwd"):
+    """The dynamic shared memory a compiled kernel's host code launches ``name``_kernel
+    with (the last integer it packs before looking the kernel up), or None if not found."""
+    import re
+
+    host = kernel.get_host_source()
+    lookup = host.find(f"if ({name}_kernel_packed == NULL)")
+    found = re.findall(r"v_int64\) = \(\(int64_t\)(\d+)\);", host[:lookup]) if lookup >= 0 else []
+    return int(found[-1]) if found else None
+
+
+def _compile_source(config):
+    return config, compiled(config).get_kernel_source()
+
+
+def precompile(configs, workers: int = 1):
+    """Compile configurations in parallel processes; TileLang's disk cache keeps them.
+
+    Returns {config: CUDA source}.
+    """
+    configs = list(configs)
+    if workers <= 1:
+        return dict(map(_compile_source, configs))
+    import concurrent.futures
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=ctx) as pool:
+        return dict(pool.map(_compile_source, configs))
