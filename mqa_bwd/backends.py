@@ -5,7 +5,7 @@ import warnings
 
 import torch
 
-from .contract import BACKENDS
+from .contract import BACKENDS, GPU_BACKENDS
 
 
 @functools.lru_cache(maxsize=None)
@@ -27,6 +27,14 @@ def _hopper_missing() -> str | None:
 def hopper_available() -> bool:
     """A CUDA device of compute capability 9.x and an importable tilelang."""
     return _hopper_missing() is None
+
+
+def unavailable(backend: str | None) -> str | None:
+    """Why ``backend`` cannot run on this machine, or None (the seam's backend_unavailable)."""
+    if backend in GPU_BACKENDS:
+        missing = _hopper_missing()
+        return None if missing is None else f"backend {backend!r} needs a Hopper (sm_90) GPU and tilelang: {missing}"
+    return None
 
 
 def default_backend(device: torch.device | None = None) -> str:

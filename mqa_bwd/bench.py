@@ -22,12 +22,13 @@ import dataclasses
 import json
 import statistics
 
+from .contract import GPU_BACKENDS
+
 SHAPES = {
     "dsv32": [dict(B=1, S=4096, S_kv=8192, H=64, L=2048), dict(B=1, S=4096, S_kv=8192, H=128, L=2048)],
     "fleet": [dict(B=1, S=8192, S_kv=8192, H=64, L=640)],
 }
 SHAPE_KEYS = ("B", "S", "S_kv", "H", "L")
-GPU_BACKENDS = ("tilelang", "tilelang-atomic")
 #: Outputs of two backends that differ more than this (relative L2) do not compute the same thing.
 AGREEMENT_RTOL = 2e-2
 

@@ -390,3 +390,20 @@ def mqa_latent_sparse_bwd(query, kv, out, grad_out, lse, attn_sink, token_indice
     """
     return backward(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h=block_h,
                     dkv_buf_bytes=dkv_buf_bytes, backend=backend, instruments=instruments)
+
+
+def _default_backend() -> str:
+    from .backends import default_backend
+
+    return default_backend()
+
+
+def _backend_unavailable(backend) -> str | None:
+    from .backends import unavailable
+
+    return unavailable(backend)
+
+
+# The harness's seam (mqa_bwd.contract): which backend a call without one gets, and why one cannot run here.
+mqa_latent_sparse_bwd.default_backend = _default_backend
+mqa_latent_sparse_bwd.backend_unavailable = _backend_unavailable

@@ -16,12 +16,13 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
+from mqa_bwd.contract import SPEC_ARGS
 from mqa_bwd import fixed_point, wrapper
 from mqa_bwd.model import ModelLauncher, float_to_int64_rn
 from properties.case import Case, to_framework
 from properties.strategies import Space, cases
 
-ARGS = ("query", "kv", "out", "grad_out", "lse", "attn_sink", "token_indices", "sm_scale")
+ARGS = SPEC_ARGS
 
 
 def _f64(x):

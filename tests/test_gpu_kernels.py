@@ -10,6 +10,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from mqa_bwd.contract import SPEC_ARGS  # noqa: E402
 from mqa_bwd import backends, fixed_point, kernels, launch, mqa_latent_sparse_bwd, wrapper  # noqa: E402
 from mqa_bwd.bench import RACECHECK_HAZARDS, SANITIZER_ERRORS, compute_sanitizer, production_inputs  # noqa: E402
 from mqa_bwd.model import ModelLauncher  # noqa: E402
@@ -36,7 +37,7 @@ def _grid_cases():
         )
 
 
-ARGS = ("query", "kv", "out", "grad_out", "lse", "attn_sink", "token_indices", "sm_scale")
+ARGS = SPEC_ARGS
 
 
 def call_gpu(args, dkv_buf_bytes=None, launcher=None, instruments=None):
@@ -217,7 +218,7 @@ SANITIZED_CALL = MAIN_KERNEL_EACH_DESIGN + """
 import torch
 from properties.case import ALL_INVALID_KINDS, Case, to_framework
 from mqa_bwd import launch, wrapper
-ARGS = ("query", "kv", "out", "grad_out", "lse", "attn_sink", "token_indices", "sm_scale")
+from mqa_bwd.contract import SPEC_ARGS as ARGS
 # Whole calls: every invalid kind (the wrapper maps them to -1), duplicates, an empty row, both head tiles.
 for H, L in ((5, 33), (40, 129)):
     case = Case(B=2, S=4, S_kv=200, H=H, L=L, d_k=576, d_v=512, invalid=ALL_INVALID_KINDS, duplicates=True,

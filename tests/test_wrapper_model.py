@@ -9,13 +9,14 @@ import pytest
 import torch
 
 import mqa_bwd
+from mqa_bwd.contract import SPEC_ARGS
 from mqa_bwd import kernels, wrapper
 from mqa_bwd.contract import Instruments
 from mqa_bwd.model import ModelLauncher, TileBoundsError
 from properties.case import INVALID_KINDS, SINKS, Case, expected, to_framework
 from properties.compare import compare, first_difference
 
-ARGS = ("query", "kv", "out", "grad_out", "lse", "attn_sink", "token_indices", "sm_scale")
+ARGS = SPEC_ARGS
 HEADS = (1, 2, 3, 5, 8, 13, 16, 17, 24, 31, 32, 33, 40, 48, 57, 63, 64, 65, 96, 127, 128)
 SLOTS = (1, 31, 32, 33, 129)
 
