@@ -12,6 +12,12 @@ mkdir -p /tmp/site "$OUT"
 if [[ -d .whl ]] && ! python3 -c "import rich, xdist" 2>/dev/null; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
 fi
+# The checkout runs from PYTHONPATH, not installed: this metadata is what an install would add, so that
+# pytest finds the property suite's plugin (the pytest11 entry point) exactly as it does in a virtualenv.
+info=/tmp/site/mqa_bwd-0.1.0.dist-info
+mkdir -p "$info"
+printf 'Metadata-Version: 2.1\nName: mqa-bwd\nVersion: 0.1.0\n' > "$info/METADATA"
+printf '[pytest11]\nmqa_bwd = properties.plugin\n\n[console_scripts]\nmqa-bwd = mqa_bwd.cli:main\n' > "$info/entry_points.txt"
 export PYTHONPATH=/tmp/site:$PWD CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PYTHONUNBUFFERED=1 OUT
 nvidia-smi -L
 python3 -c "import tilelang, torch; print('tilelang', tilelang.__version__, 'torch', torch.__version__)"
