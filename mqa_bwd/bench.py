@@ -8,7 +8,7 @@ What is measured, and why it is fair:
   alike. Each is warmed up first (kernel compilation and caches).
 * Time is the whole public call (validation, layout, every kernel), as a
   training step pays it: CUDA events around it, median of the repeats.
-* TFLOP/s by SPEC.md's count per query row: 2 * (H*Dv*L + 3*H*Dk*L + H*Dv*L).
+* TFLOP/s by docs/SPEC.md's count per query row: 2 * (H*Dv*L + 3*H*Dk*L + H*Dv*L).
 * Peak scratch: the most memory allocated during one call beyond the inputs
   and the three outputs (the int64 or fp32 dKV accumulator, padded copies).
 * The outputs of the two backends are compared once (relative L2 per output):

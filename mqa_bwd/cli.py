@@ -120,7 +120,7 @@ examples:
 BENCH_HELP = """\
 Times the deterministic backward ('tilelang') against the atomic variant
 ('tilelang-atomic') on one GPU: median ms of CUDA-event-timed repeats
-(interleaved, after warm-up), TFLOP/s by SPEC.md's count, peak scratch GiB,
+(interleaved, after warm-up), TFLOP/s by docs/SPEC.md's count, peak scratch GiB,
 the ratio det/atomic, and the relative L2 distance between the two backends'
 outputs (a fast variant that skips work shows as DISAGREE). Prints a table;
 --json writes the rows, --plot a PNG of time against H or L.

@@ -1,4 +1,4 @@
-"""What SPEC.md fixes and every layer shares: names, backends, the instrumentation seam.
+"""What docs/SPEC.md fixes and every layer shares: names, backends, the instrumentation seam.
 
 Standard library only, so that the oracle's users, the harness and the
 implementation can all import it without importing each other (the layers are

@@ -1,4 +1,4 @@
-"""Host wrapper: ``mqa_latent_sparse_bwd`` as SPEC.md defines it.
+"""Host wrapper: ``mqa_latent_sparse_bwd`` as docs/SPEC.md defines it.
 
 Order of work, which the properties rely on:
   1. framework edge: paddle tensors become torch tensors (DLPack, zero-copy;
@@ -382,7 +382,7 @@ def backward(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, 
 
 def mqa_latent_sparse_bwd(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, *, block_h=None,
                           dkv_buf_bytes=None, backend=None, instruments=None):
-    """Backward of sparse absorbed MQA with an attention sink. See SPEC.md.
+    """Backward of sparse absorbed MQA with an attention sink. See docs/SPEC.md.
 
     Returns (dq [B,S,H,Dk] bf16, dkv [B,S_kv,Dk] bf16, d_attn_sink [H] fp32) in
     the caller's framework and on its device. ``instruments`` (an Instruments):

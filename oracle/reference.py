@@ -1,4 +1,4 @@
-"""NumPy reference for the sparse absorbed-MQA forward and backward (SPEC.md).
+"""NumPy reference for the sparse absorbed-MQA forward and backward (docs/SPEC.md).
 
 Everything works on blocks of query rows of one batch entry: the kv rows a
 block selects are gathered into a [rows, L, Dk] array whose size is bounded by
@@ -164,7 +164,7 @@ def _scatter_rows(dkv_b, safe, valid, C):
 
 
 def forward(q, kv, token_indices, attn_sink, sm_scale, d_v, *, precision="float32"):
-    """Sparse MQA forward with an optional per-head sink (SPEC.md).
+    """Sparse MQA forward with an optional per-head sink (docs/SPEC.md).
 
     Returns (out [B,S,H,Dv], lse [B,S,H]); lse is natural-log and excludes the
     sink, -inf for a row with no valid slot (whose out is 0).
@@ -279,7 +279,7 @@ def _backward(q, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, dt,
 
 
 def backward(q, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, *, precision="float32"):
-    """Gradients of sum(out * grad_out) w.r.t. q, kv and attn_sink (SPEC.md).
+    """Gradients of sum(out * grad_out) w.r.t. q, kv and attn_sink (docs/SPEC.md).
 
     ``lse`` is the forward's natural-log, sink-exclusive lse. Returns
     (dq [B,S,H,Dk], dkv [B,S_kv,Dk], d_attn_sink [H]) in ``precision``;

@@ -27,7 +27,7 @@ from mqa_bwd.contract import SPEC_ARGS
 INT32_MIN = -(2**31)
 INT32_MAX = 2**31 - 1
 
-#: Every kind of invalid index SPEC.md names (anything outside [0, S_kv)).
+#: Every kind of invalid index docs/SPEC.md names (anything outside [0, S_kv)).
 INVALID_KINDS = ("minus_one", "int32_min", "negative", "s_kv", "above_s_kv", "int32_max")
 #: Invalid values close to the valid range: [-2*S_kv, -1] and [S_kv, 3*S_kv).
 #: Under global kv addressing (b * S_kv + index) they are exactly the values
@@ -37,7 +37,7 @@ ALL_INVALID_KINDS = INVALID_KINDS + NEAR_INVALID_KINDS
 PATTERNS = ("random", "causal")
 SINKS = ("none", "neg_inf", "neg_1e30", "random", "large")
 FRAMEWORKS = ("torch", "paddle")
-#: The head-group widths SPEC.md allows; None lets the implementation pick.
+#: The head-group widths docs/SPEC.md allows; None lets the implementation pick.
 BLOCK_H_CHOICES = (None,) + contract.BLOCK_H_CHOICES  # None: the implementation's default
 #: The kernel's slot block (mqa_bwd.kernels.BLOCK_SLOTS): L is padded to it.
 SLOT_BLOCK = 32

@@ -1,6 +1,6 @@
 """The seven properties of the backward, as plain functions.
 
-Each property takes a ``Target`` (any function with the SPEC.md signature),
+Each property takes a ``Target`` (any function with the docs/SPEC.md signature),
 a ``Case`` and ``Options``, drives the target only through that signature,
 and returns a ``Verdict``: pass or fail, with a report that says what broke,
 where, and by how much. Nothing here knows about pytest or Hypothesis, so the
@@ -39,7 +39,7 @@ from . import compare as cmp
 from .case import Case, expected, to_framework
 from .target import OUTPUT_NAMES, Target
 
-#: SPEC.md: the sink value of a pad head ("no sink").
+#: docs/SPEC.md: the sink value of a pad head ("no sink").
 PAD_SINK = -1e30
 #: Budgets are raised by doubling until the target accepts one; past this, give up.
 MAX_BUDGET_BYTES = 1 << 36
@@ -103,7 +103,7 @@ def unpack(result, what: str) -> tuple:
 
 
 def spec_default_block_h(H: int) -> int:
-    """SPEC.md: the default picks 32 when it divides H, else 16."""
+    """docs/SPEC.md: the default picks 32 when it divides H, else 16."""
     return 32 if H % 32 == 0 else 16
 
 
@@ -219,7 +219,7 @@ def determinism(target: Target, case: Case, options: Options = Options()) -> Ver
 
 
 def append_inert_heads(host: dict, count: int) -> dict:
-    """SPEC.md's zero padding done by the caller: q = out = dO = 0, lse = 0, sink = -1e30."""
+    """docs/SPEC.md's zero padding done by the caller: q = out = dO = 0, lse = 0, sink = -1e30."""
     padded = dict(host)
     for name in ("query", "out", "grad_out", "lse"):
         a = host[name]

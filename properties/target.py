@@ -1,4 +1,4 @@
-"""The implementation under test: any function with the SPEC.md signature.
+"""The implementation under test: any function with the docs/SPEC.md signature.
 
     fn(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale,
        *, block_h=None, dkv_buf_bytes=None, backend=None) -> (dq, dkv, d_attn_sink)

@@ -274,7 +274,7 @@ def test_bench_plans_named_given_and_swept_shapes():
 
 
 def test_bench_flop_count_reproduces_the_specs_reference_points():
-    # SPEC.md: TileLang's public atomic backward, H=64 15.6 ms = 189 TFLOP/s, H=128 30.7 ms = 193 TFLOP/s.
+    # docs/SPEC.md: TileLang's public atomic backward, H=64 15.6 ms = 189 TFLOP/s, H=128 30.7 ms = 193 TFLOP/s.
     assert bench.flops(1, 4096, 64, 2048, 576, 512) / 15.6e-3 / 1e12 == pytest.approx(189, abs=1)
     assert bench.flops(1, 4096, 128, 2048, 576, 512) / 30.7e-3 / 1e12 == pytest.approx(193, abs=1)
 

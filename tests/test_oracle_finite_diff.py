@@ -1,6 +1,6 @@
 """Central finite differences of the float64 forward against the float64 backward.
 
-The backward's contract (SPEC.md) is the gradient of sum(out * grad_out) with
+The backward's contract (docs/SPEC.md) is the gradient of sum(out * grad_out) with
 respect to q, kv and attn_sink; lse is an output of the forward, not part of
 that loss, so the finite-difference loss uses out only.
 """
