@@ -16,6 +16,8 @@ from pathlib import Path
 
 from properties.plugin import DEFAULT_FAILURES_DIR, REGRESSIONS_DIR, SUITE_MODULE
 
+from .console import LiveProgress, _fmt_seconds, _print_repro, _styled, make_console
+
 #: The property suite, shipped in the package: it runs wherever mqa-bwd is installed.
 DEFAULT_SUITE = Path(__file__).resolve().parent.parent / Path(*SUITE_MODULE.split(".")).with_suffix(".py")
 PROFILES = ("ci", "dev", "fuzz", "repro")
@@ -288,96 +290,6 @@ def main(argv=None) -> int:
     except (ValueError, OSError) as e:
         print(f"mqa-bwd {args.command}: error: {e}", file=sys.stderr)
         return 2
-
-
-# ---------------------------------------------------------------------------
-# Output helpers
-# ---------------------------------------------------------------------------
-
-
-def make_console(stderr=False):
-    from rich.console import Console
-
-    stream = sys.stderr if stderr else sys.stdout
-    # Logs and pipes get a wide fixed width, so tables stay one line per row.
-    return Console(file=stream, highlight=False, soft_wrap=True, width=None if stream.isatty() else 200)
-
-
-def _fmt_seconds(s) -> str:
-    if s is None:
-        return ""
-    return f"{s:.1f} s" if s < 120 else f"{int(s // 60)} min {int(s % 60)} s"
-
-
-_VERDICT_STYLE = {"pass": "green", "passed": "green", "ok": "green", "yes": "green", "fail": "bold red",
-                  "failed": "bold red", "crashed": "bold red", "MISMATCH": "bold red", "NO": "bold red",
-                  "skip": "yellow", "skipped": "yellow"}
-
-
-def _styled(text: str):
-    """A table cell: the text as is (never parsed as markup), coloured by its first word."""
-    from rich.text import Text
-
-    return Text(text, style=_VERDICT_STYLE.get(text.split()[0] if text else "", ""))
-
-
-class LiveProgress:
-    """Live table on a terminal; one line per finished property (and a heartbeat) elsewhere."""
-
-    def __init__(self, console, title, heartbeat_s=15.0):
-        self.console, self.title, self.heartbeat_s = console, title, heartbeat_s
-        self.live = None
-        self.reported = set()
-        self.last_beat = time.time()
-
-    def __enter__(self):
-        if self.console.is_terminal:
-            from rich.live import Live
-
-            self.live = Live(self._render({}, []), console=self.console, refresh_per_second=4, transient=True)
-            self.live.__enter__()
-        return self
-
-    def __exit__(self, *exc):
-        if self.live is not None:
-            self.live.__exit__(*exc)
-
-    def _render(self, progress, records):
-        from rich.table import Table
-        from rich.text import Text
-
-        total = sum(p.cases for p in progress.values())
-        failures = sum(1 for p in progress.values() if p.outcome in ("failed", "crashed"))
-        table = Table(title=f"{self.title() if callable(self.title) else self.title}  |  cases {total}  |  "
-                            f"failing properties {failures}  |  crash records {len(records)}",
-                      title_justify="left")
-        table.add_column("property")
-        table.add_column("cases", justify="right")
-        table.add_column("status")
-        table.add_column("time", justify="right")
-        for p in sorted(progress.values(), key=lambda p: p.nodeid):
-            status = p.outcome or ("running" if p.running else "waiting")
-            if p.running and p.failed_cases:
-                status = "failing, shrinking"
-            table.add_row(Text(p.name), str(p.cases), _styled(status), _fmt_seconds(p.seconds))
-        return table
-
-    def update(self, progress, records):
-        if self.live is not None:
-            self.live.update(self._render(progress, records))
-            return
-        for p in sorted(progress.values(), key=lambda p: p.nodeid):
-            if p.outcome and p.nodeid not in self.reported:
-                self.reported.add(p.nodeid)
-                reason = f" ({p.reason})" if p.reason else ""
-                self.console.print(f"  {p.name}: {p.outcome}{reason}, {p.cases} cases, {_fmt_seconds(p.seconds)}",
-                                   markup=False)
-        if time.time() - self.last_beat >= self.heartbeat_s:
-            self.last_beat = time.time()
-            total = sum(p.cases for p in progress.values())
-            running = [p.name for p in progress.values() if p.running]
-            self.console.print(f"  ... {total} cases so far; running: {', '.join(running) or '-'}; "
-                               f"crash records: {len(records)}", markup=False)
 
 
 # ---------------------------------------------------------------------------
@@ -739,93 +651,6 @@ def cmd_repro(args) -> int:
         args.json.write_text(json.dumps(result.as_dict(), indent=1, default=str))
         console.print(f"report written to {args.json}", markup=False)
     return 0 if result.ok else 1
-
-
-def _fmt_index(index) -> str:
-    return "-" if index is None else "(" + ",".join(map(str, index)) + ")"
-
-
-def _fmt_value(v) -> str:
-    return f"{v:.6g}" if isinstance(v, float) else str(v)
-
-
-def _fmt_shape(shape) -> str:
-    return "[" + ",".join(map(str, shape)) + "]"
-
-
-_SHORT_DTYPE = {"bfloat16": "bf16", "float32": "fp32"}
-
-
-def _print_repro(console, result) -> None:
-    from rich.table import Table
-    from rich.text import Text
-
-    from .repro import OUTPUT_NAMES
-
-    for report in (result.primary, result.other):
-        if report is None:
-            continue
-        table = Table(title=f"{report.implementation} on {report.device}: {report.runs_requested} runs",
-                      title_justify="left")
-        for column in ("output", "bitwise", "distinct", "first diff run", "first diff element: run 0 vs it",
-                       "max |diff|", "max ulp", "vs oracle: error vs tol"):
-            table.add_column(column, no_wrap=True)
-        for name in OUTPUT_NAMES:
-            s = report.reruns.get(name)
-            c = report.oracle.get(name)
-            oracle_text = "-" if c is None else (
-                f"{'ok' if c.ok else 'MISMATCH'} {c.max_err:.1e} {'<=' if c.ok else '>'} {c.tolerance:.1e}")
-            if s is None:
-                table.add_row(name, "-", "-", "-", "-", "-", "-", _styled(oracle_text))
-                continue
-            element = "-"
-            if s.first_diverging_run is not None:
-                a, b = s.first_values
-                element = f"{_fmt_index(s.first_element)}: {_fmt_value(a)} vs {_fmt_value(b)} " \
-                          f"({s.differing_elements} differ)"
-            run = "-" if s.first_diverging_run is None else str(s.first_diverging_run)
-            table.add_row(Text(f"{name} {_fmt_shape(s.shape)} {_SHORT_DTYPE.get(s.dtype, s.dtype)}"),
-                          _styled("yes" if s.bitwise else "NO"),
-                          f"{s.distinct} of {s.runs}", run, Text(element), f"{s.max_abs_diff:.3e}", str(s.max_ulp),
-                          _styled(oracle_text))
-        console.print(table)
-        for problem in report.problems:
-            console.print(f"problem: {problem}", markup=False)
-        for name, c in report.oracle.items():
-            if not c.ok:
-                console.print(c.report(), markup=False)
-    if result.cross:
-        table = Table(title=f"A = {result.primary.implementation} vs B = {result.other.implementation} "
-                            "(run 0 of each)", title_justify="left")
-        for column in ("output", "equal", "elements differing", "max |diff|", "max ulp", "first difference: A vs B",
-                       "rerun drift A / B", "oracle error A / B"):
-            table.add_column(column)
-        for name, x in result.cross.items():
-            first = "-" if x.first_values is None else \
-                f"{_fmt_index(x.first_element)}: {_fmt_value(x.first_values[0])} vs {_fmt_value(x.first_values[1])}"
-            drift = " / ".join(f"{r.reruns[name].max_abs_diff:.1e}" if name in r.reruns else "-"
-                               for r in (result.primary, result.other))
-            error = " / ".join(f"{r.oracle[name].max_err:.1e}" if name in r.oracle else "-"
-                               for r in (result.primary, result.other))
-            table.add_row(name, "yes" if x.bitwise_equal else "no", f"{x.differing_elements} of {x.total}",
-                          f"{x.max_abs_diff:.3e}", str(x.max_ulp), Text(first), drift, error)
-        console.print(table)
-    if result.oracle_skipped:
-        console.print(f"oracle: {result.oracle_skipped}", markup=False)
-    verdicts = []
-    for r in (result.primary, result.other):
-        if r is None:
-            continue
-        if r.problems:
-            verdicts.append(f"{r.implementation}: {len(r.problems)} problem(s)")
-        elif not r.bitwise:
-            drifting = [n for n, s in r.reruns.items() if not s.bitwise]
-            verdicts.append(f"{r.implementation}: NOT bitwise reproducible ({', '.join(drifting)})")
-        elif any(not c.ok for c in r.oracle.values()):
-            verdicts.append(f"{r.implementation}: bitwise reproducible but outside the oracle tolerance")
-        else:
-            verdicts.append(f"{r.implementation}: bitwise reproducible" + (", within tolerance" if r.oracle else ""))
-    console.print(("OK: " if result.ok else "FAILED: ") + "; ".join(verdicts), markup=False)
 
 
 # ---------------------------------------------------------------------------
