@@ -16,7 +16,7 @@ __device__ __forceinline__ void mqa_cp_async_wait_all() { asm volatile("cp.async
 __device__ __forceinline__ void mqa_st_shared_i32(void* base, int i, int v) { static_cast<int*>(base)[i] = v; }
 """
 
-# The split wide tile (WIDE_SPLIT): P goes from one warpgroup to the other in
+# The split wide tile (the 64-head tile splits its score and dP GEMMs): P goes from one warpgroup to the other in
 # fp32 through shared memory. Through calls, TileLang's barrier planner sees
 # neither these stores and loads nor the mbarriers that order them (it would
 # put a __syncthreads between the warpgroups' branches: a deadlock); volatile
