@@ -166,9 +166,8 @@ def load_case_text(text: str) -> tuple:
 
 def regression_name(prop: str | None, case: Case) -> str:
     """The file name of a saved case: its property (or "all") and a hash of both."""
-    digest = hashlib.sha1(f"{prop}\n{case.to_json()}".encode()).hexdigest()[:12] if prop else \
-        hashlib.sha1(case.to_json().encode()).hexdigest()[:12]
-    return f"{prop or 'all'}-{digest}.json"
+    key = f"{prop}\n{case.to_json()}" if prop else case.to_json()
+    return f"{prop or 'all'}-{hashlib.sha1(key.encode()).hexdigest()[:12]}.json"
 
 
 def regression_cases(name: str, directory: Path = REGRESSIONS_DIR) -> list:

@@ -472,3 +472,32 @@ def test_fuzz_on_the_real_suite_for_a_few_seconds(capsys, tmp_path):
     out = capsys.readouterr().out
     assert code == 0, out
     assert int(out.split("no failure: ")[1].split(" cases")[0]) > 0
+
+
+def test_promote_makes_a_failure_a_replayed_regression(tmp_path, capsys):
+    from properties.case import Case
+    from properties.plugin import regression_cases
+
+    case = Case(H=3, seed=7)
+    failure = tmp_path / "determinism-x.json"
+    failure.write_text(json.dumps({"case": case.to_dict(), "property": "determinism", "backend": "model",
+                                   "report": "dkv: run 1 differs"}))
+    regressions = tmp_path / "regressions"
+    regressions.mkdir()
+    assert cli.main(["promote", str(failure), "--regressions-dir", str(regressions)]) == 0
+    (saved,) = regressions.iterdir()
+    assert saved.name.startswith("determinism-") and str(saved) in capsys.readouterr().out
+    assert regression_cases("determinism", regressions) == [case]
+    assert regression_cases("agreement", regressions) == []  # kept for its own property only
+    assert json.loads(saved.read_text())["report"] == "dkv: run 1 differs"
+
+
+def test_promote_refuses_what_is_not_a_case(tmp_path, capsys):
+    junk = tmp_path / "junk.json"
+    junk.write_text('{"nothing": 1}')
+    assert cli.main(["promote", str(junk), "--regressions-dir", str(tmp_path)]) == 2
+    assert "FILE:" in capsys.readouterr().err
+    good = tmp_path / "case.json"
+    good.write_text(json.dumps({"case": {"H": 2}, "property": "agreement"}))
+    assert cli.main(["promote", str(good), "--property", "nonsense", "--regressions-dir", str(tmp_path)]) == 2
+    assert "--property" in capsys.readouterr().err
