@@ -39,7 +39,7 @@ from . import edge
 from . import fixed_point
 from . import kernels as K
 from . import launch as L
-from .contract import BLOCK_H_CHOICES, Instruments
+from .contract import BLOCK_H_CHOICES
 from .layout import per_head
 
 DEFAULT_DKV_BUF_BYTES = 4 << 30
@@ -355,11 +355,6 @@ def backward_with(launcher: L.Launcher, query, kv, out, grad_out, lse, attn_sink
     return run(p, query, kv, out, grad_out, lse, attn_sink, token_indices, float(sm_scale), launcher, steps)
 
 
-def check_instruments(instruments) -> None:
-    if instruments is not None and not isinstance(instruments, Instruments):
-        raise ValueError(f"instruments: expected a mqa_bwd.Instruments or None, got {type(instruments).__name__}")
-
-
 def backward(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, *, block_h=None, dkv_buf_bytes=None,
              backend=None, instruments=None, steps: Steps = STEPS):
     """mqa_latent_sparse_bwd with its steps given (``steps``; the public function: STEPS)."""
@@ -371,7 +366,7 @@ def backward(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, 
     }
     tensors = {name: edge.to_torch(x, name, accept=("torch", "paddle")) for name, x in named.items()}
     sink = None if attn_sink is None else edge.to_torch(attn_sink, "attn_sink", accept=("torch", "paddle"))
-    check_instruments(instruments)
+    # The launcher checks ``instruments``; building one allocates nothing.
     launcher = get_launcher(backend, tensors["query"].device, instruments)
     dq, dkv, dsink = backward_with(
         launcher, tensors["query"], tensors["kv"], tensors["out"], tensors["grad_out"], tensors["lse"], sink,
