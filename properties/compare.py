@@ -121,6 +121,8 @@ class Difference:
     max_abs: float  # over the differing elements; inf where one side is non-finite
     max_ulp: int  # in the arrays' own dtype
     nonfinite: int  # differing elements with a NaN or inf on one side
+    first_ulp: int = 0  # at first_index, in the arrays' own dtype
+    max_abs_finite: float | None = None  # over the differing elements with finite values on both sides
 
     def describe(self, dtype) -> str:
         unit = {"bfloat16": "bf16", "float32": "fp32", "float16": "fp16", "float64": "fp64"}.get(str(dtype))
@@ -129,9 +131,6 @@ class Difference:
                 f"{self.first_values[0]!r} vs {self.first_values[1]!r}{first_ulp}; "
                 + (f"max |diff| {self.max_abs_finite:.3e}" if self.max_abs_finite is not None else "no finite difference")
                 + (f"; {self.nonfinite} differ by NaN/inf (one side non-finite or NaN payloads)" if self.nonfinite else ""))
-
-    first_ulp: int = 0
-    max_abs_finite: float | None = None
 
 
 def difference(a, b) -> Difference | None:
@@ -193,6 +192,7 @@ class RunTally:
 
     def __post_init__(self):
         self._reference = None
+        self._reference_key = None
         self._seen = set()
         self._first = None  # (run, Difference or a shape/dtype text)
 
@@ -208,11 +208,11 @@ class RunTally:
         run, self.runs = self.runs, self.runs + 1
         key = (x.shape, x.dtype.str, x.tobytes())
         if self._reference is None:
-            self._reference = x
+            self._reference, self._reference_key = x, key
             self._seen.add(key)
             self.shape, self.dtype, self.distinct = tuple(x.shape), str(x.dtype), 1
             return
-        if key in self._seen and key[2] == self._reference.tobytes():
+        if key == self._reference_key:
             return
         if key not in self._seen:
             self._seen.add(key)
