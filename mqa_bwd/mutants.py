@@ -20,6 +20,9 @@ suite must fail on every one, and say which property caught it
                            other out-of-range values address other rows
   dtype_unchecked          no dtype validation: float32 / float16 tensors run
   pad_dq_unsliced          the pad heads' dq rows are returned with the rest
+  slots_in_caller_order    each row's slots laid out in the order the caller
+                           gave them, not the canonical one: dQ's fp32 sum
+                           over slot blocks follows the top-k selector's order
   outputs_reused           (a check of the harness) output buffers kept from
                            the last call, rows with no valid slot not
                            rewritten: only the NaN poisoning between reruns
@@ -30,6 +33,7 @@ seams and the harness's Mutant record.
 """
 
 import dataclasses
+import functools
 
 import torch
 
@@ -76,7 +80,10 @@ def _lse_without_sink(lse, sink):
 def _minus_one_only_slots(token_indices, p):
     idx = token_indices.to(torch.int64)
     base = (torch.arange(p.B, device=idx.device, dtype=torch.int64) * p.S_kv).view(p.B, 1, 1)
-    g = torch.where(idx != -1, idx + base, torch.full_like(idx, -1)).reshape(p.rows, p.L)
+    nkv = p.B * p.S_kv  # sorts last, as the wrapper's invalid slots do
+    g = torch.where(idx != -1, idx + base, torch.full_like(idx, nkv)).reshape(p.rows, p.L)
+    g = wrapper.canonical_order(g)
+    g = torch.where(g == nkv, -1, g)
     if p.padded_slots != p.L:
         g = torch.nn.functional.pad(g, (0, p.padded_slots - p.L), value=-1)
     return g.to(torch.int32).contiguous()
@@ -88,6 +95,13 @@ lse_natural_as_base2 = _with_steps(kernel_lse=_lse_natural)
 lse_sink_exclusive = _with_steps(kernel_lse=_lse_without_sink)
 only_minus_one_invalid = _with_steps(global_slots=_minus_one_only_slots)
 dtype_unchecked = _with_steps(require_dtype=lambda name, t, dtype: None)
+
+
+def _caller_order(rows):
+    return rows
+
+
+slots_in_caller_order = _with_steps(global_slots=functools.partial(wrapper.global_slots, order=_caller_order))
 
 
 def atomic_dkv(*args, backend=None, **kwargs):
@@ -166,6 +180,8 @@ MUTANTS = {
                _BENIGN.replace(B=2, invalid=("minus_one",), hole_rate=0.3)),
         Mutant("dtype_unchecked", dtype_unchecked, "dtype not checked", "rejection", _BENIGN),
         Mutant("pad_dq_unsliced", pad_dq_unsliced, "pad heads' dq not sliced", "output_contract", _BENIGN),
+        Mutant("slots_in_caller_order", slots_in_caller_order, "dQ summed in the caller's slot order",
+               "slot_order", _BENIGN.replace(L=1)),  # one slot a row: every order is the same
         # Not in the issue's list: it checks the harness itself. Only the NaN poisoning between
         # reruns can tell this mutant from ours: unpoisoned, its stale rows are the right zeros.
         Mutant("outputs_reused", outputs_reused, "outputs kept between calls, rows without a valid slot not rewritten",

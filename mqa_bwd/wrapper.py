@@ -231,26 +231,38 @@ def kernel_lse(lse: torch.Tensor, sink: torch.Tensor) -> tuple:
     return lse2, (sink * K.LOG2E).contiguous()
 
 
-#: The slot layout is built this many slots at a time, so its int64
-#: temporaries stay bounded whatever S and L.
+#: The slot layout is built this many slots at a time, so its temporaries
+#: (int64 indices, the sort's permutation) stay bounded whatever S and L.
 INDEX_STEP = 1 << 24
 
 
-def global_slots(token_indices: torch.Tensor, problem: "Problem") -> torch.Tensor:
-    """[B,S,L] any integer -> [R, Lp] int32: b*S_kv + index when 0 <= index < S_kv, else -1."""
+def canonical_order(rows: torch.Tensor) -> torch.Tensor:
+    """Each row of [n, L] global kv rows ascending (invalid slots, as the largest
+    value, last): one layout for every order of the same slots. The kernels sum
+    dQ over slot blocks in fp32, and the softmax mass the fixed-point plan
+    checks, in slot order; a top-k selector that places its picks with atomic
+    counters returns the same set in a different order on every run, and with
+    its slots sorted here those sums no longer see that order."""
+    return torch.sort(rows, dim=1).values
+
+
+def global_slots(token_indices: torch.Tensor, problem: "Problem", order: Callable = canonical_order) -> torch.Tensor:
+    """[B,S,L] any integer -> [R, Lp] int32: b*S_kv + index when 0 <= index < S_kv, else -1,
+    each row's slots in ``order`` (the canonical order; the identity keeps the caller's)."""
     p = problem
     flat = token_indices.reshape(p.rows, p.L)
     slots = torch.full((p.rows, p.padded_slots), -1, dtype=torch.int32, device=flat.device)
+    nkv = p.B * p.S_kv  # above every valid global row: invalid slots sort last
     step = max(1, INDEX_STEP // p.L)  # rows per step, at least one
     for r0 in range(0, p.rows, step):
         rows = slice(r0, min(p.rows, r0 + step))
         idx = flat[rows].to(torch.int64)
         valid = (idx >= 0) & (idx < p.S_kv)
         batch = torch.arange(rows.start, rows.stop, device=idx.device, dtype=torch.int64) // p.S
-        # B*S_kv < 2**31 (validated), so every valid global row fits int32.
-        slots[rows, : p.L] = torch.where(valid, idx + (batch * p.S_kv).view(-1, 1), -1)
+        # B*S_kv < 2**31 (validated), so every valid global row, and nkv, fit int32.
+        ordered = order(torch.where(valid, idx + (batch * p.S_kv).view(-1, 1), nkv).to(torch.int32))
+        slots[rows, : p.L] = torch.where(ordered == nkv, -1, ordered)
     return slots
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -262,7 +274,8 @@ class Steps:
     require_dtype(name, t, dtype)                 ValueError unless t.dtype == dtype
     pad_heads(x, padded, value, launcher) -> x    [R, H, ...] -> [R, padded, ...]
     kernel_lse(lse, sink) -> (lse2, sink2)        base 2, sink-inclusive (padded tensors)
-    global_slots(token_indices, problem) -> slots [R, Lp] int32 global kv rows or -1
+    global_slots(token_indices, problem) -> slots [R, Lp] int32 global kv rows or -1,
+                                                  each row in the canonical order
     """
 
     validate: Callable

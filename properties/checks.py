@@ -1,4 +1,4 @@
-"""The seven properties of the backward, as plain functions.
+"""The properties of the backward, as plain functions.
 
 Each property takes a ``Target`` (any function with the docs/SPEC.md signature),
 a ``Case`` and ``Options``, drives the target only through that signature,
@@ -19,6 +19,8 @@ line.
   invariance        a batch element's dq/dkv ignore the other elements, a
                     head's dq/d_attn_sink ignore the other heads, nothing
                     depends on the scratch budget; bitwise
+  slot_order        each row's slots in another order (the same indices)
+                    change no bit of any output
 
 Exceptions the target raises are failures of the property (reported with
 the exception), except in ``rejection``, where a ValueError is the point.
@@ -32,6 +34,7 @@ import traceback
 
 import numpy as np
 
+import oracle
 from mqa_bwd import edge
 from mqa_bwd.contract import BoundsError, Instruments
 
@@ -566,6 +569,88 @@ def invariance(target: Target, case: Case, options: Options = Options()) -> Verd
 
 
 # ---------------------------------------------------------------------------
+# 8. The order of each row's slots changes no bit
+# ---------------------------------------------------------------------------
+
+
+def permute_slots(indices: np.ndarray, order: np.ndarray) -> np.ndarray:
+    """Each row's slots ([B, S, L]) taken in ``order`` ([B, S, L] permutations of range(L))."""
+    return np.take_along_axis(indices, order, axis=-1)
+
+
+def order_revealing_inputs(case: Case, host: dict) -> dict | None:
+    """The case's inputs reshaped so that a dQ summed in slot order shows the order in bf16
+    (None where Dk == Dv or L < 3: nothing to reshape, or every order of two slots is one sum).
+
+    Sums of a few bf16 products rarely round differently enough in fp32 to change a bf16
+    dQ. Here kv rows come in pairs (2m, 2m+1) equal in the value dims and opposite, and
+    large, in the rope dims (d >= Dv), where q is zero: both rows of a pair get the same
+    scores and the same dS, so their dQ contributions in a rope dim cancel exactly when
+    they are added to each other, and lose the small terms' low bits when a small term
+    comes between them. Every second slot of a row is made its neighbour's partner."""
+    dv = case.d_v
+    if case.d_k == dv or case.L < 3 or case.S_kv < 2:
+        return None
+    revealing = dict(host)
+    q = host["query"].copy()
+    q[..., dv:] = 0
+    kv = host["kv"].astype(np.float32)
+    pairs = case.S_kv - case.S_kv % 2
+    kv[:, 1:pairs:2, :dv] = kv[:, 0:pairs:2, :dv]
+    kv[:, 0:pairs:2, dv:] *= ROPE_SCALE  # a power of two: still bf16-exact
+    kv[:, 1:pairs:2, dv:] = -kv[:, 0:pairs:2, dv:]
+    idx = host["token_indices"].astype(np.int64)
+    firsts = idx[..., 0 : case.L - case.L % 2 : 2]
+    has_partner = (firsts >= 0) & ((firsts ^ 1) < pairs)
+    idx[..., 1 : case.L - case.L % 2 : 2] = np.where(has_partner, firsts ^ 1, idx[..., 1 : case.L - case.L % 2 : 2])
+    revealing.update(query=q, kv=kv.astype(host["kv"].dtype), token_indices=idx.astype(host["token_indices"].dtype))
+    out, lse = oracle.forward(revealing["query"], revealing["kv"], revealing["token_indices"], host["attn_sink"],
+                              case.sm_scale, dv)
+    revealing.update(out=out.astype(host["out"].dtype), lse=lse.astype(np.float32))
+    return revealing
+
+
+#: How much larger the paired kv rows' rope dims are than the other terms (order_revealing_inputs).
+ROPE_SCALE = 2.0**12
+
+
+def slot_order(target: Target, case: Case, options: Options = Options()) -> Verdict:
+    """Every output is the same bits whatever order each row's slots come in (the same
+    multiset of indices, invalid ones and duplicates included), on the case's inputs and on
+    inputs shaped so that an order-dependent dQ sum shows (order_revealing_inputs)."""
+    host = case.inputs()
+    call = Caller(target, case)
+    rng = case.derived_rng("slot_order")
+    B, S, L = case.B, case.S, case.L
+    orders = {
+        "reversed": np.broadcast_to(np.arange(L)[::-1], (B, S, L)),
+        "shuffled": np.argsort(rng.random((B, S, L)), axis=-1),
+    }
+    findings, lines = {}, []
+    for inputs_name, inputs in (("case inputs", host), ("order-revealing inputs", order_revealing_inputs(case, host))):
+        if inputs is None:
+            findings[inputs_name] = None
+            lines.append(f"{inputs_name}: not applicable (Dk == Dv, L < 3 or S_kv < 2)")
+            continue
+        reference = [host_copy(x) for x in call(call.tensors(inputs), what=f"{inputs_name}, the case's order")]
+        diffs = []
+        for order_name, order in orders.items():
+            permuted = dict(inputs, token_indices=permute_slots(inputs["token_indices"], order))
+            result = call(call.tensors(permuted), what=f"{inputs_name}, slots {order_name}")
+            for name, want, got in zip(OUTPUT_NAMES, reference, result):
+                diff = cmp.first_difference(name, [want, host_copy(got)], labels=("the case's order", f"slots {order_name}"))
+                if diff:
+                    diffs.append(diff)
+        findings[inputs_name] = not diffs
+        lines.append(f"{inputs_name}: " + ("bitwise identical in every order" if not diffs else "DIFFERS"))
+        lines += ["    " + d for d in diffs]
+    ok = all(v is not False for v in findings.values())
+    head = (f"slot_order {_describe_call(case)}: each row's slots reversed and shuffled: "
+            + ("the same bits" if ok else "OUTPUTS FOLLOW THE SLOT ORDER"))
+    return Verdict("slot_order", ok, "\n".join([head] + lines + call.notes), findings)
+
+
+# ---------------------------------------------------------------------------
 
 
 PROPERTIES = {
@@ -576,6 +661,7 @@ PROPERTIES = {
     "rejection": rejection,
     "memory_safety": memory_safety,
     "invariance": invariance,
+    "slot_order": slot_order,
 }
 PROPERTY_NAMES = tuple(PROPERTIES)
 

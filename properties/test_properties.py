@@ -47,3 +47,9 @@ def test_property_memory_safety(case, mqa):
 @property_test("invariance")
 def test_property_invariance(case, mqa):
     mqa.check("invariance", case)
+
+
+@pytest.mark.determinism
+@property_test("slot_order")
+def test_property_slot_order(case, mqa):
+    mqa.check("slot_order", case)

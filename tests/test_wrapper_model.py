@@ -89,6 +89,26 @@ def test_index_layout_in_bounded_steps_changes_no_bit(monkeypatch, step):
         assert torch.equal(a, b), name
 
 
+def test_the_slot_layout_is_one_order_for_every_order_of_a_rows_slots():
+    # Ascending global kv rows, invalid slots (every kind, now -1) last: a permutation of a
+    # row's indices, duplicates and invalid ones included, gives the same layout.
+    case = Case(B=2, S=5, S_kv=40, H=16, L=37, invalid=INVALID_KINDS, hole_rate=0.3, duplicates=True, seed=3)
+    idx = torch.from_numpy(case.indices())
+    p = wrapper.Problem(B=2, S=5, S_kv=40, H=16, L=37, d_k=64, d_v=32, block_h=16, dkv_buf_bytes=1)
+    slots = wrapper.global_slots(idx, p)
+    g = torch.Generator().manual_seed(0)
+    shuffled = torch.gather(idx, -1, torch.argsort(torch.rand(idx.shape, generator=g), dim=-1))
+    assert torch.equal(wrapper.global_slots(shuffled, p), slots)
+    valid = slots[:, : p.L] >= 0
+    assert bool((valid[:, 1:] <= valid[:, :-1]).all()), "an invalid slot before a valid one"
+    keys = torch.where(valid, slots[:, : p.L], torch.iinfo(torch.int32).max)
+    assert bool((keys[:, 1:] >= keys[:, :-1]).all())
+    assert bool((slots[:, p.L :] == -1).all())
+    # The caller's order stays available as the identity (the mutant that keeps it).
+    kept = wrapper.global_slots(shuffled, p, order=lambda rows: rows)
+    assert not torch.equal(kept, slots)
+
+
 def test_the_fixed_point_design_needs_no_scratch_budget():
     # Its accumulator is output-sized, like the control's fp32 accumulator.
     inputs = _good()
