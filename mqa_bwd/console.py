@@ -167,7 +167,11 @@ def _print_repro(console, result) -> None:
     for r in (result.primary, result.other):
         if r is None:
             continue
-        if r.problems:
+        if result.rejected_as_spec_requires is not None:
+            rejected = r.problems[:1] and r.problems[0].startswith("run 0 raised ValueError")
+            verdicts.append(f"{r.implementation}: " + ("rejected the call with a ValueError, as SPEC requires" if rejected
+                                                      else "did NOT reject a call that breaks SPEC with a ValueError"))
+        elif r.problems:
             verdicts.append(f"{r.implementation}: {len(r.problems)} problem(s)")
         elif not r.bitwise:
             drifting = [n for n, s in r.reruns.items() if not s.bitwise]

@@ -252,7 +252,7 @@ def _record_call(args, kwargs):
     worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
     target = os.environ.get(ENV_TARGET)
     meta = {"property": _PROGRESS.current if _PROGRESS else None, "worker": worker, "pid": os.getpid(),
-            "call": _calls[0], "record": "fuzz call record"}
+            "call": _calls[0], "record": capture.CALL_RECORD}
     if target:  # named as failure files name it, so that repro replays on what crashed
         meta["impl" if ":" in target else "backend"] = target
     for key, value in options.items():

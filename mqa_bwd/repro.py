@@ -44,6 +44,9 @@ class Source:
     recorded: dict = dataclasses.field(default_factory=dict)  # property, backend, impl, report, ...
     config: dict = dataclasses.field(default_factory=dict)  # the call's block_h / dkv_buf_bytes
     framework: str = "torch"  # what the tensors were handed over in
+    #: A fuzz call record of a call that breaks SPEC (capture.Capture.structure_error): the
+    #: replay expects the implementation to reject it with a ValueError.
+    structure_error: str | None = None
 
     def describe(self) -> str:
         q = self.inputs["query"]
@@ -93,7 +96,7 @@ def load_source(path) -> Source:
     cap = capture_mod.load(path)
     config = {k: cap.meta[k] for k in ("block_h", "dkv_buf_bytes") if cap.meta.get(k) is not None}
     return Source(path=path, kind="capture", inputs=cap.inputs, recorded=dict(cap.meta), config=config,
-                  framework=cap.framework)
+                  framework=cap.framework, structure_error=cap.structure_error)
 
 
 # ---------------------------------------------------------------------------
@@ -358,7 +361,18 @@ class ReproResult:
     oracle_skipped: str | None = None
 
     @property
+    def rejected_as_spec_requires(self) -> bool | None:
+        """For a recorded call that breaks SPEC: whether every implementation rejected it with a
+        ValueError on its first run (None for a call that does not break SPEC)."""
+        if self.source.structure_error is None:
+            return None
+        return all(r.problems[:1] and r.problems[0].startswith("run 0 raised ValueError")
+                   for r in (self.primary, self.other) if r is not None)
+
+    @property
     def ok(self) -> bool:
+        if self.source.structure_error is not None:
+            return bool(self.rejected_as_spec_requires)
         return self.primary.ok and (self.other is None or self.other.ok)
 
     def as_dict(self):
@@ -366,6 +380,8 @@ class ReproResult:
             "source": {"path": str(self.source.path), "kind": self.source.kind, "description": self.source.describe(),
                        "recorded": {k: v for k, v in self.source.recorded.items() if k != "report"}},
             "ok": self.ok,
+            "structure_error": self.source.structure_error,
+            "rejected_as_spec_requires": self.rejected_as_spec_requires,
             "oracle_skipped": self.oracle_skipped,
             "implementations": [r.as_dict() for r in (self.primary, self.other) if r is not None],
             "cross": {name: c.as_dict() for name, c in self.cross.items()},
@@ -381,7 +397,9 @@ def replay(source: Source, impl: Implementation, runs: int = 100, against: Imple
     if against is not None:
         other = run_many(against, source.inputs, runs, on_run=on_run and (lambda r: on_run(against.label, r)))
     result = ReproResult(source, primary, other)
-    if oracle:
+    if source.structure_error is not None:
+        result.oracle_skipped = f"the recorded call breaks SPEC ({source.structure_error}): it must be rejected"
+    elif oracle:
         from properties.case import expected
 
         want = expected(source.inputs)

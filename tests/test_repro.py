@@ -231,6 +231,33 @@ def test_cli_repro_against_shows_both_implementations(tmp_path, capsys):
     assert "bitwise reproducible but outside the oracle tolerance" in out
 
 
+def accepts_anything(*args, **kwargs):
+    """Ours, but a float32 grad_out is cast instead of rejected."""
+    args = list(args)
+    args[3] = args[3].to(torch.bfloat16)
+    return mqa_latent_sparse_bwd(*args, **kwargs)
+
+
+@pytest.mark.parametrize("impl, code, verdict", [
+    (None, 0, "rejected the call with a ValueError, as SPEC requires"),
+    (f"{__name__}:accepts_anything", 1, "did NOT reject a call that breaks SPEC with a ValueError"),
+])
+def test_cli_repro_replays_a_fuzz_record_of_a_call_that_breaks_spec(tmp_path, capsys, impl, code, verdict):
+    # A worker killed inside one of the rejection property's calls leaves a record of inputs
+    # SPEC refuses; its replay checks the refusal (an ordinary capture like it is refused to load).
+    inputs = to_framework(SMALL.inputs(), "torch")
+    inputs["grad_out"] = inputs["grad_out"].float()
+    path = capture.write(tmp_path / "crash-gw1-99.safetensors", inputs,
+                         {"record": capture.CALL_RECORD, "backend": "model", "property": "rejection"}, check=False)
+    argv = ["repro", str(path), "--runs", "2"] + (["--impl", impl, "--backend", "model"] if impl else [])
+    assert cli.main(argv) == code
+    out = capsys.readouterr().out
+    assert "the recorded call breaks SPEC (grad_out: dtype torch.float32" in out and verdict in out
+    plain = capture.write(tmp_path / "plain.safetensors", inputs, {}, check=False)
+    with pytest.raises(ValueError, match="grad_out"):
+        capture.load(plain)
+
+
 def test_cli_repro_refuses_a_damaged_capture_with_exit_code_2(tmp_path, capsys):
     path = capture.save(tmp_path / "step.safetensors", **to_framework(SMALL.inputs(), "torch"))
     path.write_bytes(path.read_bytes()[:-10])
