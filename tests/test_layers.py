@@ -7,7 +7,7 @@ The layers, bottom to top (docs/design.md draws them):
   oracle          the NumPy reference (a leaf: it imports none of ours)
   implementation  mqa_bwd itself: kernels, launch, wrapper, model, fixed point, backends
   harness         properties: cases, strategies, checks, comparisons, the plugin
-  tools           mqa_bwd's cli (and console), fuzz, repro, capture, bench, mutants
+  tools           mqa_bwd's cli (and console), fuzz, repro, capture, bench, mutants, autograd
 
 A module may import its own layer and the layers its row allows below; the
 implementation and the harness never see each other (the harness reaches an
@@ -27,6 +27,7 @@ PACKAGES = ("mqa_bwd", "oracle", "properties")
 
 BASE = {"mqa_bwd.contract", "mqa_bwd.edge", "mqa_bwd.files"}
 TOOLS = {"mqa_bwd.cli", "mqa_bwd.console", "mqa_bwd.fuzz", "mqa_bwd.repro", "mqa_bwd.capture", "mqa_bwd.bench", "mqa_bwd.mutants",
+         "mqa_bwd.autograd",
          "mqa_bwd.__main__"}
 #: layer -> the layers its modules may import (their own included).
 ALLOWED = {
