@@ -190,3 +190,35 @@ def test_cudnn_is_left_out_of_shapes_outside_its_domain():
     assert "widths" in bench.outside_domain("cudnn", dict(shape, H=8), 64, 32)
     assert bench.outside_domain("cudnn", dict(shape, H=8), 576, 512) is None
     assert bench.outside_domain("tilelang", shape, 64, 32) is None
+
+
+# ---------------------------------------------------------------------------
+# GPU: the reference on the device, and one small measurement with every backend here
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
+def test_the_float64_reference_on_the_gpu_matches_the_numpy_oracle():
+    case = Case(B=2, S=6, S_kv=300, H=64, L=257, d_k=576, d_v=512, invalid=ALL_INVALID_KINDS, hole_rate=0.2,
+                duplicates=True, empty_rows=1, sink="random", seed=9)
+    host = case.inputs()
+    tensors = to_framework(host, "torch", "cuda")
+    got = bench.reference_float64(tuple(tensors[name] for name in SPEC_ARGS), budget_bytes=1 << 24)
+    assert _worst_relative_gap([x.cpu() for x in got], _numpy_oracle(host)) <= REFERENCE_GAP
+
+
+@pytest.mark.gpu
+def test_one_small_measurement_with_every_backend_here():
+    from mqa_bwd import backends
+
+    if not backends.hopper_available():
+        pytest.skip("needs a Hopper (sm_90) CUDA GPU and tilelang")
+    chosen, skipped = bench.runnable_backends(bench.parse_backends(None), asked=False)
+    rows = bench.measure(dict(B=1, S=256, S_kv=2048, H=64, L=512), tuple(chosen), warmup=1, repeats=2)
+    print(bench.table(rows), skipped)
+    assert [r.backend for r in rows] == chosen
+    for r in rows:
+        assert set(r.error) == set(OUTPUT_NAMES) and all(0 < e < 2e-2 for e in r.error.values()), r
+    assert rows[0].det_over_atomic is not None and rows[0].error_over_atomic is not None
+    assert ("cudnn" in chosen) == (rows[0].det_over_cudnn is not None)
