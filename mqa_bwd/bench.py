@@ -1,28 +1,44 @@
-"""Benchmark: deterministic vs atomic backward at named or given shapes.
+"""Benchmark: the deterministic backward beside the atomic control and cuDNN, at named or given shapes.
 
 What is measured, and why it is fair:
 
-* Both backends run on the same device tensors (causal top-k indices, built
+* Every backend runs on the same device tensors (causal top-k indices, built
   once per shape), in one process, and their timed repeats are interleaved
-  (det, atomic, det, atomic, ...) so that clock and thermal drift fall on both
+  (det, atomic, cudnn, det, ...) so that clock and thermal drift fall on all
   alike. Each is warmed up first (kernel compilation and caches).
+* Backends: ours ('tilelang', 'tilelang-atomic') and cuDNN-frontend's DSA
+  backward ('cudnn', through mqa_bwd.cudnn) when it is installed; without it,
+  the default run skips it and says why.
 * Time is the whole public call (validation, layout, every kernel), as a
   training step pays it: CUDA events around it, median of the repeats.
 * TFLOP/s by docs/SPEC.md's count per query row: 2 * (H*Dv*L + 3*H*Dk*L + H*Dv*L).
 * Peak scratch: the most memory allocated during one call beyond the inputs
   and the three outputs (the int64 or fp32 dKV accumulator, padded copies).
-* The outputs of the two backends are compared once (relative L2 per output):
-  a fast variant that skips work shows up as a disagreement, not as a speed-up.
+* The outputs of the backends are compared once (relative L2 per output)
+  with the first's: a fast variant that skips work shows up as a
+  disagreement, not as a speed-up.
+* Error: per output (dq, dkv, d_attn_sink), the relative L2 error against a
+  float64 reference on the same inputs, and its ratio to the atomic
+  control's error. A deterministic design is admissible (issue 30) when
+  every ratio is at most ADMISSIBLE_ERROR_RATIO. The reference is SPEC's
+  backward in float64 torch on the GPU, a bounded block of query rows at a
+  time (the NumPy oracle takes minutes at these shapes; the tests hold the
+  two to each other on small ones).
+
+The table is COLUMNS: a new column is a Row field and one Column entry.
 
 Needs a CUDA GPU with the TileLang kernels (Hopper); the CPU tile model is a
-correctness artifact, never timed.
+correctness artifact, never timed (its errors are computed the same way in
+the tests).
 """
 
 import dataclasses
 import json
+import math
 import statistics
+from typing import Callable
 
-from .contract import GPU_BACKENDS
+from .contract import GPU_BACKENDS, OUTPUT_NAMES
 
 SHAPES = {
     "dsv32": [dict(B=1, S=4096, S_kv=8192, H=64, L=2048), dict(B=1, S=4096, S_kv=8192, H=128, L=2048)],
@@ -31,6 +47,14 @@ SHAPES = {
 SHAPE_KEYS = ("B", "S", "S_kv", "H", "L")
 #: Outputs of two backends that differ more than this (relative L2) do not compute the same thing.
 AGREEMENT_RTOL = 2e-2
+#: cuDNN-frontend's DSA backward (mqa_bwd.cudnn), timed beside ours when installed.
+CUDNN = "cudnn"
+BENCH_BACKENDS = GPU_BACKENDS + (CUDNN,)
+DEFAULT_BACKENDS = ("tilelang", "tilelang-atomic", CUDNN)
+#: Issue 30's admissibility standard: per output, at most this times the atomic control's error.
+ADMISSIBLE_ERROR_RATIO = 1.1
+#: Device memory one block of the float64 reference may take.
+REFERENCE_BLOCK_BYTES = 1 << 30
 
 
 @dataclasses.dataclass
@@ -50,8 +74,13 @@ class Row:
     ms_max: float = 0.0
     repeats: int = 0
     det_over_atomic: float | None = None
+    det_over_cudnn: float | None = None
     #: max relative L2 distance of (dq, dkv, d_attn_sink) from the first backend's, None for the first
     rel_l2_vs_first: float | None = None
+    #: output name -> relative L2 error against the float64 reference
+    error: dict | None = None
+    #: output name -> error / the atomic control's error at this shape; None for the control itself
+    error_over_atomic: dict | None = None
 
     @property
     def shape(self) -> tuple:
@@ -82,6 +111,11 @@ def parse_shape(text: str, option: str = "--shape") -> dict:
     if missing:
         raise ValueError(f"{option}: missing {', '.join(missing)} in {text!r} (give all of {', '.join(SHAPE_KEYS)})")
     return shape
+
+
+def describe(shape: dict) -> str:
+    """{'B': 1, 'S': 4096, ...} -> 'B=1,S=4096,...' (parse_shape's form)."""
+    return ",".join(f"{k}={shape[k]}" for k in SHAPE_KEYS)
 
 
 def parse_sweep(text: str) -> tuple:
@@ -273,61 +307,336 @@ def rel_l2(a, b) -> float:
     return float((a - b).norm()) / denominator if denominator else float((a - b).norm())
 
 
+def rel_l2_float64(got, want) -> float:
+    """Relative L2 error of ``got`` against a float64 ``want``, in float64; inf when ``got`` is not finite."""
+    import torch
+
+    diff = got.double() - want
+    if not bool(torch.isfinite(diff).all()):
+        return math.inf
+    return _relative(float(diff.square().sum()), float(want.double().square().sum()))
+
+
+def _relative(diff_squares: float, want_squares: float) -> float:
+    """sqrt(diff / want), the plain norm of the difference where want is zero (a sink-less d_attn_sink)."""
+    if not math.isfinite(diff_squares):
+        return math.inf
+    return math.sqrt(diff_squares / want_squares) if want_squares else math.sqrt(diff_squares)
+
+
+# ---------------------------------------------------------------------------
+# The float64 reference
+# ---------------------------------------------------------------------------
+
+
+def reference_rows_per_block(H, L, d_k, budget_bytes=REFERENCE_BLOCK_BYTES) -> int:
+    """Query rows per block of the float64 reference: its gathered kv rows and dKV contributions
+    (L x Dk each, and a third for the value part), the score-sized tensors, the q, dO and dq rows."""
+    per_row = 8 * (3 * L * d_k + 6 * H * L + 4 * H * d_k)
+    return max(1, budget_bytes // per_row)
+
+
+def reference_float64(args, on_dq_block: Callable | None = None, keep_dq=True, budget_bytes=REFERENCE_BLOCK_BYTES):
+    """docs/SPEC.md's backward in float64 torch on the inputs' device: (dq or None, dkv, d_attn_sink).
+
+    ``args``: the SPEC tuple (production_inputs'). A block of query rows at a time
+    (``budget_bytes`` of device memory); ``on_dq_block(b, rows, dq_block)`` sees each block's
+    float64 dq [n, H, Dk] of batch element b, query rows ``rows`` (a slice). ``keep_dq=False``
+    returns no dq, so that its float64 copy never exists whole. Invalid slots (outside
+    [0, S_kv)) contribute nothing; a row with no valid slot has zero gradients. dKV sums
+    with index_add_, in float64: its order moves only the last bits, far below any bf16 error.
+    """
+    import torch
+
+    q, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale = args
+    B, S, H, d_k = q.shape
+    S_kv, d_v, L = kv.shape[1], out.shape[3], token_indices.shape[2]
+    f64 = torch.float64
+    device = q.device
+    sink = (torch.full((H,), -math.inf, dtype=f64, device=device) if attn_sink is None
+            else attn_sink.to(device=device, dtype=f64))
+    dq = torch.empty((B, S, H, d_k), dtype=f64, device=device) if keep_dq else None
+    dkv = torch.zeros((B, S_kv, d_k), dtype=f64, device=device)
+    d_sink = torch.zeros((H,), dtype=f64, device=device)
+    step = reference_rows_per_block(H, L, d_k, budget_bytes)
+    for b in range(B):
+        kv_b = kv[b].to(f64)
+        for s0 in range(0, S, step):
+            rows = slice(s0, min(S, s0 + step))
+            index = token_indices[b, rows].to(torch.int64)
+            valid = (index >= 0) & (index < S_kv)
+            safe = torch.where(valid, index, 0)
+            keys = kv_b[safe]  # [n, L, Dk]
+            keys.masked_fill_(~valid.unsqueeze(-1), 0.0)  # no value of an unselected row can reach a result
+            q_b, do_b = q[b, rows].to(f64), grad_out[b, rows].to(f64)
+            delta = (out[b, rows].to(f64) * do_b).sum(-1)  # [n, H]
+            logits = torch.matmul(q_b, keys.transpose(1, 2)) * float(sm_scale)  # [n, H, L]
+            logits.masked_fill_(~valid.unsqueeze(1), -math.inf)
+            total = torch.logaddexp(lse[b, rows].to(f64), sink)  # sink-inclusive
+            total = torch.where(torch.isfinite(total), total, torch.zeros((), dtype=f64, device=device))
+            p = torch.exp(logits - total.unsqueeze(-1))
+            p_sink = torch.exp(sink - total)
+            dp = torch.matmul(do_b, keys[..., :d_v].transpose(1, 2))
+            ds = p * (dp - delta.unsqueeze(-1)) * float(sm_scale)
+            dq_block = torch.matmul(ds, keys)
+            del logits, dp
+            contribution = torch.matmul(ds.transpose(1, 2), q_b)  # [n, L, Dk]
+            contribution[..., :d_v] += torch.matmul(p.transpose(1, 2), do_b)
+            contribution.masked_fill_(~valid.unsqueeze(-1), 0.0)
+            dkv[b].index_add_(0, safe.reshape(-1), contribution.reshape(-1, d_k))
+            has_valid = valid.any(dim=1, keepdim=True)
+            d_sink -= torch.where(has_valid, p_sink * delta, torch.zeros((), dtype=f64, device=device)).sum(0)
+            if on_dq_block is not None:
+                on_dq_block(b, rows, dq_block)
+            if keep_dq:
+                dq[b, rows] = dq_block
+    return dq, dkv, d_sink
+
+
+def oracle_errors(args, outputs: dict, budget_bytes=REFERENCE_BLOCK_BYTES) -> dict:
+    """backend -> {output name: relative L2 error against reference_float64 on ``args``}.
+
+    ``outputs``: backend -> its (dq, dkv, d_attn_sink) on ``args``. dq's error is summed
+    block by block, so no float64 dq is ever whole."""
+    squares = {backend: 0.0 for backend in outputs}
+    want_squares = [0.0]
+
+    def on_dq_block(b, rows, want):
+        want_squares[0] += float(want.square().sum())
+        for backend, (dq, _, _) in outputs.items():
+            squares[backend] += float((dq[b, rows].double() - want).square().sum())  # inf or NaN: not finite
+
+    _, dkv, d_sink = reference_float64(args, on_dq_block, keep_dq=False, budget_bytes=budget_bytes)
+    return {backend: dict(zip(OUTPUT_NAMES, (_relative(squares[backend], want_squares[0]),
+                                             rel_l2_float64(got[1], dkv), rel_l2_float64(got[2], d_sink))))
+            for backend, got in outputs.items()}
+
+
+# ---------------------------------------------------------------------------
+# Backends, one shape's measurement, the table
+# ---------------------------------------------------------------------------
+
+
+def backend_unavailable(backend: str) -> str | None:
+    """Why ``backend`` (BENCH_BACKENDS, or a model for the tests) cannot run here, or None."""
+    if backend == CUDNN:
+        from . import cudnn
+
+        return cudnn.unavailable()
+    from . import backends
+
+    return backends.unavailable(backend)
+
+
+def parse_backends(text: str | None) -> list:
+    """'--backends' text (None: DEFAULT_BACKENDS) -> the backend names, each one of BENCH_BACKENDS."""
+    chosen = list(DEFAULT_BACKENDS) if text is None else [b.strip() for b in text.split(",") if b.strip()]
+    for b in chosen:
+        if b not in BENCH_BACKENDS:
+            raise ValueError(f"--backends: {b!r} is not a GPU backend {BENCH_BACKENDS} (the CPU tile model "
+                             "is never timed)")
+    if not chosen:
+        raise ValueError("--backends: give at least one backend")
+    return chosen
+
+
+def runnable_backends(chosen, asked: bool) -> tuple:
+    """(the backends of ``chosen`` that run here, {skipped backend: why}).
+
+    ``asked``: the user named them. A named backend that cannot run here is a ValueError;
+    of the defaults, cuDNN (an optional extra) is skipped with its reason, ours are required."""
+    runnable, skipped = [], {}
+    for b in chosen:
+        why = backend_unavailable(b)
+        if why is None:
+            runnable.append(b)
+        elif b == CUDNN and not asked:
+            skipped[b] = why
+        elif b == CUDNN:
+            raise ValueError(f"--backends: {b!r} cannot run here: {why}")
+        else:
+            raise ValueError("bench times the TileLang kernels with CUDA events and needs a Hopper GPU (sm_90) and "
+                             f"tilelang; this machine has none ({why})")
+    return runnable, skipped
+
+
+def outside_domain(backend: str, shape: dict, d_k: int, d_v: int) -> str | None:
+    """Why ``backend`` declares it cannot take ``shape`` (its Domain), or None. Ours take every shape."""
+    if backend != CUDNN:
+        return None
+    from .cudnn import cudnn_backward
+
+    domain = cudnn_backward.domain
+    if domain.heads is not None and not domain.heads[0] <= shape["H"] <= domain.heads[1]:
+        return f"H={shape['H']} is outside its heads {domain.heads[0]}-{domain.heads[1]}"
+    if domain.widths is not None and (d_k, d_v) not in domain.widths:
+        return f"(Dk, Dv) = ({d_k}, {d_v}) is not one of its widths {list(domain.widths)}"
+    return None
+
+
+def backend_call(backend: str, args, call_kw=None) -> Callable:
+    """One whole public call of ``backend`` on ``args``, as a no-argument callable."""
+    call_kw = dict(call_kw or {})
+    if backend == CUDNN:
+        from .cudnn import cudnn_backward
+
+        return lambda: cudnn_backward(*args, **call_kw)
+    from . import mqa_latent_sparse_bwd
+
+    return lambda: mqa_latent_sparse_bwd(*args, backend=backend, **call_kw)
+
+
+@dataclasses.dataclass
+class Quality:
+    """One backend's outputs on a shape's inputs, judged: distance from the first backend's, error."""
+
+    rel_l2_vs_first: float | None
+    error: dict
+
+
+def assess(args, calls: dict, budget_bytes=REFERENCE_BLOCK_BYTES) -> dict:
+    """backend -> Quality: each of ``calls`` (backend -> no-argument call, the first the reference
+    for agreement) called once on ``args``, against the first's outputs and the float64 reference."""
+    outputs = {backend: call() for backend, call in calls.items()}
+    first = next(iter(outputs.values()))
+    errors = oracle_errors(args, outputs, budget_bytes)
+    qualities = {}
+    for n, (backend, got) in enumerate(outputs.items()):
+        disagreement = None if n == 0 else max(rel_l2(x, y) for x, y in zip(got, first))
+        qualities[backend] = Quality(disagreement, errors[backend])
+    return qualities
+
+
 def measure(shape: dict, backends=GPU_BACKENDS, d_k=576, d_v=512, warmup=3, repeats=10, **call_kw) -> list:
     import torch
 
-    from . import mqa_latent_sparse_bwd
-
     args = production_inputs(shape["B"], shape["S"], shape["S_kv"], shape["H"], shape["L"], d_k, d_v)
-
-    def caller(backend):
-        return lambda: mqa_latent_sparse_bwd(*args, backend=backend, **call_kw)
-
-    calls = {backend: caller(backend) for backend in backends}
+    calls = {backend: backend_call(backend, args, call_kw) for backend in backends}
     times = time_interleaved(calls, warmup, repeats)
-    first = calls[backends[0]]()
+    scratch = {backend: peak_scratch_bytes(call) for backend, call in calls.items()}
+    quality = assess(args, calls)
     rows = []
     for backend in backends:
-        disagreement = None
-        if backend != backends[0]:
-            other = calls[backend]()
-            disagreement = max(rel_l2(x, y) for x, y in zip(other, first))
-            del other
         ms = statistics.median(times[backend])
         rows.append(Row(shape["B"], shape["S"], shape["S_kv"], shape["H"], shape["L"], d_k, d_v, backend, ms,
                         flops(shape["B"], shape["S"], shape["H"], shape["L"], d_k, d_v) / (ms * 1e-3) / 1e12,
-                        peak_scratch_bytes(calls[backend]) / 2**30, min(times[backend]), max(times[backend]),
-                        repeats, rel_l2_vs_first=disagreement))
-    del first
+                        scratch[backend] / 2**30, min(times[backend]), max(times[backend]), repeats,
+                        rel_l2_vs_first=quality[backend].rel_l2_vs_first, error=quality[backend].error))
+    del quality
     torch.cuda.empty_cache()
-    return with_ratios(rows)
+    return with_error_ratios(with_ratios(rows))
+
+
+def is_atomic_control(backend: str) -> bool:
+    return backend.endswith("-atomic")
+
+
+def is_ours_deterministic(backend: str) -> bool:
+    return backend in ("tilelang", "model")
 
 
 def with_ratios(rows) -> list:
-    """Fill det_over_atomic on each deterministic row that has an atomic row of the same shape."""
-    atomic = {r.shape: r.ms for r in rows if r.backend.endswith("atomic")}
+    """Fill det_over_atomic and det_over_cudnn on each deterministic row of ours that has an
+    atomic-control (or cuDNN) row of the same shape."""
+    atomic = {r.shape: r.ms for r in rows if is_atomic_control(r.backend)}
+    peer = {r.shape: r.ms for r in rows if r.backend == CUDNN}
     for r in rows:
-        if not r.backend.endswith("atomic") and r.shape in atomic:
-            r.det_over_atomic = r.ms / atomic[r.shape]
+        if is_ours_deterministic(r.backend):
+            if r.shape in atomic:
+                r.det_over_atomic = r.ms / atomic[r.shape]
+            if r.shape in peer:
+                r.det_over_cudnn = r.ms / peer[r.shape]
     return rows
 
 
-def table(rows) -> str:
-    header = (f"{'B':>2} {'S':>5} {'S_kv':>5} {'H':>4} {'L':>5} {'backend':>16} {'ms':>9} {'TFLOP/s':>8} "
-              f"{'scratch GiB':>11} {'det/atomic':>10} {'rel L2':>8}")
-    lines = [header]
+def error_ratio(error: float, control: float) -> float:
+    if control > 0:
+        return error / control
+    return 1.0 if error == 0 else math.inf
+
+
+def with_error_ratios(rows) -> list:
+    """Fill error_over_atomic (per output) on every row with errors whose shape has an
+    atomic-control row with errors; the control's own stays None."""
+    control = {r.shape: r.error for r in rows if is_atomic_control(r.backend) and r.error}
     for r in rows:
-        ratio = f"{r.det_over_atomic:.2f}" if r.det_over_atomic is not None else ""
-        agree = "" if r.rel_l2_vs_first is None else f"{r.rel_l2_vs_first:.1e}"
-        if r.rel_l2_vs_first is not None and r.rel_l2_vs_first > AGREEMENT_RTOL:
-            agree += " DISAGREE"
-        lines.append(f"{r.B:>2} {r.S:>5} {r.S_kv:>5} {r.H:>4} {r.L:>5} {r.backend:>16} {r.ms:>9.3f} {r.tflops:>8.1f} "
-                     f"{r.peak_scratch_gib:>11.2f} {ratio:>10} {agree:>8}")
+        if r.error and r.shape in control and not is_atomic_control(r.backend):
+            r.error_over_atomic = {name: error_ratio(r.error[name], control[r.shape][name]) for name in r.error}
+    return rows
+
+
+def admissible(row) -> bool | None:
+    """Issue 30's standard on one row: every output's error at most ADMISSIBLE_ERROR_RATIO times the
+    control's; None where there is no ratio to judge."""
+    if not row.error_over_atomic:
+        return None
+    return all(ratio <= ADMISSIBLE_ERROR_RATIO for ratio in row.error_over_atomic.values())
+
+
+@dataclasses.dataclass(frozen=True)
+class Column:
+    """One column of the table: its header, width, and the text of a row's cell."""
+
+    header: str
+    width: int
+    cell: Callable
+
+
+def _optional(value, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def _agreement(row) -> str:
+    if row.rel_l2_vs_first is None:
+        return ""
+    return f"{row.rel_l2_vs_first:.1e}" + (" DISAGREE" if row.rel_l2_vs_first > AGREEMENT_RTOL else "")
+
+
+def _error(name: str) -> Callable:
+    return lambda row: "" if not row.error else f"{row.error[name]:.2e}"
+
+
+def _error_ratio(row) -> str:
+    """The largest of the per-output ratios, flagged when over the admissibility standard."""
+    if not row.error_over_atomic:
+        return ""
+    worst = max(row.error_over_atomic.values())
+    return f"{worst:.2f}" + ("" if admissible(row) else " OVER")
+
+
+COLUMNS = [
+    Column("B", 2, lambda r: str(r.B)),
+    Column("S", 5, lambda r: str(r.S)),
+    Column("S_kv", 5, lambda r: str(r.S_kv)),
+    Column("H", 4, lambda r: str(r.H)),
+    Column("L", 5, lambda r: str(r.L)),
+    Column("backend", 16, lambda r: r.backend),
+    Column("ms", 9, lambda r: f"{r.ms:.3f}"),
+    Column("TFLOP/s", 8, lambda r: f"{r.tflops:.1f}"),
+    Column("scratch GiB", 11, lambda r: f"{r.peak_scratch_gib:.2f}"),
+    Column("det/atomic", 10, lambda r: _optional(r.det_over_atomic, ".2f")),
+    Column("det/cuDNN", 9, lambda r: _optional(r.det_over_cudnn, ".2f")),
+    Column("rel L2", 8, _agreement),
+    Column("err dq", 8, _error("dq")),
+    Column("err dkv", 8, _error("dkv")),
+    Column("err dsink", 9, _error("d_attn_sink")),
+    Column("err/atomic", 10, _error_ratio),
+]
+
+
+def table(rows, columns=None) -> str:
+    """The rows as a text table of ``columns`` (None: COLUMNS)."""
+    columns = COLUMNS if columns is None else columns
+    lines = [" ".join(f"{c.header:>{c.width}}" for c in columns)]
+    for r in rows:
+        lines.append(" ".join(f"{c.cell(r):>{c.width}}" for c in columns))
     return "\n".join(lines)
 
 
 def environment() -> dict:
     import torch
+
+    from importlib import metadata
 
     info = {"torch": torch.__version__}
     if torch.cuda.is_available():
@@ -339,6 +648,11 @@ def environment() -> dict:
         info["tilelang"] = tilelang.__version__
     except Exception:
         pass
+    for distribution in ("nvidia-cudnn-frontend", "nvidia-cutlass-dsl"):
+        try:
+            info[distribution] = metadata.version(distribution)
+        except metadata.PackageNotFoundError:
+            pass
     return info
 
 

@@ -121,11 +121,15 @@ examples:
 
 BENCH_HELP = """\
 Times the deterministic backward ('tilelang') against the atomic variant
-('tilelang-atomic') on one GPU: median ms of CUDA-event-timed repeats
+('tilelang-atomic') and cuDNN-frontend's DSA backward ('cudnn', when the
+'cudnn' extra is installed) on one GPU: median ms of CUDA-event-timed repeats
 (interleaved, after warm-up), TFLOP/s by docs/SPEC.md's count, peak scratch GiB,
-the ratio det/atomic, and the relative L2 distance between the two backends'
-outputs (a fast variant that skips work shows as DISAGREE). Prints a table;
---json writes the rows, --plot a PNG of time against H or L.
+the ratios det/atomic and det/cuDNN, the relative L2 distance of each backend's
+outputs from the first's (a fast variant that skips work shows as DISAGREE),
+and per output (dq, dkv, d_attn_sink) the relative L2 error against a float64
+reference, with the largest ratio to the atomic control's error (OVER: above
+1.1, issue 30's admissibility standard). Prints a table; --json writes the
+rows, --plot a PNG of time against H or L.
 
 shapes:
   dsv32   B=1 S=4096 S_kv=8192 L=2048, H=64 and H=128  (default)
@@ -263,8 +267,10 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--sweep", metavar="H=v,.. | L=v,..", help="measure each shape at these H or L values")
     bench.add_argument("--d-k", type=positive_int, default=576, help="query/key width (default 576)")
     bench.add_argument("--d-v", type=positive_int, default=512, help="value width (default 512)")
-    bench.add_argument("--backends", default="tilelang,tilelang-atomic",
-                       help="comma-separated; the first is the reference for the agreement column")
+    bench.add_argument("--backends", default=None, metavar="B[,B]",
+                       help="comma-separated, of tilelang, tilelang-atomic, cudnn (default: all three, cudnn "
+                       "skipped with its reason when not installed); the first is the reference for the "
+                       "agreement column")
     bench.add_argument("--warmup", type=positive_int, default=3, help="untimed calls per backend (default 3)")
     bench.add_argument("--repeats", type=positive_int, default=10, help="timed calls per backend (default 10)")
     bench.add_argument("--block-h", type=int, choices=(16, 32), help="head-group width")
@@ -659,7 +665,7 @@ def cmd_repro(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from . import backends, bench
+    from . import bench
 
     if args.from_json:
         return _bench_from_json(args)
@@ -668,28 +674,33 @@ def cmd_bench(args) -> int:
     given = [bench.parse_shape(text) for text in args.shape]
     sweep = bench.parse_sweep(args.sweep) if args.sweep else None
     shapes = bench.plan(named, given, sweep)
-    chosen = [b.strip() for b in args.backends.split(",") if b.strip()]
-    for b in chosen:
-        if b not in bench.GPU_BACKENDS:
-            raise ValueError(f"--backends: {b!r} is not a GPU backend {bench.GPU_BACKENDS} (the CPU tile model "
-                             "is never timed)")
-    if not chosen:
-        raise ValueError("--backends: give at least one backend")
+    chosen = bench.parse_backends(args.backends)
     if args.plot:
         bench.require_matplotlib()
         bench.plot_axis([bench.Row(**s, d_k=0, d_v=0, backend="", ms=0, tflops=0, peak_scratch_gib=0)
                          for s in shapes])
-    if not backends.hopper_available():
-        raise ValueError("bench times the TileLang kernels with CUDA events and needs a Hopper GPU (sm_90) and "
-                         "tilelang; this machine has none")
+    chosen, skipped = bench.runnable_backends(chosen, asked=args.backends is not None)
+    for backend, why in skipped.items():
+        print(f"{backend}: skipped: {why}", file=sys.stderr)
     call_kw = {k: v for k, v in (("block_h", args.block_h), ("dkv_buf_bytes", args.dkv_buf_bytes)) if v is not None}
     rows = []
     for shape in shapes:
+        here = []
+        for backend in chosen:
+            why = bench.outside_domain(backend, shape, args.d_k, args.d_v)
+            if why is None:
+                here.append(backend)
+            else:
+                where = f"{backend} at {bench.describe(shape)}"
+                skipped[where] = why
+                print(f"{where}: skipped: {why}", file=sys.stderr)
+        if not here:
+            continue
         print(f"measuring {shape} ...", file=sys.stderr, flush=True)
-        rows += bench.measure(shape, tuple(chosen), args.d_k, args.d_v, args.warmup, args.repeats, **call_kw)
+        rows += bench.measure(shape, tuple(here), args.d_k, args.d_v, args.warmup, args.repeats, **call_kw)
     print(bench.table(rows))
     if args.json:
-        args.json.write_text(bench.to_json(rows, bench.environment()))
+        args.json.write_text(bench.to_json(rows, dict(bench.environment(), skipped=skipped)))
         print(f"rows written to {args.json}", file=sys.stderr)
     if args.plot:
         axis = bench.plot(rows, args.plot)

@@ -5,7 +5,8 @@ The layers, bottom to top (docs/design.md draws them):
   base            mqa_bwd.contract, mqa_bwd.edge, mqa_bwd.files: SPEC names, the
                   instrumentation seam, the framework edge, atomic writes
   oracle          the NumPy reference (a leaf: it imports none of ours)
-  implementation  mqa_bwd itself: kernels, launch, wrapper, model, fixed point, backends
+  implementation  mqa_bwd itself: kernels, launch, wrapper, model, fixed point, backends,
+                  and the peers behind the same signature (cudnn: cuDNN's backward)
   harness         properties: cases, strategies, checks, comparisons, the plugin
   tools           mqa_bwd's cli (and console), fuzz, repro, capture, bench, mutants, autograd
 
@@ -26,6 +27,8 @@ ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("mqa_bwd", "oracle", "properties")
 
 BASE = {"mqa_bwd.contract", "mqa_bwd.edge", "mqa_bwd.files"}
+#: Other implementations behind the SPEC signature: implementation modules, as ours are.
+PEERS = {"mqa_bwd.cudnn"}
 TOOLS = {"mqa_bwd.cli", "mqa_bwd.console", "mqa_bwd.fuzz", "mqa_bwd.repro", "mqa_bwd.capture", "mqa_bwd.bench", "mqa_bwd.mutants",
          "mqa_bwd.autograd",
          "mqa_bwd.__main__"}
@@ -147,6 +150,12 @@ def circles(graph: dict) -> list:
 def test_every_module_has_a_layer():
     for name in modules_of(ROOT):
         assert layer_of(name) in ALLOWED, name
+
+
+def test_the_peers_are_implementation_modules():
+    # A peer adapter may use the wrapper's validation and the edge, never the harness or the oracle.
+    assert PEERS <= set(modules_of(ROOT))
+    assert {layer_of(name) for name in PEERS} == {"implementation"}
 
 
 def test_imports_go_one_way():
