@@ -491,7 +491,6 @@ def _poison_case():
 @pytest.mark.parametrize("argument,value", [("lse", np.nan), ("lse", np.inf), ("attn_sink", np.nan), ("attn_sink", np.inf)])
 def test_non_finite_lse_or_sink_poisons_exactly_what_the_rule_says(backend, argument, value):
     host = _poison_case().inputs()
-    H = host["query"].shape[2]
     rows_heads = np.zeros(host["lse"].shape, bool)
     bad = dict(host)
     if argument == "lse":
@@ -516,7 +515,6 @@ def test_non_finite_lse_or_sink_poisons_exactly_what_the_rule_says(backend, argu
         assert torch.equal(_nan(g), mask), f"{name}: NaN at {torch.nonzero(_nan(g) != mask)[:5].tolist()} against the rule"
         if name != "dkv" or backend == "model":  # the atomic control's dkv bits follow the add order
             assert torch.equal(g[~mask], c[~mask]), f"{name}: a value outside the rule's NaN changed"
-    assert torch.isnan(got[2][rows_heads.any(axis=(0, 1)).nonzero()[0]]).all() and H == 5
 
 
 def test_minus_inf_lse_keeps_its_meaning_no_valid_slot_zero_gradients():
@@ -532,8 +530,7 @@ def test_minus_inf_lse_keeps_its_meaning_no_valid_slot_zero_gradients():
     assert torch.count_nonzero(dq[b, s, h].float()) == 0
 
 
-@pytest.mark.parametrize("backend", ["model", "model-atomic"])
-def test_the_poisoning_is_computed_on_the_device_in_kernel_lse(backend):
+def test_the_poisoning_is_computed_on_the_device_in_kernel_lse():
     # No host check: Lse2 itself carries the NaN, so the same rule holds on every
     # launcher (the GPU's kernels take the same Lse2). Both +inf and NaN, lse and sink.
     lse = torch.tensor([[0.5, math.nan, math.inf, -math.inf], [1.0, 2.0, -math.inf, -math.inf]])
