@@ -7,7 +7,7 @@ start-up or the implementation.
 
 from .contract import BACKENDS
 
-__all__ = ["mqa_latent_sparse_bwd", "BACKENDS", "default_backend", "Instruments"]
+__all__ = ["mqa_latent_sparse_bwd", "BACKENDS", "default_backend", "Instruments", "scratch_bytes"]
 
 
 def __getattr__(name):
@@ -15,6 +15,10 @@ def __getattr__(name):
         from .wrapper import mqa_latent_sparse_bwd
 
         return mqa_latent_sparse_bwd
+    if name == "scratch_bytes":
+        from .wrapper import scratch_bytes
+
+        return scratch_bytes
     if name == "default_backend":
         from .backends import default_backend
 

@@ -97,7 +97,9 @@ def to_torch(x, name: str = "tensor", accept=("torch", "paddle", "numpy")):
     if framework == "paddle":
         import torch
 
-        return torch.from_dlpack(x)
+        # paddle exports no tensor that requires grad (stop_gradient=False); its
+        # detached view shares the memory.
+        return torch.from_dlpack(x.detach() if not x.stop_gradient else x)
     return numpy_to_torch(x)
 
 
@@ -117,3 +119,20 @@ def from_torch(t, framework: str):
     if framework == "numpy":
         return to_numpy(t)
     raise ValueError(f"framework: expected one of {FRAMEWORKS}, got {framework!r}")
+
+
+def dtype_name(dtype, framework: str = "torch") -> str:
+    """A torch dtype as ``framework`` spells it: torch.bfloat16, or paddle.bfloat16 for a paddle
+    caller (paddle names its dtypes as torch does), so that a message speaks the caller's framework."""
+    text = str(dtype)
+    if framework == "paddle":
+        return "paddle." + text.removeprefix("torch.")
+    return text
+
+
+def device_name(device, framework: str = "torch") -> str:
+    """A torch device as ``framework`` spells it: cpu / cuda:0, or Place(cpu) / Place(gpu:0) for paddle."""
+    text = str(device)
+    if framework == "paddle":
+        return "Place(" + text.replace("cuda", "gpu") + ")"
+    return text

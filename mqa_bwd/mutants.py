@@ -19,6 +19,10 @@ suite must fail on every one, and say which property caught it
   only_minus_one_invalid   only -1 is treated as an invalid index; S_kv and
                            other out-of-range values address other rows
   dtype_unchecked          no dtype validation: float32 / float16 tensors run
+  non_finite_unpoisoned    the Lse2 of a +inf lse or sink is not poisoned:
+                           zero gradients, or a NaN d_attn_sink alone
+  grad_recorded            tensors that require grad reach the launches in
+                           grad mode (a RuntimeError from inside on the model)
   pad_dq_unsliced          the pad heads' dq rows are returned with the rest
   slots_in_caller_order    each row's slots laid out in the order the caller
                            gave them, not the canonical one: dQ's fp32 sum
@@ -34,6 +38,7 @@ seams and the harness's Mutant record.
 
 import dataclasses
 import functools
+import math
 
 import torch
 
@@ -41,8 +46,9 @@ from properties.case import Case
 from properties.kills import Mutant
 
 from . import edge, wrapper
-from .contract import GPU_BACKENDS
+from .contract import GPU_BACKENDS, SPEC_ARGS
 from .kernels import LOG2E
+from .layout import per_head
 
 
 def _with_steps(**replaced):
@@ -77,6 +83,14 @@ def _lse_without_sink(lse, sink):
     return lse2, wrapper.STEPS.kernel_lse(lse, sink)[1]
 
 
+def _lse_unpoisoned(lse, sink):
+    # The rule before SPEC's "Bad input": -inf lse mapped to +inf, nothing poisoned,
+    # so a +inf lse gives zero gradients and a +inf sink a NaN d_attn_sink only.
+    lse2 = per_head(lambda lse_h, sink_h: torch.logaddexp(lse_h, sink_h) * LOG2E, lse, sink)
+    lse2 = torch.where(lse == -math.inf, math.inf, lse2).contiguous()
+    return lse2, (sink * LOG2E).contiguous()
+
+
 def _minus_one_only_slots(token_indices, p):
     idx = token_indices.to(torch.int64)
     base = (torch.arange(p.B, device=idx.device, dtype=torch.int64) * p.S_kv).view(p.B, 1, 1)
@@ -94,7 +108,27 @@ pad_rows_uninitialised = _with_steps(pad_heads=_pad_heads_unfilled)
 lse_natural_as_base2 = _with_steps(kernel_lse=_lse_natural)
 lse_sink_exclusive = _with_steps(kernel_lse=_lse_without_sink)
 only_minus_one_invalid = _with_steps(global_slots=_minus_one_only_slots)
-dtype_unchecked = _with_steps(require_dtype=lambda name, t, dtype: None)
+dtype_unchecked = _with_steps(require_dtype=lambda name, t, dtype, framework: None)
+non_finite_unpoisoned = _with_steps(kernel_lse=_lse_unpoisoned)
+#: Not in MUTANTS: its bug shows only to a paddle caller (tests/test_mutants.py runs it).
+messages_in_torch = _with_steps(
+    validate=lambda *args, **kwargs: wrapper.STEPS.validate(*args, **{**kwargs, "framework": "torch"}))
+
+
+def grad_recorded(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, *, block_h=None,
+                  dkv_buf_bytes=None, backend=None, instruments=None):
+    """Our wrapper without its detach at the edge: the caller's tensors, requiring grad or not,
+    go to the launches in grad mode."""
+    from .backends import get_launcher
+
+    framework = edge.framework_of(query)
+    args = [None if x is None else edge.to_torch(x, name, accept=("torch", "paddle"))
+            for name, x in zip(SPEC_ARGS, (query, kv, out, grad_out, lse, attn_sink, token_indices))]
+    launcher = get_launcher(backend, args[0].device, instruments)
+    with torch.enable_grad():
+        result = wrapper.backward_with(launcher, *args, sm_scale, block_h=block_h, dkv_buf_bytes=dkv_buf_bytes,
+                                       framework=framework)
+    return tuple(edge.from_torch(t, framework) for t in result)
 
 
 def _caller_order(rows):
@@ -179,6 +213,10 @@ MUTANTS = {
         Mutant("only_minus_one_invalid", only_minus_one_invalid, "only -1 treated as invalid", "agreement",
                _BENIGN.replace(B=2, invalid=("minus_one",), hole_rate=0.3)),
         Mutant("dtype_unchecked", dtype_unchecked, "dtype not checked", "rejection", _BENIGN),
+        Mutant("non_finite_unpoisoned", non_finite_unpoisoned,
+               "a +inf lse or sink not poisoned: zero gradients, or a NaN d_attn_sink only", "rejection", _BENIGN),
+        Mutant("grad_recorded", grad_recorded, "inputs that require grad reach the launches: a RuntimeError from inside",
+               "rejection", _BENIGN),
         Mutant("pad_dq_unsliced", pad_dq_unsliced, "pad heads' dq not sliced", "output_contract", _BENIGN),
         Mutant("slots_in_caller_order", slots_in_caller_order, "dQ summed in the caller's slot order",
                "slot_order", _BENIGN.replace(L=1)),  # one slot a row: every order is the same

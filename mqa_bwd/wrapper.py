@@ -2,9 +2,11 @@
 
 Order of work, which the properties rely on:
   1. framework edge: paddle tensors become torch tensors (DLPack, zero-copy;
-     ``mqa_bwd.edge``);
+     ``mqa_bwd.edge``), detached (tensors that require grad are read as they
+     are; the backward itself is not differentiated, and runs under no_grad);
   2. validation, all of it, before any allocation or launch (ValueError naming
-     the argument);
+     the argument, in the caller's framework's names), the scratch budget
+     included (``Problem.scratch``);
   3. layout: rows flattened, heads zero-padded to the group width, slots padded
      with -1 to the kernel's slot block, invalid indices of every kind mapped
      to -1, kv rows addressed globally (b * S_kv + index);
@@ -21,7 +23,12 @@ tensors (a head offset per launch): no per-group copies. What else grows with
 S: the int32 slot layout [R, Lp] (built a bounded number of slots at a time),
 a few floats or flags per (row, head) or row (Lse2, Delta, the d_sink rows,
 the fixed-point allowance, row flags and row marks), and the zero-padded
-copies of q, out and grad_out when H is not a multiple of the group width.
+copies of q, out and grad_out when H is not a multiple of the group width:
+``Problem.scratch`` lists them, ``scratch_bytes`` sums them, and a
+``dkv_buf_bytes`` below that sum is refused (nothing here is chunked).
+
+A NaN or +inf lse or sink is poisoned on the device, never checked on the
+host (``kernel_lse``; docs/SPEC.md, "Bad input").
 
 The steps a test may replace (a mutant, the #1784 reproduction) are the fields
 of ``Steps``; ``backward(..., steps=...)`` runs with them, and the public
@@ -39,10 +46,9 @@ from . import edge
 from . import fixed_point
 from . import kernels as K
 from . import launch as L
-from .contract import BLOCK_H_CHOICES
+from .contract import BACKENDS, BLOCK_H_CHOICES
 from .layout import per_head
 
-DEFAULT_DKV_BUF_BYTES = 4 << 30
 PAD_SINK = -1e30
 INT32_MAX = 2**31 - 1
 
@@ -57,7 +63,8 @@ class Problem:
     d_k: int
     d_v: int
     block_h: int
-    dkv_buf_bytes: int
+    #: The caller's scratch budget; None: no bound.
+    dkv_buf_bytes: int | None
     #: False reproduces the #1784 wrapper for the CPU model's self-test: a head
     #: count below block_h goes to the kernel as one group of H heads, unpadded.
     pad_heads: bool = True
@@ -91,25 +98,88 @@ class Problem:
         that grows with the query rows, so dkv_buf_bytes does not bound it."""
         return self.B * self.S_kv * self.d_k * 8
 
+    def scratch(self, deterministic: bool = True) -> dict:
+        """{buffer: bytes} of every buffer ``run`` keeps that grows with the query rows
+        R = B*S, other than the outputs it returns: what dkv_buf_bytes bounds.
+
+        For contiguous inputs (torch's reshape copies a non-contiguous one). Not in
+        it: what does not grow with S (the dKV accumulator, per-kv-row scales and
+        marks, per-head vectors) and the transient temporaries of the torch ops that
+        build the slot layout (bounded by INDEX_STEP slots) and Lse2 (elementwise)."""
+        R, H, Hp, Lp = self.rows, self.H, self.padded_heads, self.padded_slots
+        padded = Hp != H
+        f32 = i32 = 4
+        parts = {}
+        if padded:  # zero-padded copies on the head axis (pad_heads)
+            parts["query, heads padded"] = R * Hp * self.d_k * 2
+            parts["out, heads padded"] = R * Hp * self.d_v * 2
+            parts["grad_out, heads padded"] = R * Hp * self.d_v * 2
+            parts["lse, heads padded"] = R * Hp * f32
+        parts["Lse2"] = R * Hp * f32
+        parts["slot layout"] = R * Lp * i32
+        parts["Delta"] = R * Hp * f32
+        parts["d_sink rows"] = R * Hp * f32
+        if deterministic:
+            parts["peak |q|"] = R * Hp * i32
+            parts["peak |dO|"] = R * Hp * i32
+            parts["live-row marks"] = R * i32
+            parts["allowance"] = R * H * f32
+            if padded:
+                parts["allowance, heads padded"] = R * Hp * f32
+            parts["row flags"] = R * i32
+        if padded:  # dq over the padded heads; the caller gets a sliced copy
+            parts["dq, heads padded"] = R * Hp * self.d_k * 2
+        return parts
+
+    def scratch_bytes(self, deterministic: bool = True) -> int:
+        return sum(self.scratch(deterministic).values())
+
+
+def scratch_bytes(B, S, S_kv, H, L, d_k, d_v, block_h=None, backend=None) -> int:
+    """The least ``dkv_buf_bytes`` a call of these dimensions accepts: the bytes of
+    scratch it keeps that grow with the query rows (``Problem.scratch`` lists them).
+
+    ``backend``: the fixed-point design (None, "tilelang", "model") or the atomic
+    control ("tilelang-atomic", "model-atomic"), which keeps fewer per-row buffers.
+    """
+    for name, n in (("B", B), ("S", S), ("S_kv", S_kv), ("H", H), ("L", L), ("d_k", d_k), ("d_v", d_v)):
+        if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
+            raise ValueError(f"{name}: expected a positive integer, got {n!r}")
+    if block_h is None:
+        block_h = 32 if H % 32 == 0 else 16
+    elif isinstance(block_h, bool) or not isinstance(block_h, numbers.Integral) or block_h not in BLOCK_H_CHOICES:
+        raise ValueError(f"block_h: must be one of {BLOCK_H_CHOICES} or None, got {block_h!r}")
+    if backend is not None and backend not in BACKENDS:
+        raise ValueError(f"backend: expected one of {BACKENDS} or None, got {backend!r}")
+    deterministic = backend not in ("tilelang-atomic", "model-atomic")
+    problem = Problem(int(B), int(S), int(S_kv), int(H), int(L), int(d_k), int(d_v), int(block_h), None)
+    return problem.scratch_bytes(deterministic)
+
 
 # ---------------------------------------------------------------------------
 # Validation (no allocation, no launch)
 # ---------------------------------------------------------------------------
+#
+# Validation sees torch tensors (the edge converted a paddle caller's), but its
+# messages speak the caller's framework: ``framework`` names dtypes and devices
+# as the caller wrote them (edge.dtype_name, edge.device_name).
 
 
 def _require_rank(name, t, rank, dims):
     if t.dim() != rank:
-        raise ValueError(f"{name}: expected rank {rank} [{dims}], got shape {tuple(t.shape)}")
+        raise ValueError(f"{name}: expected rank {rank} [{dims}], got rank {t.dim()} (shape {tuple(t.shape)})")
 
 
-def _require_shape(name, t, expected, dims):
-    if tuple(t.shape) != tuple(expected):
-        raise ValueError(f"{name}: expected shape {tuple(expected)} [{dims}], got {tuple(t.shape)}")
+def _require_dim(name, t, axis, dim, want, source):
+    """Dimension ``axis`` (called ``dim``) of ``t`` must equal ``source``'s, ``want``."""
+    if t.shape[axis] != want:
+        raise ValueError(f"{name}: dimension {axis} ({dim}) is {t.shape[axis]}, {source}'s {dim} is {want}")
 
 
-def require_dtype(name, t, dtype):
+def require_dtype(name, t, dtype, framework="torch"):
     if t.dtype != dtype:
-        raise ValueError(f"{name}: expected dtype {dtype}, got {t.dtype}")
+        raise ValueError(f"{name}: expected dtype {edge.dtype_name(dtype, framework)}, "
+                         f"got {edge.dtype_name(t.dtype, framework)}")
 
 
 def check_sm_scale(sm_scale) -> None:
@@ -123,47 +193,56 @@ def check_sm_scale(sm_scale) -> None:
 
 
 def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h, dkv_buf_bytes, launcher,
-             steps=None):
-    """Check every argument; return the Problem. Raises ValueError naming the argument.
+             steps=None, framework="torch"):
+    """Check every argument; return the Problem. Raises ValueError naming the argument
+    (and, for a shape, the dimension), in ``framework``'s names ("torch" or "paddle").
 
     The dtype checks go through ``steps.require_dtype`` (``steps``: the call's Steps,
     None: STEPS), so that a replaced check is the one every dtype goes through."""
     steps = STEPS if steps is None else steps
+
+    def dtype(name, t, want):
+        steps.require_dtype(name, t, want, framework)
+
     for name, t in (("query", query), ("kv", kv), ("out", out), ("grad_out", grad_out)):
-        steps.require_dtype(name, t, torch.bfloat16)
+        dtype(name, t, torch.bfloat16)
     _require_rank("query", query, 4, "B,S,H,Dk")
     B, S, H, d_k = query.shape
     _require_rank("kv", kv, 3, "B,S_kv,Dk")
-    if kv.shape[0] != B:
-        raise ValueError(f"kv: batch {kv.shape[0]} != query batch {B}")
-    if kv.shape[2] != d_k:
-        raise ValueError(f"kv: width {kv.shape[2]} != query width Dk={d_k}")
+    _require_dim("kv", kv, 0, "B", B, "query")
+    _require_dim("kv", kv, 2, "Dk", d_k, "query")
     S_kv = kv.shape[1]
     _require_rank("out", out, 4, "B,S,H,Dv")
+    for axis, dim, want in ((0, "B", B), (1, "S", S), (2, "H", H)):
+        _require_dim("out", out, axis, dim, want, "query")
     d_v = out.shape[3]
-    _require_shape("out", out, (B, S, H, d_v), "B,S,H,Dv")
     _require_rank("grad_out", grad_out, 4, "B,S,H,Dv")
-    _require_shape("grad_out", grad_out, (B, S, H, d_v), "B,S,H,Dv")
+    for axis, dim, want in ((0, "B", B), (1, "S", S), (2, "H", H)):
+        _require_dim("grad_out", grad_out, axis, dim, want, "query")
+    _require_dim("grad_out", grad_out, 3, "Dv", d_v, "out")
     if d_v > d_k:
-        raise ValueError(f"out: value width Dv={d_v} exceeds Dk={d_k}")
+        raise ValueError(f"out: dimension 3 (Dv) is {d_v}, more than query's Dk {d_k}")
     _require_rank("lse", lse, 3, "B,S,H")
-    _require_shape("lse", lse, (B, S, H), "B,S,H")
-    steps.require_dtype("lse", lse, torch.float32)
+    for axis, dim, want in ((0, "B", B), (1, "S", S), (2, "H", H)):
+        _require_dim("lse", lse, axis, dim, want, "query")
+    dtype("lse", lse, torch.float32)
     if attn_sink is not None:
         _require_rank("attn_sink", attn_sink, 1, "H")
-        _require_shape("attn_sink", attn_sink, (H,), "H")
-        steps.require_dtype("attn_sink", attn_sink, torch.float32)
+        _require_dim("attn_sink", attn_sink, 0, "H", H, "query")
+        dtype("attn_sink", attn_sink, torch.float32)
     _require_rank("token_indices", token_indices, 3, "B,S,L")
     if token_indices.dtype.is_floating_point or token_indices.dtype.is_complex or token_indices.dtype == torch.bool:
-        raise ValueError(f"token_indices: expected an integer dtype, got {token_indices.dtype}")
-    if tuple(token_indices.shape[:2]) != (B, S):
-        raise ValueError(f"token_indices: expected shape ({B}, {S}, L) [B,S,L], got {tuple(token_indices.shape)}")
+        raise ValueError(f"token_indices: expected an integer dtype, got {edge.dtype_name(token_indices.dtype, framework)}")
+    for axis, dim, want in ((0, "B", B), (1, "S", S)):
+        _require_dim("token_indices", token_indices, axis, dim, want, "query")
     L_ = token_indices.shape[2]
-    for name, n in (("query", B), ("query", S), ("query", H), ("query", d_k), ("kv", S_kv), ("out", d_v), ("token_indices", L_)):
+    for name, axis, dim, n in (("query", 0, "B", B), ("query", 1, "S", S), ("query", 2, "H", H), ("query", 3, "Dk", d_k),
+                               ("kv", 1, "S_kv", S_kv), ("out", 3, "Dv", d_v), ("token_indices", 2, "L", L_)):
         if n < 1:
-            raise ValueError(f"{name}: every dimension must be >= 1, got {n}")
-    if d_k % 16 or d_v % 16:
-        raise ValueError(f"query: widths must be multiples of 16, got Dk={d_k}, Dv={d_v}")
+            raise ValueError(f"{name}: dimension {axis} ({dim}) is {n}; every dimension must be >= 1")
+    for name, dim, n in (("query", "Dk", d_k), ("out", "Dv", d_v)):
+        if n % 16:
+            raise ValueError(f"{name}: dimension 3 ({dim}) is {n}, not a multiple of 16 (the kernels' widths)")
     launcher.check_widths(d_k, d_v)
 
     check_sm_scale(sm_scale)
@@ -176,16 +255,11 @@ def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, 
             f"equals the group width), got {block_h!r}"
         )
 
-    if dkv_buf_bytes is None:
-        dkv_buf_bytes = DEFAULT_DKV_BUF_BYTES
-    elif isinstance(dkv_buf_bytes, bool) or not isinstance(dkv_buf_bytes, numbers.Integral) or dkv_buf_bytes <= 0:
-        raise ValueError(f"dkv_buf_bytes: expected a positive integer, got {dkv_buf_bytes!r}")
+    if dkv_buf_bytes is not None and (isinstance(dkv_buf_bytes, bool) or not isinstance(dkv_buf_bytes, numbers.Integral)
+                                      or dkv_buf_bytes <= 0):
+        raise ValueError(f"dkv_buf_bytes: expected a positive integer or None, got {dkv_buf_bytes!r}")
 
-    # The fixed design chunks nothing by dkv_buf_bytes: its only dKV buffer is the
-    # output-sized int64 accumulator (Problem.fixed_bytes), which the budget does not
-    # bound (SPEC: it bounds scratch that grows with the query rows). The argument is
-    # still validated, so that a caller's budget is checked as SPEC says.
-    problem = Problem(B, S, S_kv, H, L_, d_k, d_v, int(block_h), int(dkv_buf_bytes))
+    problem = Problem(B, S, S_kv, H, L_, d_k, d_v, int(block_h), None if dkv_buf_bytes is None else int(dkv_buf_bytes))
     if problem.padded_slots > K.MAX_SLOTS_PER_ROW:
         raise ValueError(f"token_indices: top-k L = {L_} pads to {problem.padded_slots} slots a row, "
                          f"more than the kernels' {K.MAX_SLOTS_PER_ROW}")
@@ -197,9 +271,22 @@ def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, 
     device = query.device
     for name, t in (("kv", kv), ("out", out), ("grad_out", grad_out), ("lse", lse), ("attn_sink", attn_sink), ("token_indices", token_indices)):
         if t is not None and t.device != device:
-            raise ValueError(f"{name}: on {t.device}, but query is on {device}")
+            raise ValueError(f"{name}: on {edge.device_name(t.device, framework)}, "
+                             f"but query is on {edge.device_name(device, framework)}")
     if device != launcher.device and not (device.type == launcher.device.type == "cuda"):
-        raise ValueError(f"query: on {device}, but backend {launcher.name!r} runs on {launcher.device}")
+        raise ValueError(f"query: on {edge.device_name(device, framework)}, but backend {launcher.name!r} runs on "
+                         f"{edge.device_name(launcher.device, framework)}")
+
+    # The budget bounds the scratch that grows with the query rows (SPEC). The
+    # fixed design has no chunked variant, so a budget below what it needs is refused.
+    if problem.dkv_buf_bytes is not None:
+        need = problem.scratch_bytes(launcher.deterministic)
+        if problem.dkv_buf_bytes < need:
+            raise ValueError(
+                f"dkv_buf_bytes: {problem.dkv_buf_bytes} is below the {need} bytes of scratch this call needs "
+                f"(B*S = {problem.rows} query rows; mqa_bwd.scratch_bytes lists them); pass at least {need}, "
+                f"or None for no bound"
+            )
     return problem
 
 
@@ -225,9 +312,23 @@ def kernel_lse(lse: torch.Tensor, sink: torch.Tensor) -> tuple:
 
     A row with no valid slot (lse = -inf) has zero gradients, the sink's too:
     Lse2 = +inf there makes both P and p_sink exactly 0, with or without a
-    sink, and never NaN."""
+    sink, and never NaN.
+
+    Bad input is poisoned here, on the device (checking it on the host would
+    cost a synchronisation the caller did not ask for): Lse2[r, h] is NaN where
+    lse[r, h] is NaN or +inf, and in every row of head h where sink[h] is NaN or
+    +inf (-inf lse included). The kernels then carry the NaN into every output
+    the (row, head) reaches: its P and dS are NaN, so its dq is NaN in every
+    column where the row has a valid slot, its d_sink row is NaN (so is
+    d_attn_sink[h]), its dKV contributions are NaN (the atomic control's kv rows
+    that its valid slots name), and its NaN softmax mass flags the row, so the
+    fixed design returns its whole batch element's dKV as NaN. docs/SPEC.md, "Bad input".
+    """
     lse2 = per_head(lambda lse_h, sink_h: torch.logaddexp(lse_h, sink_h) * K.LOG2E, lse, sink)
-    lse2 = torch.where(lse == -math.inf, torch.full_like(lse2, math.inf), lse2).contiguous()
+    lse2 = torch.where(lse == -math.inf, math.inf, lse2)
+    # ~(x < inf): NaN or +inf (-inf and every finite value compare below it).
+    poisoned = ~(lse < math.inf) | ~(sink < math.inf).view(1, -1)
+    lse2 = torch.where(poisoned, math.nan, lse2).contiguous()
     return lse2, (sink * K.LOG2E).contiguous()
 
 
@@ -270,8 +371,8 @@ class Steps:
     """The wrapper's replaceable steps, each a plain function (the real ones: STEPS).
 
     validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h,
-             dkv_buf_bytes, launcher, steps) -> Problem
-    require_dtype(name, t, dtype)                 ValueError unless t.dtype == dtype
+             dkv_buf_bytes, launcher, steps, framework) -> Problem
+    require_dtype(name, t, dtype, framework)      ValueError unless t.dtype == dtype
     pad_heads(x, padded, value, launcher) -> x    [R, H, ...] -> [R, padded, ...]
     kernel_lse(lse, sink) -> (lse2, sink2)        base 2, sink-inclusive (padded tensors)
     global_slots(token_indices, problem) -> slots [R, Lp] int32 global kv rows or -1,
@@ -361,10 +462,11 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
 
 
 def backward_with(launcher: L.Launcher, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, *,
-                  block_h=None, dkv_buf_bytes=None, steps: Steps = STEPS):
-    """Validate, then run on a given launcher; torch tensors in and out."""
+                  block_h=None, dkv_buf_bytes=None, steps: Steps = STEPS, framework="torch"):
+    """Validate, then run on a given launcher; torch tensors in and out. ``framework``:
+    whose names the error messages use (the caller's, before the edge converted it)."""
     p = steps.validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h, dkv_buf_bytes,
-                       launcher, steps=steps)
+                       launcher, steps=steps, framework=framework)
     return run(p, query, kv, out, grad_out, lse, attn_sink, token_indices, float(sm_scale), launcher, steps)
 
 
@@ -377,14 +479,18 @@ def backward(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, 
     named = {
         "query": query, "kv": kv, "out": out, "grad_out": grad_out, "lse": lse, "token_indices": token_indices,
     }
-    tensors = {name: edge.to_torch(x, name, accept=("torch", "paddle")) for name, x in named.items()}
-    sink = None if attn_sink is None else edge.to_torch(attn_sink, "attn_sink", accept=("torch", "paddle"))
+    # The backward is not itself differentiated: tensors that require grad are
+    # read through detached views (the same memory), and nothing is recorded.
+    tensors = {name: edge.to_torch(x, name, accept=("torch", "paddle")).detach() for name, x in named.items()}
+    sink = None if attn_sink is None else edge.to_torch(attn_sink, "attn_sink", accept=("torch", "paddle")).detach()
     # The launcher checks ``instruments``; building one allocates nothing.
     launcher = get_launcher(backend, tensors["query"].device, instruments)
-    dq, dkv, dsink = backward_with(
-        launcher, tensors["query"], tensors["kv"], tensors["out"], tensors["grad_out"], tensors["lse"], sink,
-        tensors["token_indices"], sm_scale, block_h=block_h, dkv_buf_bytes=dkv_buf_bytes, steps=steps,
-    )
+    with torch.no_grad():
+        dq, dkv, dsink = backward_with(
+            launcher, tensors["query"], tensors["kv"], tensors["out"], tensors["grad_out"], tensors["lse"], sink,
+            tensors["token_indices"], sm_scale, block_h=block_h, dkv_buf_bytes=dkv_buf_bytes, steps=steps,
+            framework=framework,
+        )
     return tuple(edge.from_torch(t, framework) for t in (dq, dkv, dsink))
 
 

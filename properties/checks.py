@@ -13,7 +13,8 @@ line.
   pad_heads_inert   zero heads appended by the caller change no real bit
   output_contract   exact shapes, dtypes, framework and device of each output
   rejection         every bad argument is a ValueError naming it, raised
-                    before any launch or allocation
+                    before any launch or allocation; a non-finite lse or
+                    sink, or tensors that require grad, get SPEC's answer
   memory_safety     no access outside any buffer (guard bands; the CPU
                     model's bounds checks), inputs left untouched
   invariance        a batch element's dq/dkv ignore the other elements, a
@@ -324,11 +325,25 @@ def output_contract(target: Target, case: Case, options: Options = Options()) ->
 
 @dataclasses.dataclass(frozen=True)
 class Defect:
-    """One bad argument: what it is, which argument names a correct rejection may use, how to make it."""
+    """One class of bad input: what it is, which argument names a correct rejection may
+    use, and how to make it.
+
+    ``make(host, case) -> (host, call keyword arguments)`` changes the NumPy inputs;
+    ``after(tensors, case, device) -> tensors`` (None: nothing) changes the tensors
+    once they are in the case's framework (a tensor that requires grad, one on
+    another device, an argument that is no tensor at all); ``unavailable(case,
+    device)`` says why the class cannot be built here (None: it can). ``judge``
+    (None: only a ValueError is right) accepts a call that returns instead:
+    ``judge(outputs, bad_host, case) -> None`` when the outputs are SPEC's
+    defined answer, else what is wrong with them.
+    """
 
     label: str
     names: tuple
-    make: object  # (host inputs, case) -> (host inputs, call keyword arguments)
+    make: object
+    after: object = None
+    unavailable: object = None
+    judge: object = None
 
 
 def _replace(host, **changes):
@@ -353,6 +368,34 @@ def _cast(a: np.ndarray, dtype) -> np.ndarray:
 
 def _sink(host, case):
     return host["attn_sink"] if host["attn_sink"] is not None else np.zeros(case.H, np.float32)
+
+
+def _emptied(host, axes: dict) -> dict:
+    """``host`` with the named arrays cut to length 0 along the given axis."""
+    return _replace(host, **{name: np.take(host[name], [], axis=axis) for name, axis in axes.items()
+                             if host[name] is not None})
+
+
+#: Query-row axes (B: 0, S: 1), head axes, of the arrays that have them.
+_ROW_ARRAYS = ("query", "out", "grad_out", "lse", "token_indices")
+_HEAD_AXES = {"query": 2, "out": 2, "grad_out": 2, "lse": 2, "attn_sink": 0}
+
+
+def _on_another_device(name):
+    def after(tensors, case, device):
+        t = tensors[name]
+        if case.framework == "torch":
+            moved = t.to("meta") if device == "cpu" else t.to("cpu")  # meta: a second device on any machine
+        else:
+            moved = edge.numpy_to(edge.to_numpy(t), "paddle", "cpu")
+        return {**tensors, name: moved}
+
+    def unavailable(case, device):
+        if case.framework == "paddle" and device == "cpu":
+            return "paddle has no second device on a machine without a GPU"
+        return None
+
+    return after, unavailable
 
 
 def _defects():
@@ -386,52 +429,221 @@ def _defects():
                     lambda h, c: (_replace(h, query=_widen(h["query"], 8), kv=_widen(h["kv"], 8)), {})))
     d.append(Defect("token_indices of a floating dtype", ("token_indices",),
                     lambda h, c: (_replace(h, token_indices=h["token_indices"].astype(np.float32)), {})))
+    # Empty dimensions: SPEC's dimensions are all >= 1.
+    d.append(Defect("B = 0 (an empty batch)", ("query", "kv", "out", "grad_out", "lse", "token_indices"),
+                    lambda h, c: (_emptied(h, {n: 0 for n in _ROW_ARRAYS + ("kv",)}), {})))
+    d.append(Defect("S = 0 (no query rows)", _ROW_ARRAYS, lambda h, c: (_emptied(h, {n: 1 for n in _ROW_ARRAYS}), {})))
+    d.append(Defect("H = 0 (no heads)", tuple(_HEAD_AXES), lambda h, c: (_emptied(h, _HEAD_AXES), {})))
+    d.append(Defect("S_kv = 0 (no kv rows)", ("kv",), lambda h, c: (_emptied(h, {"kv": 1}), {})))
+    d.append(Defect("L = 0 (no slots)", ("token_indices",), lambda h, c: (_emptied(h, {"token_indices": 2}), {})))
+    for value in (float("nan"), float("inf"), -0.125, 0.0, None, "0.125", True):
+        d.append(Defect(f"sm_scale={value!r}", ("sm_scale",), lambda h, c, v=value: (_replace(h, sm_scale=v), {})))
     for block_h in (0, 8, 48, 64, -16):
         d.append(Defect(f"block_h={block_h}", ("block_h",), lambda h, c, b=block_h: (h, {"block_h": b})))
+    for budget in (0, -8, 1.5, "4096"):
+        d.append(Defect(f"dkv_buf_bytes={budget!r}", ("dkv_buf_bytes",), lambda h, c, b=budget: (h, {"dkv_buf_bytes": b})))
+    for name in ("kv", "token_indices"):
+        after, unavailable = _on_another_device(name)
+        d.append(Defect(f"{name} on another device than query", (name, "query"), lambda h, c: (h, {}), after, unavailable))
+    d.append(Defect("query a NumPy array, not a tensor", ("query",), lambda h, c: (h, {}),
+                    lambda t, c, dev: {**t, "query": edge.to_numpy(t["query"])}))
+    d.append(Defect("token_indices a list, not a tensor", ("token_indices",), lambda h, c: (h, {}),
+                    lambda t, c, dev: {**t, "token_indices": edge.to_numpy(t["token_indices"]).tolist()}))
     return tuple(d)
 
 
 DEFECTS = _defects()
 
 
+# Classes SPEC answers with a defined result, where a ValueError naming the
+# argument (before any launch) is right too. docs/SPEC.md, "Bad input".
+
+
+def _judge_poisoned(outputs, host, case) -> str | None:
+    """SPEC's rule for a NaN or +inf lse[b, s, h], or a NaN or +inf sink[h] (every row of
+    head h): d_attn_sink[h] is NaN; dq[b, s, h] is NaN in every column where row (b, s)
+    has a valid slot; every kv row a valid slot of that row names is NaN in every
+    column of dkv. Nothing is asked of the other outputs (a fixed-point design may
+    poison more of dkv)."""
+    dq, dkv, dsink = (host_copy(x).astype(np.float32) for x in outputs)
+    want = {"dq": (case.B, case.S, case.H, case.d_k), "dkv": (case.B, case.S_kv, case.d_k), "d_attn_sink": (case.H,)}
+    for name, x in zip(OUTPUT_NAMES, (dq, dkv, dsink)):
+        if x.shape != want[name]:
+            return f"{name} has shape {x.shape}, want {want[name]}"
+    poisoned = ~(host["lse"] < np.inf)  # NaN or +inf
+    if host["attn_sink"] is not None:
+        poisoned |= ~(host["attn_sink"] < np.inf)[None, None, :]
+    idx = host["token_indices"].astype(np.int64)
+    valid = (idx >= 0) & (idx < case.S_kv)
+    problems = []
+    heads = np.flatnonzero(poisoned.any(axis=(0, 1)) & ~np.isnan(dsink))
+    if heads.size:
+        problems.append(f"d_attn_sink[{heads[0]}] = {dsink[heads[0]]!r}, not NaN")
+    hit = poisoned & valid.any(axis=2)[:, :, None]
+    numbers = np.argwhere(hit & ~np.isnan(dq).all(axis=3))
+    if numbers.size:
+        b, s, h = numbers[0]
+        problems.append(f"dq[{b}, {s}, {h}] holds numbers ({int((~np.isnan(dq[b, s, h])).sum())} of {case.d_k} "
+                        f"columns), not NaN ({len(numbers)} such (row, head) pairs)")
+    for b, s in np.argwhere(hit.any(axis=2)):
+        rows = np.unique(idx[b, s][valid[b, s]])
+        clean = rows[~np.isnan(dkv[b, rows]).all(axis=1)]
+        if clean.size:
+            problems.append(f"dkv[{b}, {clean[0]}] holds numbers, not NaN, though row ({b}, {s})'s valid slots name it")
+            break
+    return "; ".join(problems) or None
+
+
+def _judge_untouched(outputs, host, case) -> str | None:
+    """Tensors that require grad are read as they are: the outputs agree with the oracle."""
+    want64, baseline = expected(host)
+    bad = [c for c in (cmp.compare(name, g, w, b) for name, g, w, b in zip(OUTPUT_NAMES, outputs, want64, baseline))
+           if not c.ok]
+    return "; ".join(c.report() for c in bad) or None
+
+
+def _live_row_head(host, case, purpose):
+    """(b, s, h): a query row with a valid slot where there is one, and a head; from the case's seed."""
+    rng = case.derived_rng(purpose)
+    idx = host["token_indices"].astype(np.int64)
+    live = np.argwhere(((idx >= 0) & (idx < case.S_kv)).any(axis=2))
+    b, s = live[rng.integers(len(live))] if len(live) else (rng.integers(case.B), rng.integers(case.S))
+    return int(b), int(s), int(rng.integers(case.H))
+
+
+def _lse_at(value):
+    def make(h, c):
+        lse = h["lse"].copy()
+        lse[_live_row_head(h, c, "rejection.lse")] = value
+        return _replace(h, lse=lse), {}
+
+    return make
+
+
+def _sink_at(value):
+    def make(h, c):
+        sink = _sink(h, c).copy()
+        sink[_live_row_head(h, c, "rejection.sink")[2]] = value
+        return _replace(h, attn_sink=sink), {}
+
+    return make
+
+
+def _requiring_grad(tensors, case, device):
+    changed = dict(tensors)
+    for name in ("query", "kv", "out", "grad_out", "lse", "attn_sink"):
+        t = tensors[name]
+        if t is None:
+            continue
+        if case.framework == "torch":
+            changed[name] = t.detach().clone().requires_grad_(True)
+        else:
+            t = t.clone()
+            t.stop_gradient = False
+            changed[name] = t
+    return changed
+
+
+ANSWERED = (
+    Defect("lse NaN at one (row, head)", ("lse",), _lse_at(np.nan), judge=_judge_poisoned),
+    Defect("lse +inf at one (row, head)", ("lse",), _lse_at(np.inf), judge=_judge_poisoned),
+    Defect("attn_sink NaN at one head", ("attn_sink",), _sink_at(np.nan), judge=_judge_poisoned),
+    Defect("attn_sink +inf at one head", ("attn_sink",), _sink_at(np.inf), judge=_judge_poisoned),
+    Defect("float inputs that require grad", ("query", "kv", "out", "grad_out", "lse", "attn_sink"), lambda h, c: (h, {}),
+           _requiring_grad, judge=_judge_untouched),
+)
+
+
+def answered_class(case: Case) -> Defect:
+    """The one class with a defined answer that ``rejection`` tries on ``case`` (from its seed):
+    each needs a full call, so an example tries one of them, all the bad arguments."""
+    return ANSWERED[int(case.derived_rng("rejection.answered").integers(len(ANSWERED)))]
+
+
 def _names(message: str, name: str) -> bool:
     return re.search(rf"(?<![A-Za-z0-9_]){re.escape(name)}(?![A-Za-z0-9_])", message) is not None
 
 
+#: A framework's qualified names (torch.bfloat16, paddle.float32, torch.device).
+_QUALIFIED = {"torch": re.compile(r"\btorch\.\w"), "paddle": re.compile(r"\bpaddle\.\w")}
+
+
+def _foreign_names(message: str, framework: str) -> str | None:
+    """The other framework, where the message speaks it to this framework's caller."""
+    for other, pattern in _QUALIFIED.items():
+        if other != framework and pattern.search(message):
+            return other
+    return None
+
+
 def rejection(target: Target, case: Case, options: Options = Options()) -> Verdict:
+    """Every bad argument SPEC names is a ValueError that names it (in the caller's
+    framework: a paddle caller is not told about torch.float32), raised before any
+    launch or allocation (counted through instruments= where the implementation
+    takes it). The classes SPEC gives a defined answer (a NaN or +inf lse or sink,
+    tensors that require grad) may be a ValueError of the same kind, or a returned
+    call whose outputs are that answer (``Defect.judge``); one of them per example
+    (``answered_class``), as each needs a full call."""
+    import torch
+
     host = case.inputs()
     problems = []
     findings = {}
-    for defect in DEFECTS:
+    skipped = []
+    answered = answered_class(case)
+    for defect in DEFECTS + (answered,):
+        reason = defect.unavailable(case, target.device) if defect.unavailable else None
+        if reason:
+            findings[defect.label] = None
+            skipped.append(f"{defect.label}: not tried ({reason})")
+            continue
         bad_host, kwargs = defect.make(host, case)
         tensors = to_framework(bad_host, case.framework, target.device)
+        if defect.after is not None:
+            tensors = defect.after(tensors, case, target.device)
+        if defect.judge is not None and case.block_h is not None:
+            kwargs = {"block_h": case.block_h, **kwargs}
         instruments = Instruments() if target.instrumented else None
-        error = None
+        error = result = None
         try:
-            target(tensors, **kwargs, **({"instruments": instruments} if instruments else {}))
+            with torch.enable_grad():  # a tensor that requires grad is met in grad mode, as in training
+                result = target(tensors, **kwargs, **({"instruments": instruments} if instruments else {}))
         except Exception as err:  # noqa: BLE001 - which exception it is, is the verdict
             error = err
-        launched = {k: v for k, v in (instruments.counts if instruments else {}).items()
-                    if k in ("launches", "allocations") and v}
         wrong = None
         if error is None:
-            wrong = "accepted: no exception"
+            if defect.judge is None:
+                wrong = "accepted: no exception"
+            else:
+                try:
+                    wrong = defect.judge(unpack(result, defect.label), bad_host, case)
+                except CallFailed as failed:
+                    wrong = str(failed)
+                if wrong:
+                    wrong = "returned, but not SPEC's answer: " + wrong
         elif not isinstance(error, ValueError):
             wrong = f"raised {type(error).__name__} instead of ValueError: {error}"
         elif not any(_names(str(error), n) for n in defect.names):
             wrong = f"ValueError does not name {' or '.join(defect.names)}: {str(error)!r}"
-        if launched:
-            counts = ", ".join(f"{v} {k}" for k, v in launched.items())
-            wrong = (wrong + "; and " if wrong else "rejected, but only ") + f"after {counts} (counted through instruments=)"
+        elif _foreign_names(str(error), case.framework):
+            wrong = (f"ValueError speaks {_foreign_names(str(error), case.framework)} to a {case.framework} caller: "
+                     f"{str(error)!r}")
+        if error is not None:
+            launched = {k: v for k, v in (instruments.counts if instruments else {}).items()
+                        if k in ("launches", "allocations") and v}
+            if launched:
+                counts = ", ".join(f"{v} {k}" for k, v in launched.items())
+                wrong = (wrong + "; and " if wrong else "rejected, but only ") + f"after {counts} (counted through instruments=)"
         findings[defect.label] = wrong is None
         if wrong:
             problems.append(f"{defect.label}: {wrong}")
     ok = not problems
-    proof = ("no launch or allocation counted (instruments=)" if target.instrumented
+    proof = ("no launch or allocation counted before a rejection (instruments=)" if target.instrumented
              else "launches not counted: the implementation takes no instruments=")
-    lines = [f"rejection of {len(DEFECTS)} bad-argument classes ({case.framework}): "
-             + (f"every one a ValueError naming the argument; {proof}" if ok else f"{len(problems)} FAIL")]
-    return Verdict("rejection", ok, "\n".join(lines + problems), findings)
+    tried = sum(v is not None for v in findings.values())
+    lines = [f"rejection of {tried} bad-argument classes ({case.framework}), {answered.label!r} among them: "
+             + (f"every one a ValueError naming the argument or SPEC's answer; {proof}" if ok else f"{len(problems)} FAIL")]
+    return Verdict("rejection", ok, "\n".join(lines + problems + skipped), findings)
 
 
 # ---------------------------------------------------------------------------

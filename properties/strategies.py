@@ -10,6 +10,10 @@ kernel's tiles and the wrapper's padding change behaviour:
 - S: around the chunk size the case's scratch budget asks for (+-1), tiny
   sizes, and the CPU model's 64-row step +-1.
 - dkv_buf_bytes: None (the default) or a few units of what one chunk needs.
+  An implementation that needs more refuses it naming dkv_buf_bytes, and the
+  properties' Caller doubles it until accepted, so every property runs at the
+  least budget the implementation takes, to within a factor of two (ours
+  needs its whole scratch: mqa_bwd.scratch_bytes).
 - S_kv: small, 1 included, and the slot block +-1.
 - Indices: random or causal top-k, holes of every invalid kind (including
   values just outside [0, S_kv), which alias other batch elements' rows under

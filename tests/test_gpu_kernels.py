@@ -137,10 +137,11 @@ def test_paired_and_lone_groups_bitwise_over_reruns(H, block_h):
 
 
 @pytest.mark.determinism
-@pytest.mark.parametrize("budget", [1024 * 576 * 8, 1])
-def test_budget_invariance_on_gpu(budget):
-    # The fixed design chunks nothing by the budget (its accumulator is output-sized).
+@pytest.mark.parametrize("extra", [0, 1, 1 << 30])
+def test_budget_invariance_on_gpu(extra):
+    # The fixed design chunks nothing by the budget: from the least it accepts up, no bit moves.
     args = production_inputs(B=1, S=512, S_kv=1024, H=64, L=2048)
+    budget = wrapper.scratch_bytes(1, 512, 1024, 64, 2048, 576, 512) + extra
     whole = call_gpu(args)
     chunked = call_gpu(args, dkv_buf_bytes=budget)
     for name, a, b in zip(("dq", "dkv", "d_attn_sink"), whole, chunked):
@@ -441,3 +442,58 @@ def test_fixed_point_non_finite_kv_rows_poison_dkv_only_when_read():
     bad["kv"][0, used[0], 3] = float("inf")
     _, (_, dkv3, _) = _run(bad)
     assert torch.isnan(dkv3[0, used[0]].float()).all()
+
+
+def _poison(host, argument, value):
+    """host with lse NaN/+inf at (a live row, head 1) of each batch element, or the sink at head H // 2."""
+    bad = dict(host)
+    if argument == "lse":
+        lse = host["lse"].copy()
+        idx = host["token_indices"]
+        live = ((idx >= 0) & (idx < host["kv"].shape[1])).any(axis=2)
+        for b in range(lse.shape[0]):
+            lse[b, live[b].nonzero()[0][0], min(1, lse.shape[2] - 1)] = value
+        bad["lse"] = lse
+    else:
+        sink = host["attn_sink"].copy()
+        sink[len(sink) // 2] = value
+        bad["attn_sink"] = sink
+    return bad
+
+
+@pytest.mark.parametrize("backend", ["tilelang", "tilelang-atomic"])
+@pytest.mark.parametrize("H,block_h", [(5, None), (48, 16), (64, None), (128, None)])
+@pytest.mark.parametrize("argument,value", [("lse", float("nan")), ("lse", float("inf")),
+                                            ("attn_sink", float("nan")), ("attn_sink", float("inf"))])
+def test_non_finite_lse_or_sink_poisons_as_on_the_model(backend, H, block_h, argument, value):
+    # SPEC's "Bad input" rule on the kernels: NaN exactly where the CPU model has it
+    # (tests/test_wrapper_model.py pins the model to the rule), the rest unchanged.
+    host = Case(B=2, S=3, S_kv=64, H=H, L=33, d_k=576, d_v=512, sink="random", empty_rows=1, seed=H).inputs()
+    bad = _poison(host, argument, value)
+
+    def run(h, device, name):
+        t = to_framework(h, "torch", device)
+        return [x.cpu() for x in mqa_latent_sparse_bwd(*[t[k] for k in ARGS], backend=name, block_h=block_h)]
+
+    gpu = run(bad, "cuda", backend)
+    model = run(bad, "cpu", "model" if backend == "tilelang" else "model-atomic")
+    clean = run(host, "cuda", backend)
+    for name, g, m, c in zip(("dq", "dkv", "d_attn_sink"), gpu, model, clean):
+        nan = torch.isnan(m.float())
+        assert nan.any(), f"{name}: the model has no NaN: the case does not exercise the rule"
+        assert torch.equal(torch.isnan(g.float()), nan), f"{name}: NaN elsewhere than on the model"
+        if name != "dkv" or backend == "tilelang":  # the control's dkv bits follow the add order
+            assert torch.equal(g[~nan], c[~nan]), f"{name}: a value outside the rule's NaN changed"
+
+
+def test_tensors_that_require_grad_are_accepted_on_gpu():
+    host = Case(B=1, S=3, S_kv=64, H=64, L=33, d_k=576, d_v=512, sink="random", seed=2).inputs()
+    plain = to_framework(host, "torch", "cuda")
+    tracked = to_framework(host, "torch", "cuda")
+    for name in ("query", "kv", "out", "grad_out", "lse", "attn_sink"):
+        tracked[name].requires_grad_(True)
+    want = mqa_latent_sparse_bwd(*[plain[k] for k in ARGS], backend="tilelang")
+    with torch.enable_grad():
+        got = mqa_latent_sparse_bwd(*[tracked[k] for k in ARGS], backend="tilelang")
+    for name, g, w in zip(("dq", "dkv", "d_attn_sink"), got, want):
+        assert torch.equal(g, w) and not g.requires_grad, name

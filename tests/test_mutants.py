@@ -16,7 +16,7 @@ import json
 import pytest
 
 from mqa_bwd import mutants
-from properties import kills
+from properties import checks, kills
 from properties.target import Target
 
 #: The self-test always runs on the CPU model: there the bounds checks and the
@@ -81,3 +81,128 @@ def test_a_failure_is_saved_summarised_and_its_repro_line_replays_it(tmp_path):
     again = _pytest(*words[3:], "--failures-dir", str(tmp_path / "again"), cwd=root)
     assert again.returncode == 1 and "1 failed" in again.stdout, again.stdout[-3000:]
     assert "dq: shape" in again.stdout
+
+
+# -- the rejection property's classes, each caught in a deliberately bad implementation --------
+
+
+def _ours(*args, **kwargs):
+    from mqa_bwd import wrapper
+
+    return wrapper.mqa_latent_sparse_bwd(*args, **kwargs)
+
+
+def _accepts_bad_sm_scale(*args, **kwargs):
+    args = list(args)
+    scale = args[7]
+    if isinstance(scale, bool) or not isinstance(scale, (int, float)) or not 0 < scale < float("inf"):
+        args[7] = 0.125
+    return _ours(*args, **kwargs)
+
+
+def _accepts_empty_dimensions(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, **kwargs):
+    import torch
+
+    if 0 in tuple(query.shape) + tuple(kv.shape) + tuple(token_indices.shape) + tuple(out.shape):
+        B, S, H, d_k = query.shape
+        return (torch.zeros(B, S, H, d_k, dtype=torch.bfloat16), torch.zeros(kv.shape, dtype=torch.bfloat16),
+                torch.zeros(H))
+    return _ours(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, **kwargs)
+
+
+def _no_device_check(query, *rest, **kwargs):
+    # Moves every tensor to query's device instead of refusing: a meta tensor cannot move.
+    moved = [x.to(query.device) if hasattr(x, "to") and hasattr(x, "device") else x for x in rest]
+    return _ours(query, *moved, **kwargs)
+
+
+def _converts_anything(*args, **kwargs):
+    import numpy as np
+    import torch
+
+    def tensor(x):
+        if isinstance(x, list):
+            return torch.tensor(x, dtype=torch.int32)
+        if isinstance(x, np.ndarray):
+            from mqa_bwd import edge
+
+            return edge.numpy_to_torch(x)
+        return x
+
+    return _ours(*[tensor(x) for x in args], **kwargs)
+
+
+def _ignores_the_budget(*args, dkv_buf_bytes=None, **kwargs):
+    return _ours(*args, **kwargs)
+
+
+@pytest.mark.parametrize("bad,labels", [
+    (_accepts_bad_sm_scale, ["sm_scale=nan", "sm_scale=inf", "sm_scale=-0.125", "sm_scale=0.0", "sm_scale=None",
+                             "sm_scale='0.125'", "sm_scale=True"]),
+    (_accepts_empty_dimensions, ["B = 0 (an empty batch)", "S = 0 (no query rows)", "S_kv = 0 (no kv rows)",
+                                 "L = 0 (no slots)"]),
+    (_no_device_check, ["kv on another device than query", "token_indices on another device than query"]),
+    (_converts_anything, ["query a NumPy array, not a tensor", "token_indices a list, not a tensor"]),
+    (_ignores_the_budget, ["dkv_buf_bytes=0", "dkv_buf_bytes=-8", "dkv_buf_bytes=1.5", "dkv_buf_bytes='4096'"]),
+], ids=lambda x: getattr(x, "__name__", ""))
+def test_rejection_catches_a_missing_check_of_each_class(ours, bad, labels):
+    from properties.case import Case
+
+    case = Case(B=2, S=3, S_kv=9, H=5, L=5, d_k=32, d_v=16, seed=5)
+    assert checks.rejection(ours, case).ok
+    verdict = checks.rejection(ours.with_function(bad, bad.__name__), case)
+    assert not verdict.ok
+    assert {label: verdict.findings[label] for label in labels} == {label: False for label in labels}, verdict.report
+
+
+def _case_trying(label, **fields):
+    from properties.case import Case
+
+    base = Case(B=2, S=3, S_kv=9, H=5, L=5, d_k=32, d_v=16, sink="random", empty_rows=1, **fields)
+    return next(c for c in (base.replace(seed=i) for i in range(500)) if checks.answered_class(c).label == label)
+
+
+def _nan_to_num(*args, **kwargs):
+    """Ours, with NaN outputs made numbers: every NaN the rule asks for becomes a silent 0."""
+    import torch
+
+    return tuple(torch.nan_to_num(x, nan=0.0) for x in _ours(*args, **kwargs))
+
+
+def _rejects_non_finite(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, **kwargs):
+    """A foreign implementation that checks lse and the sink on the host: SPEC's other answer."""
+    import torch
+
+    for name, x in (("lse", lse), ("attn_sink", attn_sink)):
+        if x is not None and not bool(torch.isfinite(x[x != float("-inf")]).all()):
+            raise ValueError(f"{name}: NaN or +inf")
+    return _ours(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, **kwargs)
+
+
+@pytest.mark.parametrize("label", [d.label for d in checks.ANSWERED])
+def test_rejection_holds_each_answered_class_to_specs_answer(ours, label):
+    case = _case_trying(label)
+    assert checks.rejection(ours, case).ok
+    rejecting = checks.rejection(ours.with_function(_rejects_non_finite, "rejects_non_finite"), case)
+    if label.startswith(("lse", "attn_sink")):
+        assert rejecting.ok, rejecting.report  # a ValueError naming the argument is right too
+        bad = _nan_to_num
+    else:
+        bad = mutants.grad_recorded
+    verdict = checks.rejection(ours.with_function(bad, bad.__name__), case)
+    assert verdict.findings[label] is False, verdict.report
+    if "+inf" in label:
+        unpoisoned = checks.rejection(ours.with_function(mutants.non_finite_unpoisoned, "unpoisoned"), case)
+        assert unpoisoned.findings[label] is False, unpoisoned.report
+
+
+def test_rejection_catches_torch_names_in_a_paddle_callers_messages(ours):
+    pytest.importorskip("paddle")
+    from properties.case import Case
+
+    case = Case(B=1, S=2, S_kv=4, H=3, L=5, d_k=32, d_v=16, seed=9, framework="paddle")
+    assert checks.rejection(ours, case).ok
+    verdict = checks.rejection(ours.with_function(mutants.messages_in_torch, "messages_in_torch"), case)
+    labels = [f"{n} float32 instead of bfloat16" for n in ("query", "kv", "out", "grad_out")]
+    assert [verdict.findings[label] for label in labels] == [False] * 4, verdict.report
+    assert "speaks torch to a paddle caller" in verdict.report

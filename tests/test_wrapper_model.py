@@ -3,6 +3,7 @@ shapes, budget invariance, the #1784 bug caught by the bounds-checked model,
 rejections before any launch, framework round trips."""
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -67,10 +68,9 @@ def test_both_group_widths_agree_with_oracle(block_h):
 def test_scratch_budget_changes_no_bit():
     case = Case(B=2, S=7, S_kv=6, H=20, L=40, d_k=32, d_v=16, duplicates=True, invalid=("minus_one",), hole_rate=0.1, seed=3)
     inputs = to_framework(case.inputs())
-    # In units of the fixed-point accumulator (2*6 kv rows x 32 int64): the
-    # budget is validated, and bounds nothing the fixed design allocates.
-    unit = 12 * 32 * 8
-    results = [call_model(inputs, unit * n) for n in (1, 2, 3, 5, 14, 1000)]
+    # From the least budget the call accepts up: the fixed design chunks nothing.
+    least = wrapper.scratch_bytes(2, 7, 6, 20, 40, 32, 16)
+    results = [call_model(inputs, budget) for budget in (least, least + 1, 2 * least, 3 * least, 1000 * least, None)]
     for i, name in enumerate(("dq", "dkv", "d_attn_sink")):
         diff = first_difference(name, [r[i] for r in results])
         assert diff is None, diff
@@ -94,7 +94,7 @@ def test_the_slot_layout_is_one_order_for_every_order_of_a_rows_slots():
     # row's indices, duplicates and invalid ones included, gives the same layout.
     case = Case(B=2, S=5, S_kv=40, H=16, L=37, invalid=INVALID_KINDS, hole_rate=0.3, duplicates=True, seed=3)
     idx = torch.from_numpy(case.indices())
-    p = wrapper.Problem(B=2, S=5, S_kv=40, H=16, L=37, d_k=64, d_v=32, block_h=16, dkv_buf_bytes=1)
+    p = wrapper.Problem(B=2, S=5, S_kv=40, H=16, L=37, d_k=64, d_v=32, block_h=16, dkv_buf_bytes=None)
     slots = wrapper.global_slots(idx, p)
     g = torch.Generator().manual_seed(0)
     shuffled = torch.gather(idx, -1, torch.argsort(torch.rand(idx.shape, generator=g), dim=-1))
@@ -109,16 +109,9 @@ def test_the_slot_layout_is_one_order_for_every_order_of_a_rows_slots():
     assert not torch.equal(kept, slots)
 
 
-def test_the_fixed_point_design_needs_no_scratch_budget():
-    # Its accumulator is output-sized, like the control's fp32 accumulator.
-    inputs = _good()
-    assert torch.equal(call_model(inputs, 8)[1], call_model(inputs)[1])
-
-
 @pytest.mark.parametrize("S", [1, 4096, 1 << 20])
 def test_fixed_point_scratch_is_independent_of_s_and_l(S):
-    p = wrapper.Problem(B=1, S=S, S_kv=8192, H=128, L=2048, d_k=576, d_v=512, block_h=32,
-                        dkv_buf_bytes=wrapper.DEFAULT_DKV_BUF_BYTES)
+    p = wrapper.Problem(B=1, S=S, S_kv=8192, H=128, L=2048, d_k=576, d_v=512, block_h=32, dkv_buf_bytes=None)
     assert p.fixed_bytes == 8192 * 576 * 8
 
 
@@ -465,12 +458,291 @@ def test_steps_are_the_seam_a_test_replaces():
 
     replaced = []
 
-    def require_dtype(name, t, dtype):
+    def require_dtype(name, t, dtype, framework):
         replaced.append(name)
-        wrapper.require_dtype(name, t, dtype)
+        wrapper.require_dtype(name, t, dtype, framework)
 
     steps = dataclasses.replace(wrapper.STEPS, require_dtype=require_dtype)
     a = _good()
     ours = wrapper.backward(*[a[k] for k in ARGS], backend="model", steps=steps)
     assert {"query", "kv", "out", "grad_out", "lse"} <= set(replaced)
     assert all(torch.equal(x, y) for x, y in zip(ours, call(a, backend="model")))
+
+
+
+# -- bad input: every class a defined answer ------------------------------------
+
+
+def _valid_slots(host):
+    """[B, S, L] bool: the slots that name a kv row."""
+    idx = host["token_indices"]
+    return (idx >= 0) & (idx < host["kv"].shape[1])
+
+
+def _nan(x):
+    return torch.isnan(x.float())
+
+
+def _poisoned_masks(host, deterministic, rows_heads):
+    """The NaN outputs SPEC's rule gives when Lse2 is NaN at ``rows_heads`` ([B, S, H] bool):
+    dq of each such (b, s, h) whose row has a valid slot, d_attn_sink of its head, and dkv:
+    every row of its batch element (fixed design) or the kv rows its valid slots name (atomic)."""
+    valid = _valid_slots(host)
+    live = valid.any(axis=2)  # [B, S]
+    hit = rows_heads & live[:, :, None]
+    B, S_kv, d_k = host["kv"].shape
+    dq = np.repeat(hit[..., None], host["query"].shape[3], axis=3)
+    dsink = rows_heads.any(axis=(0, 1))
+    dkv = np.zeros((B, S_kv), bool)
+    for b, s in zip(*np.nonzero(hit.any(axis=2))):
+        if deterministic:
+            dkv[b] = True
+        else:
+            dkv[b, host["token_indices"][b, s][valid[b, s]]] = True
+    return dq, np.repeat(dkv[..., None], d_k, axis=2), dsink
+
+
+def _poison_case():
+    # Row (0, 2) of batch element 0 has no valid slot; H = 5 pads to 16 heads.
+    return Case(B=2, S=3, S_kv=9, H=5, L=5, d_k=32, d_v=16, sink="random", seed=5, empty_rows=1)
+
+
+@pytest.mark.parametrize("backend", ["model", "model-atomic"])
+@pytest.mark.parametrize("argument,value", [("lse", np.nan), ("lse", np.inf), ("attn_sink", np.nan), ("attn_sink", np.inf)])
+def test_non_finite_lse_or_sink_poisons_exactly_what_the_rule_says(backend, argument, value):
+    host = _poison_case().inputs()
+    rows_heads = np.zeros(host["lse"].shape, bool)
+    bad = dict(host)
+    if argument == "lse":
+        live = np.argwhere(_valid_slots(host).any(axis=2))
+        dead = np.argwhere(~_valid_slots(host).any(axis=2))
+        assert len(live) >= 2 and len(dead) >= 1
+        lse = host["lse"].copy()
+        for (b, s), h in ((live[0], 1), (live[-1], 3), (dead[0], 4)):  # a dead row's d_sink is poisoned too
+            lse[b, s, h] = value
+            rows_heads[b, s, h] = True
+        bad["lse"] = lse
+    else:
+        sink = host["attn_sink"].copy()
+        sink[2] = value
+        rows_heads[:, :, 2] = True  # every row of the head, -inf lse included
+        bad["attn_sink"] = sink
+    clean = call(to_framework(host), backend=backend)
+    got = call(to_framework(bad), backend=backend)
+    want = _poisoned_masks(host, backend == "model", rows_heads)
+    for name, g, c, mask in zip(("dq", "dkv", "d_attn_sink"), got, clean, want):
+        mask = torch.from_numpy(np.ascontiguousarray(mask))
+        assert torch.equal(_nan(g), mask), f"{name}: NaN at {torch.nonzero(_nan(g) != mask)[:5].tolist()} against the rule"
+        if name != "dkv" or backend == "model":  # the atomic control's dkv bits follow the add order
+            assert torch.equal(g[~mask], c[~mask]), f"{name}: a value outside the rule's NaN changed"
+
+
+def test_minus_inf_lse_keeps_its_meaning_no_valid_slot_zero_gradients():
+    # -inf lse says "no valid slot": the (row, head) contributes nothing, not NaN,
+    # also where the row does have valid slots (an lse that does not match them).
+    host = _poison_case().inputs()
+    live = np.argwhere(_valid_slots(host).any(axis=2))
+    lse = host["lse"].copy()
+    (b, s), h = live[0], 1
+    lse[b, s, h] = -np.inf
+    dq, dkv, dsink = call(to_framework({**host, "lse": lse}), backend="model")
+    assert not any(torch.isnan(x.float()).any() for x in (dq, dkv, dsink))
+    assert torch.count_nonzero(dq[b, s, h].float()) == 0
+
+
+def test_the_poisoning_is_computed_on_the_device_in_kernel_lse():
+    # No host check: Lse2 itself carries the NaN, so the same rule holds on every
+    # launcher (the GPU's kernels take the same Lse2). Both +inf and NaN, lse and sink.
+    lse = torch.tensor([[0.5, math.nan, math.inf, -math.inf], [1.0, 2.0, -math.inf, -math.inf]])
+    sink = torch.tensor([0.0, -math.inf, -1e30, math.nan])
+    lse2, _ = wrapper.kernel_lse(lse, sink)
+    assert torch.isnan(lse2).tolist() == [[False, True, True, True], [False, False, False, True]]
+    assert lse2[1, 2].item() == math.inf  # -inf lse, finite sink: no valid slot
+    lse2, _ = wrapper.kernel_lse(lse[:, :3], torch.tensor([0.0, math.inf, 1.0]))
+    assert torch.isnan(lse2[:, 1]).all() and not torch.isnan(lse2[0, 0])
+
+
+def _requires_grad(t):
+    for name in ("query", "kv", "out", "grad_out", "lse", "attn_sink"):
+        t[name].requires_grad_(True)
+    return t
+
+
+def test_tensors_that_require_grad_are_accepted_and_change_no_bit():
+    host = Case(B=2, S=3, S_kv=9, H=5, L=5, d_k=32, d_v=16, sink="random", seed=5).inputs()
+    plain = call(to_framework(host), backend="model")
+    tracked = _requires_grad(to_framework(host))
+    instruments = Instruments()
+    with torch.enable_grad():
+        got = call(tracked, backend="model", instruments=instruments)
+    for name, g, p in zip(("dq", "dkv", "d_attn_sink"), got, plain):
+        assert torch.equal(g, p), name
+        assert not g.requires_grad and g.grad_fn is None, f"{name}: the backward was recorded by autograd"
+    assert all(tracked[n].grad is None for n in ("query", "kv", "lse"))
+
+
+def test_paddle_tensors_that_require_grad_are_accepted():
+    paddle = pytest.importorskip("paddle")
+    host = Case(B=1, S=2, S_kv=4, H=3, L=5, d_k=32, d_v=16, seed=4).inputs()
+    plain = call(to_framework(host, "paddle"), backend="model")
+    tracked = to_framework(host, "paddle")
+    for name in ("query", "kv", "out", "grad_out", "lse", "attn_sink"):
+        tracked[name].stop_gradient = False
+    got = call(tracked, backend="model")
+    for g, p in zip(got, plain):
+        assert isinstance(g, paddle.Tensor) and g.stop_gradient
+        assert torch.equal(torch.from_dlpack(g), torch.from_dlpack(p))
+
+
+class _KeptBuffers(ModelLauncher):
+    """Keeps every buffer a call makes: those allocated through instruments=, and
+    those torch ops make that reach a launch (the slot layout, Lse2, the plan's outputs)."""
+
+    def __init__(self, deterministic):
+        super().__init__(deterministic, instruments=Instruments(allocate=self._allocated))
+        self.buffers = []
+
+    def _allocated(self, shape, dtype, device):
+        t = torch.empty(shape, dtype=dtype, device=device)
+        self.buffers.append(t)
+        return t
+
+    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, **kw):
+        self.buffers += [indices, lse2]
+        super().main_bwd(q, kv, grad_out, indices, lse2, delta, dq, dkv, **kw)
+
+    def plan(self, *args):
+        row_scale, allowance = super().plan(*args)
+        self.buffers += [row_scale, allowance]
+        return row_scale, allowance
+
+    def bytes_kept(self, outputs, inputs) -> int:
+        """Bytes of the distinct buffers kept, other than the outputs' and the inputs' memory."""
+        seen = {t.untyped_storage().data_ptr() for t in (*outputs, *inputs)}
+        total = 0
+        for t in self.buffers:
+            ptr = t.untyped_storage().data_ptr()
+            if ptr not in seen:
+                seen.add(ptr)
+                total += t.untyped_storage().nbytes()
+        return total
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("H,block_h", [(16, None), (5, None), (40, 16), (64, 32)])
+def test_scratch_bytes_is_what_a_call_keeps_that_grows_with_s(deterministic, H, block_h):
+    # Buffers that do not grow with S (the dKV accumulator, per-kv-row and per-head
+    # vectors) are the same bytes at S and 2S; what grows is linear in S. So the
+    # bytes kept at 2S less those at S are the scratch of S query rows.
+    def kept(S):
+        case = Case(B=2, S=S, S_kv=9, H=H, L=40, d_k=32, d_v=16, sink="random", seed=8)
+        inputs = to_framework(case.inputs())
+        launcher = _KeptBuffers(deterministic)
+        outputs = wrapper.backward_with(launcher, *[inputs[k] for k in ARGS], block_h=block_h)
+        return launcher.bytes_kept(outputs, [inputs[k] for k in ARGS[:-1] if inputs[k] is not None])
+
+    backend = "model" if deterministic else "model-atomic"
+    least = {S: mqa_bwd.scratch_bytes(2, S, 9, H, 40, 32, 16, block_h=block_h, backend=backend) for S in (3, 6, 12)}
+    assert kept(6) - kept(3) == least[3] and kept(12) - kept(6) == least[6] == 2 * least[3]
+    assert least[3] == sum(wrapper.Problem(2, 3, 9, H, 40, 32, 16, block_h or (32 if H % 32 == 0 else 16), None)
+                           .scratch(deterministic).values())
+
+
+@pytest.mark.parametrize("backend", ["model", "model-atomic"])
+def test_a_budget_below_the_scratch_a_call_needs_is_refused_stating_it(backend):
+    a = _good()  # B=1 S=2 S_kv=4 H=3 L=5 Dk=32 Dv=16
+    least = mqa_bwd.scratch_bytes(1, 2, 4, 3, 5, 32, 16, backend=backend)
+    instruments = Instruments()
+    with pytest.raises(ValueError, match=rf"^dkv_buf_bytes: {least - 1} is below the {least} bytes of scratch"):
+        call(a, backend=backend, dkv_buf_bytes=least - 1, instruments=instruments)
+    assert not instruments.counts
+    with pytest.raises(ValueError, match=rf"^dkv_buf_bytes: 1 is below .* pass at least {least}\b"):
+        call(a, backend=backend, dkv_buf_bytes=1)
+    assert torch.equal(call(a, backend=backend, dkv_buf_bytes=least)[0], call(a, backend=backend)[0])
+
+
+def test_the_scratch_of_the_fixed_design_at_the_production_shape():
+    # dsv32 H=64: the slots (4096 x 2048 int32); Lse2, Delta, the d_sink rows, two
+    # peaks and the allowance per (row, head); the row marks and flags per row.
+    R, H, Lp = 4096, 64, 2048
+    assert mqa_bwd.scratch_bytes(1, R, 8192, H, 2048, 576, 512) == R * Lp * 4 + R * H * 4 * 6 + R * 4 * 2
+    # H = 8 pads to 16 heads: copies of q, out and grad_out, and of lse, the
+    # allowance and dq over 16 heads (the allowance also over the real 8).
+    Hp = 16
+    assert mqa_bwd.scratch_bytes(1, R, 8192, 8, 2048, 576, 512) == (
+        R * Lp * 4 + R * Hp * 4 * 7 + R * 8 * 4 + R * 4 * 2 + R * Hp * (576 * 2 + 512 * 2 * 2 + 576 * 2))
+    # The atomic control keeps no peaks, allowance, marks or flags.
+    assert mqa_bwd.scratch_bytes(1, R, 8192, H, 2048, 576, 512, backend="tilelang-atomic") == R * Lp * 4 + R * H * 4 * 3
+
+
+@pytest.mark.parametrize("kw,argument", [
+    (dict(B=0), "B"), (dict(S=1.5), "S"), (dict(L=True), "L"), (dict(block_h=8), "block_h"), (dict(backend="x"), "backend"),
+])
+def test_scratch_bytes_checks_its_arguments(kw, argument):
+    args = {"B": 1, "S": 2, "S_kv": 4, "H": 3, "L": 5, "d_k": 32, "d_v": 16, **kw}
+    with pytest.raises(ValueError, match=rf"^{argument}\b"):
+        mqa_bwd.scratch_bytes(**args)
+
+
+@pytest.mark.parametrize("mutate,message", [
+    (lambda a: a.update(kv=torch.cat([a["kv"], a["kv"][:, :, :16]], 2)), "kv: dimension 2 (Dk) is 48, query's Dk is 32"),
+    (lambda a: a.update(kv=torch.cat([a["kv"], a["kv"]], 0)), "kv: dimension 0 (B) is 2, query's B is 1"),
+    (lambda a: a.update(out=a["out"][:, :, :1]), "out: dimension 2 (H) is 1, query's H is 3"),
+    (lambda a: a.update(grad_out=a["grad_out"][:, :1]), "grad_out: dimension 1 (S) is 1, query's S is 2"),
+    (lambda a: a.update(grad_out=a["grad_out"][..., :8]), "grad_out: dimension 3 (Dv) is 8, out's Dv is 16"),
+    (lambda a: a.update(lse=a["lse"][..., :2]), "lse: dimension 2 (H) is 2, query's H is 3"),
+    (lambda a: a.update(attn_sink=torch.zeros(4)), "attn_sink: dimension 0 (H) is 4, query's H is 3"),
+    (lambda a: a.update(token_indices=a["token_indices"][:, :1]), "token_indices: dimension 1 (S) is 1, query's S is 2"),
+    (lambda a: a.update(token_indices=a["token_indices"][:, :, :0]), "token_indices: dimension 2 (L) is 0; every dimension must be >= 1"),
+    (lambda a: a.update(kv=a["kv"][:, :0]), "kv: dimension 1 (S_kv) is 0; every dimension must be >= 1"),
+    (lambda a: a.update(out=torch.zeros(1, 2, 3, 48, dtype=torch.bfloat16), grad_out=torch.zeros(1, 2, 3, 48, dtype=torch.bfloat16)),
+     "out: dimension 3 (Dv) is 48, more than query's Dk 32"),
+    (lambda a: a.update(query=torch.zeros(1, 2, 3, 24, dtype=torch.bfloat16), kv=torch.zeros(1, 4, 24, dtype=torch.bfloat16)),
+     "query: dimension 3 (Dk) is 24, not a multiple of 16"),
+    (lambda a: a.update(query=a["query"][0]), "query: expected rank 4 [B,S,H,Dk], got rank 3"),
+])
+def test_shape_messages_name_the_dimension_that_is_wrong(mutate, message):
+    a = _good()
+    mutate(a)
+    with pytest.raises(ValueError) as err:
+        call(a, backend="model")
+    assert str(err.value).startswith(message), str(err.value)
+
+
+@pytest.mark.parametrize("framework", ["torch", "paddle"])
+@pytest.mark.parametrize("argument,dtype,want,got", [
+    ("query", np.float32, "bfloat16", "float32"),
+    ("lse", np.float64, "float32", "float64"),
+    ("token_indices", np.float32, None, "float32"),
+])
+def test_dtype_messages_speak_the_callers_framework(framework, argument, dtype, want, got):
+    if framework == "paddle":
+        pytest.importorskip("paddle")
+    host = Case(B=1, S=2, S_kv=4, H=3, L=5, d_k=32, d_v=16, seed=9).inputs()
+    host[argument] = host[argument].astype(np.float32).astype(dtype)
+    with pytest.raises(ValueError) as err:
+        call(to_framework(host, framework), backend="model")
+    message = str(err.value)
+    expected = (f"{argument}: expected dtype {framework}.{want}, got {framework}.{got}" if want
+                else f"{argument}: expected an integer dtype, got {framework}.{got}")
+    assert message == expected
+    other = {"torch": "paddle", "paddle": "torch"}[framework]
+    assert other not in message
+
+
+def test_dtype_names_are_paddles_own():
+    paddle = pytest.importorskip("paddle")
+    from mqa_bwd import edge
+
+    for name in ("bfloat16", "float16", "float32", "float64", "int32", "int64", "uint8", "bool", "complex64"):
+        assert edge.dtype_name(getattr(torch, name), "paddle") == str(getattr(paddle, name))
+        assert edge.dtype_name(getattr(torch, name), "torch") == str(getattr(torch, name))
+    assert edge.device_name(torch.device("cpu"), "paddle") == str(paddle.CPUPlace())
+    assert edge.device_name(torch.device("cuda:1"), "paddle") == "Place(gpu:1)"
+
+
+def test_mismatched_devices_are_named_in_the_callers_framework():
+    a = _good()
+    a["kv"] = a["kv"].to("meta")
+    with pytest.raises(ValueError, match=r"^kv: on meta, but query is on cpu$"):
+        call(a, backend="model")
