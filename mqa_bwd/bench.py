@@ -81,6 +81,8 @@ class Row:
     error: dict | None = None
     #: output name -> error / the atomic control's error at this shape; None for the control itself
     error_over_atomic: dict | None = None
+    #: the least dkv_buf_bytes the call accepts (wrapper.scratch_bytes), in GiB; None for a peer
+    min_budget_gib: float | None = None
 
     @property
     def shape(self) -> tuple:
@@ -521,10 +523,22 @@ def measure(shape: dict, backends=GPU_BACKENDS, d_k=576, d_v=512, warmup=3, repe
         rows.append(Row(shape["B"], shape["S"], shape["S_kv"], shape["H"], shape["L"], d_k, d_v, backend, ms,
                         flops(shape["B"], shape["S"], shape["H"], shape["L"], d_k, d_v) / (ms * 1e-3) / 1e12,
                         scratch[backend] / 2**30, min(times[backend]), max(times[backend]), repeats,
-                        rel_l2_vs_first=quality[backend].rel_l2_vs_first, error=quality[backend].error))
+                        rel_l2_vs_first=quality[backend].rel_l2_vs_first, error=quality[backend].error,
+                        min_budget_gib=min_budget_gib(shape, d_k, d_v, backend)))
     del quality
     torch.cuda.empty_cache()
     return with_error_ratios(with_ratios(rows))
+
+
+def min_budget_gib(shape: dict, d_k: int, d_v: int, backend: str) -> float | None:
+    """The smallest scratch budget (dkv_buf_bytes) our backends accept at this shape, in GiB."""
+    from .contract import BACKENDS
+    from .wrapper import scratch_bytes
+
+    if backend not in BACKENDS:
+        return None
+    return scratch_bytes(shape["B"], shape["S"], shape["S_kv"], shape["H"], shape["L"], d_k, d_v,
+                         backend=backend) / 2**30
 
 
 def is_atomic_control(backend: str) -> bool:
@@ -614,6 +628,7 @@ COLUMNS = [
     Column("ms", 9, lambda r: f"{r.ms:.3f}"),
     Column("TFLOP/s", 8, lambda r: f"{r.tflops:.1f}"),
     Column("scratch GiB", 11, lambda r: f"{r.peak_scratch_gib:.2f}"),
+    Column("min budget", 10, lambda r: _optional(r.min_budget_gib, ".3f")),
     Column("det/atomic", 10, lambda r: _optional(r.det_over_atomic, ".2f")),
     Column("det/cuDNN", 9, lambda r: _optional(r.det_over_cudnn, ".2f")),
     Column("rel L2", 8, _agreement),
