@@ -30,6 +30,7 @@ import dataclasses
 import re
 import traceback
 
+import ml_dtypes
 import numpy as np
 
 from mqa_bwd import edge
@@ -436,47 +437,131 @@ def rejection(target: Target, case: Case, options: Options = Options()) -> Verdi
 # ---------------------------------------------------------------------------
 
 
-def memory_safety(target: Target, case: Case, options: Options = Options()) -> Verdict:
+#: The float inputs, placed inside read bands (NaN) by memory_safety.
+FLOAT_INPUTS = ("query", "kv", "out", "grad_out", "lse", "attn_sink")
+
+
+def _call_in_bands(call: Caller, case: Case, device_tensors: dict, instrumented: bool, read_band=None):
+    """One call with every input inside guard bands (float ones in read bands on the sides
+    ``read_band(name)`` names: "both" by default) and, through the seam, every allocation inside
+    denormal canaries: (bands, placed torch inputs, outputs or None, CallFailed or None)."""
     import torch
 
     from .guards import GuardBands
 
+    read_band = read_band or (lambda name: "both")
+    bands = GuardBands()
+    seam = {"instruments": bands.instruments()} if instrumented else {}
+    placed = {k: (bands.place_input(v, k, read_band(k)) if isinstance(v, torch.Tensor) else v)
+              for k, v in device_tensors.items()}
+    handed = placed
+    if case.framework == "paddle":
+        handed = {k: (edge.from_torch(v, "paddle") if isinstance(v, torch.Tensor) else v) for k, v in placed.items()}
+    result, error = None, None
+    try:
+        result = call(handed, **seam)
+    except CallFailed as failed:
+        error = failed
+    if call.target.needs_gpu:
+        torch.cuda.synchronize()
+    return bands, placed, result, error
+
+
+def _nan_masks(outputs) -> dict:
+    masks = {}
+    for name, x in zip(OUTPUT_NAMES, outputs):
+        a = host_copy(x)
+        floating = a.dtype.kind == "f" or a.dtype == ml_dtypes.bfloat16
+        masks[name] = np.isnan(a.astype(np.float32)) if floating else np.zeros(a.shape, bool)
+    return masks
+
+
+def _new_nan(masks: dict, base: dict) -> dict:
+    """Per output, the elements NaN in ``masks`` but not in ``base`` (where the shapes agree)."""
+    return {n: (masks[n] & ~base[n]) if masks[n].shape == base[n].shape else masks[n] for n in masks}
+
+
+def _describe_nan(extra: dict) -> str:
+    parts = []
+    for name, mask in extra.items():
+        if mask.any():
+            first = tuple(int(i) for i in np.unravel_index(int(np.flatnonzero(mask)[0]), mask.shape))
+            parts.append(f"{name} in {int(mask.sum())} elements (first at {first})")
+    return ", ".join(parts)
+
+
+def _read_band_hits(call: Caller, case: Case, device_tensors: dict, instrumented: bool, masks: dict) -> list:
+    """Reports of reads outside the float inputs, from the NaN masks of the call inside read bands.
+
+    NaN in the outputs is a read only where it goes away with the read bands
+    replaced by write bands (finite values); the buffer and the side are found
+    by re-running with one band at a time in NaN. Only calls whose outputs
+    hold NaN pay for the re-runs."""
+    if not any(m.any() for m in masks.values()):
+        return []
+    plain = _call_in_bands(call, case, device_tensors, instrumented, lambda name: "none")[2]
+    if plain is None:
+        return []  # the call raised without the read bands: the call's failure, reported as such
+    base = _nan_masks(plain)
+    extra = _new_nan(masks, base)
+    if not any(m.any() for m in extra.values()):
+        return []  # the implementation's own NaN, there with or without the bands
+    hits = []
+    for name in FLOAT_INPUTS:
+        if device_tensors.get(name) is None:
+            continue
+        t = device_tensors[name]
+        rows = int(t.shape[1] if t.dim() >= 2 else t.shape[0])
+        for side, where in (("before", "before its first row (row -1)"), ("after", f"past its last row (row {rows})")):
+            outputs = _call_in_bands(call, case, device_tensors, instrumented,
+                                     lambda n, name=name, side=side: side if n == name else "none")[2]
+            if outputs is None:
+                continue
+            alone = _new_nan(_nan_masks(outputs), base)
+            if any(m.any() for m in alone.values()):
+                hits.append(f"out-of-bounds read of {name}, {where}: with only that NaN guard band, "
+                            f"the outputs turn NaN: {_describe_nan(alone)}")
+    if not hits:
+        hits.append(f"out-of-bounds read: inside the NaN read bands the outputs turn NaN ({_describe_nan(extra)}), "
+                    "with finite bands they do not, and no single band reproduces it (a read past several buffers)")
+    return hits
+
+
+def memory_safety(target: Target, case: Case, options: Options = Options()) -> Verdict:
     host = case.inputs()
     call = Caller(target, case)
     device_tensors = to_framework(host, "torch", target.device)
     problems = []
     findings = {}
-    bands = GuardBands()
-    seam = {"instruments": bands.instruments()} if target.instrumented else {}
-    placed = {k: (bands.place(v, k) if isinstance(v, torch.Tensor) else v) for k, v in device_tensors.items()}
-    before = {k: host_copy(v) for k, v in placed.items() if isinstance(v, torch.Tensor)}
-    handed = placed
-    if case.framework == "paddle":
-        handed = {k: (edge.from_torch(v, "paddle") if isinstance(v, torch.Tensor) else v) for k, v in placed.items()}
-    try:
-        call(handed, **seam)
-    except CallFailed as failed:
-        if isinstance(failed.error, BoundsError):
-            problems.append(f"out-of-bounds access caught by the implementation's own bounds checks: {failed.error}")
+    bands, placed, result, error = _call_in_bands(call, case, device_tensors, target.instrumented)
+    before = {k: v for k, v in host.items() if isinstance(v, np.ndarray)}
+    if error is not None:
+        if isinstance(error.error, BoundsError):
+            problems.append(f"out-of-bounds access caught by the implementation's own bounds checks: {error.error}")
             findings["bounds"] = False
         else:
-            problems.append(str(failed))
+            problems.append(str(error))
             findings["call"] = False
-    if target.needs_gpu:
-        torch.cuda.synchronize()
     damaged = bands.violations()
-    findings["guard bands"] = not damaged
-    for label, side, offset, count in damaged:
-        problems.append(f"guard band {side} {label} damaged: {count} bytes, first at offset {offset} from the band's start")
+    findings["guard bands"] = not any(v.unexplained for v in damaged)
+    if any(r.kind == "canary" for r in bands.regions):
+        findings["denormal canary"] = not any(v.flushed for v in damaged)
+    problems += [v.describe() for v in damaged]
+    if result is not None:
+        reads = _read_band_hits(call, case, device_tensors, target.instrumented, _nan_masks(result))
+        findings["read bands"] = not reads
+        problems += reads
     for name, old in before.items():
         diff = bitwise_difference(f"input {name}", placed[name], old)
         findings[f"input {name} untouched"] = diff is None
         if diff:
             problems.append(f"the call wrote to its input: {diff}")
     ok = not problems
-    lines = [f"memory safety {_describe_call(case)} on {target.device}: {len(bands.regions)} guard-banded buffers "
-             + ("(inputs and every allocation of the call, through instruments=)" if seam else
-                "(the inputs; the implementation takes no instruments=, so its own allocations are not banded)")
+    floats = [n for n in FLOAT_INPUTS if device_tensors.get(n) is not None]
+    lines = [f"memory safety {_describe_call(case)} on {target.device}: {len(bands.regions)} guard-banded buffers, "
+             f"{', '.join(floats)} inside NaN read bands, "
+             + ("every allocation of the call inside denormal canaries (through instruments=)" if target.instrumented else
+                "the implementation takes no instruments=, so its own allocations are not banded")
              + (", bounds-checked model" if target.backend and target.backend.startswith("model") else "")
              + (": safe" if ok else ": VIOLATED")]
     return Verdict("memory_safety", ok, "\n".join(lines + problems + call.notes), findings)
