@@ -1,4 +1,4 @@
-"""The seven properties of the backward, as plain functions.
+"""The eight properties of the backward, as plain functions.
 
 Each property takes a ``Target`` (any function with the docs/SPEC.md signature),
 a ``Case`` and ``Options``, drives the target only through that signature,
@@ -10,12 +10,20 @@ line.
   agreement         dq, dkv, d_attn_sink within 2x the bf16 baseline's error
                     (+ a float32 floor) of the float64 oracle
   determinism       N reruns into NaN-poisoned outputs are bitwise identical
+  process_determinism
+                    the same call in N fresh processes, each with its own
+                    allocator history and kernel order, gives the same
+                    bytes (SHA-256) as in this process
   pad_heads_inert   zero heads appended by the caller change no real bit
   output_contract   exact shapes, dtypes, framework and device of each output
   rejection         every bad argument is a ValueError naming it, raised
                     before any launch or allocation
-  memory_safety     no access outside any buffer (guard bands; the CPU
-                    model's bounds checks), inputs left untouched
+  memory_safety     no access outside any buffer, inputs left untouched:
+                    writes change a guard band's bytes, reads of a float
+                    input's neighbouring rows turn the outputs NaN (read
+                    bands), a floating-point add flushes a denormal canary
+                    around an allocation (properties/guards.py); the CPU
+                    model's bounds checks
   invariance        a batch element's dq/dkv ignore the other elements, a
                     head's dq/d_attn_sink ignore the other heads, nothing
                     depends on the scratch budget; bitwise
@@ -49,6 +57,7 @@ MAX_BUDGET_BYTES = 1 << 36
 @dataclasses.dataclass(frozen=True)
 class Options:
     repeats: int = 20  # determinism: calls per example
+    processes: int = 2  # process_determinism: fresh processes per example (besides this one)
 
 
 @dataclasses.dataclass
@@ -157,6 +166,13 @@ class Caller:
             self._accepted[requested] = options["dkv_buf_bytes"]
         return unpack(result, what)
 
+    def options_used(self) -> dict:
+        """The case's call options as the calls so far ran them (a rejected budget replaced by the accepted one)."""
+        options = dict(self.options)
+        if options.get("dkv_buf_bytes") in self._accepted:
+            options["dkv_buf_bytes"] = self._accepted[options["dkv_buf_bytes"]]
+        return options
+
 
 def _describe_call(case: Case, **overrides) -> str:
     options = {**case.call_options(), **overrides}
@@ -212,6 +228,50 @@ def determinism(target: Target, case: Case, options: Options = Options()) -> Ver
              + ("bitwise identical" if ok else "DIFFERS")]
     lines += [differences[n] or f"{n}: identical in all {options.repeats} runs" for n in OUTPUT_NAMES] + call.notes
     return Verdict("determinism", ok, "\n".join(lines), {n: differences[n] is None for n in OUTPUT_NAMES})
+
+
+# ---------------------------------------------------------------------------
+# 2b. The same bits in fresh processes
+# ---------------------------------------------------------------------------
+
+
+def process_determinism(target: Target, case: Case, options: Options = Options()) -> Verdict:
+    import os
+    import tempfile
+
+    from . import processes
+
+    why = processes.names_the_function(target.spec, target.function)
+    if why:
+        return Verdict("process_determinism", False, "process determinism: cannot run the implementation in a fresh "
+                       f"process: {why}", {"call": False})
+    host = case.inputs()
+    call = Caller(target, case)
+    labels = [f"this process (pid {os.getpid()})"]
+    runs = {name: [host_copy(x)] for name, x in zip(OUTPUT_NAMES, call(call.tensors(host), what=labels[0]))}
+    problems = []
+    with tempfile.TemporaryDirectory(prefix="mqa-bwd-processes-") as tmp:
+        requests = processes.requests_for(target.spec, target.backend, target.device, options.processes, case=case,
+                                          options=call.options_used(), framework=case.framework, outputs_dir=tmp)
+        answers = processes.run_children(requests)
+        for i, answer in enumerate(answers, start=1):
+            if answer.error:
+                problems.append(f"{answer.label(i)}: {answer.error}")
+                continue
+            labels.append(answer.label(i))
+            for name, output in answer.outputs().items():
+                runs[name].append(output)
+    differences = {name: cmp.first_difference(name, runs[name], labels=labels) for name in OUTPUT_NAMES}
+    findings = {name: differences[name] is None for name in OUTPUT_NAMES}
+    findings["processes"] = not problems
+    ok = not problems and not any(differences.values())
+    digests = ", ".join(f"{name} {processes.digest(runs[name][0])['sha256'][:12]}" for name in OUTPUT_NAMES)
+    lines = [f"process determinism {_describe_call(case)}: this process and {options.processes} fresh ones, each with "
+             "its own allocator history and kernel order: "
+             + ("bitwise identical (sha256 " + digests + ")" if ok else "DIFFERS" if any(differences.values())
+                else "NOT SHOWN")]
+    lines += labels[1:] + problems + [d for d in differences.values() if d] + call.notes
+    return Verdict("process_determinism", ok, "\n".join(lines), findings)
 
 
 # ---------------------------------------------------------------------------
@@ -656,6 +716,7 @@ def invariance(target: Target, case: Case, options: Options = Options()) -> Verd
 PROPERTIES = {
     "agreement": agreement,
     "determinism": determinism,
+    "process_determinism": process_determinism,
     "pad_heads_inert": pad_heads_inert,
     "output_contract": output_contract,
     "rejection": rejection,
@@ -663,6 +724,8 @@ PROPERTIES = {
     "invariance": invariance,
 }
 PROPERTY_NAMES = tuple(PROPERTIES)
+#: Properties that start processes (seconds an example): run on a few examples only (properties.profiles).
+SPAWNING = ("process_determinism",)
 
 
 def run_property(name: str, target: Target, case: Case, options: Options = Options()) -> Verdict:

@@ -9,6 +9,7 @@ Options (``pytest --help``, group "mqa-bwd properties"):
   --impl module:function   the implementation under test (default: ours)
   --backend NAME           passed as backend= (default: the implementation's default_backend())
   --repeats N              determinism: calls per example (default 20)
+  --processes N            process_determinism: fresh processes per example (default 2)
   --heads LO-HI            restrict the head counts the strategies draw
   --mqa-profile NAME       Hypothesis profile: ci, dev, fuzz, repro ($MQA_PROFILE)
   --replay CASE            run only this case (JSON text, or a case/failure file)
@@ -38,7 +39,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from mqa_bwd.files import write_json_atomic
@@ -65,6 +66,7 @@ MARKERS = (
     "wheel: builds the wheel and runs the gate from a fresh virtualenv (.ci/run); not in the default run",
 )
 DEFAULT_REPEATS = 20
+DEFAULT_PROCESSES = 2
 
 
 class PropertyFailure(AssertionError):
@@ -110,6 +112,8 @@ class Harness:
             words += ["--impl", self.target.spec]
         if name == "determinism" and self.options.repeats != DEFAULT_REPEATS:
             words += ["--repeats", str(self.options.repeats)]
+        if name == "process_determinism" and self.options.processes != DEFAULT_PROCESSES:
+            words += ["--processes", str(self.options.processes)]
         return " ".join(shlex.quote(w) for w in words)
 
     def save_failure(self, name: str, case: Case, report: str) -> Path | None:
@@ -135,7 +139,7 @@ def harness() -> Harness:
     """The configured harness; outside pytest, one with the defaults."""
     global _HARNESS
     if _HARNESS is None:
-        _HARNESS = _build(None, None, DEFAULT_REPEATS, None, None, None, DEFAULT_FAILURES_DIR)
+        _HARNESS = _build(None, None, DEFAULT_REPEATS, None, None, None, DEFAULT_FAILURES_DIR, DEFAULT_PROCESSES)
     return _HARNESS
 
 
@@ -206,6 +210,8 @@ def property_test(name: str):
     def decorate(fn):
         test = given(case=st.deferred(_case_strategy))(fn)
         h = harness()
+        if name in checks.SPAWNING:  # seconds an example: a few of them (the profile's other settings kept)
+            test = settings(max_examples=profiles.SPAWNING_EXAMPLES[h.profile])(test)
         if h.replay is None:
             # Explicit examples run before anything is generated: the saved
             # regressions are always replayed first.
@@ -230,6 +236,8 @@ def pytest_addoption(parser):
                     help="passed as backend= to the implementation (default: its default_backend(), if it has one)")
     group.addoption("--repeats", type=int, default=DEFAULT_REPEATS, metavar="N",
                     help=f"determinism: calls per example, compared bitwise (default {DEFAULT_REPEATS})")
+    group.addoption("--processes", type=int, default=DEFAULT_PROCESSES, metavar="N",
+                    help=f"process_determinism: fresh processes per example (default {DEFAULT_PROCESSES})")
     group.addoption("--heads", default=None, metavar="LO-HI", help="restrict the head counts the strategies draw")
     group.addoption("--mqa-profile", default=None, metavar="NAME",
                     help=f"Hypothesis profile: {', '.join(profiles.PROFILES)} (else ${profiles.ENV_VAR}, else ci)")
@@ -253,14 +261,15 @@ def _paddle_can_reach(device: str) -> bool:
         return False
 
 
-def _build(impl, backend, repeats, heads, profile, replay, failures_dir) -> Harness:
+def _build(impl, backend, repeats, heads, profile, replay, failures_dir, processes=DEFAULT_PROCESSES) -> Harness:
     target = Target.load(impl, backend)
     space = strategies.Space(
         heads=strategies.parse_heads(heads) if heads else (1, strategies.MAX_HEADS),
         widths="production" if target.needs_gpu else "small",
         frameworks=("torch", "paddle") if _paddle_can_reach(target.device) else ("torch",),
     )
-    return Harness(target=target, options=checks.Options(repeats=repeats), space=space, profile=profile or "ci",
+    return Harness(target=target, options=checks.Options(repeats=repeats, processes=processes), space=space,
+                   profile=profile or "ci",
                    replay=replay, failures_dir=failures_dir)
 
 
@@ -307,8 +316,10 @@ def pytest_configure(config):
         profile = profiles.chosen(opt.mqa_profile or ("repro" if replay is not None and not os.environ.get(profiles.ENV_VAR) else None))
         if opt.repeats < 2:
             raise ValueError(f"--repeats: need at least 2 calls to compare, got {opt.repeats}")
+        if opt.processes < 1:
+            raise ValueError(f"--processes: need at least 1 fresh process, got {opt.processes}")
         failures_dir = (Path(opt.failures_dir) if opt.failures_dir else DEFAULT_FAILURES_DIR).resolve()
-        _HARNESS = _build(opt.impl, opt.backend, opt.repeats, opt.heads, profile, replay, failures_dir)
+        _HARNESS = _build(opt.impl, opt.backend, opt.repeats, opt.heads, profile, replay, failures_dir, opt.processes)
     except ValueError as err:
         raise pytest.UsageError(str(err)) from None
     profiles.load(profile)
