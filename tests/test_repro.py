@@ -251,3 +251,41 @@ def test_cli_repro_names_a_recorded_backend_this_machine_lacks(tmp_path, capsys)
     err = capsys.readouterr().err
     assert "the backend recorded in" in err and "override with --backend" in err and "'tilelang'" in err
     assert cli.main(["repro", str(path), "--runs", "2", "--backend", "model"]) == 0
+
+
+# ---------------------------------------------------------------------------
+# Fresh processes
+# ---------------------------------------------------------------------------
+
+
+def test_cli_repro_replays_a_capture_in_fresh_processes(tmp_path, capsys):
+    from properties import processes
+
+    path = capture.save(tmp_path / "step.safetensors", **to_framework(SMALL.inputs(), "torch"), backend="model",
+                        block_h=16)
+    report = tmp_path / "processes.json"
+    assert cli.main(["repro", str(path), "--processes", "2", "--json", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "one call in each of 2 fresh processes on backend 'model'" in out and "block_h=16" in out
+    assert "dkv: identical in all 2 processes that answered" in out
+    assert "OK: backend 'model': bitwise identical in 2 fresh processes" in out
+    data = json.loads(report.read_text())
+    assert data["ok"] and [p["history"] for p in data["processes"]] == [0, 1]
+    assert data["processes"][0]["did"] == [] and data["processes"][1]["did"]  # process 0: the call first
+    # The children ran the capture with its recorded configuration: the digests are this process's.
+    here = mqa_latent_sparse_bwd(*[to_framework(SMALL.inputs())[k] for k in repro.SPEC_ARGS], backend="model",
+                                 block_h=16)
+    for name, x in zip(repro.OUTPUT_NAMES, here):
+        assert data["outputs"][name]["distinct"] == 1
+        assert data["processes"][1]["sha256"][name] == processes.digest(x)["sha256"], name
+
+
+def test_cli_repro_in_fresh_processes_catches_bits_that_follow_the_process(tmp_path, capsys):
+    from test_processes import TALL
+
+    path = capture.save(tmp_path / "step.safetensors", **to_framework(TALL.inputs(), "torch"))
+    impl = "test_processes:reduces_in_an_order_chosen_by_the_process"
+    assert cli.main(["repro", str(path), "--processes", "2", "--impl", impl, "--backend", "model"]) == 1
+    out = capsys.readouterr().out
+    assert "d_attn_sink: 2 distinct results" in out and "dkv: identical in all 2 processes" in out
+    assert "FAILED:" in out and "differs between processes (d_attn_sink)" in out
