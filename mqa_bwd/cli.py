@@ -506,6 +506,7 @@ def cmd_fuzz(args) -> int:
     start = time.time()
     deadline = start + args.minutes * 60.0
     totals = {}  # nodeid -> dict(cases, outcome, reason, seconds)
+    findings = {}  # property -> finding -> {"held": n, "failed": m}, over the rounds
     records, done, stop_reason, round_no = [], set(), None, 0
     with tempfile.TemporaryDirectory(prefix="mqa-bwd-fuzz-") as tmp:
         while True:
@@ -530,6 +531,11 @@ def cmd_fuzz(args) -> int:
                                      records_dir=failures_dir, log_path=logs / f"round{round_no}.log",
                                      summary_json=summary, env=env, deadline=deadline, on_update=view.update)
             records += run.records
+            for name, result in (run.summary or {}).get("properties", {}).items():
+                for finding, counts in result.get("findings", {}).items():
+                    total = findings.setdefault(name, {}).setdefault(finding, {"held": 0, "failed": 0})
+                    for state in total:
+                        total[state] += counts.get(state, 0)
             for path in _new_files(failures_dir, before):
                 if path.suffix == ".json":
                     fuzz.name_real_target(path, target)
@@ -558,10 +564,26 @@ def cmd_fuzz(args) -> int:
             if all(n in done for n in totals):
                 stop_reason = "every property has failed"
                 break
-    return _fuzz_report(console, totals, records, failures_dir, before, stop_reason, time.time() - start)
+    return _fuzz_report(console, totals, records, failures_dir, before, stop_reason, time.time() - start, findings)
 
 
-def _fuzz_report(console, totals, records, failures_dir, before, stop_reason, seconds) -> int:
+def findings_lines(findings: dict) -> list:
+    """One line per property: how often each of its sub-checks failed, of the examples that ran it
+    (the inputs-untouched checks together). Counts include the replays Hypothesis makes of a failure."""
+    lines = []
+    for name, checks in sorted(findings.items()):
+        merged = {}
+        for finding, counts in checks.items():
+            key = "inputs untouched" if finding.startswith("input ") and finding.endswith(" untouched") else finding
+            total = merged.setdefault(key, {"held": 0, "failed": 0})
+            for state in total:
+                total[state] += counts.get(state, 0)
+        parts = [f"{finding} {c['failed']} failed of {c['held'] + c['failed']}" for finding, c in merged.items()]
+        lines.append(f"{name} checks: " + ", ".join(parts))
+    return lines
+
+
+def _fuzz_report(console, totals, records, failures_dir, before, stop_reason, seconds, findings=None) -> int:
     from rich.table import Table
 
     from .fuzz import property_name
@@ -579,6 +601,8 @@ def _fuzz_report(console, totals, records, failures_dir, before, stop_reason, se
             verdict = outcome + (f" ({t['reason']})" if t["reason"] else "")
         table.add_row(property_name(nodeid), str(t["cases"]), _styled(verdict), _fmt_seconds(t["seconds"]))
     console.print(table)
+    for line in findings_lines(findings or {}):
+        console.print(line, markup=False)
     saved = [p for p in _new_files(failures_dir, before) if p not in records]
     for path in saved:
         console.print(f"failing case: {path}\n    replay: mqa-bwd repro {path}", markup=False)

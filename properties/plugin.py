@@ -13,7 +13,9 @@ Options (``pytest --help``, group "mqa-bwd properties"):
   --heads LO-HI            restrict the head counts the strategies draw
   --mqa-profile NAME       Hypothesis profile: ci, dev, fuzz, repro ($MQA_PROFILE)
   --replay CASE            run only this case (JSON text, or a case/failure file)
-  --summary-json PATH      per-property verdicts, example counts and seconds
+  --summary-json PATH      per-property verdicts, example counts, seconds, and how often each
+                           sub-check (a Verdict's findings: memory_safety's guard bands, read
+                           bands, denormal canary, bounds) held and failed
   --failures-dir DIR       where failing cases are saved (default .mqa-failures/ in the working directory)
 
 A property test is written as::
@@ -87,6 +89,8 @@ class Harness:
         self.replay, self.failures_dir, self.regressions_dir = replay, failures_dir, regressions_dir
         self.current_item = None
         self.cases_run = collections.Counter()  # nodeid -> examples run
+        #: nodeid -> {finding: Counter(held=n, failed=m)}: each example's sub-checks (Verdict.findings)
+        self.findings_run = collections.defaultdict(lambda: collections.defaultdict(collections.Counter))
         self.failures = {}  # nodeid -> [(property, case, report)] of the examples Hypothesis reports
 
     def __repr__(self) -> str:  # Hypothesis prints the test's arguments: keep the fixture's line short
@@ -97,6 +101,9 @@ class Harness:
         nodeid = self.current_item.nodeid if self.current_item is not None else name
         self.cases_run[nodeid] += 1
         verdict = checks.run_property(name, self.target, case, self.options)
+        for finding, held in verdict.findings.items():
+            if held is not None:
+                self.findings_run[nodeid][finding]["held" if held else "failed"] += 1
         if verdict.ok:
             return
         report = (f"property {name} FAILS for {self.target.spec} (backend {self.target.backend})\n"
@@ -374,6 +381,7 @@ def pytest_runtest_makereport(item, call):
     if call.when != "call":
         return
     report.user_properties.append(("mqa_cases", h.cases_run.get(item.nodeid, 0)))
+    report.user_properties.append(("mqa_findings", json.dumps(h.findings_run.pop(item.nodeid, {}))))
     for prop, case, text in h.failures.pop(item.nodeid, []):
         if report.failed:
             path = h.save_failure(prop, case, text)
@@ -393,9 +401,14 @@ def pytest_runtest_logreport(report):
     name = props.get("mqa_property")
     if name is None:
         return
-    entry = config._mqa_summary.setdefault(name, {"outcomes": [], "cases": 0, "seconds": 0.0, "xfail": None})
+    entry = config._mqa_summary.setdefault(name, {"outcomes": [], "cases": 0, "seconds": 0.0, "xfail": None,
+                                                  "findings": {}})
     entry["seconds"] += float(report.duration or 0.0)
     entry["cases"] += int(props.get("mqa_cases", 0))
+    for finding, counts in json.loads(props.get("mqa_findings", "{}")).items():
+        total = entry["findings"].setdefault(finding, {"held": 0, "failed": 0})
+        for state, n in counts.items():
+            total[state] += n
     if hasattr(report, "wasxfail"):
         entry["outcomes"].append("fail")  # a known failure is still a property that does not hold
         entry["xfail"] = report.wasxfail
@@ -423,7 +436,8 @@ def summary(config) -> dict:
     for name, entry in sorted(config._mqa_summary.items()):
         outcomes = entry["outcomes"]
         verdict = "fail" if "fail" in outcomes else "pass" if "pass" in outcomes else "skip"
-        properties[name] = {"verdict": verdict, "cases": entry["cases"], "seconds": round(entry["seconds"], 3)}
+        properties[name] = {"verdict": verdict, "cases": entry["cases"], "seconds": round(entry["seconds"], 3),
+                            "findings": entry["findings"]}
         if entry["xfail"]:
             properties[name]["known_failure"] = entry["xfail"]
     return {"properties": properties, "backend": h.target.backend, "impl": h.target.spec, "profile": h.profile,

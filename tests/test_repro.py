@@ -138,6 +138,28 @@ def test_ulp_distance_counts_representable_values_in_the_outputs_dtype():
     assert ulp_distance(np.array([1.0]), np.array([np.nextafter(1.0, 2.0)])).tolist() == [1]  # float64 too
 
 
+def test_output_checksums_see_every_single_bit_and_a_cancelling_pair():
+    from properties.compare import OutputChecksums
+
+    outputs = [torch.randn(3, 5).bfloat16(), torch.randn(7)]
+    checksum = OutputChecksums(outputs)
+    reference = checksum(outputs)
+    assert torch.equal(checksum([x.clone() for x in outputs]), reference)
+    for k, x in enumerate(outputs):
+        words = OutputChecksums.words(x)
+        for i in range(words.numel()):
+            for bit in range(16):
+                changed = [y.clone() for y in outputs]
+                flipped = OutputChecksums.words(changed[k])
+                flipped[i] ^= torch.tensor(1 << bit, dtype=torch.int32).to(torch.int16)
+                got = checksum(changed)
+                assert got[k] != reference[k] and got[1 - k] == reference[1 - k], (k, i, bit)
+    pair = [y.clone() for y in outputs]
+    OutputChecksums.words(pair[0])[0] += 1
+    OutputChecksums.words(pair[0])[1] -= 1  # a plain sum of the words cannot see this
+    assert checksum(pair)[0] != reference[0]
+
+
 def test_against_compares_two_implementations_on_the_same_tensors():
     result = repro.replay(_source(SMALL), repro.resolve(None, "model"), runs=3,
                           against=_impl("doubles_dq"))
