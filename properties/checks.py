@@ -269,7 +269,7 @@ def process_determinism(target: Target, case: Case, options: Options = Options()
     lines = [f"process determinism {_describe_call(case)}: this process and {options.processes} fresh ones, each with "
              "its own allocator history and kernel order: "
              + ("bitwise identical (sha256 " + digests + ")" if ok else "DIFFERS" if any(differences.values())
-                else "NOT SHOWN")]
+                else "NOT SHOWN (a fresh process gave no result)")]
     lines += labels[1:] + problems + [d for d in differences.values() if d] + call.notes
     return Verdict("process_determinism", ok, "\n".join(lines), findings)
 
