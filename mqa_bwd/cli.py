@@ -16,7 +16,7 @@ from pathlib import Path
 
 from properties.plugin import DEFAULT_FAILURES_DIR, REGRESSIONS_DIR, SUITE_MODULE
 
-from .console import LiveProgress, _fmt_seconds, _print_repro, _styled, make_console
+from .console import LiveProgress, _fmt_seconds, _print_process_replay, _print_repro, _styled, make_console
 
 #: The property suite, shipped in the package: it runs wherever mqa-bwd is installed.
 DEFAULT_SUITE = Path(__file__).resolve().parent.parent / Path(*SUITE_MODULE.split(".")).with_suffix(".py")
@@ -79,6 +79,12 @@ SOURCE is one of:
                        mqa_bwd.capture.save(path, query=..., kv=..., ...);
                        a damaged or incomplete capture is refused, naming why
 
+--processes N replays the call once in each of N fresh processes instead
+(process 0 runs it first thing; process k first allocates and frees tensors
+of sizes drawn from k and runs small other calls, so that its buffers and
+its kernels' order differ) and prints each output's SHA-256 per process and
+which processes agree.
+
 The backend defaults to the one the source names (failure files, captures),
 else the best one here. --against runs a second implementation on the same
 tensors and shows how far the two are apart and which one drifts.
@@ -87,6 +93,7 @@ examples:
   mqa-bwd repro fuzz-failures/crash-gw0-1234.safetensors
   mqa-bwd repro case.json --runs 1000 --backend tilelang
   mqa-bwd repro step1234.safetensors --against tilelang-atomic --json report.json
+  mqa-bwd repro step1234.safetensors --processes 4     the same call in 4 fresh processes
 """
 
 FUZZ_HELP = """\
@@ -233,6 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
                            description=REPRO_HELP, formatter_class=fmt)
     repro.add_argument("source", type=Path, metavar="SOURCE", help="case JSON, failure file or capture")
     repro.add_argument("--runs", type=positive_int, default=100, metavar="N", help="reruns (default 100)")
+    repro.add_argument("--processes", type=positive_int, metavar="N", help="instead of reruns in this process: "
+                       "one call in each of N fresh processes, each with its own allocator history, compared "
+                       "by the SHA-256 of the outputs")
     repro.add_argument("--backend", type=_backend_choice, help="backend to replay on, passed as backend= "
                        "(default: the one the source names, else the best one here)")
     repro.add_argument("--impl", metavar="MODULE:FUNCTION", help="replay on this function (SPEC signature) "
@@ -502,6 +512,7 @@ def cmd_fuzz(args) -> int:
     start = time.time()
     deadline = start + args.minutes * 60.0
     totals = {}  # nodeid -> dict(cases, outcome, reason, seconds)
+    findings = {}  # property -> finding -> {"held": n, "failed": m}, over the rounds
     records, done, stop_reason, round_no = [], set(), None, 0
     with tempfile.TemporaryDirectory(prefix="mqa-bwd-fuzz-") as tmp:
         while True:
@@ -526,6 +537,11 @@ def cmd_fuzz(args) -> int:
                                      records_dir=failures_dir, log_path=logs / f"round{round_no}.log",
                                      summary_json=summary, env=env, deadline=deadline, on_update=view.update)
             records += run.records
+            for name, result in (run.summary or {}).get("properties", {}).items():
+                for finding, counts in result.get("findings", {}).items():
+                    total = findings.setdefault(name, {}).setdefault(finding, {"held": 0, "failed": 0})
+                    for state in total:
+                        total[state] += counts.get(state, 0)
             for path in _new_files(failures_dir, before):
                 if path.suffix == ".json":
                     fuzz.name_real_target(path, target)
@@ -554,10 +570,26 @@ def cmd_fuzz(args) -> int:
             if all(n in done for n in totals):
                 stop_reason = "every property has failed"
                 break
-    return _fuzz_report(console, totals, records, failures_dir, before, stop_reason, time.time() - start)
+    return _fuzz_report(console, totals, records, failures_dir, before, stop_reason, time.time() - start, findings)
 
 
-def _fuzz_report(console, totals, records, failures_dir, before, stop_reason, seconds) -> int:
+def findings_lines(findings: dict) -> list:
+    """One line per property: how often each of its sub-checks failed, of the examples that ran it
+    (the inputs-untouched checks together). Counts include the replays Hypothesis makes of a failure."""
+    lines = []
+    for name, checks in sorted(findings.items()):
+        merged = {}
+        for finding, counts in checks.items():
+            key = "inputs untouched" if finding.startswith("input ") and finding.endswith(" untouched") else finding
+            total = merged.setdefault(key, {"held": 0, "failed": 0})
+            for state in total:
+                total[state] += counts.get(state, 0)
+        parts = [f"{finding} {c['failed']} failed of {c['held'] + c['failed']}" for finding, c in merged.items()]
+        lines.append(f"{name} checks: " + ", ".join(parts))
+    return lines
+
+
+def _fuzz_report(console, totals, records, failures_dir, before, stop_reason, seconds, findings=None) -> int:
     from rich.table import Table
 
     from .fuzz import property_name
@@ -575,6 +607,8 @@ def _fuzz_report(console, totals, records, failures_dir, before, stop_reason, se
             verdict = outcome + (f" ({t['reason']})" if t["reason"] else "")
         table.add_row(property_name(nodeid), str(t["cases"]), _styled(verdict), _fmt_seconds(t["seconds"]))
     console.print(table)
+    for line in findings_lines(findings or {}):
+        console.print(line, markup=False)
     saved = [p for p in _new_files(failures_dir, before) if p not in records]
     for path in saved:
         console.print(f"failing case: {path}\n    replay: mqa-bwd repro {path}", markup=False)
@@ -632,6 +666,17 @@ def cmd_repro(args) -> int:
     if source.recorded.get("report"):
         console.print("recorded report:\n" + str(source.recorded["report"]).rstrip(), markup=False)
     settings = ", ".join(f"{k}={v}" for k, v in config.items()) or "default call options"
+    if args.processes:
+        if against is not None:
+            raise ValueError("--processes: replays one implementation; leave out --against")
+        console.print(f"replaying one call in each of {args.processes} fresh processes on {impl.label} "
+                      f"({impl.device}, {framework}; {settings})", markup=False)
+        replayed = repro.replay_in_processes(source, impl, args.processes)
+        _print_process_replay(console, replayed)
+        if args.json:
+            args.json.write_text(json.dumps(replayed.as_dict(), indent=1, default=str))
+            console.print(f"report written to {args.json}", markup=False)
+        return 0 if replayed.ok else 1
     console.print(f"replaying {args.runs} runs on {impl.label} ({impl.device}, {framework}; {settings})"
                   + (f" and on {against.label}" if against else ""), markup=False)
     oracle = not args.no_oracle
@@ -652,8 +697,6 @@ def cmd_repro(args) -> int:
         result = repro.replay(source, impl, runs=args.runs, against=against, oracle=oracle, on_run=on_run)
     _print_repro(console, result)
     if args.json:
-        import json
-
         args.json.write_text(json.dumps(result.as_dict(), indent=1, default=str))
         console.print(f"report written to {args.json}", markup=False)
     return 0 if result.ok else 1

@@ -181,3 +181,35 @@ def _print_repro(console, result) -> None:
         else:
             verdicts.append(f"{r.implementation}: bitwise reproducible" + (", within tolerance" if r.oracle else ""))
     console.print(("OK: " if result.ok else "FAILED: ") + "; ".join(verdicts), markup=False)
+
+
+def _print_process_replay(console, replay) -> None:
+    from rich.table import Table
+
+    from .repro import OUTPUT_NAMES
+
+    table = Table(title=f"{replay.implementation} on {replay.device}: one call in each of {len(replay.answers)} "
+                        "fresh processes (sha256 of the outputs' bytes)", title_justify="left")
+    for column in ("process", "pid", "before the call") + OUTPUT_NAMES:
+        table.add_column(column, no_wrap=column != "before the call")
+    for i, a in enumerate(replay.answers):
+        digests = [a.digests[n]["sha256"][:16] if n in a.digests else "-" for n in OUTPUT_NAMES]
+        table.add_row(str(i), str(a.pid), ", ".join(a.did) or "nothing", *digests)
+    console.print(table)
+    for problem in replay.problems:
+        console.print(f"problem: {problem}", markup=False)
+    answered = sum(1 for a in replay.answers if not a.error)
+    for name in OUTPUT_NAMES:
+        groups = replay.groups(name)
+        if len(groups) <= 1:
+            console.print(f"{name}: identical in all {answered} processes that answered", markup=False)
+        else:
+            parts = "; ".join(f"{sha[:16]} in process{'es' if len(ps) > 1 else ''} {', '.join(map(str, ps))}"
+                              for sha, ps in groups.items())
+            console.print(f"{name}: {len(groups)} distinct results: {parts}", markup=False)
+    if replay.ok:
+        console.print(f"OK: {replay.implementation}: bitwise identical in {answered} fresh processes", markup=False)
+    else:
+        why = [f"differs between processes ({', '.join(replay.differing)})"] if replay.differing else []
+        why += [f"{len(replay.problems)} process(es) gave no result"] if replay.problems else []
+        console.print(f"FAILED: {replay.implementation}: " + "; ".join(why), markup=False)

@@ -111,6 +111,7 @@ class Implementation:
     device: str
     framework: str = "torch"
     kwargs: dict = dataclasses.field(default_factory=dict)
+    spec: str = OURS  # how a fresh process imports it: "module:function"
 
 
 def import_function(spec: str, option: str = "--impl"):
@@ -144,13 +145,13 @@ def resolve(impl=None, backend=None, *, option="--backend", device=None, framewo
         if device is not None and device != wanted:
             raise ValueError(f"--device: backend {backend!r} runs on {wanted}, not {device!r}")
         return Implementation(f"backend {backend!r}", mqa_latent_sparse_bwd, wanted, framework,
-                              dict(config, backend=backend))
+                              dict(config, backend=backend), OURS)
     function = import_function(impl, "--impl" if option == "--backend" else option)
     if device is None:
         device = backend_device(backend)
     kwargs = dict(config, backend=backend) if backend is not None else config
     label = impl + (f" (backend {backend!r})" if backend is not None else "")
-    return Implementation(label, function, device, framework, kwargs)
+    return Implementation(label, function, device, framework, kwargs, impl)
 
 
 def parse_target(text: str) -> tuple:
@@ -411,6 +412,70 @@ def replay(source: Source, impl: Implementation, runs: int = 100, against: Imple
     if other is not None:
         result.cross = cross_compare(primary, other)
     return result
+
+
+# ---------------------------------------------------------------------------
+# The same call in fresh processes
+# ---------------------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class ProcessReplay:
+    """One call of ``implementation`` in each of N fresh processes (properties.processes): the
+    SHA-256 of every output, and which processes agree."""
+
+    source: Source
+    implementation: str
+    device: str
+    answers: list  # properties.processes.Answer, in process order
+
+    def groups(self, name: str) -> dict:
+        """sha256 -> the processes (0-based) whose ``name`` output has those bytes."""
+        found = {}
+        for i, answer in enumerate(self.answers):
+            if not answer.error:
+                found.setdefault(answer.digests[name]["sha256"], []).append(i)
+        return found
+
+    @property
+    def problems(self) -> list:
+        return [f"process {i} (pid {a.pid}): {a.error}" for i, a in enumerate(self.answers) if a.error]
+
+    @property
+    def differing(self) -> list:
+        return [name for name in OUTPUT_NAMES if len(self.groups(name)) > 1]
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems and not self.differing and any(not a.error for a in self.answers)
+
+    def as_dict(self):
+        return {
+            "source": {"path": str(self.source.path), "kind": self.source.kind, "description": self.source.describe()},
+            "implementation": self.implementation, "device": self.device, "ok": self.ok,
+            "processes": [{"pid": a.pid, "history": a.history, "did": a.did, "error": a.error,
+                           "sha256": {n: d["sha256"] for n, d in a.digests.items()}} for a in self.answers],
+            "outputs": {name: {"distinct": len(self.groups(name)), "processes_by_sha256": self.groups(name)}
+                        for name in OUTPUT_NAMES},
+        }
+
+
+def replay_in_processes(source: Source, impl: Implementation, count: int) -> ProcessReplay:
+    """One call in each of ``count`` fresh processes: process 0 does nothing before it, process k
+    first allocates and frees tensors of sizes drawn from k and runs k small other calls."""
+    import tempfile
+
+    from properties import processes
+
+    if count < 1:
+        raise ValueError(f"--processes: expected at least 1, got {count}")
+    options = {k: v for k, v in impl.kwargs.items() if k != "backend"}
+    with tempfile.TemporaryDirectory(prefix="mqa-bwd-repro-") as tmp:
+        inputs = processes.save_inputs(Path(tmp) / "inputs.safetensors", source.inputs)
+        requests = processes.requests_for(impl.spec, impl.kwargs.get("backend"), impl.device, count, inputs=inputs,
+                                          options=options, framework=impl.framework, first_history=0)
+        answers = processes.run_children(requests)
+    return ProcessReplay(source, impl.label, impl.device, answers)
 
 
 def recorded_target(source: Source) -> tuple:

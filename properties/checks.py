@@ -10,13 +10,21 @@ line.
   agreement         dq, dkv, d_attn_sink within 2x the bf16 baseline's error
                     (+ a float32 floor) of the float64 oracle
   determinism       N reruns into NaN-poisoned outputs are bitwise identical
+  process_determinism
+                    the same call in N fresh processes, each with its own
+                    allocator history and kernel order, gives the same
+                    bytes (SHA-256) as in this process
   pad_heads_inert   zero heads appended by the caller change no real bit
   output_contract   exact shapes, dtypes, framework and device of each output
   rejection         every bad argument is a ValueError naming it, raised
                     before any launch or allocation; a non-finite lse or
                     sink, or tensors that require grad, get SPEC's answer
-  memory_safety     no access outside any buffer (guard bands; the CPU
-                    model's bounds checks), inputs left untouched
+  memory_safety     no access outside any buffer, inputs left untouched:
+                    writes change a guard band's bytes, reads of a float
+                    input's neighbouring rows turn the outputs NaN (read
+                    bands), a floating-point add flushes a denormal canary
+                    around an allocation (properties/guards.py); the CPU
+                    model's bounds checks
   invariance        a batch element's dq/dkv ignore the other elements, a
                     head's dq/d_attn_sink ignore the other heads, nothing
                     depends on the scratch budget; bitwise
@@ -33,6 +41,7 @@ import dataclasses
 import re
 import traceback
 
+import ml_dtypes
 import numpy as np
 
 import oracle
@@ -52,6 +61,7 @@ MAX_BUDGET_BYTES = 1 << 36
 @dataclasses.dataclass(frozen=True)
 class Options:
     repeats: int = 20  # determinism: calls per example
+    processes: int = 2  # process_determinism: fresh processes per example (besides this one)
 
 
 @dataclasses.dataclass
@@ -160,6 +170,13 @@ class Caller:
             self._accepted[requested] = options["dkv_buf_bytes"]
         return unpack(result, what)
 
+    def options_used(self) -> dict:
+        """The case's call options as the calls so far ran them (a rejected budget replaced by the accepted one)."""
+        options = dict(self.options)
+        if options.get("dkv_buf_bytes") in self._accepted:
+            options["dkv_buf_bytes"] = self._accepted[options["dkv_buf_bytes"]]
+        return options
+
 
 def _describe_call(case: Case, **overrides) -> str:
     options = {**case.call_options(), **overrides}
@@ -215,6 +232,50 @@ def determinism(target: Target, case: Case, options: Options = Options()) -> Ver
              + ("bitwise identical" if ok else "DIFFERS")]
     lines += [differences[n] or f"{n}: identical in all {options.repeats} runs" for n in OUTPUT_NAMES] + call.notes
     return Verdict("determinism", ok, "\n".join(lines), {n: differences[n] is None for n in OUTPUT_NAMES})
+
+
+# ---------------------------------------------------------------------------
+# 2b. The same bits in fresh processes
+# ---------------------------------------------------------------------------
+
+
+def process_determinism(target: Target, case: Case, options: Options = Options()) -> Verdict:
+    import os
+    import tempfile
+
+    from . import processes
+
+    why = processes.names_the_function(target.spec, target.function)
+    if why:
+        return Verdict("process_determinism", False, "process determinism: cannot run the implementation in a fresh "
+                       f"process: {why}", {"call": False})
+    host = case.inputs()
+    call = Caller(target, case)
+    labels = [f"this process (pid {os.getpid()})"]
+    runs = {name: [host_copy(x)] for name, x in zip(OUTPUT_NAMES, call(call.tensors(host), what=labels[0]))}
+    problems = []
+    with tempfile.TemporaryDirectory(prefix="mqa-bwd-processes-") as tmp:
+        requests = processes.requests_for(target.spec, target.backend, target.device, options.processes, case=case,
+                                          options=call.options_used(), framework=case.framework, outputs_dir=tmp)
+        answers = processes.run_children(requests)
+        for i, answer in enumerate(answers, start=1):
+            if answer.error:
+                problems.append(f"{answer.label(i)}: {answer.error}")
+                continue
+            labels.append(answer.label(i))
+            for name, output in answer.outputs().items():
+                runs[name].append(output)
+    differences = {name: cmp.first_difference(name, runs[name], labels=labels) for name in OUTPUT_NAMES}
+    findings = {name: differences[name] is None for name in OUTPUT_NAMES}
+    findings["processes"] = not problems
+    ok = not problems and not any(differences.values())
+    digests = ", ".join(f"{name} {processes.digest(runs[name][0])['sha256'][:12]}" for name in OUTPUT_NAMES)
+    lines = [f"process determinism {_describe_call(case)}: this process and {options.processes} fresh ones, each with "
+             "its own allocator history and kernel order: "
+             + ("bitwise identical (sha256 " + digests + ")" if ok else "DIFFERS" if any(differences.values())
+                else "NOT SHOWN (a fresh process gave no result)")]
+    lines += labels[1:] + problems + [d for d in differences.values() if d] + call.notes
+    return Verdict("process_determinism", ok, "\n".join(lines), findings)
 
 
 # ---------------------------------------------------------------------------
@@ -651,47 +712,131 @@ def rejection(target: Target, case: Case, options: Options = Options()) -> Verdi
 # ---------------------------------------------------------------------------
 
 
-def memory_safety(target: Target, case: Case, options: Options = Options()) -> Verdict:
+#: The float inputs, placed inside read bands (NaN) by memory_safety.
+FLOAT_INPUTS = ("query", "kv", "out", "grad_out", "lse", "attn_sink")
+
+
+def _call_in_bands(call: Caller, case: Case, device_tensors: dict, instrumented: bool, read_band=None):
+    """One call with every input inside guard bands (float ones in read bands on the sides
+    ``read_band(name)`` names: "both" by default) and, through the seam, every allocation inside
+    denormal canaries: (bands, placed torch inputs, outputs or None, CallFailed or None)."""
     import torch
 
     from .guards import GuardBands
 
+    read_band = read_band or (lambda name: "both")
+    bands = GuardBands()
+    seam = {"instruments": bands.instruments()} if instrumented else {}
+    placed = {k: (bands.place_input(v, k, read_band(k)) if isinstance(v, torch.Tensor) else v)
+              for k, v in device_tensors.items()}
+    handed = placed
+    if case.framework == "paddle":
+        handed = {k: (edge.from_torch(v, "paddle") if isinstance(v, torch.Tensor) else v) for k, v in placed.items()}
+    result, error = None, None
+    try:
+        result = call(handed, **seam)
+    except CallFailed as failed:
+        error = failed
+    if call.target.needs_gpu:
+        torch.cuda.synchronize()
+    return bands, placed, result, error
+
+
+def _nan_masks(outputs) -> dict:
+    masks = {}
+    for name, x in zip(OUTPUT_NAMES, outputs):
+        a = host_copy(x)
+        floating = a.dtype.kind == "f" or a.dtype == ml_dtypes.bfloat16
+        masks[name] = np.isnan(a.astype(np.float32)) if floating else np.zeros(a.shape, bool)
+    return masks
+
+
+def _new_nan(masks: dict, base: dict) -> dict:
+    """Per output, the elements NaN in ``masks`` but not in ``base`` (where the shapes agree)."""
+    return {n: (masks[n] & ~base[n]) if masks[n].shape == base[n].shape else masks[n] for n in masks}
+
+
+def _describe_nan(extra: dict) -> str:
+    parts = []
+    for name, mask in extra.items():
+        if mask.any():
+            first = tuple(int(i) for i in np.unravel_index(int(np.flatnonzero(mask)[0]), mask.shape))
+            parts.append(f"{name} in {int(mask.sum())} elements (first at {first})")
+    return ", ".join(parts)
+
+
+def _read_band_hits(call: Caller, case: Case, device_tensors: dict, instrumented: bool, masks: dict) -> list:
+    """Reports of reads outside the float inputs, from the NaN masks of the call inside read bands.
+
+    NaN in the outputs is a read only where it goes away with the read bands
+    replaced by write bands (finite values); the buffer and the side are found
+    by re-running with one band at a time in NaN. Only calls whose outputs
+    hold NaN pay for the re-runs."""
+    if not any(m.any() for m in masks.values()):
+        return []
+    plain = _call_in_bands(call, case, device_tensors, instrumented, lambda name: "none")[2]
+    if plain is None:
+        return []  # the call raised without the read bands: the call's failure, reported as such
+    base = _nan_masks(plain)
+    extra = _new_nan(masks, base)
+    if not any(m.any() for m in extra.values()):
+        return []  # the implementation's own NaN, there with or without the bands
+    hits = []
+    for name in FLOAT_INPUTS:
+        if device_tensors.get(name) is None:
+            continue
+        t = device_tensors[name]
+        rows = int(t.shape[1] if t.dim() >= 2 else t.shape[0])
+        for side, where in (("before", "before its first row (row -1)"), ("after", f"past its last row (row {rows})")):
+            outputs = _call_in_bands(call, case, device_tensors, instrumented,
+                                     lambda n, name=name, side=side: side if n == name else "none")[2]
+            if outputs is None:
+                continue
+            alone = _new_nan(_nan_masks(outputs), base)
+            if any(m.any() for m in alone.values()):
+                hits.append(f"out-of-bounds read of {name}, {where}: with only that NaN guard band, "
+                            f"the outputs turn NaN: {_describe_nan(alone)}")
+    if not hits:
+        hits.append(f"out-of-bounds read: inside the NaN read bands the outputs turn NaN ({_describe_nan(extra)}), "
+                    "with finite bands they do not, and no single band reproduces it (a read past several buffers)")
+    return hits
+
+
+def memory_safety(target: Target, case: Case, options: Options = Options()) -> Verdict:
     host = case.inputs()
     call = Caller(target, case)
     device_tensors = to_framework(host, "torch", target.device)
     problems = []
     findings = {}
-    bands = GuardBands()
-    seam = {"instruments": bands.instruments()} if target.instrumented else {}
-    placed = {k: (bands.place(v, k) if isinstance(v, torch.Tensor) else v) for k, v in device_tensors.items()}
-    before = {k: host_copy(v) for k, v in placed.items() if isinstance(v, torch.Tensor)}
-    handed = placed
-    if case.framework == "paddle":
-        handed = {k: (edge.from_torch(v, "paddle") if isinstance(v, torch.Tensor) else v) for k, v in placed.items()}
-    try:
-        call(handed, **seam)
-    except CallFailed as failed:
-        if isinstance(failed.error, BoundsError):
-            problems.append(f"out-of-bounds access caught by the implementation's own bounds checks: {failed.error}")
+    bands, placed, result, error = _call_in_bands(call, case, device_tensors, target.instrumented)
+    before = {k: v for k, v in host.items() if isinstance(v, np.ndarray)}
+    if error is not None:
+        if isinstance(error.error, BoundsError):
+            problems.append(f"out-of-bounds access caught by the implementation's own bounds checks: {error.error}")
             findings["bounds"] = False
         else:
-            problems.append(str(failed))
+            problems.append(str(error))
             findings["call"] = False
-    if target.needs_gpu:
-        torch.cuda.synchronize()
     damaged = bands.violations()
-    findings["guard bands"] = not damaged
-    for label, side, offset, count in damaged:
-        problems.append(f"guard band {side} {label} damaged: {count} bytes, first at offset {offset} from the band's start")
+    findings["guard bands"] = not any(v.unexplained for v in damaged)
+    if any(r.kind == "canary" for r in bands.regions):
+        findings["denormal canary"] = not any(v.flushed for v in damaged)
+    problems += [v.describe() for v in damaged]
+    if result is not None:
+        reads = _read_band_hits(call, case, device_tensors, target.instrumented, _nan_masks(result))
+        findings["read bands"] = not reads
+        problems += reads
     for name, old in before.items():
         diff = bitwise_difference(f"input {name}", placed[name], old)
         findings[f"input {name} untouched"] = diff is None
         if diff:
             problems.append(f"the call wrote to its input: {diff}")
     ok = not problems
-    lines = [f"memory safety {_describe_call(case)} on {target.device}: {len(bands.regions)} guard-banded buffers "
-             + ("(inputs and every allocation of the call, through instruments=)" if seam else
-                "(the inputs; the implementation takes no instruments=, so its own allocations are not banded)")
+    floats = [n for n in FLOAT_INPUTS if device_tensors.get(n) is not None]
+    lines = [f"memory safety {_describe_call(case)} on {target.device}: {len(bands.regions)} guard-banded buffers, "
+             f"{', '.join(floats)} inside NaN read bands, "
+             + ("every allocation of the call inside denormal canaries (through instruments=)" if target.instrumented else
+                "the implementation takes no instruments=, so its own allocations are not banded")
              + (", bounds-checked model" if target.backend and target.backend.startswith("model") else "")
              + (": safe" if ok else ": VIOLATED")]
     return Verdict("memory_safety", ok, "\n".join(lines + problems + call.notes), findings)
@@ -868,6 +1013,7 @@ def slot_order(target: Target, case: Case, options: Options = Options()) -> Verd
 PROPERTIES = {
     "agreement": agreement,
     "determinism": determinism,
+    "process_determinism": process_determinism,
     "pad_heads_inert": pad_heads_inert,
     "output_contract": output_contract,
     "rejection": rejection,
@@ -876,6 +1022,8 @@ PROPERTIES = {
     "slot_order": slot_order,
 }
 PROPERTY_NAMES = tuple(PROPERTIES)
+#: Properties that start processes (seconds an example): run on a few examples only (properties.profiles).
+SPAWNING = ("process_determinism",)
 
 
 def run_property(name: str, target: Target, case: Case, options: Options = Options()) -> Verdict:

@@ -251,3 +251,39 @@ class RunTally:
         if self.runs > 2:
             text += f"; {self.distinct} distinct results in {self.runs} runs"
         return text
+
+
+class OutputChecksums:
+    """Checksums of a call's outputs, computed where the outputs are (on the GPU: no copy, no sync).
+
+    An output's checksum is sum_i w_i * x_i mod 2**64, where x_i is its i-th
+    16-bit word (the raw bits, sign-extended to int64) and w_i a fixed
+    random odd 64-bit weight. torch's int64 arithmetic wraps mod 2**64 and
+    wrapping addition is associative, so the checksum has the same bits in
+    whatever order the device sums it. It sees any change of bits: a change
+    of one word by d (0 < |d| < 2**16) changes the checksum by w_i * d mod
+    2**64, which is not 0 because w_i is odd and d has fewer than 64 factors
+    of 2; changes of several words cancel only if sum_i w_i * d_i = 0 mod
+    2**64, about 2**-48 likely for weights drawn independently of the
+    changes. (A plain sum of the words would miss +1 in one and -1 in
+    another.)
+    """
+
+    def __init__(self, outputs, seed: int = 0):
+        import torch
+
+        g = torch.Generator(device=outputs[0].device).manual_seed(seed)
+        self.weights = [torch.randint(-(2**62), 2**62, (self.words(x).numel(),), generator=g, dtype=torch.int64,
+                                      device=x.device) | 1 for x in outputs]
+
+    @staticmethod
+    def words(x):
+        import torch
+
+        return x.contiguous().view(-1).view(torch.int16)
+
+    def __call__(self, outputs):
+        """[len(outputs)] int64 on the outputs' device."""
+        import torch
+
+        return torch.stack([(w * self.words(x)).sum() for w, x in zip(self.weights, outputs)])

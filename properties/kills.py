@@ -99,6 +99,8 @@ def kill_row(m: Mutant, ours: Target, options: checks.Options = checks.Options()
     mutant = mutant_target(m, ours)
     kills = {}
     for prop in checks.PROPERTY_NAMES:
+        if prop in checks.SPAWNING and prop != m.designated:
+            continue  # seconds an example: only where it is the property designed for the mutant
         if prop == m.designated:
             cell_settings, cell_options = search_settings, options
         else:
@@ -113,7 +115,7 @@ def kill_row(m: Mutant, ours: Target, options: checks.Options = checks.Options()
 def format_kill_matrix(rows: list, order: tuple = ()) -> str:
     """Mutants down (in ``order``, then the rest), properties across: KILL where the property caught
     the mutant (* = the designated property)."""
-    props = list(checks.PROPERTY_NAMES)
+    props = [p for p in checks.PROPERTY_NAMES if any(p in r["kills"] for r in rows)]
     order = list(order)
     rows = sorted(rows, key=lambda r: order.index(r["mutant"]) if r["mutant"] in order else len(order))
     width = max([len(r["mutant"]) for r in rows] + [6])

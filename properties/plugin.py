@@ -9,10 +9,13 @@ Options (``pytest --help``, group "mqa-bwd properties"):
   --impl module:function   the implementation under test (default: ours)
   --backend NAME           passed as backend= (default: the implementation's default_backend())
   --repeats N              determinism: calls per example (default 20)
+  --processes N            process_determinism: fresh processes per example (default 2)
   --heads LO-HI            restrict the head counts the strategies draw
   --mqa-profile NAME       Hypothesis profile: ci, dev, fuzz, repro ($MQA_PROFILE)
   --replay CASE            run only this case (JSON text, or a case/failure file)
-  --summary-json PATH      per-property verdicts, example counts and seconds
+  --summary-json PATH      per-property verdicts, example counts, seconds, and how often each
+                           sub-check (a Verdict's findings: memory_safety's guard bands, read
+                           bands, denormal canary, bounds) held and failed
   --failures-dir DIR       where failing cases are saved (default .mqa-failures/ in the working directory)
 
 A property test is written as::
@@ -38,7 +41,7 @@ import time
 from pathlib import Path
 
 import pytest
-from hypothesis import example, given
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from mqa_bwd.files import write_json_atomic
@@ -65,6 +68,7 @@ MARKERS = (
     "wheel: builds the wheel and runs the gate from a fresh virtualenv (.ci/run); not in the default run",
 )
 DEFAULT_REPEATS = 20
+DEFAULT_PROCESSES = 2
 
 
 class PropertyFailure(AssertionError):
@@ -85,6 +89,8 @@ class Harness:
         self.replay, self.failures_dir, self.regressions_dir = replay, failures_dir, regressions_dir
         self.current_item = None
         self.cases_run = collections.Counter()  # nodeid -> examples run
+        #: nodeid -> {finding: Counter(held=n, failed=m)}: each example's sub-checks (Verdict.findings)
+        self.findings_run = collections.defaultdict(lambda: collections.defaultdict(collections.Counter))
         self.failures = {}  # nodeid -> [(property, case, report)] of the examples Hypothesis reports
 
     def __repr__(self) -> str:  # Hypothesis prints the test's arguments: keep the fixture's line short
@@ -95,6 +101,9 @@ class Harness:
         nodeid = self.current_item.nodeid if self.current_item is not None else name
         self.cases_run[nodeid] += 1
         verdict = checks.run_property(name, self.target, case, self.options)
+        for finding, held in verdict.findings.items():
+            if held is not None:
+                self.findings_run[nodeid][finding]["held" if held else "failed"] += 1
         if verdict.ok:
             return
         report = (f"property {name} FAILS for {self.target.spec} (backend {self.target.backend})\n"
@@ -110,6 +119,8 @@ class Harness:
             words += ["--impl", self.target.spec]
         if name == "determinism" and self.options.repeats != DEFAULT_REPEATS:
             words += ["--repeats", str(self.options.repeats)]
+        if name == "process_determinism" and self.options.processes != DEFAULT_PROCESSES:
+            words += ["--processes", str(self.options.processes)]
         return " ".join(shlex.quote(w) for w in words)
 
     def save_failure(self, name: str, case: Case, report: str) -> Path | None:
@@ -135,7 +146,7 @@ def harness() -> Harness:
     """The configured harness; outside pytest, one with the defaults."""
     global _HARNESS
     if _HARNESS is None:
-        _HARNESS = _build(None, None, DEFAULT_REPEATS, None, None, None, DEFAULT_FAILURES_DIR)
+        _HARNESS = _build(None, None, DEFAULT_REPEATS, None, None, None, DEFAULT_FAILURES_DIR, DEFAULT_PROCESSES)
     return _HARNESS
 
 
@@ -206,6 +217,8 @@ def property_test(name: str):
     def decorate(fn):
         test = given(case=st.deferred(_case_strategy))(fn)
         h = harness()
+        if name in checks.SPAWNING:  # seconds an example: a few of them (the profile's other settings kept)
+            test = settings(max_examples=profiles.SPAWNING_EXAMPLES[h.profile])(test)
         if h.replay is None:
             # Explicit examples run before anything is generated: the saved
             # regressions are always replayed first.
@@ -230,6 +243,8 @@ def pytest_addoption(parser):
                     help="passed as backend= to the implementation (default: its default_backend(), if it has one)")
     group.addoption("--repeats", type=int, default=DEFAULT_REPEATS, metavar="N",
                     help=f"determinism: calls per example, compared bitwise (default {DEFAULT_REPEATS})")
+    group.addoption("--processes", type=int, default=DEFAULT_PROCESSES, metavar="N",
+                    help=f"process_determinism: fresh processes per example (default {DEFAULT_PROCESSES})")
     group.addoption("--heads", default=None, metavar="LO-HI", help="restrict the head counts the strategies draw")
     group.addoption("--mqa-profile", default=None, metavar="NAME",
                     help=f"Hypothesis profile: {', '.join(profiles.PROFILES)} (else ${profiles.ENV_VAR}, else ci)")
@@ -253,14 +268,15 @@ def _paddle_can_reach(device: str) -> bool:
         return False
 
 
-def _build(impl, backend, repeats, heads, profile, replay, failures_dir) -> Harness:
+def _build(impl, backend, repeats, heads, profile, replay, failures_dir, processes=DEFAULT_PROCESSES) -> Harness:
     target = Target.load(impl, backend)
     space = strategies.Space(
         heads=strategies.parse_heads(heads) if heads else (1, strategies.MAX_HEADS),
         widths="production" if target.needs_gpu else "small",
         frameworks=("torch", "paddle") if _paddle_can_reach(target.device) else ("torch",),
     )
-    return Harness(target=target, options=checks.Options(repeats=repeats), space=space, profile=profile or "ci",
+    return Harness(target=target, options=checks.Options(repeats=repeats, processes=processes), space=space,
+                   profile=profile or "ci",
                    replay=replay, failures_dir=failures_dir)
 
 
@@ -307,8 +323,10 @@ def pytest_configure(config):
         profile = profiles.chosen(opt.mqa_profile or ("repro" if replay is not None and not os.environ.get(profiles.ENV_VAR) else None))
         if opt.repeats < 2:
             raise ValueError(f"--repeats: need at least 2 calls to compare, got {opt.repeats}")
+        if opt.processes < 1:
+            raise ValueError(f"--processes: need at least 1 fresh process, got {opt.processes}")
         failures_dir = (Path(opt.failures_dir) if opt.failures_dir else DEFAULT_FAILURES_DIR).resolve()
-        _HARNESS = _build(opt.impl, opt.backend, opt.repeats, opt.heads, profile, replay, failures_dir)
+        _HARNESS = _build(opt.impl, opt.backend, opt.repeats, opt.heads, profile, replay, failures_dir, opt.processes)
     except ValueError as err:
         raise pytest.UsageError(str(err)) from None
     profiles.load(profile)
@@ -363,6 +381,7 @@ def pytest_runtest_makereport(item, call):
     if call.when != "call":
         return
     report.user_properties.append(("mqa_cases", h.cases_run.get(item.nodeid, 0)))
+    report.user_properties.append(("mqa_findings", json.dumps(h.findings_run.pop(item.nodeid, {}))))
     for prop, case, text in h.failures.pop(item.nodeid, []):
         if report.failed:
             path = h.save_failure(prop, case, text)
@@ -382,9 +401,14 @@ def pytest_runtest_logreport(report):
     name = props.get("mqa_property")
     if name is None:
         return
-    entry = config._mqa_summary.setdefault(name, {"outcomes": [], "cases": 0, "seconds": 0.0, "xfail": None})
+    entry = config._mqa_summary.setdefault(name, {"outcomes": [], "cases": 0, "seconds": 0.0, "xfail": None,
+                                                  "findings": {}})
     entry["seconds"] += float(report.duration or 0.0)
     entry["cases"] += int(props.get("mqa_cases", 0))
+    for finding, counts in json.loads(props.get("mqa_findings", "{}")).items():
+        total = entry["findings"].setdefault(finding, {"held": 0, "failed": 0})
+        for state, n in counts.items():
+            total[state] += n
     if hasattr(report, "wasxfail"):
         entry["outcomes"].append("fail")  # a known failure is still a property that does not hold
         entry["xfail"] = report.wasxfail
@@ -412,7 +436,8 @@ def summary(config) -> dict:
     for name, entry in sorted(config._mqa_summary.items()):
         outcomes = entry["outcomes"]
         verdict = "fail" if "fail" in outcomes else "pass" if "pass" in outcomes else "skip"
-        properties[name] = {"verdict": verdict, "cases": entry["cases"], "seconds": round(entry["seconds"], 3)}
+        properties[name] = {"verdict": verdict, "cases": entry["cases"], "seconds": round(entry["seconds"], 3),
+                            "findings": entry["findings"]}
         if entry["xfail"]:
             properties[name]["known_failure"] = entry["xfail"]
     return {"properties": properties, "backend": h.target.backend, "impl": h.target.spec, "profile": h.profile,

@@ -25,6 +25,10 @@ CI_EXAMPLES = 300
 DEV_EXAMPLES = 40
 FUZZ_EXAMPLES = 5000
 
+#: Examples of a property that starts processes (checks.SPAWNING: seconds each, mostly start-up),
+#: by profile: a few in ci and dev keep the default run fast; fuzz's time slices bound the rest.
+SPAWNING_EXAMPLES = {"ci": 2, "dev": 2, "fuzz": FUZZ_EXAMPLES, "repro": 1}
+
 # Our examples are seconds-scale on a GPU and milliseconds on the CPU model;
 # timing is the benchmark's business, never a property verdict.
 _COMMON = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])

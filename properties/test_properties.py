@@ -23,6 +23,12 @@ def test_property_determinism(case, mqa):
     mqa.check("determinism", case)
 
 
+@pytest.mark.determinism
+@property_test("process_determinism")
+def test_property_process_determinism(case, mqa):
+    mqa.check("process_determinism", case)
+
+
 @property_test("pad_heads_inert")
 def test_property_pad_heads_inert(case, mqa):
     mqa.check("pad_heads_inert", case)

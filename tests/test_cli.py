@@ -9,6 +9,7 @@ tests against the real suite skip, saying why, until it exists.
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -472,6 +473,23 @@ def test_fuzz_on_the_real_suite_for_a_few_seconds(capsys, tmp_path):
     out = capsys.readouterr().out
     assert code == 0, out
     assert int(out.split("no failure: ")[1].split(" cases")[0]) > 0
+
+
+def test_fuzz_counts_each_memory_safety_check_and_its_hits(capsys, tmp_path, monkeypatch):
+    # The bad implementation flushes a denormal canary on every call: the count line says which check
+    # failed and how often, the other checks show 0 failed.
+    if _real_suite_missing():
+        pytest.skip(_real_suite_missing())
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, (str(ROOT / "tests"), os.environ.get("PYTHONPATH")))))
+    code = cli.main(["fuzz", "--backend", "model", "--minutes", "0.05", "--workers", "1", "--heads", "1-4",
+                     "--impl", "test_guards:adds_zero_before_its_accumulator", "-k", "memory_safety",
+                     "--failures-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    line = next(l for l in out.splitlines() if l.startswith("memory_safety checks: "))
+    counts = dict((k.strip(), (int(f), int(n))) for k, f, n in re.findall(r"([a-z ]+) (\d+) failed of (\d+)", line[22:]))
+    assert counts["denormal canary"][0] > 0 and counts["guard bands"][0] == 0 and counts["read bands"][0] == 0, line
+    assert counts["guard bands"][1] >= counts["denormal canary"][0] and counts["inputs untouched"][0] == 0, line
 
 
 def test_promote_makes_a_failure_a_replayed_regression(tmp_path, capsys):

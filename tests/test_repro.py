@@ -138,6 +138,28 @@ def test_ulp_distance_counts_representable_values_in_the_outputs_dtype():
     assert ulp_distance(np.array([1.0]), np.array([np.nextafter(1.0, 2.0)])).tolist() == [1]  # float64 too
 
 
+def test_output_checksums_see_every_single_bit_and_a_cancelling_pair():
+    from properties.compare import OutputChecksums
+
+    outputs = [torch.randn(3, 5).bfloat16(), torch.randn(7)]
+    checksum = OutputChecksums(outputs)
+    reference = checksum(outputs)
+    assert torch.equal(checksum([x.clone() for x in outputs]), reference)
+    for k, x in enumerate(outputs):
+        words = OutputChecksums.words(x)
+        for i in range(words.numel()):
+            for bit in range(16):
+                changed = [y.clone() for y in outputs]
+                flipped = OutputChecksums.words(changed[k])
+                flipped[i] ^= torch.tensor(1 << bit, dtype=torch.int32).to(torch.int16)
+                got = checksum(changed)
+                assert got[k] != reference[k] and got[1 - k] == reference[1 - k], (k, i, bit)
+    pair = [y.clone() for y in outputs]
+    OutputChecksums.words(pair[0])[0] += 1
+    OutputChecksums.words(pair[0])[1] -= 1  # a plain sum of the words cannot see this
+    assert checksum(pair)[0] != reference[0]
+
+
 def test_against_compares_two_implementations_on_the_same_tensors():
     result = repro.replay(_source(SMALL), repro.resolve(None, "model"), runs=3,
                           against=_impl("doubles_dq"))
@@ -278,3 +300,41 @@ def test_cli_repro_names_a_recorded_backend_this_machine_lacks(tmp_path, capsys)
     err = capsys.readouterr().err
     assert "the backend recorded in" in err and "override with --backend" in err and "'tilelang'" in err
     assert cli.main(["repro", str(path), "--runs", "2", "--backend", "model"]) == 0
+
+
+# ---------------------------------------------------------------------------
+# Fresh processes
+# ---------------------------------------------------------------------------
+
+
+def test_cli_repro_replays_a_capture_in_fresh_processes(tmp_path, capsys):
+    from properties import processes
+
+    path = capture.save(tmp_path / "step.safetensors", **to_framework(SMALL.inputs(), "torch"), backend="model",
+                        block_h=16)
+    report = tmp_path / "processes.json"
+    assert cli.main(["repro", str(path), "--processes", "2", "--json", str(report)]) == 0
+    out = capsys.readouterr().out
+    assert "one call in each of 2 fresh processes on backend 'model'" in out and "block_h=16" in out
+    assert "dkv: identical in all 2 processes that answered" in out
+    assert "OK: backend 'model': bitwise identical in 2 fresh processes" in out
+    data = json.loads(report.read_text())
+    assert data["ok"] and [p["history"] for p in data["processes"]] == [0, 1]
+    assert data["processes"][0]["did"] == [] and data["processes"][1]["did"]  # process 0: the call first
+    # The children ran the capture with its recorded configuration: the digests are this process's.
+    here = mqa_latent_sparse_bwd(*[to_framework(SMALL.inputs())[k] for k in repro.SPEC_ARGS], backend="model",
+                                 block_h=16)
+    for name, x in zip(repro.OUTPUT_NAMES, here):
+        assert data["outputs"][name]["distinct"] == 1
+        assert data["processes"][1]["sha256"][name] == processes.digest(x)["sha256"], name
+
+
+def test_cli_repro_in_fresh_processes_catches_bits_that_follow_the_process(tmp_path, capsys):
+    from test_processes import TALL
+
+    path = capture.save(tmp_path / "step.safetensors", **to_framework(TALL.inputs(), "torch"))
+    impl = "test_processes:reduces_in_an_order_chosen_by_the_process"
+    assert cli.main(["repro", str(path), "--processes", "2", "--impl", impl, "--backend", "model"]) == 1
+    out = capsys.readouterr().out
+    assert "d_attn_sink: 2 distinct results" in out and "dkv: identical in all 2 processes" in out
+    assert "FAILED:" in out and "differs between processes (d_attn_sink)" in out
