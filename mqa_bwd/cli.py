@@ -115,6 +115,9 @@ the call runs, so a worker that dies (illegal memory access, abort) loses no
 case: its record becomes crash-*.safetensors. Replay any of them with
 'mqa-bwd repro FILE'. Exit 0 when nothing failed or crashed.
 
+--domain, --buckets and --known-failures work as for 'check'; the probe just
+outside the domain runs once, in the first round.
+
 examples:
   mqa-bwd fuzz --heads 1-64 --minutes 30       all GPUs, heads 1..64
   mqa-bwd fuzz --heads 1-16 --workers 1        one GPU (or the CPU model)
@@ -368,15 +371,26 @@ def _resolve_target(args) -> tuple:
     """(backend, impl or None, needs_gpu) after checking that this machine can run them."""
     from . import backends
 
+    backend = args.backend
     if args.impl:
         from .repro import import_function
 
-        import_function(args.impl, "--impl")  # fail here, cleanly, rather than inside every worker
-    backend = args.backend or backends.default_backend()  # what the suite would pick, made explicit
+        function = import_function(args.impl, "--impl")  # fail here, cleanly, rather than inside every worker
+        if backend is None and not callable(getattr(function, "default_backend", None)):
+            # A function that does not say how it picks a backend gets no backend= (it may take none, as
+            # cuDNN's adapter); its tensors go where a GPU is.
+            return None, args.impl, _cuda_available()
+    backend = backend or backends.default_backend()  # what the suite would pick, made explicit
     if backend.startswith("tilelang") and not backends.hopper_available():
         raise ValueError(f"--backend: {backend!r} needs a Hopper GPU (sm_90) and tilelang; this machine has none "
                          "(use --backend model for the CPU tile model)")
     return backend, args.impl, backend.startswith("tilelang")
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
 
 
 def _known_failures(args) -> Path | None:

@@ -33,7 +33,7 @@ def _styled(text: str):
     return Text(text, style=_VERDICT_STYLE.get(text.split()[0] if text else "", ""))
 
 
-def _shorten(text: str, limit: int = 160) -> str:
+def _shorten(text: str, limit: int = 300) -> str:
     return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
@@ -44,10 +44,11 @@ def verdict_cells(result: dict, skip_reason: str | None = None) -> tuple:
     results), a skip its reason."""
     verdict = str(result.get("verdict", "?"))
     notes = result.get("notes") or []
-    if verdict == "xfail":
-        reason = str(result.get("known_failure", ""))
-        reason = reason.split(": ", 1)[-1].split(" | ", 1)[0] if reason.startswith("known failure") else reason
-        return "known failure", _shorten(reason)
+    if verdict == "xfail":  # "known failure (FILE, entry N): REASON | seen in K case(s); first: LINE; case {...}"
+        text = str(result.get("known_failure", ""))
+        reason, _, seen = text.partition(" | ")
+        reason = reason.split("): ", 1)[-1]
+        return "known failure", _shorten(reason + (f" | {seen.split('; case {', 1)[0]}" if seen else ""), 300)
     if verdict == "pass" and result.get("budget"):
         return "pass (time budget)", _shorten(str(result["budget"]))
     if verdict == "skip" and skip_reason:

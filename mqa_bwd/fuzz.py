@@ -27,7 +27,8 @@ share of the time left; when a property's share is used up (after at least
 one case) with no failure seen, ``guarded`` ends that test with a skip whose
 reason says so (a skip is the one exception Hypothesis passes through without
 shrinking). A property that has failed keeps running until Hypothesis has
-shrunk the failure.
+shrunk the failure. (``check --minutes-per-property`` is a fixed budget per
+property instead, kept by the suite's own plugin: properties/plugin.py.)
 """
 
 import dataclasses

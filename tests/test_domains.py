@@ -376,6 +376,15 @@ def test_a_failure_the_entry_does_not_cover_is_still_a_failure(tmp_path):
     assert report.failed and "dq: MISMATCH" in report.longrepr
 
 
+def test_a_covered_case_does_not_end_the_shrinking_of_an_uncovered_failure(tmp_path):
+    path = _ledger(tmp_path, {"impl": WRONG, "property": "agreement", "reason": "dq", "findings": ["dq"]})
+    h = _harness(Target.load(WRONG, "model"), known_failures=ledger.load(path))
+    h.current_item = ITEM
+    h.failing.add(ITEM.nodeid)  # as after an uncovered failure, while Hypothesis shrinks it
+    h.check("agreement", SMALL)  # covered: returns (a pass to Hypothesis) instead of ending the test
+    assert ITEM.nodeid not in h.stopped and h.tallies[ITEM.nodeid].expected == 1
+
+
 def test_a_filtered_entry_searches_on_and_xfails_only_its_cases(tmp_path):
     path = _ledger(tmp_path, {"impl": WRONG, "property": "agreement", "reason": "with a random sink",
                               "case": {"sink": ["random"]}})
@@ -417,6 +426,15 @@ def test_a_bad_ledger_entry_is_refused_naming_it(tmp_path, entry, words):
     assert str(err.value).startswith("--mqa-known-failures: ") and all(w in str(err.value) for w in words), err.value
 
 
+def test_the_cudnn_ledger_the_readme_points_to_is_a_valid_ledger():
+    entries = ledger.load(ROOT / "docs" / "known-failures-cudnn.toml")
+    assert {e.impl for e in entries} == {"mqa_bwd.cudnn:cudnn_backward"}
+    (determinism,) = [e for e in entries if e.property == "determinism"]
+    assert determinism.findings == ("dkv", "d_attn_sink") and not determinism.filtered
+    assert determinism.covers_failure({"dq": True, "dkv": False, "d_attn_sink": False})
+    assert not determinism.covers_failure({"dq": False, "dkv": False, "d_attn_sink": True})  # dq drifting is news
+
+
 def test_the_command_line_refuses_a_bad_domain_or_ledger_before_running(capsys, tmp_path):
     with pytest.raises(SystemExit) as done:
         cli.main(["check", "--backend", "model", "--domain", "colour=red"])
@@ -425,6 +443,31 @@ def test_the_command_line_refuses_a_bad_domain_or_ledger_before_running(capsys, 
     assert cli.main(["check", "--backend", "model", "--known-failures", str(bad)]) == 2
     err = capsys.readouterr().err
     assert "--known-failures" in err and "reason is required" in err
+
+
+def test_the_check_table_says_why_and_the_findings_follow_it():
+    import io
+
+    from rich.console import Console
+
+    from mqa_bwd.console import print_outside_domain, verdict_cells
+
+    xfail = {"verdict": "xfail", "known_failure": "known failure (k.toml, entry 1): atomics | seen in 2 case(s); "
+                                                  "first: determinism ...: DIFFERS in dkv (first divergence: run 1 "
+                                                  "at (0, 1, 2); 9 distinct results in 20 runs); case {\"B\": 1}"}
+    verdict, note = verdict_cells(xfail)
+    assert verdict == "known failure" and note.startswith("atomics | seen in 2") and "9 distinct" in note
+    assert "case {" not in note
+    assert verdict_cells({"verdict": "pass", "budget": "3 cases"}) == ("pass (time budget)", "3 cases")
+    assert verdict_cells({"verdict": "fail", "notes": ["dq: MISMATCH"]}) == ("fail", "dq: MISMATCH")
+    out = io.StringIO()
+    target = fake("more_than_one_head")
+    (probe,) = outside.boundary_probes(strategies.Space(domain=target.domain))
+    finding = outside.run_probe(target, probe)
+    print_outside_domain(Console(file=out, width=300), {"domain": {"text": "heads=2-128", "source": "declared"},
+                                                        "outside_domain": [finding.as_dict()]})
+    text = out.getvalue()
+    assert "just outside the domain heads=2-128 (declared)" in text and "BAD  H=1, below heads=2-128" in text
 
 
 def test_the_check_command_passes_the_options_on():
