@@ -362,12 +362,12 @@ WRONG = f"{FAKES}:wrong_dq_with_sink"
 
 @pytest.mark.parametrize("suffix", [".toml", ".json"])
 def test_a_covered_failure_is_xfail_with_its_reason(tmp_path, suffix):
-    path = _ledger(tmp_path, {"impl": WRONG, "property": "agreement", "reason": "dq is doubled with a sink",
+    path = _ledger(tmp_path, {"impl": WRONG, "property": "agreement", "reason": "dq is off with a sink",
                               "findings": ["dq"]}, suffix=suffix)
     h = _harness(Target.load(WRONG, "model"), known_failures=ledger.load(path))
     report = _run(h, "agreement", NO_SINK, SMALL, SMALL)
     assert report.skipped and h.cases_run["t::x"] == 2  # ended at the first covered failure
-    assert report.wasxfail.startswith("known failure (known") and "dq is doubled with a sink" in report.wasxfail
+    assert report.wasxfail.startswith("known failure (known") and "dq is off with a sink" in report.wasxfail
 
 
 def test_a_failure_the_entry_does_not_cover_is_still_a_failure(tmp_path):
@@ -470,6 +470,25 @@ def test_the_check_table_says_why_and_the_findings_follow_it():
     assert "just outside the domain heads=2-128 (declared)" in text and "BAD  H=1, below heads=2-128" in text
 
 
+def test_an_impl_that_does_not_pick_a_backend_is_given_none(monkeypatch):
+    args = types.SimpleNamespace(impl=f"{FAKES}:more_than_one_head", backend=None)
+    assert cli._resolve_target(args) == (None, args.impl, False)  # no GPU here
+    assert cli._resolve_target(types.SimpleNamespace(impl=None, backend=None))[0] == "model"
+    words = shlex.split(_harness(Target.load(f"{FAKES}:more_than_one_head")).repro_command("agreement", Case()))
+    assert "--backend" not in words
+
+
+def test_the_fuzz_wrapper_declares_the_domain_of_what_it_runs(monkeypatch):
+    from mqa_bwd.contract import OURS
+
+    monkeypatch.setenv(fuzz.ENV_TARGET, f"{FAKES}:more_than_one_head")
+    target = Target.load(fuzz.GUARD, "model")
+    assert target.domain == Domain(heads=(2, 128)) and target.name == f"{FAKES}:more_than_one_head"
+    monkeypatch.setenv(fuzz.ENV_TARGET, "model")
+    target = Target.load(fuzz.GUARD, "model")
+    assert target.domain.is_spec and target.name == OURS
+
+
 def test_the_check_command_passes_the_options_on():
     command = fuzz.build_pytest_command(
         "suite.py", profile="ci", summary_json="s.json", domain="heads=2-128", buckets=True, minutes_per_property=2,
@@ -520,16 +539,16 @@ def test_check_without_the_domain_fails_as_before_with_the_domain_in_the_repro_l
 
 @pytest.mark.slow
 def test_check_reports_a_known_failure_and_fails_an_unexpected_pass(tmp_path):
-    known = _ledger(tmp_path, {"impl": WRONG, "property": "agreement", "reason": "dq is doubled with a sink",
+    known = _ledger(tmp_path, {"impl": WRONG, "property": "agreement", "reason": "dq is off with a sink",
                                "findings": ["dq"]},
                     {"impl": WRONG, "property": "output_contract", "reason": "no, it does not fail"})
     run, summary = _check(tmp_path, "--impl", WRONG, "--known-failures", str(known), "-k",
-                          "agreement or output_contract")
+                          "agreement or output_contract", profile="ci")
     assert run.returncode == 1, run.stdout[-4000:]
     props = summary["properties"]
-    assert props["agreement"]["verdict"] == "xfail" and "dq is doubled" in props["agreement"]["known_failure"]
+    assert props["agreement"]["verdict"] == "xfail" and "dq is off" in props["agreement"]["known_failure"]
     assert props["output_contract"]["verdict"] == "fail" and "XPASS(strict)" in props["output_contract"]["notes"][0]
-    assert "known failure" in run.stdout and "dq is doubled with a sink" in run.stdout
+    assert "known failure" in run.stdout and "dq is off with a sink" in run.stdout
 
 
 # ---------------------------------------------------------------------------
