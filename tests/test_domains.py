@@ -21,7 +21,6 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, Phase, example, given, settings
 
-import domain_fakes
 from mqa_bwd import cli, fuzz
 from mqa_bwd.contract import Domain
 from properties import checks, ledger, outside, plugin, profiles, strategies
