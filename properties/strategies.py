@@ -216,12 +216,16 @@ def topk_choices(domain: Domain, hi: int) -> tuple:
 
 
 def head_counts(lo: int = 1, hi: int = MAX_HEADS, domain: Domain = Domain()):
-    space = Space(heads=(lo, hi), domain=domain)
-    allowed = space.head_choices()
-    edges = sorted({h for h in EDGE_HEADS + (allowed[0], allowed[-1]) + allowed[1:2] + allowed[-2:-1]
-                    if h in allowed})
+    allowed = tuple(h for h in range(lo, hi + 1) if domain.admits_heads(h))
+    if not allowed:
+        raise ValueError(f"heads: {lo}-{hi} and the domain ({domain}) leave no head count")
+    corners = ()
+    if domain.heads is not None or domain.heads_multiple > 1:  # a declared range's own ends are edges too
+        corners = (allowed[0], allowed[-1]) + allowed[1:2] + allowed[-2:-1]
+    edges = sorted({h for h in EDGE_HEADS + corners if h in allowed})
     m = domain.heads_multiple
-    anything = st.integers(allowed[0] // m, allowed[-1] // m).map(lambda k: k * m)
+    anything = st.integers(allowed[0], allowed[-1]) if m == 1 else \
+        st.integers(allowed[0] // m, allowed[-1] // m).map(lambda k: k * m)
     return st.one_of(st.sampled_from(edges), anything) if edges else anything
 
 
@@ -309,8 +313,9 @@ def collision_case(space: Space) -> Case:
                          seed=0, framework=space.framework_choices()[0], cancelling_rows=True), space)
 
 
-@st.composite
-def general_cases(draw, space: Space) -> Case:
+def _draw_general(draw, space: Space) -> Case:
+    """The general family, drawn with ``draw`` (no strategy of its own, so that over the whole SPEC
+    domain the draws and their structure are the ones ``cases`` always made)."""
     domain = space.domain
     H = draw(head_counts(*space.heads, domain=domain))
     B = draw(st.one_of(st.just(1), st.integers(2, 3))) if domain.batch_max != 1 else 1
@@ -345,17 +350,16 @@ def general_cases(draw, space: Space) -> Case:
     return _checked(case, space)
 
 
-def cases(space: Space = Space(), collisions: bool = False):
+@st.composite
+def cases(draw, space: Space = Space(), collisions: bool = False) -> Case:
     """Cases inside ``space``: from its buckets when it has them; else the general family, and, with
     ``collisions``, a share of collision cases (the first alternative, so Hypothesis' first and
     simplest case is one)."""
     if space.buckets:
-        return bucket_cases(space)
-    if collisions:
-        share = COLLISION_SHARE[space.widths]
-        return st.sampled_from((True,) + (False,) * (share - 1)).flatmap(
-            lambda collide: collision_cases(space) if collide else general_cases(space))
-    return general_cases(space)
+        return draw(bucket_cases(space))
+    if collisions and draw(st.sampled_from((True,) + (False,) * (COLLISION_SHARE[space.widths] - 1))):
+        return draw(collision_cases(space))
+    return _draw_general(draw, space)
 
 
 #: The production-shape probe of the determinism property (one call, compared over reruns):
