@@ -56,10 +56,24 @@ printed after the table, and each failing case is saved as JSON in
 'mqa-bwd repro FILE' replays it, and 'mqa-bwd promote FILE' makes it one of
 the regressions every later run replays first.
 
+Another implementation is drawn only inside its domain: what it declares as
+its function's 'domain' attribute (mqa_bwd.contract.Domain), with the fields
+--domain names replaced. How it behaves just outside each boundary is probed
+once at the end and printed as findings (a ValueError naming the argument is
+the right answer), never as failures. --buckets takes shapes from a few fixed
+buckets (a kernel that compiles per shape compiles once per bucket);
+--minutes-per-property ends a property that has found nothing by then (it
+passes, saying how many cases it ran); --known-failures FILE is the ledger of
+properties known to fail (reported as known failures; an unexpected pass
+fails). On a GPU, determinism_at_scale reruns one production-shape call.
+
 examples:
   mqa-bwd check                              best backend on this machine
   mqa-bwd check --backend model              the CPU tile model
   mqa-bwd check --impl mypkg.ops:bwd         any function with the SPEC signature
+  mqa-bwd check --impl mypkg.ops:bwd --domain heads=16-128,topk_multiple=64
+  mqa-bwd check --impl mypkg.ops:bwd --buckets --minutes-per-property 2
+  mqa-bwd check --known-failures known-failures.toml
   mqa-bwd check --profile dev -k agreement   a quick loop on one property
   mqa-bwd check -- -x                        extra pytest arguments after --
 """
@@ -107,6 +121,9 @@ property suite), crashes as captures. Each call's inputs are written before
 the call runs, so a worker that dies (illegal memory access, abort) loses no
 case: its record becomes crash-*.safetensors. Replay any of them with
 'mqa-bwd repro FILE'. Exit 0 when nothing failed or crashed.
+
+--domain, --buckets and --known-failures work as for 'check'; the probe just
+outside the domain runs once, in the first round.
 
 examples:
   mqa-bwd fuzz --heads 1-64 --minutes 30       all GPUs, heads 1..64
@@ -166,6 +183,17 @@ def parse_heads(text: str) -> tuple:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def parse_domain(text: str) -> str:
+    """A Domain text ('heads=2-128,topk_multiple=64', 'spec'), checked here and passed on as given."""
+    from .contract import Domain
+
+    try:
+        Domain.parse(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err).removeprefix("--domain: ")) from None
+    return text
+
+
 def _positive(kind):
     def parse(text):
         try:
@@ -213,6 +241,16 @@ def build_parser() -> argparse.ArgumentParser:
                        "determinism property")
         p.add_argument("--failures-dir", type=Path, metavar="DIR", help="where failing cases are saved "
                        f"(default: {failures_default})")
+        p.add_argument("--domain", type=parse_domain, metavar="TEXT",
+                       help="what the implementation supports, e.g. heads=2-128,topk_multiple=64,sink=required "
+                            "(fields: heads, heads_multiple, topk_min, topk_multiple, widths=576x512+512x512, "
+                            "batch_max, sink, invalid_indices, causal_indices, frameworks); these replace the "
+                            "fields its domain attribute declares; 'spec': all of SPEC")
+        p.add_argument("--buckets", action="store_true", help="shapes from a small fixed set of buckets, so that "
+                       "a kernel that compiles per shape compiles once per bucket")
+        p.add_argument("--known-failures", type=Path, metavar="FILE", help="ledger of properties known to fail "
+                       "(TOML or JSON, each entry with its reason): reported as known failures; an unexpected "
+                       "pass fails")
         p.add_argument("-k", dest="keyword", metavar="EXPR", help="only properties matching this pytest -k expression")
         p.add_argument("--tests", type=Path, default=None, metavar="PATH",
                        help=f"the property suite to run (default: the installed {SUITE_MODULE})")
@@ -225,6 +263,8 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_argument("--workers", type=positive_int, default=1, metavar="N",
                        help="pytest-xdist workers (default 1; on GPUs, worker i is pinned to GPU i mod count)")
     check.add_argument("--summary-json", type=Path, metavar="PATH", help="keep the suite's summary JSON here")
+    check.add_argument("--minutes-per-property", type=positive_float, metavar="M",
+                       help="end each property after M minutes without a failure (it passes, saying so)")
     check.set_defaults(handler=cmd_check)
 
     promote = sub.add_parser("promote", help="make a saved failing case a replayed regression of the suite",
@@ -347,15 +387,36 @@ def _resolve_target(args) -> tuple:
     """(backend, impl or None, needs_gpu) after checking that this machine can run them."""
     from . import backends
 
+    backend = args.backend
     if args.impl:
         from .repro import import_function
 
-        import_function(args.impl, "--impl")  # fail here, cleanly, rather than inside every worker
-    backend = args.backend or backends.default_backend()  # what the suite would pick, made explicit
+        function = import_function(args.impl, "--impl")  # fail here, cleanly, rather than inside every worker
+        if backend is None and not callable(getattr(function, "default_backend", None)):
+            # A function that does not say how it picks a backend gets no backend= (it may take none, as
+            # cuDNN's adapter); its tensors go where a GPU is.
+            return None, args.impl, _cuda_available()
+    backend = backend or backends.default_backend()  # what the suite would pick, made explicit
     if backend.startswith("tilelang") and not backends.hopper_available():
         raise ValueError(f"--backend: {backend!r} needs a Hopper GPU (sm_90) and tilelang; this machine has none "
                          "(use --backend model for the CPU tile model)")
     return backend, args.impl, backend.startswith("tilelang")
+
+
+def _cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def _known_failures(args) -> Path | None:
+    """The ledger, read once here so that a bad one is refused before pytest starts."""
+    if not args.known_failures:
+        return None
+    from properties import ledger
+
+    ledger.load(args.known_failures, option="--known-failures")
+    return args.known_failures.resolve()
 
 
 def _extra_pytest_args(args) -> list:
@@ -389,9 +450,13 @@ def cmd_check(args) -> int:
     # Failing cases go to an untracked folder; 'mqa-bwd promote' makes one a replayed regression.
     failures_dir = (args.failures_dir or DEFAULT_FAILURES_DIR).resolve()
     before = set(failures_dir.iterdir()) if failures_dir.is_dir() else set()
+    known_failures = _known_failures(args)
     target = " with ".join(filter(None, (impl, f"backend {backend!r}" if backend else None)))
     console.print(f"mqa-bwd check: profile {args.profile!r} on {target}, suite {tests}"
-                  + (f", {args.workers} workers" if args.workers > 1 else ""), markup=False)
+                  + (f", {args.workers} workers" if args.workers > 1 else "")
+                  + (", shapes from buckets" if args.buckets else "")
+                  + (f", {args.minutes_per_property:g} min per property" if args.minutes_per_property else ""),
+                  markup=False)
     with tempfile.TemporaryDirectory(prefix="mqa-bwd-check-") as tmp:
         tmp = Path(tmp)
         (tmp / "progress").mkdir()
@@ -400,8 +465,10 @@ def cmd_check(args) -> int:
             tests, profile=args.profile, summary_json=summary_path.resolve(),
             failures_dir=failures_dir.resolve(),
             backend=backend, impl=impl, heads=args.heads, repeats=args.repeats, workers=args.workers, gpus=gpus,
-            extra=_isolation_args(tests) + _extra_pytest_args(args))
-        with LiveProgress(console, f"check ({args.profile})") as view:
+            domain=args.domain, buckets=args.buckets, minutes_per_property=args.minutes_per_property,
+            known_failures=known_failures, extra=_isolation_args(tests) + _extra_pytest_args(args))
+        budget = f", {args.minutes_per_property:g} min per property" if args.minutes_per_property else ""
+        with LiveProgress(console, f"check ({args.profile}{budget})") as view:
             run = fuzz.run_suite(command, cwd=_suite_cwd(tests), progress_dir=tmp / "progress", records_dir=None,
                                  log_path=tmp / "pytest.log", summary_json=summary_path, on_update=view.update)
         return _check_report(console, run, failures_dir, before, summary_path)
@@ -411,20 +478,32 @@ def _check_report(console, run, failures_dir: Path, before: set, summary_path: P
     from rich.table import Table
 
     from . import fuzz
+    from .console import print_outside_domain, verdict_cells
 
     properties = (run.summary or {}).get("properties", {})
     skip_reasons = {p.name: p.reason for p in run.progress.values() if p.reason}
+    cells = {name: verdict_cells(result, skip_reasons.get(name)) for name, result in properties.items()}
+    with_notes = any(note for _, note in cells.values())
     table = Table(title="mqa-bwd check", title_justify="left")
     for column, justify in (("property", "left"), ("verdict", "left"), ("cases", "right"), ("time", "right")):
         table.add_column(column, justify=justify)
+    if with_notes:
+        table.add_column("notes", justify="left")
     for name, result in sorted(properties.items()):
-        verdict = str(result.get("verdict", "?"))
-        shown = verdict + (f" ({skip_reasons[name]})" if verdict == "skip" and skip_reasons.get(name) else "")
-        table.add_row(name, _styled(shown), str(result.get("cases", "")), _fmt_seconds(result.get("seconds")))
+        verdict, note = cells[name]
+        row = [name, _styled(verdict), str(result.get("cases", "")), _fmt_seconds(result.get("seconds"))]
+        table.add_row(*row, *([note] if with_notes else []))
     if properties:
         console.print(table)
+    if run.summary:
+        domain = run.summary.get("domain") or {}
+        if domain.get("source") not in (None, "spec"):
+            console.print(f"domain: {domain.get('text')} ({domain.get('source')}); cases were drawn inside it",
+                          markup=False)
+        print_outside_domain(console, run.summary)
     verdicts = [str(r.get("verdict")) for r in properties.values()]
-    held = run.returncode == 0 and bool(properties) and "fail" not in verdicts and "pass" in verdicts
+    held = (run.returncode == 0 and bool(properties) and "fail" not in verdicts
+            and ("pass" in verdicts or "xfail" in verdicts))
     if run.summary is None:
         console.print(f"the property suite wrote no summary (pytest exit code {run.returncode}); "
                       f"the end of its output:\n{fuzz.log_tail(run.log_path)}", markup=False, style="bold red")
@@ -441,9 +520,10 @@ def _check_report(console, run, failures_dir: Path, before: set, summary_path: P
         kept = Path(tempfile.gettempdir()) / f"mqa-bwd-check-{os.getpid()}.log"
         kept.write_bytes(Path(run.log_path).read_bytes())
         console.print(f"full pytest output: {kept}", markup=False)
-    passed = verdicts.count("pass")
+    passed, known = verdicts.count("pass"), verdicts.count("xfail")
     console.print(f"{'HOLDS' if held else 'DOES NOT HOLD'}: {passed} of {len(verdicts)} properties passed"
-                  f" in {_fmt_seconds(run.seconds)} (pytest exit code {run.returncode})", markup=False)
+                  + (f", {known} known failure{'s' if known > 1 else ''} (the ledger)" if known else "")
+                  + f" in {_fmt_seconds(run.seconds)} (pytest exit code {run.returncode})", markup=False)
     return 0 if held else 1
 
 
@@ -505,6 +585,7 @@ def cmd_fuzz(args) -> int:
     logs.mkdir(exist_ok=True)
     before = set(failures_dir.iterdir())
     target = impl or backend
+    known_failures = _known_failures(args)
     pinning = f"pinned to GPUs {', '.join(str(i % gpus) for i in range(workers))}" if gpus else "no GPU pinning"
     console.print(f"mqa-bwd fuzz: {args.minutes:g} min on {target!r}, {workers} worker(s), {pinning}, "
                   f"heads {'%d-%d' % args.heads if args.heads else 'all'}; failures -> {failures_dir}", markup=False)
@@ -513,7 +594,7 @@ def cmd_fuzz(args) -> int:
     deadline = start + args.minutes * 60.0
     totals = {}  # nodeid -> dict(cases, outcome, reason, seconds)
     findings = {}  # property -> finding -> {"held": n, "failed": m}, over the rounds
-    records, done, stop_reason, round_no = [], set(), None, 0
+    records, done, stop_reason, round_no, first_summary = [], set(), None, 0, None
     with tempfile.TemporaryDirectory(prefix="mqa-bwd-fuzz-") as tmp:
         while True:
             round_no += 1
@@ -524,7 +605,9 @@ def cmd_fuzz(args) -> int:
                 tests, profile="fuzz", summary_json=summary, failures_dir=failures_dir,
                 backend=backend, impl=fuzz.GUARD, heads=args.heads, repeats=args.repeats, workers=workers,
                 gpus=gpus, xdist=True, seed=None if args.seed is None else args.seed + round_no - 1,
-                deselect=sorted(done), extra=_isolation_args(tests) + _extra_pytest_args(args))
+                deselect=sorted(done), domain=args.domain, buckets=args.buckets, known_failures=known_failures,
+                outside_probe=round_no == 1,  # once per fuzz run, not per round
+                extra=_isolation_args(tests) + _extra_pytest_args(args))
             env = {fuzz.ENV_TARGET: target, fuzz.ENV_RECORDS: str(failures_dir)}
 
             def remaining():
@@ -542,6 +625,8 @@ def cmd_fuzz(args) -> int:
                     total = findings.setdefault(name, {}).setdefault(finding, {"held": 0, "failed": 0})
                     for state in total:
                         total[state] += counts.get(state, 0)
+            if first_summary is None:
+                first_summary = run.summary
             for path in _new_files(failures_dir, before):
                 if path.suffix == ".json":
                     fuzz.name_real_target(path, target)
@@ -552,7 +637,7 @@ def cmd_fuzz(args) -> int:
                 t["rounds"] += 1
                 if p.outcome in ("failed", "crashed") or t["outcome"] not in ("failed", "crashed"):
                     t["outcome"], t["reason"] = p.outcome, p.reason
-                if p.outcome in ("failed", "crashed"):
+                if p.outcome in ("failed", "crashed") or fuzz.is_known_failure(p):
                     done.add(nodeid)
             if run.interrupted:
                 stop_reason = run.interrupted
@@ -568,9 +653,10 @@ def cmd_fuzz(args) -> int:
                 stop_reason = "time budget used"
                 break
             if all(n in done for n in totals):
-                stop_reason = "every property has failed"
+                stop_reason = "every property has failed (or is a known failure)"
                 break
-    return _fuzz_report(console, totals, records, failures_dir, before, stop_reason, time.time() - start, findings)
+    return _fuzz_report(console, totals, records, failures_dir, before, stop_reason, time.time() - start, findings,
+                        first_summary)
 
 
 def findings_lines(findings: dict) -> list:
@@ -589,10 +675,12 @@ def findings_lines(findings: dict) -> list:
     return lines
 
 
-def _fuzz_report(console, totals, records, failures_dir, before, stop_reason, seconds, findings=None) -> int:
+def _fuzz_report(console, totals, records, failures_dir, before, stop_reason, seconds, findings=None,
+                 summary=None) -> int:
     from rich.table import Table
 
-    from .fuzz import property_name
+    from .console import print_outside_domain
+    from .fuzz import KNOWN_FAILURE_REASON, property_name
 
     table = Table(title=f"mqa-bwd fuzz: stopped after {_fmt_seconds(seconds)} ({stop_reason})", title_justify="left")
     for column, justify in (("property", "left"), ("cases", "right"), ("verdict", "left"), ("time", "right")):
@@ -603,12 +691,16 @@ def _fuzz_report(console, totals, records, failures_dir, before, stop_reason, se
             verdict = "no failure (time slice used up)"
         elif outcome == "passed":
             verdict = "no failure (all examples ran)"
+        elif outcome == "skipped" and t["reason"].startswith(KNOWN_FAILURE_REASON):
+            verdict = t["reason"]
         else:
             verdict = outcome + (f" ({t['reason']})" if t["reason"] else "")
         table.add_row(property_name(nodeid), str(t["cases"]), _styled(verdict), _fmt_seconds(t["seconds"]))
     console.print(table)
     for line in findings_lines(findings or {}):
         console.print(line, markup=False)
+    if summary:
+        print_outside_domain(console, summary)
     saved = [p for p in _new_files(failures_dir, before) if p not in records]
     for path in saved:
         console.print(f"failing case: {path}\n    replay: mqa-bwd repro {path}", markup=False)

@@ -23,7 +23,7 @@ def _fmt_seconds(s) -> str:
 
 _VERDICT_STYLE = {"pass": "green", "passed": "green", "ok": "green", "yes": "green", "fail": "bold red",
                   "failed": "bold red", "crashed": "bold red", "MISMATCH": "bold red", "NO": "bold red",
-                  "skip": "yellow", "skipped": "yellow"}
+                  "skip": "yellow", "skipped": "yellow", "known": "yellow", "note": "yellow", "BAD": "bold red"}
 
 
 def _styled(text: str):
@@ -31,6 +31,44 @@ def _styled(text: str):
     from rich.text import Text
 
     return Text(text, style=_VERDICT_STYLE.get(text.split()[0] if text else "", ""))
+
+
+def _shorten(text: str, limit: int = 300) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def verdict_cells(result: dict, skip_reason: str | None = None) -> tuple:
+    """(verdict, note) of one property in the check table, from the suite's summary JSON: a
+    known failure says the ledger's reason, a pass ended by the time budget says so, a failure
+    gives the first line of its report (the determinism property's: first divergence, distinct
+    results), a skip its reason."""
+    verdict = str(result.get("verdict", "?"))
+    notes = result.get("notes") or []
+    if verdict == "xfail":  # "known failure (FILE, entry N): REASON | seen in K case(s); first: LINE; case {...}"
+        text = str(result.get("known_failure", ""))
+        reason, _, seen = text.partition(" | ")
+        reason = reason.split("): ", 1)[-1]
+        return "known failure", _shorten(reason + (f" | {seen.split('; case {', 1)[0]}" if seen else ""), 300)
+    if verdict == "pass" and result.get("budget"):
+        return "pass (time budget)", _shorten(str(result["budget"]))
+    if verdict == "skip" and skip_reason:
+        return f"skip ({skip_reason})", ""
+    return verdict, _shorten(notes[0]) if notes else ""
+
+
+def print_outside_domain(console, summary: dict) -> None:
+    """The outside-domain findings of a run (properties/outside.py): one line per boundary probed."""
+    from rich.text import Text
+
+    findings = summary.get("outside_domain")
+    if not findings:
+        return
+    domain = summary.get("domain") or {}
+    console.print(f"just outside the domain {domain.get('text', '?')} ({domain.get('source', '?')}), one call each "
+                  "(findings, not verdicts; a ValueError naming the argument is the right answer):", markup=False)
+    for f in findings:
+        mark = "ok" if f.get("right") else ("note" if f.get("behaviour") == "accepted_agrees" else "BAD")
+        console.print(Text(f"  {mark:<4} ", style=_VERDICT_STYLE[mark]) + Text(str(f.get("text", ""))))
 
 
 class LiveProgress:
@@ -81,7 +119,7 @@ class LiveProgress:
         for p in sorted(progress.values(), key=lambda p: p.nodeid):
             if p.outcome and p.nodeid not in self.reported:
                 self.reported.add(p.nodeid)
-                reason = f" ({p.reason})" if p.reason else ""
+                reason = f" ({_shorten(p.reason, 120)})" if p.reason else ""
                 self.console.print(f"  {p.name}: {p.outcome}{reason}, {p.cases} cases, {_fmt_seconds(p.seconds)}",
                                    markup=False)
         if time.time() - self.last_beat >= self.heartbeat_s:

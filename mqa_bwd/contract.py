@@ -80,6 +80,14 @@ class Domain:
     given on the command line (``--domain``), so that the harness draws cases
     inside it and reports once how the implementation behaves just outside it.
     A field left at its default means "whatever SPEC allows".
+
+    Its text form (``parse`` / ``to_text``; the command line and REPRO lines)
+    is comma-separated ``field=value``, listing only what differs from SPEC::
+
+        heads=2-128,topk_multiple=64,widths=576x512+512x512,sink=required,
+        invalid_indices=minus_one+s_kv,causal_indices=yes,frameworks=torch
+
+    ``spec`` is the whole SPEC domain.
     """
 
     heads: tuple | None = None  # (lo, hi) inclusive
@@ -129,3 +137,158 @@ class Domain:
         if not frameworks or any(f not in FRAMEWORKS for f in frameworks):
             raise ValueError(f"domain.frameworks: a non-empty subset of {FRAMEWORKS}, got {self.frameworks!r}")
         object.__setattr__(self, "frameworks", frameworks)
+
+    # -- text form ---------------------------------------------------------
+    @classmethod
+    def parse(cls, text: str, base: "Domain | None" = None, option: str = "--domain") -> "Domain":
+        """'field=value,...' -> a Domain: the fields named replace ``base``'s (default: SPEC's).
+        'spec' (or an empty text) is the whole SPEC domain, whatever ``base`` says.
+        Errors are ValueErrors naming ``option`` and the field."""
+        text = text.strip()
+        if text in ("", "spec"):
+            return cls()
+        changes = {}
+        for item in text.split(","):
+            key, sep, value = (part.strip() for part in item.partition("="))
+            if not sep or not key:
+                raise ValueError(f"{option}: expected field=value, got {item.strip()!r}")
+            if key not in _FIELD_ORDER:
+                raise ValueError(f"{option}: unknown field {key!r}; one of {', '.join(_FIELD_ORDER)}")
+            if key in changes:
+                raise ValueError(f"{option}: {key} given twice")
+            try:
+                changes[key] = _PARSERS[key](value)
+            except ValueError as err:
+                raise ValueError(f"{option}: {key}={value!r}: {err}") from None
+        try:
+            return dataclasses.replace(base or cls(), **changes)
+        except ValueError as err:
+            raise ValueError(f"{option}: {err}") from None
+
+    def to_text(self) -> str:
+        """The text ``parse`` reads back to this domain: only the fields that differ from SPEC's."""
+        spec = Domain()
+        parts = [f"{name}={_FORMATTERS[name](getattr(self, name))}" for name in _FIELD_ORDER
+                 if getattr(self, name) != getattr(spec, name)]
+        return ",".join(parts) or "spec"
+
+    def __str__(self) -> str:
+        return self.to_text()
+
+    @property
+    def is_spec(self) -> bool:
+        """Is this the whole SPEC domain (nothing declared)?"""
+        return self == Domain()
+
+    # -- membership ----------------------------------------------------------
+    def admits_heads(self, heads: int) -> bool:
+        lo, hi = self.heads or (1, heads)
+        return lo <= heads <= hi and heads % self.heads_multiple == 0
+
+    def admits_topk(self, topk: int) -> bool:
+        return topk >= self.topk_min and topk % self.topk_multiple == 0
+
+    def violations(self, *, batch=None, heads=None, topk=None, widths=None, sink=None, invalid_indices=None,
+                   causal=None, framework=None) -> tuple:
+        """Why a case with these dimensions is outside the domain, one text per field it breaks
+        (empty: inside). A dimension left None is not checked. ``sink``: is attn_sink given;
+        ``invalid_indices``: the invalid-index kinds the indices hold; ``causal``: is every valid
+        index <= s + S_kv - S."""
+        why = []
+        if heads is not None:
+            if self.heads is not None and not self.heads[0] <= heads <= self.heads[1]:
+                why.append(f"H={heads} is outside heads={_FORMATTERS['heads'](self.heads)}")
+            if heads % self.heads_multiple:
+                why.append(f"H={heads} is not a multiple of heads_multiple={self.heads_multiple}")
+        if topk is not None:
+            if topk < self.topk_min:
+                why.append(f"L={topk} is below topk_min={self.topk_min}")
+            if topk % self.topk_multiple:
+                why.append(f"L={topk} is not a multiple of topk_multiple={self.topk_multiple}")
+        if widths is not None and self.widths is not None and tuple(widths) not in self.widths:
+            why.append(f"(Dk, Dv)=({widths[0]}, {widths[1]}) is not in widths={_FORMATTERS['widths'](self.widths)}")
+        if batch is not None and self.batch_max is not None and batch > self.batch_max:
+            why.append(f"B={batch} is above batch_max={self.batch_max}")
+        if sink is not None:
+            if not sink and self.sink == "required":
+                why.append("attn_sink is None, but sink=required")
+            if sink and self.sink == "unsupported":
+                why.append("attn_sink is given, but sink=unsupported")
+        if invalid_indices is not None and self.invalid_indices is not None:
+            refused = sorted(set(invalid_indices) - set(self.invalid_indices))
+            if refused:
+                why.append(f"invalid index kinds {'+'.join(refused)} are not in "
+                           f"invalid_indices={_FORMATTERS['invalid_indices'](self.invalid_indices)}")
+        if causal is not None and self.causal_indices and not causal:
+            why.append("the indices are not causal (some valid index > s + S_kv - S), but causal_indices=yes")
+        if framework is not None and framework not in self.frameworks:
+            why.append(f"framework {framework} is not in frameworks={'+'.join(self.frameworks)}")
+        return tuple(why)
+
+    def contains(self, **dimensions) -> bool:
+        """Is a case with these dimensions inside the domain? (``violations`` says why not.)"""
+        return not self.violations(**dimensions)
+
+
+_FIELD_ORDER = tuple(f.name for f in dataclasses.fields(Domain))
+
+
+def _parse_int(text: str) -> int:
+    try:
+        return int(text)
+    except ValueError:
+        raise ValueError("expected an integer") from None
+
+
+def _parse_heads(text: str) -> tuple:
+    lo, sep, hi = text.partition("-")
+    return (_parse_int(lo), _parse_int(hi)) if sep else (_parse_int(lo),) * 2
+
+
+def _parse_widths(text: str) -> tuple:
+    pairs = []
+    for pair in text.split("+"):
+        d_k, sep, d_v = pair.partition("x")
+        if not sep:
+            raise ValueError("expected DKxDV[+DKxDV...], e.g. 576x512")
+        pairs.append((_parse_int(d_k), _parse_int(d_v)))
+    return tuple(pairs)
+
+
+def _parse_yes_no(text: str) -> bool:
+    answers = {"yes": True, "true": True, "1": True, "no": False, "false": False, "0": False}
+    if text.lower() not in answers:
+        raise ValueError("expected yes or no")
+    return answers[text.lower()]
+
+
+def _parse_kinds(text: str):
+    if text == "all":
+        return None
+    return () if text == "none" else tuple(k for k in text.split("+") if k)
+
+
+_PARSERS = {
+    "heads": _parse_heads,
+    "heads_multiple": _parse_int,
+    "topk_min": _parse_int,
+    "topk_multiple": _parse_int,
+    "widths": _parse_widths,
+    "batch_max": lambda text: None if text == "any" else _parse_int(text),
+    "sink": str,
+    "invalid_indices": _parse_kinds,
+    "causal_indices": _parse_yes_no,
+    "frameworks": lambda text: tuple(k for k in text.split("+") if k),
+}
+_FORMATTERS = {
+    "heads": lambda h: f"{h[0]}-{h[1]}" if h[0] != h[1] else str(h[0]),
+    "heads_multiple": str,
+    "topk_min": str,
+    "topk_multiple": str,
+    "widths": lambda w: "+".join(f"{d_k}x{d_v}" for d_k, d_v in w),
+    "batch_max": str,
+    "sink": str,
+    "invalid_indices": lambda kinds: "+".join(kinds) if kinds else "none",
+    "causal_indices": lambda yes: "yes" if yes else "no",
+    "frameworks": lambda f: "+".join(f),
+}

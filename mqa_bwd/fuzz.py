@@ -27,7 +27,8 @@ share of the time left; when a property's share is used up (after at least
 one case) with no failure seen, ``guarded`` ends that test with a skip whose
 reason says so (a skip is the one exception Hypothesis passes through without
 shrinking). A property that has failed keeps running until Hypothesis has
-shrunk the failure.
+shrunk the failure. (``check --minutes-per-property`` is a fixed budget per
+property instead, kept by the suite's own plugin: properties/plugin.py.)
 """
 
 import dataclasses
@@ -52,6 +53,8 @@ ENV_RECORDS = "MQA_FUZZ_RECORDS"  # where guarded() writes its in-flight records
 
 GUARD = "mqa_bwd.fuzz:guarded"
 PROPERTY_PREFIX = "test_property_"
+#: How the suite's report of a failure the known-failure ledger covers begins (properties.ledger).
+KNOWN_FAILURE_REASON = "known failure"
 WRITE_INTERVAL_S = 0.5
 #: Hypothesis phases whose test cases are new inputs tried (not shrinks or replays of a failure).
 _SEARCH_PHASES = ("explicit", "reuse", "generate", "target")
@@ -317,13 +320,34 @@ def _target_takes_instruments() -> bool:
     return takes_instruments(_target())
 
 
-#: guarded forwards instruments= exactly when the function it runs takes them.
+def _target_domain():
+    from properties.target import declared_domain
+
+    return declared_domain(_target(), ENV_TARGET)
+
+
+def _target_spec() -> str:
+    from .contract import OURS
+
+    spec = os.environ.get(ENV_TARGET) or ""
+    return spec if ":" in spec else OURS
+
+
+#: guarded forwards instruments= exactly when the function it runs takes them, declares the domain
+#: that function declares, and names it (for the known-failure ledger and the outside-domain probe).
 guarded.takes_instruments = _target_takes_instruments
+guarded.domain = _target_domain
+guarded.tested_spec = _target_spec
 
 
 # ===========================================================================
 # Driver side
 # ===========================================================================
+
+
+def is_known_failure(progress) -> bool:
+    """Did the suite report this test as a failure the known-failure ledger covers?"""
+    return progress.outcome == "skipped" and progress.reason.startswith(KNOWN_FAILURE_REASON)
 
 
 @dataclasses.dataclass
@@ -433,7 +457,9 @@ class SuiteRun:
 
 
 def build_pytest_command(tests, *, profile, summary_json, failures_dir=None, backend=None, impl=None, heads=None,
-                   repeats=None, workers=1, gpus=0, xdist=False, seed=None, deselect=(), extra=()) -> list:
+                         repeats=None, workers=1, gpus=0, xdist=False, seed=None, deselect=(), domain=None,
+                         buckets=False, minutes_per_property=None, known_failures=None, outside_probe=True,
+                         extra=()) -> list:
     cmd = [sys.executable, "-m", "pytest", str(tests), "-p", "mqa_bwd.fuzz", "-p", "no:cacheprovider",
            "-q", "--tb=short", "-rfEs", "--mqa-profile", profile, "--summary-json", str(summary_json)]
     if failures_dir is not None:  # else the suite's own regressions folder
@@ -446,6 +472,16 @@ def build_pytest_command(tests, *, profile, summary_json, failures_dir=None, bac
         cmd += ["--heads", f"{heads[0]}-{heads[1]}"]
     if repeats:
         cmd += ["--repeats", str(repeats)]
+    if domain is not None:
+        cmd += ["--mqa-domain", domain]
+    if buckets:
+        cmd += ["--mqa-buckets"]
+    if minutes_per_property is not None:
+        cmd += ["--mqa-minutes-per-property", repr(float(minutes_per_property))]
+    if known_failures is not None:
+        cmd += ["--mqa-known-failures", str(known_failures)]
+    if not outside_probe:
+        cmd += ["--mqa-no-outside-probe"]
     if seed is not None:
         cmd += [f"--hypothesis-seed={seed}"]
     if xdist or workers > 1:

@@ -210,28 +210,41 @@ def determinism(target: Target, case: Case, options: Options = Options()) -> Ver
     host = case.inputs()
     call = Caller(target, case)
     tensors = call.tensors(host)
-    runs = {name: [] for name in OUTPUT_NAMES}
+    tallies = {name: cmp.RunTally(name) for name in OUTPUT_NAMES}
+    fresh_nan, stale = {}, {}  # run 0's NaNs; the first later run with a NaN where run 0 had a number
     previous = None
     for i in range(options.repeats):
         if previous is not None:
             poison(previous)  # the next call must write every output element itself
         result = call(tensors, what=f"run {i}")
         for name, x in zip(OUTPUT_NAMES, result):
-            runs[name].append(host_copy(x))
+            copy = host_copy(x)
+            tallies[name].add(copy)
+            nan = np.isnan(copy.astype(np.float32))
+            if i == 0:
+                fresh_nan[name] = nan
+            elif name not in stale and nan.shape == fresh_nan[name].shape and (nan & ~fresh_nan[name]).any():
+                stale[name] = i
         previous = result
-    differences = {name: cmp.first_difference(name, runs[name]) for name in OUTPUT_NAMES}
-    for name, results in runs.items():
-        fresh_nan = np.isnan(results[0].astype(np.float32))
-        later = [i for i, r in enumerate(results[1:], start=1) if (np.isnan(r.astype(np.float32)) & ~fresh_nan).any()]
-        if later and differences[name]:
-            differences[name] += (f"\n    {name}: NaN in run {later[0]} where run 0 had a number: the poison put there "
+    differences = {name: tallies[name].report() for name in OUTPUT_NAMES}
+    for name in OUTPUT_NAMES:
+        if name in stale and differences[name]:
+            differences[name] += (f"\n    {name}: NaN in run {stale[name]} where run 0 had a number: the poison put there "
                                   "before the call survived it - the implementation did not write those elements itself "
                                   "(reused or stale output memory)")
-    ok = not any(differences.values())
-    lines = [f"determinism over {options.repeats} runs {_describe_call(case)}, outputs NaN-poisoned between runs: "
-             + ("bitwise identical" if ok else "DIFFERS")]
-    lines += [differences[n] or f"{n}: identical in all {options.repeats} runs" for n in OUTPUT_NAMES] + call.notes
-    return Verdict("determinism", ok, "\n".join(lines), {n: differences[n] is None for n in OUTPUT_NAMES})
+    drifting = [tallies[n] for n in OUTPUT_NAMES if differences[n]]
+    ok = not drifting
+    head = (f"determinism over {options.repeats} runs {_describe_call(case)}, outputs NaN-poisoned between runs: "
+            + ("bitwise identical" if ok else "DIFFERS in " + ", ".join(_divergence(t) for t in drifting)))
+    lines = [head] + [differences[n] or f"{n}: identical in all {options.repeats} runs" for n in OUTPUT_NAMES]
+    return Verdict("determinism", ok, "\n".join(lines + call.notes), {n: differences[n] is None for n in OUTPUT_NAMES})
+
+
+def _divergence(tally: cmp.RunTally) -> str:
+    """'dkv (first divergence: run 1 at (0, 3, 17); 20 distinct results in 20 runs)'."""
+    where = f" at {tally.first_element}" if tally.first_element is not None else " (shape or dtype)"
+    return (f"{tally.name} (first divergence: run {tally.first_diverging_run}{where}; "
+            f"{tally.distinct} distinct results in {tally.runs} runs)")
 
 
 # ---------------------------------------------------------------------------
@@ -302,6 +315,12 @@ def pad_heads_inert(target: Target, case: Case, options: Options = Options()) ->
     # must equal its padding), or past it by up to one whole extra group.
     to_group = -H % block_h
     count = 1 + int(case.derived_rng("pad_heads_inert").integers(0, to_group + block_h))
+    if not target.domain.admits_heads(H + count):  # a declared domain: pad only to head counts inside it
+        inside = [c for c in range(1, to_group + block_h + 1) if target.domain.admits_heads(H + c)]
+        if not inside:
+            return Verdict("pad_heads_inert", True, f"pad heads inert: not applicable: no H={H}+k (k <= "
+                           f"{to_group + block_h}) is inside the domain {target.domain}", {})
+        count = inside[(count - 1) % len(inside)]
     host = case.inputs()
     call = Caller(target, case)
     plain = call(call.tensors(host), what=f"call with H={H}", block_h=block_h)
@@ -863,6 +882,26 @@ def _head_range(host: dict, lo: int, hi: int) -> dict:
     return sliced
 
 
+def _head_subset(case: Case, domain) -> tuple | None:
+    """A proper subset [lo, hi) of the case's heads, chosen by the case; within the domain's head
+    counts (None: H = 1, or no proper subset is inside the domain)."""
+    if case.H < 2:
+        return None
+    rng = case.derived_rng("invariance.heads")
+    lo = int(rng.integers(0, case.H))
+    hi = int(rng.integers(lo + 1, case.H + 1))
+    if hi - lo == case.H:  # a proper subset: drop the first or the last head
+        lo, hi = (1, case.H) if rng.integers(0, 2) else (0, case.H - 1)
+    if not domain.admits_heads(hi - lo):  # a declared domain: a subset it admits, if any
+        sizes = [k for k in range(1, case.H) if domain.admits_heads(k)]
+        if not sizes:
+            return None
+        k = sizes[int(rng.integers(0, len(sizes)))]
+        lo = int(rng.integers(0, case.H - k + 1))
+        hi = lo + k
+    return lo, hi
+
+
 def invariance(target: Target, case: Case, options: Options = Options()) -> Verdict:
     host = case.inputs()
     call = Caller(target, case)
@@ -887,12 +926,9 @@ def invariance(target: Target, case: Case, options: Options = Options()) -> Verd
         lines.append("batch: not applicable (B=1)")
 
     # A head's dq and d_attn_sink do not depend on the other heads in the call.
-    if case.H >= 2:
-        rng = case.derived_rng("invariance.heads")
-        lo = int(rng.integers(0, case.H))
-        hi = int(rng.integers(lo + 1, case.H + 1))
-        if hi - lo == case.H:  # a proper subset: drop the first or the last head
-            lo, hi = (1, case.H) if rng.integers(0, 2) else (0, case.H - 1)
+    subset = _head_subset(case, target.domain)
+    if subset is not None:
+        lo, hi = subset
         part = call(call.tensors(_head_range(host, lo, hi)), what=f"heads [{lo}, {hi}) alone")
         diffs = [d for d in (
             bitwise_difference(f"dq of heads [{lo}, {hi})", part[0], full[0][:, :, lo:hi]),
@@ -904,7 +940,8 @@ def invariance(target: Target, case: Case, options: Options = Options()) -> Verd
         lines += ["    " + d for d in diffs]
     else:
         findings["heads"] = None
-        lines.append("heads: not applicable (H=1)")
+        lines.append("heads: not applicable (H=1)" if case.H < 2 else
+                     f"heads: not applicable (no proper subset of the {case.H} heads is inside the domain {target.domain})")
 
     # Nothing depends on the scratch budget: the case's budget vs another one.
     if case.dkv_buf_bytes is None:

@@ -17,6 +17,14 @@ Options (``pytest --help``, group "mqa-bwd properties"):
                            sub-check (a Verdict's findings: memory_safety's guard bands, read
                            bands, denormal canary, bounds) held and failed
   --failures-dir DIR       where failing cases are saved (default .mqa-failures/ in the working directory)
+  --mqa-domain TEXT        what the implementation supports (mqa_bwd.contract.Domain text); the fields
+                           given replace those its ``domain`` attribute declares; 'spec': all of SPEC
+  --mqa-buckets            shapes from a small fixed set (one compile per bucket for a JIT kernel)
+  --mqa-minutes-per-property M
+                           end a property that has found nothing after M minutes (it passes, saying so)
+  --mqa-known-failures FILE
+                           the known-failure ledger (properties/ledger.py): expected failures, strict
+  --mqa-no-outside-probe   do not probe the implementation just outside its domain
 
 A property test is written as::
 
@@ -25,13 +33,22 @@ A property test is written as::
         mqa.check("agreement", case)
 
 ``property_test`` draws cases with the strategies (or takes the --replay
-case) and replays the saved regression cases first, as explicit examples.
-``mqa.check`` runs the property; on failure it raises with the report and a
-REPRO line (one command replaying exactly that case and property), and the
-plugin saves the case as JSON in the failures folder.
+case) and replays the saved regression cases first, as explicit examples
+(those inside the domain; the determinism property also replays a case where
+atomics collide first). ``mqa.check`` runs the property; on failure it raises
+with the report and a REPRO line (one command replaying exactly that case and
+property, domain included), and the plugin saves the case as JSON in the
+failures folder.
+
+At the end of a run whose domain is not the whole SPEC domain, the
+implementation is probed once just outside each of the domain's boundaries
+(properties/outside.py, in a child process); the findings are a section of
+the terminal summary and ``outside_domain`` in the summary JSON, never a
+failure of a property.
 """
 
 import collections
+import dataclasses
 import hashlib
 import importlib.util
 import json
@@ -46,9 +63,9 @@ from hypothesis import strategies as st
 
 from mqa_bwd.files import write_json_atomic
 
-from . import checks, profiles, strategies
+from . import checks, ledger, profiles, strategies
 from .case import Case
-from .target import OURS, Target
+from .target import OURS, Target, declared_domain
 
 #: The replayed regressions: shipped with the suite, replayed first on every run.
 #: A failing case lands in the failures folder; ``mqa-bwd promote FILE`` moves it here.
@@ -69,6 +86,8 @@ MARKERS = (
 )
 DEFAULT_REPEATS = 20
 DEFAULT_PROCESSES = 2
+#: The harness ended the test early: it found its failure in the ledger.
+KNOWN_FAILURE_STOP = "known failure"
 
 
 class PropertyFailure(AssertionError):
@@ -84,39 +103,98 @@ class Harness:
 
     def __init__(self, target: Target, options: checks.Options, space: strategies.Space, profile: str,
                  replay: Case | None = None, failures_dir: Path | None = DEFAULT_FAILURES_DIR,
-                 regressions_dir: Path = REGRESSIONS_DIR):
+                 regressions_dir: Path = REGRESSIONS_DIR, minutes_per_property: float | None = None,
+                 known_failures: tuple = (), known_failures_path: Path | None = None, outside_probe: bool = True):
         self.target, self.options, self.space, self.profile = target, options, space, profile
         self.replay, self.failures_dir, self.regressions_dir = replay, failures_dir, regressions_dir
+        self.minutes_per_property = minutes_per_property
+        self.known_failures, self.known_failures_path = tuple(known_failures), known_failures_path
+        self.outside_probe = outside_probe
         self.current_item = None
         self.cases_run = collections.Counter()  # nodeid -> examples run
         #: nodeid -> {finding: Counter(held=n, failed=m)}: each example's sub-checks (Verdict.findings)
         self.findings_run = collections.defaultdict(lambda: collections.defaultdict(collections.Counter))
         self.failures = {}  # nodeid -> [(property, case, report)] of the examples Hypothesis reports
+        self.started = {}  # nodeid -> when its test began
+        self.failing = set()  # nodeids with a failing case seen: the time budget never ends those
+        self.stopped = {}  # nodeid -> why the harness ended its test early (time budget, known failure)
+        self.tallies = {}  # nodeid -> ledger.Tally of the entries that apply to it
+        self.headlines = {}  # nodeid -> first line of its last failing verdict
 
     def __repr__(self) -> str:  # Hypothesis prints the test's arguments: keep the fixture's line short
         return f"<mqa harness: {self.target.spec} backend={self.target.backend} profile={self.profile}>"
 
+    def _nodeid(self, name: str) -> str:
+        return self.current_item.nodeid if self.current_item is not None else name
+
+    def _end_if_over_budget(self, nodeid: str) -> None:
+        """End a test that has used its time budget without a failure: a skip is the one exception
+        Hypothesis passes through at once (no shrinking); the report hook makes it a pass."""
+        if self.minutes_per_property is None or nodeid in self.failing or not self.cases_run[nodeid]:
+            return
+        elapsed = time.time() - self.started.get(nodeid, time.time())
+        if elapsed >= self.minutes_per_property * 60.0:
+            why = (f"time budget of {self.minutes_per_property:g} min used: {self.cases_run[nodeid]} cases "
+                   f"in {elapsed:.1f} s, no failure")
+            self.stopped[nodeid] = why
+            pytest.skip(why)
+
+    def _tally(self, nodeid: str, name: str):
+        if nodeid not in self.tallies:
+            entries = tuple(e for e in self.known_failures if e.applies_to(self.target.name, self.target.backend, name))
+            self.tallies[nodeid] = ledger.Tally(entries) if entries else None
+        return self.tallies[nodeid]
+
     def check(self, name: str, case: Case) -> None:
         __tracebackhide__ = True  # the report is the message; the harness's frames are noise
-        nodeid = self.current_item.nodeid if self.current_item is not None else name
+        nodeid = self._nodeid(name)
+        self._end_if_over_budget(nodeid)
         self.cases_run[nodeid] += 1
         verdict = checks.run_property(name, self.target, case, self.options)
         for finding, held in verdict.findings.items():
             if held is not None:
                 self.findings_run[nodeid][finding]["held" if held else "failed"] += 1
+        tally = self._tally(nodeid, name)
+        covering = [e for e in tally.entries if e.covers_case(case)] if tally is not None else []
         if verdict.ok:
+            if covering:
+                tally.held += 1
             return
+        headline = (verdict.report or name).splitlines()[0]
+        known = next((e for e in covering if e.covers_failure(verdict.findings)), None)
+        if known is not None:
+            tally.expect(known, case, headline)
+            # The whole property is known to fail: nothing more to learn, unless a failure the ledger
+            # does not cover is being shrunk (a covered case is then a pass to Hypothesis).
+            if not known.filtered and nodeid not in self.failing:
+                self.stopped[nodeid] = KNOWN_FAILURE_STOP
+                pytest.skip(f"known failure: {known.reason}")
+            return  # a failure the ledger covers: search on for one it does not
+        self.failing.add(nodeid)
+        self.headlines[nodeid] = headline
         report = (f"property {name} FAILS for {self.target.spec} (backend {self.target.backend})\n"
                   f"case: {checks.describe_case(case)}\n{verdict.report}")
         if _is_final_example():
             self.failures.setdefault(nodeid, []).append((name, case, report))
         raise PropertyFailure(f"{report}\nREPRO: {self.repro_command(name, case)}")
 
+    def check_at_scale(self, name: str) -> None:
+        """``name`` on one production-shape case (strategies.scale_case), on a GPU backend only."""
+        if self.replay is not None:
+            pytest.skip("replaying one case")
+        if not self.target.needs_gpu:
+            pytest.skip("runs on a GPU backend only (minutes on the CPU model)")
+        self.check(name, strategies.scale_case(self.space))
+
     def repro_command(self, name: str, case: Case) -> str:
         words = ["python", "-m", "pytest", "-p", "no:xdist", "--pyargs", f"{SUITE_MODULE}::test_property_{name}",
-                 "--replay", case.to_json(), "--backend", str(self.target.backend)]
+                 "--replay", case.to_json()]
+        if self.target.backend is not None:
+            words += ["--backend", str(self.target.backend)]
         if self.target.spec != OURS:
             words += ["--impl", self.target.spec]
+        if not (self.target.domain.is_spec and declared_domain(self.target.function).is_spec):
+            words += ["--mqa-domain", self.target.domain.to_text()]
         if name == "determinism" and self.options.repeats != DEFAULT_REPEATS:
             words += ["--repeats", str(self.options.repeats)]
         if name == "process_determinism" and self.options.processes != DEFAULT_PROCESSES:
@@ -136,6 +214,8 @@ class Harness:
         path = self.failures_dir / regression_name(name, case)
         record = {"case": case.to_dict(), "property": name, "backend": self.target.backend,
                   "impl": self.target.spec, "report": report}
+        if not self.target.domain.is_spec:
+            record["domain"] = self.target.domain.to_text()
         return write_json_atomic(path, record)  # a reader never sees half a file
 
 
@@ -196,17 +276,27 @@ def regression_cases(name: str, directory: Path = REGRESSIONS_DIR) -> list:
 
 def _in_space_widths(case: Case, space) -> Case:
     """A saved case at the widths the target builds: a CPU-width regression
-    replayed on a GPU backend keeps its shape and indices at 576/512."""
-    if space.widths == "production" and (case.d_k, case.d_v) not in strategies.PRODUCTION_WIDTHS:
-        return case.replace(d_k=strategies.PRODUCTION_WIDTHS[0][0], d_v=strategies.PRODUCTION_WIDTHS[0][1])
+    replayed on a GPU backend (or on a domain of other widths) keeps its shape
+    and indices at the first width there (576/512)."""
+    choices = space.width_choices()
+    if (space.widths == "production" or space.domain.widths) and (case.d_k, case.d_v) not in choices:
+        return case.replace(d_k=choices[0][0], d_v=choices[0][1])
     return case
 
 
-def _case_strategy():
+def explicit_cases(name: str, space: strategies.Space, directory: Path = REGRESSIONS_DIR) -> list:
+    """The cases property ``name`` replays before generating any, in order: for determinism the
+    collision case first; then the saved regressions inside the domain."""
+    first = [strategies.collision_case(space)] if name == "determinism" else []
+    saved = [_in_space_widths(c, space) for c in regression_cases(name, directory)]
+    return first + [c for c in saved if strategies.in_domain(c, space.domain)]
+
+
+def _case_strategy(name: str):
     h = harness()
     if h.replay is not None:
         return st.just(h.replay)
-    return strategies.cases(h.space)
+    return strategies.cases(h.space, collisions=name == "determinism")
 
 
 def property_test(name: str):
@@ -215,17 +305,30 @@ def property_test(name: str):
         raise ValueError(f"property_test: unknown property {name!r}")
 
     def decorate(fn):
-        test = given(case=st.deferred(_case_strategy))(fn)
+        test = given(case=st.deferred(lambda: _case_strategy(name)))(fn)
         h = harness()
         if name in checks.SPAWNING:  # seconds an example: a few of them (the profile's other settings kept)
             test = settings(max_examples=profiles.SPAWNING_EXAMPLES[h.profile])(test)
         if h.replay is None:
-            # Explicit examples run before anything is generated: the saved
-            # regressions are always replayed first.
-            for case in reversed(regression_cases(name, h.regressions_dir)):
-                test = example(case=_in_space_widths(case, h.space))(test)
+            # Explicit examples run before anything is generated, the last one
+            # applied first: so these run in explicit_cases' order.
+            for case in reversed(explicit_cases(name, h.space, h.regressions_dir)):
+                test = example(case=case)(test)
         test._mqa_property = name
         return test
+
+    return decorate
+
+
+def at_scale_test(name: str):
+    """Mark ``fn(mqa)`` as the production-shape probe of property ``name`` (its own line in the
+    summary: '<name>_at_scale'); it calls ``mqa.check_at_scale(name)``."""
+    if name not in checks.PROPERTIES:
+        raise ValueError(f"at_scale_test: unknown property {name!r}")
+
+    def decorate(fn):
+        fn._mqa_property = f"{name}_at_scale"
+        return fn
 
     return decorate
 
@@ -253,6 +356,18 @@ def pytest_addoption(parser):
     group.addoption("--summary-json", default=None, metavar="PATH", help="write per-property verdicts as JSON")
     group.addoption("--failures-dir", default=None, metavar="DIR",
                     help=f"save failing cases here as JSON (default: {DEFAULT_FAILURES_DIR}/)")
+    group.addoption("--mqa-domain", default=None, metavar="TEXT",
+                    help="what the implementation supports, e.g. heads=2-128,topk_multiple=64,sink=required: "
+                         "these fields replace those its domain attribute declares ('spec': all of SPEC)")
+    group.addoption("--mqa-buckets", action="store_true", default=False,
+                    help="draw shapes from a small fixed set of buckets (a JIT kernel compiles once per bucket); "
+                         "values, indices and sinks still vary")
+    group.addoption("--mqa-minutes-per-property", type=float, default=None, metavar="M",
+                    help="end each property after M minutes without a failure (it passes, saying how many cases)")
+    group.addoption("--mqa-known-failures", default=None, metavar="FILE",
+                    help="known-failure ledger (TOML or JSON): covered failures are xfail, an unexpected pass fails")
+    group.addoption("--mqa-no-outside-probe", action="store_true", default=False,
+                    help="do not probe the implementation just outside its domain at the end of the run")
 
 
 def _paddle_can_reach(device: str) -> bool:
@@ -268,16 +383,24 @@ def _paddle_can_reach(device: str) -> bool:
         return False
 
 
-def _build(impl, backend, repeats, heads, profile, replay, failures_dir, processes=DEFAULT_PROCESSES) -> Harness:
-    target = Target.load(impl, backend)
+def _build(impl, backend, repeats, heads, profile, replay, failures_dir, processes=DEFAULT_PROCESSES, *, domain=None,
+           buckets=False, minutes_per_property=None, known_failures=None, outside_probe=True) -> Harness:
+    target = Target.load(impl, backend, domain)
     space = strategies.Space(
         heads=strategies.parse_heads(heads) if heads else (1, strategies.MAX_HEADS),
         widths="production" if target.needs_gpu else "small",
         frameworks=("torch", "paddle") if _paddle_can_reach(target.device) else ("torch",),
+        domain=target.domain,
     )
+    if buckets:
+        space = dataclasses.replace(space, buckets=strategies.default_buckets(space))
+    if minutes_per_property is not None and not minutes_per_property > 0:
+        raise ValueError(f"--mqa-minutes-per-property: expected a positive number, got {minutes_per_property}")
+    entries = ledger.load(known_failures) if known_failures else ()
     return Harness(target=target, options=checks.Options(repeats=repeats, processes=processes), space=space,
-                   profile=profile or "ci",
-                   replay=replay, failures_dir=failures_dir)
+                   profile=profile or "ci", replay=replay, failures_dir=failures_dir,
+                   minutes_per_property=minutes_per_property, known_failures=entries,
+                   known_failures_path=Path(known_failures) if known_failures else None, outside_probe=outside_probe)
 
 
 def _replay_option(value: str) -> Case:
@@ -326,19 +449,33 @@ def pytest_configure(config):
         if opt.processes < 1:
             raise ValueError(f"--processes: need at least 1 fresh process, got {opt.processes}")
         failures_dir = (Path(opt.failures_dir) if opt.failures_dir else DEFAULT_FAILURES_DIR).resolve()
-        _HARNESS = _build(opt.impl, opt.backend, opt.repeats, opt.heads, profile, replay, failures_dir, opt.processes)
+        _HARNESS = _build(opt.impl, opt.backend, opt.repeats, opt.heads, profile, replay, failures_dir,
+                          opt.processes, domain=opt.mqa_domain, buckets=opt.mqa_buckets,
+                          minutes_per_property=opt.mqa_minutes_per_property, known_failures=opt.mqa_known_failures,
+                          outside_probe=not opt.mqa_no_outside_probe)
     except ValueError as err:
         raise pytest.UsageError(str(err)) from None
     profiles.load(profile)
-    config._mqa_summary = {}  # property -> {"outcomes": [...], "cases": n, "seconds": t}
+    config._mqa_summary = {}  # property -> {"outcomes": [...], "cases": n, "seconds": t, ...}
+    config._mqa_outside = None  # the outside-domain findings, once probed
 
 
 def pytest_report_header(config):
     h = harness()
-    return [f"mqa-bwd properties: impl {h.target.spec}, backend {h.target.backend} on {h.target.device}, "
-            f"profile {h.profile}, repeats {h.options.repeats}, heads {h.space.heads[0]}-{h.space.heads[1]}, "
-            f"widths {h.space.widths}, frameworks {'/'.join(h.space.frameworks)}"
-            + (", replaying one case" if h.replay is not None else "")]
+    lines = [f"mqa-bwd properties: impl {h.target.spec}, backend {h.target.backend} on {h.target.device}, "
+             f"profile {h.profile}, repeats {h.options.repeats}, heads {h.space.heads[0]}-{h.space.heads[1]}, "
+             f"widths {h.space.widths}, frameworks {'/'.join(h.space.frameworks)}"
+             + (", replaying one case" if h.replay is not None else "")]
+    lines.append(f"mqa-bwd domain: {h.target.domain} ({h.target.domain_source})")
+    if h.space.buckets:
+        lines.append("mqa-bwd buckets (B,S,S_kv,H,L,Dk,Dv): " + " ".join(",".join(map(str, b)) for b in h.space.buckets))
+    if h.minutes_per_property is not None:
+        lines.append(f"mqa-bwd time budget: {h.minutes_per_property:g} min per property")
+    if h.known_failures_path is not None:
+        mine = [e for e in h.known_failures if e.impl == h.target.name]
+        lines.append(f"mqa-bwd known failures: {h.known_failures_path} ({len(mine)} of {len(h.known_failures)} "
+                     f"entries for {h.target.name})")
+    return lines
 
 
 def pytest_collection_modifyitems(config, items):
@@ -363,10 +500,38 @@ def mqa():
 def pytest_runtest_call(item):
     h = harness()
     h.current_item = item
+    h.started[item.nodeid] = time.time()
     try:
         yield
     finally:
         h.current_item = None
+
+
+def _settle(report, item, h: Harness) -> None:
+    """The call report as the harness decided it: a test it ended for its time budget passed; one
+    whose failures the ledger covers is xfail; a ledger entry whose property held is a failure."""
+    nodeid = item.nodeid
+    stopped = h.stopped.pop(nodeid, None)
+    if stopped is not None and report.skipped:
+        report.outcome, report.longrepr = "passed", None
+        if stopped != KNOWN_FAILURE_STOP:
+            report.user_properties.append(("mqa_budget", stopped))
+    tally = h.tallies.pop(nodeid, None)
+    if tally is not None and report.passed:
+        if tally.expected:
+            report.outcome = "skipped"
+            report.wasxfail = tally.xfail_reason()
+            report.longrepr = (str(item.path), item.location[1] or 0, report.wasxfail)
+            report.user_properties.append(("mqa_known_failure", report.wasxfail))
+        elif tally.held:
+            report.outcome, report.longrepr = "failed", tally.xpass_message()
+            report.user_properties.append(("mqa_note", tally.xpass_message()))
+        else:
+            report.user_properties.append(("mqa_note", "known-failure entry not exercised: no case drawn was "
+                                                       "inside its filter"))
+    headline = h.headlines.pop(nodeid, None)
+    if headline and report.failed:
+        report.user_properties.append(("mqa_note", headline))
 
 
 @pytest.hookimpl(hookwrapper=True)
@@ -382,6 +547,7 @@ def pytest_runtest_makereport(item, call):
         return
     report.user_properties.append(("mqa_cases", h.cases_run.get(item.nodeid, 0)))
     report.user_properties.append(("mqa_findings", json.dumps(h.findings_run.pop(item.nodeid, {}))))
+    _settle(report, item, h)
     for prop, case, text in h.failures.pop(item.nodeid, []):
         if report.failed:
             path = h.save_failure(prop, case, text)
@@ -402,15 +568,19 @@ def pytest_runtest_logreport(report):
     if name is None:
         return
     entry = config._mqa_summary.setdefault(name, {"outcomes": [], "cases": 0, "seconds": 0.0, "xfail": None,
-                                                  "findings": {}})
+                                                  "findings": {}, "notes": [], "budget": None})
     entry["seconds"] += float(report.duration or 0.0)
     entry["cases"] += int(props.get("mqa_cases", 0))
     for finding, counts in json.loads(props.get("mqa_findings", "{}")).items():
         total = entry["findings"].setdefault(finding, {"held": 0, "failed": 0})
         for state, n in counts.items():
             total[state] += n
-    if hasattr(report, "wasxfail"):
-        entry["outcomes"].append("fail")  # a known failure is still a property that does not hold
+    if props.get("mqa_note") and props["mqa_note"] not in entry["notes"]:
+        entry["notes"].append(props["mqa_note"])
+    if props.get("mqa_budget"):
+        entry["budget"] = props["mqa_budget"]
+    if hasattr(report, "wasxfail") and report.skipped:
+        entry["outcomes"].append("xfail")  # does not hold, as the ledger says: not a failure of the run
         entry["xfail"] = report.wasxfail
     elif report.failed:
         entry["outcomes"].append("fail")
@@ -431,23 +601,65 @@ def pytest_sessionstart(session):
 
 
 def summary(config) -> dict:
+    """What ``mqa-bwd check`` reads: per property a verdict (pass, fail, xfail: a known failure,
+    skip), cases, seconds and notes; the domain, and what was found just outside it."""
     h = harness()
     properties = {}
     for name, entry in sorted(config._mqa_summary.items()):
         outcomes = entry["outcomes"]
-        verdict = "fail" if "fail" in outcomes else "pass" if "pass" in outcomes else "skip"
+        verdict = next((v for v in ("fail", "xfail", "pass") if v in outcomes), "skip")
         properties[name] = {"verdict": verdict, "cases": entry["cases"], "seconds": round(entry["seconds"], 3),
                             "findings": entry["findings"]}
         if entry["xfail"]:
             properties[name]["known_failure"] = entry["xfail"]
-    return {"properties": properties, "backend": h.target.backend, "impl": h.target.spec, "profile": h.profile,
-            "repeats": h.options.repeats}
+        if entry.get("notes"):
+            properties[name]["notes"] = entry["notes"]
+        if entry.get("budget"):
+            properties[name]["budget"] = entry["budget"]
+    result = {"properties": properties, "backend": h.target.backend, "impl": h.target.spec, "profile": h.profile,
+              "repeats": h.options.repeats,
+              "domain": {"text": h.target.domain.to_text(), "source": h.target.domain_source}}
+    if h.space.buckets:
+        result["buckets"] = [dict(zip(strategies.BUCKET_FIELDS, b)) for b in h.space.buckets]
+    if h.minutes_per_property is not None:
+        result["minutes_per_property"] = h.minutes_per_property
+    if h.known_failures_path is not None:
+        result["known_failures"] = str(h.known_failures_path)
+    outside = getattr(config, "_mqa_outside", None)
+    if outside is not None:
+        result["outside_domain"] = [f.as_dict() for f in outside]
+    return result
 
 
+def _probe_outside(config) -> None:
+    """Probe just outside the domain, once per run (the controller's job under xdist)."""
+    h = harness()
+    if (h.replay is not None or not h.outside_probe or h.target.domain.is_spec or not config._mqa_summary
+            or h.target.unavailable()):
+        return
+    from . import outside
+
+    config._mqa_outside = outside.probe_outside(h.target, h.space)
+
+
+@pytest.hookimpl(tryfirst=True)
 def pytest_sessionfinish(session, exitstatus):
     config = session.config
-    if _is_worker(config) or not config.option.summary_json:
+    if _is_worker(config) or not hasattr(config, "_mqa_summary"):
+        return
+    _probe_outside(config)
+    if not config.option.summary_json:
         return
     path = Path(config.option.summary_json)
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(summary(config), indent=1, sort_keys=True) + "\n")
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    findings = getattr(config, "_mqa_outside", None)
+    if not findings:
+        return
+    h = harness()
+    terminalreporter.write_sep("=", f"mqa-bwd: just outside the domain {h.target.domain} ({h.target.domain_source})")
+    for f in findings:
+        terminalreporter.write_line(("ok    " if f.right else "NOTE  ") + f.line())

@@ -15,6 +15,14 @@ describes, which an implementation may leave out:
   fn.default_backend()    the backend it picks when none is given
   fn.backend_unavailable(backend)
                           why that backend cannot run here, or None
+  fn.domain               what it supports: a ``mqa_bwd.contract.Domain``
+                          (or a callable returning one, for a wrapper that
+                          forwards to another function); without it, the
+                          whole SPEC domain. The command line may override
+                          it field by field (``--mqa-domain``).
+  fn.tested_spec()        for such a wrapper: the 'module:function' it runs
+                          (what the known-failure ledger and the outside-
+                          domain probe name)
 """
 
 import dataclasses
@@ -22,7 +30,7 @@ import importlib
 import inspect
 from typing import Callable
 
-from mqa_bwd.contract import GPU_BACKENDS, OURS, OUTPUT_NAMES, SPEC_ARGS, backend_device  # noqa: F401 (re-exported)
+from mqa_bwd.contract import GPU_BACKENDS, OURS, OUTPUT_NAMES, SPEC_ARGS, Domain, backend_device  # noqa: F401 (re-exported)
 
 
 def load_function(spec: str, option: str = "--impl") -> Callable:
@@ -65,20 +73,51 @@ def takes_instruments(function: Callable) -> bool:
         return False
 
 
+def declared_domain(function: Callable, option: str = "--impl") -> Domain:
+    """What ``function`` says it supports: its ``domain`` attribute (a Domain, or a callable returning
+    one); the whole SPEC domain without one."""
+    declared = getattr(function, "domain", None)
+    if declared is None:
+        return Domain()
+    if not isinstance(declared, Domain) and callable(declared):
+        declared = declared()
+    if not isinstance(declared, Domain):
+        raise ValueError(f"{option}: the function's domain attribute is a {type(declared).__name__}, "
+                         "not a mqa_bwd.contract.Domain")
+    return declared
+
+
 @dataclasses.dataclass(frozen=True)
 class Target:
     function: Callable
     spec: str = OURS  # "module:function", as given on the command line
     backend: str | None = None
     device: str = "cpu"
+    #: What the implementation supports: its declared domain, overridden by the command line.
+    domain: Domain = Domain()
+    #: Where the domain came from: "spec" (nothing declared), "declared", "command line".
+    domain_source: str = "spec"
 
     @classmethod
-    def load(cls, spec: str | None = None, backend: str | None = None) -> "Target":
+    def load(cls, spec: str | None = None, backend: str | None = None, domain: str | None = None) -> "Target":
+        """``domain``: the command line's text (``Domain.parse``): the fields it names replace the
+        declared ones ('spec': the whole SPEC domain)."""
         spec = spec or OURS
         function = load_function(spec)
         if backend is None and callable(getattr(function, "default_backend", None)):
             backend = function.default_backend()
-        return cls(function, spec, backend, backend_device(backend, _cuda_available))
+        declared = declared_domain(function)
+        chosen, source = declared, ("spec" if declared.is_spec else "declared")
+        if domain is not None:
+            chosen = Domain.parse(domain, base=declared, option="--mqa-domain")
+            source = "spec" if chosen.is_spec else ("declared" if chosen == declared else "command line")
+        return cls(function, spec, backend, backend_device(backend, _cuda_available), chosen, source)
+
+    @property
+    def name(self) -> str:
+        """The 'module:function' under test: ``spec``, or what a forwarding wrapper says it runs."""
+        tested = getattr(self.function, "tested_spec", None)
+        return str(tested()) if callable(tested) else self.spec
 
     @property
     def instrumented(self) -> bool:

@@ -4,12 +4,14 @@ Each test draws cases with Hypothesis (profile from --mqa-profile or
 $MQA_PROFILE; ci by default), replays the saved regressions first, and runs
 its property against the implementation chosen with --impl / --backend.
 A failure prints the property's report and a REPRO line that replays exactly
-that case.
+that case. ``test_property_determinism_at_scale`` is one production-shape call
+rerun and compared bitwise, on a GPU backend only: its own line in the
+summary.
 """
 
 import pytest
 
-from properties.plugin import property_test
+from properties.plugin import at_scale_test, property_test
 
 
 @property_test("agreement")
@@ -21,6 +23,12 @@ def test_property_agreement(case, mqa):
 @property_test("determinism")
 def test_property_determinism(case, mqa):
     mqa.check("determinism", case)
+
+
+@pytest.mark.determinism
+@at_scale_test("determinism")
+def test_property_determinism_at_scale(mqa):
+    mqa.check_at_scale("determinism")
 
 
 @pytest.mark.determinism
