@@ -279,8 +279,11 @@ def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, 
 
     # The budget bounds the scratch that grows with the query rows (SPEC). The
     # fixed design has no chunked variant, so a budget below what it needs is refused.
-    if problem.dkv_buf_bytes is not None:
-        need = problem.scratch_bytes(launcher.deterministic)
+    # A peer that borrows this validation (mqa_bwd.cudnn: no launcher of ours, so no
+    # ``deterministic``) keeps scratch of its own: no minimum of ours applies to it.
+    design = getattr(launcher, "deterministic", None)
+    if problem.dkv_buf_bytes is not None and design is not None:
+        need = problem.scratch_bytes(design)
         if problem.dkv_buf_bytes < need:
             raise ValueError(
                 f"dkv_buf_bytes: {problem.dkv_buf_bytes} is below the {need} bytes of scratch this call needs "
