@@ -6,7 +6,7 @@ learned sink, a linear head and a cross-entropy loss.
 
 import torch
 
-from mqa_bwd.autograd import sparse_mqa_attention
+from mqa_bwd.autograd import DriftWarning, sparse_mqa_attention
 
 
 class TinyModel(torch.nn.Module):
@@ -65,3 +65,11 @@ def differing_gradients(first, second) -> list:
             if not torch.equal(a[name].view(torch.int32), b[name].view(torch.int32)):
                 differ.append(f"step {step} {name}")
     return differ
+
+
+def the_drift_warning(caught):
+    """The one DriftWarning among the warnings ``pytest.warns`` caught (on a GPU TileLang's own
+    warnings may come first)."""
+    drifts = [w.message for w in caught if isinstance(w.message, DriftWarning)]
+    assert len(drifts) == 1, [str(w.message) for w in caught]
+    return drifts[0]
