@@ -287,8 +287,9 @@ def build_parser() -> argparse.ArgumentParser:
                        "(default: the one the source names, else the best one here)")
     repro.add_argument("--impl", metavar="MODULE:FUNCTION", help="replay on this function (SPEC signature) "
                        "instead of ours")
-    repro.add_argument("--against", metavar="BACKEND|MODULE:FUNCTION",
-                       help="also replay on this implementation and compare the two")
+    repro.add_argument("--against", metavar="BACKEND|cudnn|MODULE:FUNCTION",
+                       help="also replay on this implementation and compare the two ('cudnn': "
+                            "cuDNN-frontend's DSA backward, mqa_bwd.cudnn, where .[cudnn] is installed)")
     repro.add_argument("--block-h", type=int, choices=(16, 32), help="head-group width of the call")
     repro.add_argument("--dkv-buf-bytes", type=positive_int, metavar="BYTES", help="scratch budget of the call")
     repro.add_argument("--framework", choices=("torch", "paddle"), help="hand the tensors over in this "

@@ -15,6 +15,7 @@ are apart, so that "which one drifts, and by how much" has an answer.
 """
 
 import dataclasses
+import importlib
 import json
 from pathlib import Path
 
@@ -147,6 +148,9 @@ def resolve(impl=None, backend=None, *, option="--backend", device=None, framewo
         return Implementation(f"backend {backend!r}", mqa_latent_sparse_bwd, wanted, framework,
                               dict(config, backend=backend), OURS)
     function = import_function(impl, "--impl" if option == "--backend" else option)
+    peer_device = _peer_device(impl, "--impl" if option == "--backend" else option)
+    if peer_device is not None:
+        backend, device = None, device or peer_device
     if device is None:
         device = backend_device(backend)
     kwargs = dict(config, backend=backend) if backend is not None else config
@@ -154,9 +158,30 @@ def resolve(impl=None, backend=None, *, option="--backend", device=None, framewo
     return Implementation(label, function, device, framework, kwargs, impl)
 
 
+#: Peers named by one word on the command line (``--against cudnn``): the function, and the
+#: device its tensors must be on. A peer takes no ``backend=``.
+PEERS = {"cudnn": ("mqa_bwd.cudnn:cudnn_backward", "cuda")}
+
+
 def parse_target(text: str) -> tuple:
-    """'--against' text: a backend name -> (None, backend); 'module:function' -> (impl, None)."""
+    """'--against' text: a backend name -> (None, backend); a peer's name or 'module:function'
+    -> (impl, None)."""
+    if text in PEERS:
+        return PEERS[text][0], None
     return (text, None) if ":" in text else (None, text)
+
+
+def _peer_device(impl: str, option: str) -> str | None:
+    """The device of a peer named by ``impl`` (None when it is not one); a ValueError naming
+    ``option`` when the peer cannot run here."""
+    for spec, device in PEERS.values():
+        if impl == spec:
+            module = importlib.import_module(spec.split(":")[0])
+            reason = module.unavailable()
+            if reason:
+                raise ValueError(f"{option}: {spec} cannot run here: {reason}")
+            return device
+    return None
 
 
 # ---------------------------------------------------------------------------

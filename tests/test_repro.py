@@ -338,3 +338,17 @@ def test_cli_repro_in_fresh_processes_catches_bits_that_follow_the_process(tmp_p
     out = capsys.readouterr().out
     assert "d_attn_sink: 2 distinct results" in out and "dkv: identical in all 2 processes" in out
     assert "FAILED:" in out and "differs between processes (d_attn_sink)" in out
+
+
+def test_against_cudnn_names_the_peer_and_refuses_it_where_it_cannot_run(tmp_path, capsys):
+    from mqa_bwd import cudnn
+
+    assert repro.parse_target("cudnn") == ("mqa_bwd.cudnn:cudnn_backward", None)
+    reason = cudnn.unavailable()
+    if reason is None:
+        pytest.skip("cuDNN's DSA backward runs here: nothing to refuse")
+    path = tmp_path / "case.json"
+    path.write_text(SMALL.to_json())
+    assert cli.main(["repro", str(path), "--runs", "1", "--backend", "model", "--against", "cudnn"]) == 2
+    err = capsys.readouterr().err
+    assert "--against: mqa_bwd.cudnn:cudnn_backward cannot run here" in err and reason in err
