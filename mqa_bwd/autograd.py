@@ -57,7 +57,7 @@ import torch
 from . import capture, edge
 from .contract import BACKENDS, BLOCK_H_CHOICES, OUTPUT_NAMES, backend_device
 from .wrapper import backward as project_backward
-from .wrapper import check_sm_scale
+from .wrapper import check_sm_scale, scratch_bytes
 
 #: What ``backward_backend`` may name: this project's backends and cuDNN's backward.
 BACKWARD_BACKENDS = BACKENDS + ("cudnn",)
@@ -276,7 +276,8 @@ def resolve_backward(backward_backend, device, d_k, d_v, block_h=None, dkv_buf_b
     the argument when it is unknown, cannot run here or cannot build the widths."""
     from . import backends
 
-    if block_h is not None and (isinstance(block_h, bool) or block_h not in BLOCK_H_CHOICES):
+    if block_h is not None and (isinstance(block_h, bool) or not isinstance(block_h, numbers.Integral)
+                                or block_h not in BLOCK_H_CHOICES):
         raise ValueError(f"block_h: one of {BLOCK_H_CHOICES} or None, got {block_h!r}")
     if dkv_buf_bytes is not None and (isinstance(dkv_buf_bytes, bool) or not isinstance(dkv_buf_bytes, numbers.Integral)
                                       or dkv_buf_bytes < 1):
@@ -450,12 +451,20 @@ def paddle_layer():
 
 def _validate(q, kv, attn_sink, token_indices, sm_scale, d_v):
     """The op's own arguments, before anything runs; ValueError naming the argument."""
+    for name, t in (("q", q), ("kv", kv), ("token_indices", token_indices)):
+        if t is None:
+            raise ValueError(f"{name}: is None; only attn_sink may be None")
     for name, t, rank, dims in (("q", q, 4, "B,S,H,Dk"), ("kv", kv, 3, "B,S_kv,Dk")):
         if t.dtype != torch.bfloat16:
             raise ValueError(f"{name}: expected dtype torch.bfloat16, got {t.dtype}")
         if t.dim() != rank:
             raise ValueError(f"{name}: expected rank {rank} [{dims}], got shape {tuple(t.shape)}")
     B, S, H, d_k = q.shape
+    for name, what, n in (("q", "B", B), ("q", "S", S), ("q", "H", H), ("q", "Dk", d_k), ("kv", "S_kv", kv.shape[1])):
+        if n < 1:
+            raise ValueError(f"{name}: every dimension must be >= 1, got {what}={n}")
+    if d_k % 16:
+        raise ValueError(f"q: Dk must be a multiple of 16, got {d_k}")
     if kv.shape[0] != B or kv.shape[2] != d_k:
         raise ValueError(f"kv: shape {tuple(kv.shape)} does not match q's (B={B}, S_kv, Dk={d_k})")
     if attn_sink is not None and (attn_sink.dtype != torch.float32 or tuple(attn_sink.shape) != (H,)):
@@ -466,8 +475,8 @@ def _validate(q, kv, attn_sink, token_indices, sm_scale, d_v):
     if token_indices.dim() != 3 or tuple(token_indices.shape[:2]) != (B, S) or token_indices.shape[2] < 1:
         raise ValueError(f"token_indices: expected shape ({B}, {S}, L>=1) [B,S,L], got {tuple(token_indices.shape)}")
     check_sm_scale(sm_scale)
-    if isinstance(d_v, bool) or not isinstance(d_v, numbers.Integral) or not 1 <= d_v <= d_k:
-        raise ValueError(f"d_v: expected an integer in [1, Dk={d_k}], got {d_v!r}")
+    if isinstance(d_v, bool) or not isinstance(d_v, numbers.Integral) or not 1 <= d_v <= d_k or d_v % 16:
+        raise ValueError(f"d_v: expected a multiple of 16 in [16, Dk={d_k}], got {d_v!r}")
     for name, t in (("kv", kv), ("attn_sink", attn_sink), ("token_indices", token_indices)):
         if t is not None and t.device != q.device:
             raise ValueError(f"{name}: on {t.device}, but q is on {q.device}")
@@ -500,6 +509,13 @@ def sparse_mqa_attention(q, kv, attn_sink, token_indices, sm_scale, *, d_v=512, 
     check = _chosen_check(drift_check)
     backward = resolve_backward(backward_backend, views["q"].device, views["q"].shape[3], int(d_v), block_h,
                                 dkv_buf_bytes)
+    if dkv_buf_bytes is not None and backward.name in BACKENDS:  # our backward's budget: refused before the forward
+        B, S, H, d_k = views["q"].shape
+        least = scratch_bytes(B, S, views["kv"].shape[1], H, views["token_indices"].shape[2], d_k, int(d_v),
+                              block_h=block_h, backend=backward.name)
+        if dkv_buf_bytes < least:
+            raise ValueError(f"dkv_buf_bytes: {dkv_buf_bytes} is below the {least} bytes of scratch the backward "
+                             f"needs here (mqa_bwd.scratch_bytes); pass at least {least}, or None for no bound")
     call = Call(forward, backward, check, float(sm_scale), int(d_v))
     layer = SparseMQAAttention if framework == "torch" else paddle_layer()
     return layer.apply(q, kv, attn_sink, token_indices, call)

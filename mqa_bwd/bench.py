@@ -22,7 +22,7 @@ What is measured, and why it is fair:
   control's error. A deterministic design is admissible (issue 30) when
   every ratio is at most ADMISSIBLE_ERROR_RATIO. The reference is SPEC's
   backward in float64 torch on the GPU, a bounded block of query rows at a
-  time (the NumPy oracle takes minutes at these shapes; the tests hold the
+  time (the NumPy oracle is far too slow at these shapes; the tests hold the
   two to each other on small ones).
 
 The table is COLUMNS: a new column is a Row field and one Column entry.
@@ -524,13 +524,13 @@ def measure(shape: dict, backends=GPU_BACKENDS, d_k=576, d_v=512, warmup=3, repe
                         flops(shape["B"], shape["S"], shape["H"], shape["L"], d_k, d_v) / (ms * 1e-3) / 1e12,
                         scratch[backend] / 2**30, min(times[backend]), max(times[backend]), repeats,
                         rel_l2_vs_first=quality[backend].rel_l2_vs_first, error=quality[backend].error,
-                        min_budget_gib=min_budget_gib(shape, d_k, d_v, backend)))
+                        min_budget_gib=min_budget_gib(shape, d_k, d_v, backend, call_kw.get("block_h"))))
     del quality
     torch.cuda.empty_cache()
     return with_error_ratios(with_ratios(rows))
 
 
-def min_budget_gib(shape: dict, d_k: int, d_v: int, backend: str) -> float | None:
+def min_budget_gib(shape: dict, d_k: int, d_v: int, backend: str, block_h=None) -> float | None:
     """The smallest scratch budget (dkv_buf_bytes) our backends accept at this shape, in GiB."""
     from .contract import BACKENDS
     from .wrapper import scratch_bytes
@@ -538,7 +538,7 @@ def min_budget_gib(shape: dict, d_k: int, d_v: int, backend: str) -> float | Non
     if backend not in BACKENDS:
         return None
     return scratch_bytes(shape["B"], shape["S"], shape["S_kv"], shape["H"], shape["L"], d_k, d_v,
-                         backend=backend) / 2**30
+                         block_h=block_h, backend=backend) / 2**30
 
 
 def is_atomic_control(backend: str) -> bool:

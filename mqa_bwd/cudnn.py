@@ -25,10 +25,12 @@ What this adapter converts: heads and rows flattened; every invalid index
 index like S_kv of batch element 0 is b*S_kv + S_kv = a valid row of batch
 element 1 in the concatenated layout; attn_sink None becomes -inf; the results
 are viewed back as [B,S,H,Dk], [B,S_kv,Dk] and [H], in the caller's framework.
-``block_h`` and ``dkv_buf_bytes`` are validated as SPEC says and otherwise have
-no effect: cuDNN tiles heads itself, and its scratch (an fp32 dKV accumulator
-and two fp32 [R, H] statistics on SM90) is fixed by the shape, like our own
-design's output-sized accumulator. Whatever cuDNN cannot take is a ValueError
+``block_h`` is validated as SPEC says and has no effect (cuDNN tiles heads
+itself). cuDNN's scratch on SM90 is an fp32 dKV accumulator (output-sized) and
+two fp32 [R, H] statistics, which grow with the query rows: a ``dkv_buf_bytes``
+below those (``scratch_bytes``) is a ValueError that states them; cuDNN cannot
+be chunked from here. A NaN or +inf lse or sink is made NaN before the call
+(``poisoned``), SPEC's rule. Whatever cuDNN cannot take is a ValueError
 naming the argument, raised before cuDNN is called.
 """
 
@@ -111,11 +113,12 @@ def _function():
 def global_indices(token_indices: torch.Tensor, S_kv: int) -> torch.Tensor:
     """[B,S,L] any integer -> [B*S, L] int32: b*S_kv + index where 0 <= index < S_kv, else -1.
 
-    The validity test comes first, on the caller's dtype, so that no invalid value (an int64
-    beyond int32, or one near the valid range) can wrap or land on another batch's rows.
+    The validity test comes first, in int64, so that no invalid value (an int64 beyond int32,
+    or one near the valid range) can wrap or land on another batch's rows.
     """
     B, S, L = token_indices.shape
-    flat = token_indices.reshape(B * S, L)
+    # int64 holds every integer dtype: S_kv compared in a narrower one (uint8, int16) would wrap.
+    flat = token_indices.reshape(B * S, L).to(torch.int64)
     valid = (flat >= 0) & (flat < S_kv)
     # B*S_kv < 2**31 (validated), so every valid global row fits int32.
     rows = torch.where(valid, flat, torch.zeros((), dtype=flat.dtype, device=flat.device)).to(torch.int32)
@@ -134,6 +137,20 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
     return t if t.data_ptr() % ALIGNMENT == 0 else t.clone()
 
 
+def poisoned(x: torch.Tensor) -> torch.Tensor:
+    """SPEC's rule for a non-finite lse or sink, on the device (no host sync): NaN and +inf
+    become NaN, which cuDNN carries into P and from there into the outputs SPEC names;
+    -inf (no valid slot, no sink) keeps its meaning."""
+    return torch.where(x == math.inf, torch.full_like(x, math.nan), x)
+
+
+def scratch_bytes(problem) -> int:
+    """The scratch of cuDNN's SM90 backward that grows with the query rows: two fp32
+    [R rounded up to 64, H] statistics. The least dkv_buf_bytes the adapter accepts."""
+    rows = -(-problem.B * problem.S // 64) * 64
+    return 2 * rows * problem.H * 4
+
+
 def flat_inputs(problem, query, kv, out, grad_out, lse, attn_sink, token_indices) -> dict:
     """cuDNN's tensor arguments by name (q, kv, out, dout, lse, attn_sink, topk_idxs): flat,
     contiguous and aligned."""
@@ -142,13 +159,13 @@ def flat_inputs(problem, query, kv, out, grad_out, lse, attn_sink, token_indices
     if attn_sink is None:
         sink = torch.full((p.H,), -math.inf, dtype=torch.float32, device=query.device)
     else:
-        sink = attn_sink.to(torch.float32)
+        sink = poisoned(attn_sink.to(torch.float32))
     return dict(
         q=_aligned(query.reshape(R, p.H, p.d_k)),
         kv=_aligned(kv.reshape(p.B * p.S_kv, p.d_k)),
         out=_aligned(out.reshape(R, p.H, p.d_v)),
         dout=_aligned(grad_out.reshape(R, p.H, p.d_v)),
-        lse=_aligned(lse.reshape(R, p.H).to(torch.float32)),
+        lse=_aligned(poisoned(lse.reshape(R, p.H).to(torch.float32))),
         attn_sink=_aligned(sink),
         topk_idxs=global_indices(token_indices, p.S_kv),
     )
@@ -203,6 +220,10 @@ def backward_with(placement: Placement, query, kv, out, grad_out, lse, attn_sink
     problem = validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h, dkv_buf_bytes,
                        placement)
     flag = check_cudnn_domain(problem, query.device, placement, deterministic)
+    if problem.dkv_buf_bytes is not None and problem.dkv_buf_bytes < scratch_bytes(problem):
+        raise ValueError(f"dkv_buf_bytes: {problem.dkv_buf_bytes} is below the {scratch_bytes(problem)} bytes of "
+                         f"scratch cuDNN's backward keeps for B*S = {problem.rows} query rows; pass at least "
+                         f"{scratch_bytes(problem)}, or None for no bound")
     function = _function()
     flat = layout.to_cudnn(problem, query, kv, out, grad_out, lse, attn_sink, token_indices)
     result = function(**flat, softmax_scale=float(sm_scale), deterministic=flag)
@@ -216,16 +237,20 @@ def cudnn_backward(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_s
     Returns (dq [B,S,H,Dk] bf16, dkv [B,S_kv,Dk] bf16, d_attn_sink [H] fp32) in the
     caller's framework, on its CUDA device. ``deterministic``: None or False, cuDNN's
     default (atomic dKV); True, its SM100 deterministic kernels (a ValueError elsewhere).
-    ``block_h`` and ``dkv_buf_bytes`` are validated and have no effect (see the module).
+    ``block_h`` is validated and has no effect; ``dkv_buf_bytes`` below cuDNN's own per-row
+    scratch is refused (see the module).
     """
     framework = edge.framework_of(query)
     named = {"query": query, "kv": kv, "out": out, "grad_out": grad_out, "lse": lse, "token_indices": token_indices}
-    tensors = {name: edge.to_torch(x, name, accept=("torch", "paddle")) for name, x in named.items()}
-    sink = None if attn_sink is None else edge.to_torch(attn_sink, "attn_sink", accept=("torch", "paddle"))
-    dq, dkv, dsink = backward_with(
-        CUDA_PLACEMENT, tensors["query"], tensors["kv"], tensors["out"], tensors["grad_out"], tensors["lse"], sink,
-        tensors["token_indices"], sm_scale, block_h=block_h, dkv_buf_bytes=dkv_buf_bytes, deterministic=deterministic,
-    )
+    # Tensors that require grad are accepted, as SPEC says: the backward is not differentiated.
+    tensors = {name: edge.to_torch(x, name, accept=("torch", "paddle")).detach() for name, x in named.items()}
+    sink = None if attn_sink is None else edge.to_torch(attn_sink, "attn_sink", accept=("torch", "paddle")).detach()
+    with torch.no_grad():
+        dq, dkv, dsink = backward_with(
+            CUDA_PLACEMENT, tensors["query"], tensors["kv"], tensors["out"], tensors["grad_out"], tensors["lse"], sink,
+            tensors["token_indices"], sm_scale, block_h=block_h, dkv_buf_bytes=dkv_buf_bytes,
+            deterministic=deterministic,
+        )
     return tuple(edge.from_torch(t, framework) for t in (dq, dkv, dsink))
 
 

@@ -150,6 +150,8 @@ def resolve(impl=None, backend=None, *, option="--backend", device=None, framewo
     function = import_function(impl, "--impl" if option == "--backend" else option)
     peer_device = _peer_device(impl, "--impl" if option == "--backend" else option)
     if peer_device is not None:
+        if backend is not None and option == "--backend":
+            raise ValueError(f"--backend: {impl} takes no backend= (it is not one of ours), got {backend!r}")
         backend, device = None, device or peer_device
     if device is None:
         device = backend_device(backend)

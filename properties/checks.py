@@ -22,7 +22,7 @@ line.
   memory_safety     no access outside any buffer, inputs left untouched:
                     writes change a guard band's bytes, reads of a float
                     input's neighbouring rows turn the outputs NaN (read
-                    bands), a floating-point add flushes a denormal canary
+                    bands), an fp32 atomic add flushes a denormal canary
                     around an allocation (properties/guards.py); the CPU
                     model's bounds checks
   invariance        a batch element's dq/dkv ignore the other elements, a
@@ -1059,7 +1059,7 @@ PROPERTIES = {
     "slot_order": slot_order,
 }
 PROPERTY_NAMES = tuple(PROPERTIES)
-#: Properties that start processes (seconds an example): run on a few examples only (properties.profiles).
+#: Properties that start processes for every example: run on a few examples only (properties.profiles).
 SPAWNING = ("process_determinism",)
 
 

@@ -100,7 +100,7 @@ def kill_row(m: Mutant, ours: Target, options: checks.Options = checks.Options()
     kills = {}
     for prop in checks.PROPERTY_NAMES:
         if prop in checks.SPAWNING and prop != m.designated:
-            continue  # seconds an example: only where it is the property designed for the mutant
+            continue  # each example starts processes: only where it is the property designed for the mutant
         if prop == m.designated:
             cell_settings, cell_options = search_settings, options
         else:

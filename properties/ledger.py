@@ -12,6 +12,7 @@ FILE`` (``mqa-bwd check --known-failures FILE``)::
                                             #   (the outputs, for agreement and determinism)
     domain = "heads=64-128"                 # optional: only cases inside this domain (Domain text)
     case = { sink = ["random", "large"] }   # optional: only cases with these field values
+    strict = false                          # optional (default true): see below
 
 (JSON: ``{"known_failure": [{...}, ...]}``.) An entry covers a failing case
 when its impl, backend, property, domain and case filter all match, and every
@@ -23,7 +24,9 @@ sub-check that failed is one of its ``findings``. In a run:
   the search goes on, and a failure the entry does not cover is a failure.
 - An entry whose property held on every case it covers (at least one) is an
   unexpected pass, and fails the property (strict): the ledger is out of
-  date, or the implementation has changed.
+  date, or the implementation has changed. ``strict = false`` makes it a note
+  instead, for a failure that shows only on some runs (fp32 atomics whose
+  order happens to change no bit on a small case).
 - An entry that covered no case drawn says so, and decides nothing.
 """
 
@@ -37,7 +40,7 @@ from .case import Case
 from .checks import PROPERTY_NAMES
 from .strategies import dimensions
 
-ENTRY_FIELDS = ("impl", "property", "reason", "backend", "findings", "domain", "case")
+ENTRY_FIELDS = ("impl", "property", "reason", "backend", "findings", "domain", "case", "strict")
 _CASE_FIELDS = {f.name for f in dataclasses.fields(Case)}
 
 
@@ -51,6 +54,7 @@ class KnownFailure:
     domain: Domain | None = None
     case: tuple | None = None  # ((field, (values...)), ...)
     source: str = ""  # "FILE, entry N"
+    strict: bool = True  # an unexpected pass fails the run (False: it is a note)
 
     @property
     def filtered(self) -> bool:
@@ -116,8 +120,11 @@ def _entry(raw, where: str, option: str) -> KnownFailure:
     backend = raw.get("backend")
     if backend is not None and not isinstance(backend, str):
         raise ValueError(f"{option}: {where}: backend is a text")
+    strict = raw.get("strict", True)
+    if not isinstance(strict, bool):
+        raise ValueError(f"{option}: {where}: strict is true or false, got {strict!r}")
     return KnownFailure(raw["impl"].strip(), raw["property"], raw["reason"].strip(), backend, findings, domain, case,
-                        where)
+                        where, strict)
 
 
 def load(path, option: str = "--mqa-known-failures") -> tuple:
@@ -167,6 +174,11 @@ class Tally:
         entry, case, headline = self.first
         return (f"known failure ({entry.source}): {entry.reason} | seen in {self.expected} case(s); first: "
                 f"{headline}; case {case.to_json()}")
+
+    @property
+    def strict(self) -> bool:
+        """Whether an unexpected pass fails the run: unless every entry says strict = false."""
+        return any(e.strict for e in self.entries)
 
     def xpass_message(self) -> str:
         entries = "; ".join(f"{e.source}: {e.describe()}" for e in self.entries)

@@ -25,7 +25,7 @@ CI_EXAMPLES = 300
 DEV_EXAMPLES = 40
 FUZZ_EXAMPLES = 5000
 
-#: Examples of a property that starts processes (checks.SPAWNING: seconds each, mostly start-up),
+#: Examples of a property that starts processes (checks.SPAWNING: each pays the processes' start-up),
 #: by profile: a few in ci and dev keep the default run fast; fuzz's time slices bound the rest.
 SPAWNING_EXAMPLES = {"ci": 2, "dev": 2, "fuzz": FUZZ_EXAMPLES, "repro": 1}
 

@@ -71,7 +71,7 @@ COLLISION_ROWS = {"small": (32, 16), "production": (256, 128)}
 COLLISION_KV_ROWS = (2, 1, 4, 8)
 COLLISION_TOPK = (64, 32)
 #: Collision cases among the determinism property's generated ones: one in
-#: COLLISION_SHARE[widths] (cheap on a GPU; a second or two of model runs on the CPU).
+#: COLLISION_SHARE[widths] (cheap on a GPU; costly on the CPU model).
 COLLISION_SHARE = {"small": 32, "production": 4}
 #: Bucket templates (B, S, S_kv, H, L) before they are fitted into the domain: a
 #: plain tile, a padded one with a batch, the wide head tile, and collisions.

@@ -471,3 +471,21 @@ def test_the_drift_overhead_benchmark_parses_and_refuses_a_cpu(capsys):
         pytest.skip("a Hopper GPU is here: the benchmark would run")
     assert bench.main([]) == 2
     assert "needs a Hopper GPU" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("change, name", [
+    (dict(kv=None), "kv"), (dict(token_indices=None), "token_indices"), (dict(d_v=8), "d_v"),
+    (dict(block_h=16.0), "block_h"), (dict(dkv_buf_bytes=8), "dkv_buf_bytes"),
+    (dict(q=torch.zeros((1, 0, 16, 64), dtype=torch.bfloat16), token_indices=torch.zeros((1, 0, 5), dtype=torch.int32)),
+     "q"),
+])
+def test_bad_arguments_are_refused_by_name_before_the_forward(change, name):
+    def forward(*args):
+        raise AssertionError("the forward ran before the arguments were checked")
+
+    args = dict(q=torch.zeros((1, 4, 16, 64), dtype=torch.bfloat16), kv=torch.zeros((1, 8, 64), dtype=torch.bfloat16),
+                attn_sink=None, token_indices=torch.zeros((1, 4, 5), dtype=torch.int32), sm_scale=0.125, d_v=32,
+                backward_backend="model", forward=forward)
+    args.update(change)
+    with pytest.raises(ValueError, match=name):
+        sparse_mqa_attention(**args)

@@ -184,11 +184,27 @@ def test_block_h_and_the_budget_are_validated_and_change_nothing(fake):
     backend, case = CASES[0]
     args = _args(case)
     plain = cudnn.backward_with(CPU, *args)
-    for options in (dict(block_h=16), dict(block_h=32), dict(dkv_buf_bytes=1), dict(dkv_buf_bytes=1 << 40)):
+    least = 2 * 64 * case.H * 4  # cuDNN's two fp32 [R rounded up to 64, H] statistics
+    for options in (dict(block_h=16), dict(block_h=32), dict(dkv_buf_bytes=least), dict(dkv_buf_bytes=1 << 40)):
         assert _differences(cudnn.backward_with(CPU, *args, **options), plain) == [], options
-    for options, name in ((dict(block_h=8), "block_h"), (dict(block_h=64), "block_h"), (dict(dkv_buf_bytes=0), "dkv_buf_bytes")):
+    for options, name in ((dict(block_h=8), "block_h"), (dict(block_h=64), "block_h"), (dict(dkv_buf_bytes=0), "dkv_buf_bytes"),
+                          (dict(dkv_buf_bytes=least - 1), f"at least {least}")):
         with pytest.raises(ValueError, match=name):
             cudnn.backward_with(CPU, *args, **options)
+
+
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int16, torch.int32, torch.int64])
+def test_narrow_index_dtypes_keep_every_valid_index(dtype):
+    # S_kv compared in the caller's dtype would wrap (300 in uint8 is 44): every row stays valid here.
+    S_kv, values = 300, [0, 5, 255, 100]
+    idx = torch.tensor([[values]], dtype=dtype)
+    assert cudnn.global_indices(idx, S_kv).tolist() == [values]
+
+
+def test_a_non_finite_lse_or_sink_reaches_cudnn_as_nan():
+    x = torch.tensor([1.0, math.inf, -math.inf, math.nan])
+    got = cudnn.poisoned(x)
+    assert got[0] == 1.0 and got[2] == -math.inf and torch.isnan(got[1]) and torch.isnan(got[3])
 
 
 def test_deterministic_goes_to_cudnn_only_where_it_has_the_kernels(fake):

@@ -404,6 +404,17 @@ def test_an_entry_whose_property_holds_is_an_unexpected_pass(tmp_path):
     assert _run(h, "agreement", SMALL).passed  # the other entry is someone else's
 
 
+def test_a_non_strict_entry_whose_property_holds_is_a_note_not_a_failure(tmp_path):
+    path = _ledger(tmp_path, {"impl": f"{FAKES}:ours", "property": "determinism", "reason": "atomics, on some runs",
+                              "strict": False})
+    h = _harness(Target.load(f"{FAKES}:ours", "model"), known_failures=ledger.load(path))
+    report = _run(h, "determinism", SMALL, NO_SINK)
+    assert report.passed
+    assert any("known failure not seen (strict = false)" in str(v) for k, v in report.user_properties if k == "mqa_note")
+    with pytest.raises(ValueError, match="strict is true or false"):
+        ledger.load(_ledger(tmp_path, {"impl": "a:b", "property": "agreement", "reason": "r", "strict": "no"}))
+
+
 def test_an_entry_that_covers_no_case_decides_nothing(tmp_path):
     path = _ledger(tmp_path, {"impl": f"{FAKES}:ours", "property": "agreement", "reason": "only at H=128",
                               "domain": "heads=128"})
