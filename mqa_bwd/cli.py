@@ -521,9 +521,11 @@ def _check_report(console, run, failures_dir: Path, before: set, summary_path: P
         kept = Path(tempfile.gettempdir()) / f"mqa-bwd-check-{os.getpid()}.log"
         kept.write_bytes(Path(run.log_path).read_bytes())
         console.print(f"full pytest output: {kept}", markup=False)
-    passed, known = verdicts.count("pass"), verdicts.count("xfail")
-    console.print(f"{'HOLDS' if held else 'DOES NOT HOLD'}: {passed} of {len(verdicts)} properties passed"
+    passed, known, skipped = verdicts.count("pass"), verdicts.count("xfail"), verdicts.count("skip")
+    # A skipped property (a GPU-only probe on the CPU) did not run: it counts neither way.
+    console.print(f"{'HOLDS' if held else 'DOES NOT HOLD'}: {passed} of {len(verdicts) - skipped} properties passed"
                   + (f", {known} known failure{'s' if known > 1 else ''} (the ledger)" if known else "")
+                  + (f", {skipped} skipped (see the table)" if skipped else "")
                   + f" in {_fmt_seconds(run.seconds)} (pytest exit code {run.returncode})", markup=False)
     return 0 if held else 1
 

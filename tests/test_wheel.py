@@ -8,6 +8,7 @@ environment first, as a user without a GPU would install the CPU build
 """
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -84,7 +85,7 @@ def test_check_holds_on_the_model(installed, empty):
     bin_dir, env = installed
     code, out = _run([str(bin_dir / "mqa-bwd"), "check", "--backend", "model", "--workers", "2"], empty, env)
     assert code == 0, out[-5000:]
-    assert "HOLDS: 7 of 7 properties passed" in out, out[-5000:]
+    assert re.search(r"HOLDS: (\d+) of \1 properties passed, 1 skipped", out), out[-5000:]
     assert not (empty / ".mqa-failures").exists() or not any((empty / ".mqa-failures").iterdir())
 
 
@@ -93,7 +94,7 @@ def test_check_runs_against_a_users_function(installed, empty):
     code, out = _run([str(bin_dir / "mqa-bwd"), "check", "--impl", "somepkg:bwd", "--backend", "model",
                       "--workers", "2"], empty, env)
     assert code == 0, out[-5000:]
-    assert "HOLDS: 7 of 7 properties passed" in out, out[-5000:]
+    assert re.search(r"HOLDS: (\d+) of \1 properties passed, 1 skipped", out), out[-5000:]
 
 
 def test_a_users_failure_is_saved_in_the_working_directory_and_promotable(installed, empty, tmp_path):
