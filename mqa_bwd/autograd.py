@@ -55,15 +55,14 @@ from pathlib import Path
 import torch
 
 from . import capture, edge
-from .contract import BACKENDS, BLOCK_H_CHOICES, OUTPUT_NAMES, backend_device
+from .contract import BACKENDS, BLOCK_H_CHOICES, CUDNN, OUTPUT_NAMES, backend_device
 from .wrapper import backward as project_backward
-from .wrapper import check_sm_scale, scratch_bytes
+from .wrapper import check_sm_scale, require_budget, scratch_bytes
 
 #: What ``backward_backend`` may name: this project's backends and cuDNN's backward.
 BACKWARD_BACKENDS = BACKENDS + ("cudnn",)
 #: The module and function of the cuDNN backward (an optional peer: cudnn-frontend).
-CUDNN_MODULE = "mqa_bwd.cudnn"
-CUDNN_FUNCTION = "cudnn_backward"
+CUDNN_MODULE, CUDNN_FUNCTION = CUDNN.split(":")
 #: Environment: check every N-th backward (unset, "" or "0": off), where captures go, warn or raise.
 ENV_EVERY = "MQA_BWD_DRIFT_CHECK"
 ENV_DIR = "MQA_BWD_DRIFT_DIR"
@@ -288,9 +287,8 @@ def resolve_backward(backward_backend, device, d_k, d_v, block_h=None, dkv_buf_b
         backward_backend = backends.default_backend(device)
     if backward_backend == "cudnn":
         function = _cudnn_backward()
-        spec = f"{CUDNN_MODULE}:{CUDNN_FUNCTION}"
         return Backward("cudnn", function, dict(block_h=block_h, dkv_buf_bytes=dkv_buf_bytes),
-                        dict(config, impl=spec), ("--impl", spec, "--device", device.type, *flags))
+                        dict(config, impl=CUDNN), ("--impl", CUDNN, "--device", device.type, *flags))
     if backward_backend not in BACKENDS:
         raise ValueError(f"backward_backend: one of {BACKWARD_BACKENDS} or None, got {backward_backend!r}")
     reason = backends.unavailable(backward_backend)
@@ -513,9 +511,7 @@ def sparse_mqa_attention(q, kv, attn_sink, token_indices, sm_scale, *, d_v=512, 
         B, S, H, d_k = views["q"].shape
         least = scratch_bytes(B, S, views["kv"].shape[1], H, views["token_indices"].shape[2], d_k, int(d_v),
                               block_h=block_h, backend=backward.name)
-        if dkv_buf_bytes < least:
-            raise ValueError(f"dkv_buf_bytes: {dkv_buf_bytes} is below the {least} bytes of scratch the backward "
-                             f"needs here (mqa_bwd.scratch_bytes); pass at least {least}, or None for no bound")
+        require_budget(dkv_buf_bytes, least, B * S, "mqa_bwd.scratch_bytes")
     call = Call(forward, backward, check, float(sm_scale), int(d_v))
     layer = SparseMQAAttention if framework == "torch" else paddle_layer()
     return layer.apply(q, kv, attn_sink, token_indices, call)

@@ -22,6 +22,8 @@ SPEC_ARGS = ("query", "kv", "out", "grad_out", "lse", "attn_sink", "token_indice
 OUTPUT_NAMES = ("dq", "dkv", "d_attn_sink")
 #: This project's implementation, as ``--impl`` names it.
 OURS = "mqa_bwd:mqa_latent_sparse_bwd"
+#: cuDNN-frontend's DSA backward behind the SPEC signature (a peer: the ``cudnn`` extra), as ``--impl`` names it.
+CUDNN = "mqa_bwd.cudnn:cudnn_backward"
 #: The implementations behind ``backend=``: the TileLang kernels (deterministic, and
 #: the fp32-atomic control) and their CPU tile models.
 BACKENDS = ("tilelang", "tilelang-atomic", "model", "model-atomic")

@@ -43,7 +43,7 @@ import torch
 
 from . import edge
 from .contract import Domain
-from .wrapper import validate
+from .wrapper import caller_order, global_slots, require_budget, validate
 
 MODULE = "cudnn.deepseek_sparse_attention.sparse_attention_backward"
 FUNCTION = "sparse_attention_backward_wrapper"
@@ -110,22 +110,11 @@ def _function():
 # ---------------------------------------------------------------------------
 
 
-def global_indices(token_indices: torch.Tensor, S_kv: int) -> torch.Tensor:
-    """[B,S,L] any integer -> [B*S, L] int32: b*S_kv + index where 0 <= index < S_kv, else -1.
-
-    The validity test comes first, in int64, so that no invalid value (an int64 beyond int32,
-    or one near the valid range) can wrap or land on another batch's rows.
-    """
-    B, S, L = token_indices.shape
-    # int64 holds every integer dtype: S_kv compared in a narrower one (uint8, int16) would wrap.
-    flat = token_indices.reshape(B * S, L).to(torch.int64)
-    valid = (flat >= 0) & (flat < S_kv)
-    # B*S_kv < 2**31 (validated), so every valid global row fits int32.
-    rows = torch.where(valid, flat, torch.zeros((), dtype=flat.dtype, device=flat.device)).to(torch.int32)
-    if B > 1:
-        offset = torch.arange(B, dtype=torch.int32, device=flat.device).repeat_interleave(S) * S_kv
-        rows = rows + offset.view(-1, 1)
-    return torch.where(valid, rows, torch.full((), -1, dtype=torch.int32, device=flat.device))
+def global_indices(token_indices: torch.Tensor, problem) -> torch.Tensor:
+    """[B,S,L] any integer -> [B*S, L] int32: b*S_kv + index where 0 <= index < S_kv, else -1,
+    in the caller's order: our wrapper's slot layout (wrapper.global_slots, which tests
+    validity in int64 before the batch offset), without its padding to the slot block."""
+    return global_slots(token_indices, problem, order=caller_order)[:, : problem.L].contiguous()
 
 
 #: cuDNN's kernels load rows by TMA and 16-byte copies: a view at an odd offset is copied.
@@ -167,7 +156,7 @@ def flat_inputs(problem, query, kv, out, grad_out, lse, attn_sink, token_indices
         dout=_aligned(grad_out.reshape(R, p.H, p.d_v)),
         lse=_aligned(poisoned(lse.reshape(R, p.H).to(torch.float32))),
         attn_sink=_aligned(sink),
-        topk_idxs=global_indices(token_indices, p.S_kv),
+        topk_idxs=global_indices(token_indices, p),
     )
 
 
@@ -220,10 +209,7 @@ def backward_with(placement: Placement, query, kv, out, grad_out, lse, attn_sink
     problem = validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h, dkv_buf_bytes,
                        placement)
     flag = check_cudnn_domain(problem, query.device, placement, deterministic)
-    if problem.dkv_buf_bytes is not None and problem.dkv_buf_bytes < scratch_bytes(problem):
-        raise ValueError(f"dkv_buf_bytes: {problem.dkv_buf_bytes} is below the {scratch_bytes(problem)} bytes of "
-                         f"scratch cuDNN's backward keeps for B*S = {problem.rows} query rows; pass at least "
-                         f"{scratch_bytes(problem)}, or None for no bound")
+    require_budget(problem.dkv_buf_bytes, scratch_bytes(problem), problem.rows, "mqa_bwd.cudnn.scratch_bytes")
     function = _function()
     flat = layout.to_cudnn(problem, query, kv, out, grad_out, lse, attn_sink, token_indices)
     result = function(**flat, softmax_scale=float(sm_scale), deterministic=flag)

@@ -131,11 +131,7 @@ def grad_recorded(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_sc
     return tuple(edge.from_torch(t, framework) for t in result)
 
 
-def _caller_order(rows):
-    return rows
-
-
-slots_in_caller_order = _with_steps(global_slots=functools.partial(wrapper.global_slots, order=_caller_order))
+slots_in_caller_order = _with_steps(global_slots=functools.partial(wrapper.global_slots, order=wrapper.caller_order))
 
 
 def atomic_dkv(*args, backend=None, **kwargs):

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from . import capture as capture_mod
+from .contract import CUDNN
 
 from properties.target import OURS, OUTPUT_NAMES, SPEC_ARGS, backend_device  # noqa: F401 (re-exported)
 
@@ -162,7 +163,7 @@ def resolve(impl=None, backend=None, *, option="--backend", device=None, framewo
 
 #: Peers named by one word on the command line (``--against cudnn``): the function, and the
 #: device its tensors must be on. A peer takes no ``backend=``.
-PEERS = {"cudnn": ("mqa_bwd.cudnn:cudnn_backward", "cuda")}
+PEERS = {"cudnn": (CUDNN, "cuda")}
 
 
 def parse_target(text: str) -> tuple:
@@ -243,6 +244,11 @@ class RunReport:
     @property
     def ok(self) -> bool:
         return not self.problems and self.bitwise and all(c.ok for c in self.oracle.values())
+
+    @property
+    def rejected(self) -> bool:
+        """Whether its first run raised a ValueError (the answer to a call that breaks SPEC)."""
+        return bool(self.problems) and self.problems[0].startswith("run 0 raised ValueError")
 
     def as_dict(self):
         return {
@@ -394,8 +400,7 @@ class ReproResult:
         ValueError on its first run (None for a call that does not break SPEC)."""
         if self.source.structure_error is None:
             return None
-        return all(r.problems[:1] and r.problems[0].startswith("run 0 raised ValueError")
-                   for r in (self.primary, self.other) if r is not None)
+        return all(r.rejected for r in (self.primary, self.other) if r is not None)
 
     @property
     def ok(self) -> bool:

@@ -282,15 +282,17 @@ def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, 
     # A peer that borrows this validation (mqa_bwd.cudnn: no launcher of ours, so no
     # ``deterministic``) keeps scratch of its own: no minimum of ours applies to it.
     design = getattr(launcher, "deterministic", None)
-    if problem.dkv_buf_bytes is not None and design is not None:
-        need = problem.scratch_bytes(design)
-        if problem.dkv_buf_bytes < need:
-            raise ValueError(
-                f"dkv_buf_bytes: {problem.dkv_buf_bytes} is below the {need} bytes of scratch this call needs "
-                f"(B*S = {problem.rows} query rows; mqa_bwd.scratch_bytes lists them); pass at least {need}, "
-                f"or None for no bound"
-            )
+    if design is not None:
+        require_budget(problem.dkv_buf_bytes, problem.scratch_bytes(design), problem.rows, "mqa_bwd.scratch_bytes")
     return problem
+
+
+def require_budget(dkv_buf_bytes, need: int, rows: int, source: str) -> None:
+    """ValueError naming dkv_buf_bytes, with the least it accepts, when a budget is below the
+    ``need`` bytes of scratch ``rows`` query rows keep (``source`` says what lists them)."""
+    if dkv_buf_bytes is not None and dkv_buf_bytes < need:
+        raise ValueError(f"dkv_buf_bytes: {dkv_buf_bytes} is below the {need} bytes of scratch this call needs "
+                         f"(B*S = {rows} query rows; {source} lists them); pass at least {need}, or None for no bound")
 
 
 # ---------------------------------------------------------------------------
@@ -350,9 +352,14 @@ def canonical_order(rows: torch.Tensor) -> torch.Tensor:
     return torch.sort(rows, dim=1).values
 
 
+def caller_order(rows: torch.Tensor) -> torch.Tensor:
+    """The identity ``order`` of global_slots: each row's slots as the caller gave them."""
+    return rows
+
+
 def global_slots(token_indices: torch.Tensor, problem: "Problem", order: Callable = canonical_order) -> torch.Tensor:
     """[B,S,L] any integer -> [R, Lp] int32: b*S_kv + index when 0 <= index < S_kv, else -1,
-    each row's slots in ``order`` (the canonical order; the identity keeps the caller's)."""
+    each row's slots in ``order`` (the canonical order; caller_order keeps the caller's)."""
     p = problem
     flat = token_indices.reshape(p.rows, p.L)
     slots = torch.full((p.rows, p.padded_slots), -1, dtype=torch.int32, device=flat.device)

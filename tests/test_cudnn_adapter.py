@@ -20,7 +20,7 @@ import types
 import pytest
 import torch
 
-from mqa_bwd import cudnn, mqa_latent_sparse_bwd
+from mqa_bwd import cudnn, mqa_latent_sparse_bwd, wrapper
 from mqa_bwd.contract import SPEC_ARGS, Domain
 from properties.case import ALL_INVALID_KINDS, Case, expected, to_framework
 from properties.compare import RunTally, compare
@@ -198,7 +198,8 @@ def test_narrow_index_dtypes_keep_every_valid_index(dtype):
     # S_kv compared in the caller's dtype would wrap (300 in uint8 is 44): every row stays valid here.
     S_kv, values = 300, [0, 5, 255, 100]
     idx = torch.tensor([[values]], dtype=dtype)
-    assert cudnn.global_indices(idx, S_kv).tolist() == [values]
+    problem = wrapper.Problem(B=1, S=1, S_kv=S_kv, H=2, L=len(values), d_k=576, d_v=512, block_h=16, dkv_buf_bytes=None)
+    assert cudnn.global_indices(idx, problem).tolist() == [values]
 
 
 def test_a_non_finite_lse_or_sink_reaches_cudnn_as_nan():
