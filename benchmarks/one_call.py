@@ -2,6 +2,8 @@
 
     ncu --clock-control none -k regex:main_bwd -c 1 --set full \\
         python benchmarks/one_call.py --design fixed --H 64
+    ncu --clock-control none -k regex:Backward -c 1 --section SpeedOfLight \\
+        python benchmarks/one_call.py --design cudnn --H 64     # the peer, where .[cudnn] is installed
 
 The first call compiles and warms up; the profiler's kernel filter and launch
 count pick the kernel of interest from the calls that follow (--calls).
@@ -17,16 +19,24 @@ from mqa_bwd.bench import add_shape_arguments, production_inputs
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--design", choices=("fixed", "atomic"), default="fixed",
-                        help="fixed: the deterministic default; atomic: the control")
+    parser.add_argument("--design", choices=("fixed", "atomic", "cudnn"), default="fixed",
+                        help="fixed: the deterministic default; atomic: the control; cudnn: cuDNN-frontend's DSA backward")
     add_shape_arguments(parser, repeats=None)
     parser.add_argument("--calls", type=int, default=2)
     a = parser.parse_args()
     args = production_inputs(a.B, a.S, a.S_kv, a.H, a.L)
-    deterministic = a.design != "atomic"
-    launcher = launch.TileLangLauncher(deterministic=deterministic)
+    if a.design == "cudnn":
+        from mqa_bwd.cudnn import cudnn_backward
+
+        def call():
+            cudnn_backward(*args)
+    else:
+        launcher = launch.TileLangLauncher(deterministic=a.design != "atomic")
+
+        def call():
+            wrapper.backward_with(launcher, *args)
     for _ in range(a.calls):
-        wrapper.backward_with(launcher, *args)
+        call()
     torch.cuda.synchronize()
     print(f"{a.calls} calls of design {a.design} at B={a.B} S={a.S} S_kv={a.S_kv} H={a.H} L={a.L}")
 
