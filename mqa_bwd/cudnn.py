@@ -127,9 +127,11 @@ def _aligned(t: torch.Tensor) -> torch.Tensor:
 
 
 def poisoned(x: torch.Tensor) -> torch.Tensor:
-    """SPEC's rule for a non-finite lse or sink, on the device (no host sync): NaN and +inf
-    become NaN, which cuDNN carries into P and from there into the outputs SPEC names;
-    -inf (no valid slot, no sink) keeps its meaning."""
+    """NaN and +inf become NaN, on the device (no host sync), so that a non-finite lse or
+    sink reaches cuDNN as SPEC's poison; -inf (no valid slot, no sink) keeps its meaning.
+    cuDNN carries a NaN lse into dq and d_attn_sink but not into dkv (the ledger,
+    docs/known-failures-cudnn.toml, records it): the adapter reports that, it does not
+    patch the outputs."""
     return torch.where(x == math.inf, torch.full_like(x, math.nan), x)
 
 
