@@ -1,0 +1,236 @@
+"""A warp-specialised skeleton for the 64-head tile: 64-slot blocks, dKV added from registers.
+
+Issue 30's first step towards cuDNN's speed, kept here until it beats the product:
+the same launch contract as ``mqa_bwd.kernels.main_bwd_program`` for a wide
+configuration (one CTA per query row, 64 heads, Lp a multiple of SLOTS), so the
+product's wrapper drives it unchanged (``launcher.SkeletonLauncher``).
+
+What changes against the product's wide tile, and why:
+- Slot blocks of 64, not 32: every wgmma is m64n64 or wider, so each operand byte
+  read from shared memory feeds twice the FLOPs of the m64n32 tiles whose operand
+  reads set the product's floor (docs/performance-log.md).
+- No dKV staging in shared memory: a dKV chunk (64 slots x 64 columns) goes from
+  its accumulator straight to the global adds. That frees the 74 KB the staging
+  took, which is what lets a 64-slot KV tile fit beside Q and dO.
+- The warpgroups have roles instead of splitting every GEMM:
+    warpgroup 0: gathers KV, forms S and dP, then P and dS (written to shared
+                 memory), and dQ[:, :DQ_SPLIT];
+    warpgroup 1: dQ[:, DQ_SPLIT:] and the block's dKV, chunk by chunk, with its adds.
+  Warpgroup 0 gathers block t + 1 and forms its scores while warpgroup 1 still
+  forms and adds block t's dKV (which reads Q, dO, P and dS, never KV).
+- One KV stage: the KV tile is refilled once both warpgroups' dQ GEMMs of the
+  block have read it.
+
+Handoffs are mbarriers, one phase a block (named barriers are racecheck's blind
+spot): PDS_READY (warpgroup 0's 128 threads arrive: P, dS, the block's slots and
+scales are in shared memory), KV_FREE and PDS_FREE (warpgroup 1's 128 arrive:
+its last read of KV_s, of P_s and dS_s). The slots and scales are double-buffered
+by block parity because warpgroup 1 still adds block t while warpgroup 0 lays out
+block t + 1.
+"""
+
+from mqa_bwd.kernels.config import LOG2E, _tl
+from mqa_bwd.kernels.device_functions import GATHER_SOURCE, SPLIT_SOURCE
+
+#: Slots a block.
+SLOTS = 64
+#: Heads of the tile.
+HEADS = 64
+#: Columns of dKV a chunk of warpgroup 1's dKV GEMMs (one m64n64 accumulator).
+CHUNK = 64
+#: dQ columns [0, DQ_SPLIT) belong to warpgroup 0, the rest to warpgroup 1.
+DQ_SPLIT = 256
+WARPGROUP = 128
+PDS_READY, KV_FREE, PDS_FREE = 0, 1, 2
+
+BARRIER_SOURCE = r"""
+__device__ __forceinline__ void skel_bar_sync_wg(int id) { asm volatile("bar.sync %0, 128;" :: "r"(id) : "memory"); }
+// cp.async and generic stores to shared memory become visible to wgmma (the async proxy).
+__device__ __forceinline__ void skel_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+"""
+
+BARS_INIT_SOURCE = r"""
+__device__ __forceinline__ void skel_bars_init(void* bars) {
+  mqa_handoff_init(bars, 128, 128);
+  unsigned b2 = mqa_handoff_bar(bars, 2);
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(b2), "r"(128) : "memory");
+  asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+}
+"""
+
+
+def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic"):
+    """The wide tile's main backward as the module docstring describes; ``accumulate``
+    as MainConfig's ("fixed": int64 fixed point, "atomic": fp32)."""
+    if accumulate not in ("fixed", "atomic"):
+        raise ValueError(f"accumulate: {accumulate!r} (fixed or atomic)")
+    if d_k % CHUNK or d_v % CHUNK or d_k <= DQ_SPLIT:
+        raise ValueError(f"d_k={d_k}, d_v={d_v}: multiples of {CHUNK}, d_k above {DQ_SPLIT}")
+    tilelang, T = _tl()
+    R, HQ, NKV, Lp = T.dynamic("R"), T.dynamic("HQ"), T.dynamic("NKV"), T.dynamic("Lp")
+    Dk, Dv, BS, H = d_k, d_v, SLOTS, HEADS
+    NB = Lp // BS
+    f32, bf16, i32 = "float32", "bfloat16", "int32"
+    dkv_dtype = "int64" if accumulate == "fixed" else f32
+    chunks = Dk // CHUNK
+    value_chunks = Dv // CHUNK
+    # Warpgroup 1's dQ columns in two wgmma-sized pieces (N at most 256, whole 64s):
+    # 192 + 128 at Dk = 576, 128 + 128 at 512.
+    w1 = min(192, Dk - DQ_SPLIT - CHUNK)
+    w2 = Dk - DQ_SPLIT - w1
+    c1, c2 = DQ_SPLIT, DQ_SPLIT + w1
+    if w1 % CHUNK or not 0 < w2 <= 256:
+        raise ValueError(f"d_k={d_k}: warpgroup 1's dQ columns do not split in two wgmma tiles")
+    source = GATHER_SOURCE + SPLIT_SOURCE + BARRIER_SOURCE + BARS_INIT_SOURCE
+
+    @T.prim_func
+    def skeleton_bwd(
+        Q: T.Tensor((R, HQ, Dk), bf16),
+        KV: T.Tensor((NKV, Dk), bf16),
+        dO: T.Tensor((R, HQ, Dv), bf16),
+        Indices: T.Tensor((R, Lp), i32),
+        Lse2: T.Tensor((R, HQ), f32),
+        Delta: T.Tensor((R, HQ), f32),
+        dQ: T.Tensor((R, HQ, Dk), bf16),
+        dKV: T.Tensor((NKV, Dk), dkv_dtype),
+        RowScale: T.Tensor((NKV,), f32),
+        Allowance: T.Tensor((R, HQ), f32),
+        Flag: T.Tensor((R,), i32),
+        sm_scale: T.float32,
+        head_base: T.int32,
+        shard_base: T.int32,
+        n_shards: T.int32,
+    ):
+        with T.Kernel(R, threads=2 * WARPGROUP) as r:
+            scale_log2 = sm_scale * LOG2E
+            Q_s = T.alloc_shared((H, Dk), bf16)
+            dO_s = T.alloc_shared((H, Dv), bf16)
+            KV_s = T.alloc_shared((BS, Dk), bf16)
+            P_s = T.alloc_shared((H, BS), bf16)
+            dS_s = T.alloc_shared((H, BS), bf16)
+            lse_s = T.alloc_shared((H,), f32)
+            delta_s = T.alloc_shared((H,), f32)
+            slots_s = T.alloc_shared((2 * BS,), i32)  # block parity p at [p * BS, (p + 1) * BS)
+            scales_s = T.alloc_shared((2 * BS,), f32)
+            bars = T.alloc_shared((3,), "uint64")
+
+            acc_s = T.alloc_fragment((H, BS), f32)
+            acc_dp = T.alloc_fragment((H, BS), f32)
+            acc_dq0 = T.alloc_fragment((H, DQ_SPLIT), f32)
+            acc_dq1 = T.alloc_fragment((H, w1), f32)
+            acc_dq2 = T.alloc_fragment((H, w2), f32)
+            acc_dkv = T.alloc_fragment((BS, CHUNK), f32)
+            if accumulate == "fixed":
+                mass_row = T.alloc_fragment((H,), f32)
+            tid = T.get_thread_binding()
+            h0 = head_base
+
+            T.import_source(source)
+            T.copy(Q[r, h0 : h0 + H, 0:Dk], Q_s)
+            T.copy(dO[r, h0 : h0 + H, 0:Dv], dO_s)
+            for h in T.Parallel(H):
+                lse_s[h] = Lse2[r, h0 + h]
+                delta_s[h] = Delta[r, h0 + h]
+            if tid == 0:
+                T.call_extern("handle", "skel_bars_init", bars.data)
+            T.sync_threads()
+
+            with T.ws(0):
+                T.clear(acc_dq0)
+                if accumulate == "fixed":
+                    T.clear(mass_row)
+                for t in T.serial(NB):
+                    p = t % 2
+                    if t > 0:  # warpgroup 1's dQ GEMMs of block t - 1 have read KV_s
+                        T.call_extern("handle", "mqa_handoff_wait", bars.data, KV_FREE, (t - 1) % 2)
+                    # The block's slots (and, fixed, their row scales) for both warpgroups;
+                    # warpgroup 1 reads parity p only after PDS_READY of this block.
+                    if tid < BS:
+                        row = Indices[r, t * BS + tid]
+                        T.call_extern("handle", "mqa_st_shared_i32", slots_s.data, p * BS + tid, row)
+                        if accumulate == "fixed":
+                            T.call_extern("handle", "mqa_st_shared_f32", scales_s.data, p * BS + tid,
+                                          T.if_then_else((row >= 0) and (row < NKV), RowScale[T.max(T.min(row, NKV - 1), 0)],
+                                                         T.cast(0, f32)))
+                    # A rolled loop (T.Parallel would unroll all 36 copies a thread and their
+                    # addresses, which spilled this warpgroup's registers).
+                    for i in T.serial(BS * Dk // 8 // WARPGROUP):
+                        j = (i * WARPGROUP + tid) // (Dk // 8)
+                        c = (i * WARPGROUP + tid) % (Dk // 8)
+                        row_j = Indices[r, t * BS + j]
+                        T.call_extern("handle", "mqa_cp_async16", T.address_of(KV_s[j, c * 8]),
+                                      T.address_of(KV[T.max(T.min(row_j, NKV - 1), 0), c * 8]),
+                                      (row_j >= 0) and (row_j < NKV))
+                    T.call_extern("handle", "mqa_cp_async_commit")
+                    T.call_extern("handle", "mqa_cp_async_wait_all")
+                    T.call_extern("handle", "skel_fence_proxy_async")
+                    T.call_extern("handle", "skel_bar_sync_wg", 1)
+
+                    # S = Q KV^T and dP = dO V^T, both 64 x 64 over the heads.
+                    T.clear(acc_s)
+                    T.clear(acc_dp)
+                    T.wgmma_gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True)
+                    T.wgmma_gemm(dO_s, KV_s[0:BS, 0:Dv], acc_dp, transpose_B=True, clear_accum=True)
+                    T.wait_wgmma(0)
+                    T.warpgroup_fence_operand(acc_s, num_regs=H * BS // WARPGROUP)
+                    T.warpgroup_fence_operand(acc_dp, num_regs=H * BS // WARPGROUP)
+                    for h, j in T.Parallel(H, BS):  # slots_s[p] was stored before the barrier above
+                        row_j = slots_s[p * BS + j]
+                        acc_s[h, j] = T.if_then_else((row_j >= 0) and (row_j < NKV),
+                                                     T.exp2(acc_s[h, j] * scale_log2 - lse_s[h]), T.cast(0, f32))
+                    if accumulate == "fixed":
+                        T.reduce_sum(acc_s, mass_row, dim=1, clear=False)
+                    for h, j in T.Parallel(H, BS):
+                        acc_dp[h, j] = acc_s[h, j] * (acc_dp[h, j] - delta_s[h]) * sm_scale
+                    if t > 0:  # warpgroup 1 is done with block t - 1's P and dS
+                        T.call_extern("handle", "mqa_handoff_wait", bars.data, PDS_FREE, (t - 1) % 2)
+                    for h, j in T.Parallel(H, BS):
+                        T.call_extern("handle", "mqa_st_shared_at", T.address_of(P_s[h, j]), T.cast(acc_s[h, j], bf16))
+                        T.call_extern("handle", "mqa_st_shared_at", T.address_of(dS_s[h, j]), T.cast(acc_dp[h, j], bf16))
+                    T.call_extern("handle", "skel_fence_proxy_async")
+                    T.call_extern("handle", "mqa_handoff_arrive", bars.data, PDS_READY)
+                    # dQ[:, :DQ_SPLIT] += dS KV (this warpgroup's columns).
+                    T.wgmma_gemm(dS_s, KV_s[0:BS, 0:DQ_SPLIT], acc_dq0)
+                    T.wait_wgmma(0)
+                    T.warpgroup_fence_operand(acc_dq0, num_regs=H * DQ_SPLIT // WARPGROUP)
+                if accumulate == "fixed":
+                    for h in T.Parallel(H):
+                        if (mass_row[h] > Allowance[r, h0 + h]) or T.isnan(mass_row[h]):
+                            Flag[r] = 1
+                T.copy(acc_dq0, dQ[r, h0 : h0 + H, 0:DQ_SPLIT])
+
+            with T.ws(1):
+                T.clear(acc_dq1)
+                T.clear(acc_dq2)
+                for t in T.serial(NB):
+                    p = t % 2
+                    T.call_extern("handle", "mqa_handoff_wait", bars.data, PDS_READY, p)
+                    T.wgmma_gemm(dS_s, KV_s[0:BS, c1 : c1 + w1], acc_dq1)
+                    T.wgmma_gemm(dS_s, KV_s[0:BS, c2 : c2 + w2], acc_dq2)
+                    T.wait_wgmma(0)
+                    T.warpgroup_fence_operand(acc_dq1, num_regs=H * w1 // WARPGROUP)
+                    T.warpgroup_fence_operand(acc_dq2, num_regs=H * w2 // WARPGROUP)
+                    T.call_extern("handle", "mqa_handoff_arrive", bars.data, KV_FREE)
+                    # dKV of the block, a 64-column chunk at a time: P^T dO + dS^T Q over the heads.
+                    for c in T.serial(chunks):
+                        T.clear(acc_dkv)
+                        T.wgmma_gemm(dS_s, Q_s[0:H, c * CHUNK : (c + 1) * CHUNK], acc_dkv, transpose_A=True,
+                                     clear_accum=True)
+                        if c < value_chunks:
+                            T.wgmma_gemm(P_s, dO_s[0:H, c * CHUNK : (c + 1) * CHUNK], acc_dkv, transpose_A=True)
+                        T.wait_wgmma(0)
+                        T.warpgroup_fence_operand(acc_dkv, num_regs=BS * CHUNK // WARPGROUP)
+                        if c + 1 == chunks:  # the last read of P_s and dS_s this block
+                            T.call_extern("handle", "mqa_handoff_arrive", bars.data, PDS_FREE)
+                        for j, d in T.Parallel(BS, CHUNK):
+                            kv_row = slots_s[p * BS + j]
+                            if (kv_row >= 0) and (kv_row < NKV):
+                                if accumulate == "fixed":
+                                    T.atomic_add(dKV[kv_row, c * CHUNK + d],
+                                                 T.call_extern("int64", "__float2ll_rn", acc_dkv[j, d] * scales_s[p * BS + j]))
+                                else:
+                                    T.atomic_add(dKV[kv_row, c * CHUNK + d], acc_dkv[j, d])
+                T.copy(acc_dq1, dQ[r, h0 : h0 + H, c1 : c1 + w1])
+                T.copy(acc_dq2, dQ[r, h0 : h0 + H, c2 : c2 + w2])
+
+    return skeleton_bwd
