@@ -2,8 +2,11 @@
 
     ncu --clock-control none -k regex:main_bwd -c 1 --set full \\
         python benchmarks/one_call.py --design fixed --H 64
-    ncu --clock-control none -k regex:Backward -c 1 --section SpeedOfLight \\
+    ncu --clock-control none --nvtx --nvtx-include "backward/" --section SpeedOfLight \\
         python benchmarks/one_call.py --design cudnn --H 64     # the peer, where .[cudnn] is installed
+
+Each call runs inside the NVTX range "backward", so ``--nvtx --nvtx-include
+"backward/"`` profiles the calls' kernels and none of the input preparation.
 
 The first call compiles and warms up; the profiler's kernel filter and launch
 count pick the kernel of interest from the calls that follow (--calls).
@@ -36,7 +39,8 @@ def main():
         def call():
             wrapper.backward_with(launcher, *args)
     for _ in range(a.calls):
-        call()
+        with torch.cuda.nvtx.range("backward"):
+            call()
     torch.cuda.synchronize()
     print(f"{a.calls} calls of design {a.design} at B={a.B} S={a.S} S_kv={a.S_kv} H={a.H} L={a.L}")
 
