@@ -83,6 +83,27 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic")
         raise ValueError(f"d_k={d_k}: warpgroup 1's dQ columns do not split in two wgmma tiles")
     source = GATHER_SOURCE + SPLIT_SOURCE + BARRIER_SOURCE + BARS_INIT_SOURCE
 
+    @T.macro
+    def dkv_chunk(Q_s, dO_s, dS_s, P_s, acc, c):
+        """dKV columns [c * CHUNK, (c + 1) * CHUNK) of the block into ``acc`` (slots x columns),
+        issued, not waited for."""
+        T.clear(acc)
+        T.wgmma_gemm(dS_s, Q_s[0:H, c * CHUNK : (c + 1) * CHUNK], acc, transpose_A=True, clear_accum=True)
+        if c < value_chunks:
+            T.wgmma_gemm(P_s, dO_s[0:H, c * CHUNK : (c + 1) * CHUNK], acc, transpose_A=True)
+
+    @T.macro
+    def add_chunk(dKV, acc, slots_s, scales_s, c, p, NKV):
+        """The global adds of chunk c's accumulator, for the block of parity p."""
+        for j, d in T.Parallel(BS, CHUNK):
+            kv_row = slots_s[p * BS + j]
+            if (kv_row >= 0) and (kv_row < NKV):
+                if accumulate == "fixed":
+                    T.atomic_add(dKV[kv_row, c * CHUNK + d],
+                                 T.call_extern("int64", "__float2ll_rn", acc[j, d] * scales_s[p * BS + j]))
+                else:
+                    T.atomic_add(dKV[kv_row, c * CHUNK + d], acc[j, d])
+
     @T.prim_func
     def skeleton_bwd(
         Q: T.Tensor((R, HQ, Dk), bf16),
@@ -120,6 +141,7 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic")
             acc_dq1 = T.alloc_fragment((H, w1), f32)
             acc_dq2 = T.alloc_fragment((H, w2), f32)
             acc_dkv = T.alloc_fragment((BS, CHUNK), f32)
+            acc_dkv2 = T.alloc_fragment((BS, CHUNK), f32)
             if accumulate == "fixed":
                 mass_row = T.alloc_fragment((H,), f32)
             tid = T.get_thread_binding()
@@ -211,25 +233,26 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic")
                     T.warpgroup_fence_operand(acc_dq1, num_regs=H * w1 // WARPGROUP)
                     T.warpgroup_fence_operand(acc_dq2, num_regs=H * w2 // WARPGROUP)
                     T.call_extern("handle", "mqa_handoff_arrive", bars.data, KV_FREE)
-                    # dKV of the block, a 64-column chunk at a time: P^T dO + dS^T Q over the heads.
-                    for c in T.serial(chunks):
-                        T.clear(acc_dkv)
-                        T.wgmma_gemm(dS_s, Q_s[0:H, c * CHUNK : (c + 1) * CHUNK], acc_dkv, transpose_A=True,
-                                     clear_accum=True)
-                        if c < value_chunks:
-                            T.wgmma_gemm(P_s, dO_s[0:H, c * CHUNK : (c + 1) * CHUNK], acc_dkv, transpose_A=True)
+                    # dKV of the block, a 64-column chunk at a time: dS^T Q + P^T dO over the heads.
+                    # Two accumulators: chunk c + 1's GEMMs run while chunk c's adds go out.
+                    dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv, 0)
+                    T.wait_wgmma(0)
+                    T.warpgroup_fence_operand(acc_dkv, num_regs=BS * CHUNK // WARPGROUP)
+                    for pair in T.unroll(chunks // 2):  # chunk c is in acc_dkv, c + 1 goes to acc_dkv2
+                        c = 2 * pair
+                        dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv2, c + 1)
+                        add_chunk(dKV, acc_dkv, slots_s, scales_s, c, p, NKV)
+                        T.wait_wgmma(0)
+                        T.warpgroup_fence_operand(acc_dkv2, num_regs=BS * CHUNK // WARPGROUP)
+                        if c + 2 < chunks:
+                            dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv, c + 2)
+                        add_chunk(dKV, acc_dkv2, slots_s, scales_s, c + 1, p, NKV)
                         T.wait_wgmma(0)
                         T.warpgroup_fence_operand(acc_dkv, num_regs=BS * CHUNK // WARPGROUP)
-                        if c + 1 == chunks:  # the last read of P_s and dS_s this block
-                            T.call_extern("handle", "mqa_handoff_arrive", bars.data, PDS_FREE)
-                        for j, d in T.Parallel(BS, CHUNK):
-                            kv_row = slots_s[p * BS + j]
-                            if (kv_row >= 0) and (kv_row < NKV):
-                                if accumulate == "fixed":
-                                    T.atomic_add(dKV[kv_row, c * CHUNK + d],
-                                                 T.call_extern("int64", "__float2ll_rn", acc_dkv[j, d] * scales_s[p * BS + j]))
-                                else:
-                                    T.atomic_add(dKV[kv_row, c * CHUNK + d], acc_dkv[j, d])
+                    # Every GEMM of the block has been waited for: P_s and dS_s are free.
+                    T.call_extern("handle", "mqa_handoff_arrive", bars.data, PDS_FREE)
+                    if chunks % 2:
+                        add_chunk(dKV, acc_dkv, slots_s, scales_s, chunks - 1, p, NKV)
                 T.copy(acc_dq1, dQ[r, h0 : h0 + H, c1 : c1 + w1])
                 T.copy(acc_dq2, dQ[r, h0 : h0 + H, c2 : c2 + w2])
 
