@@ -59,9 +59,52 @@ __device__ __forceinline__ void skel_bars_init(void* bars) {
 """
 
 
-def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic"):
+# The fixed design's adds of one 64 x 64 dKV chunk from warpgroup 1's wgmma accumulator.
+# Thread t of the warpgroup holds, in acc[2i] and acc[2i + 1], row 16 (t / 32) + 8 (i % 2)
+# + (t % 32) / 4 and columns 8 (i / 2) + 2 (t % 4) + {0, 1} (TileLang's m64n64 C layout;
+# the GPU run compares the result with the product's bits). The four lanes of a quad
+# share a row: by four shuffles a lane gets columns k and 4 + k of each 8-column block
+# (k = t % 4), so each red.u64 instruction adds 32 contiguous bytes a row, whole sectors.
+SECTOR_ADD_SOURCE = r"""
+// dkv comes const: TileLang sees no store to it through this call.
+__device__ __forceinline__ void skel_add_chunk_fixed(const float* acc, const void* dkv, const int* slots,
+                                                     const float* scales, int col0, int ld, int nkv, int t) {
+  const int lane = t & 31, warp = t >> 5, k = lane & 3, quad = lane & ~3;
+  #pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = 16 * warp + 8 * half + (lane >> 2);
+    const int kv = slots[row];
+    const float scale = scales[row];
+    const bool ok = kv >= 0 && kv < nkv;
+    unsigned long long* base = const_cast<unsigned long long*>(static_cast<const unsigned long long*>(dkv))
+                               + (long long)(ok ? kv : 0) * ld + col0;
+    #pragma unroll
+    for (int n8 = 0; n8 < 8; ++n8) {
+      const float v0 = acc[2 * (2 * n8 + half)], v1 = acc[2 * (2 * n8 + half) + 1];
+      const float a = __shfl_sync(0xffffffffu, v0, quad + (k >> 1)), b = __shfl_sync(0xffffffffu, v1, quad + (k >> 1));
+      const float c = __shfl_sync(0xffffffffu, v0, quad + 2 + (k >> 1)), d = __shfl_sync(0xffffffffu, v1, quad + 2 + (k >> 1));
+      const float lo = (k & 1) ? b : a, hi = (k & 1) ? d : c;
+      if (ok) {
+        atomicAdd(base + 8 * n8 + k, static_cast<unsigned long long>(__float2ll_rn(lo * scale)));
+        atomicAdd(base + 8 * n8 + 4 + k, static_cast<unsigned long long>(__float2ll_rn(hi * scale)));
+      }
+    }
+  }
+}
+"""
+
+
+def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic", overlap: bool = True,
+                     sector_adds: bool = True):
     """The wide tile's main backward as the module docstring describes; ``accumulate``
-    as MainConfig's ("fixed": int64 fixed point, "atomic": fp32)."""
+    as MainConfig's ("fixed": int64 fixed point, "atomic": fp32).
+
+    overlap: two dKV accumulators, chunk c + 1's GEMMs issued before chunk c's adds
+    (False: one, each chunk's GEMMs waited for before its adds).
+    sector_adds (fixed only): the lanes of a quad swap values by shuffles so that each
+    red.u64 instruction covers whole 32-byte sectors (SECTOR_ADD_SOURCE); False: each
+    lane adds the accumulator's own columns, two sectors half-covered a row.
+    """
     if accumulate not in ("fixed", "atomic"):
         raise ValueError(f"accumulate: {accumulate!r} (fixed or atomic)")
     if d_k % CHUNK or d_v % CHUNK or d_k <= DQ_SPLIT:
@@ -81,7 +124,8 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic")
     c1, c2 = DQ_SPLIT, DQ_SPLIT + w1
     if w1 % CHUNK or not 0 < w2 <= 256:
         raise ValueError(f"d_k={d_k}: warpgroup 1's dQ columns do not split in two wgmma tiles")
-    source = GATHER_SOURCE + SPLIT_SOURCE + BARRIER_SOURCE + BARS_INIT_SOURCE
+    source = GATHER_SOURCE + SPLIT_SOURCE + BARRIER_SOURCE + BARS_INIT_SOURCE + SECTOR_ADD_SOURCE
+    sector = sector_adds and accumulate == "fixed"
 
     @T.macro
     def dkv_chunk(Q_s, dO_s, dS_s, P_s, acc, c):
@@ -95,14 +139,18 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic")
     @T.macro
     def add_chunk(dKV, acc, slots_s, scales_s, c, p, NKV):
         """The global adds of chunk c's accumulator, for the block of parity p."""
-        for j, d in T.Parallel(BS, CHUNK):
-            kv_row = slots_s[p * BS + j]
-            if (kv_row >= 0) and (kv_row < NKV):
-                if accumulate == "fixed":
-                    T.atomic_add(dKV[kv_row, c * CHUNK + d],
-                                 T.call_extern("int64", "__float2ll_rn", acc[j, d] * scales_s[p * BS + j]))
-                else:
-                    T.atomic_add(dKV[kv_row, c * CHUNK + d], acc[j, d])
+        if sector:
+            T.call_extern("handle", "skel_add_chunk_fixed", acc.data, dKV.data, T.address_of(slots_s[p * BS]),
+                          T.address_of(scales_s[p * BS]), c * CHUNK, Dk, NKV, T.get_thread_binding() - WARPGROUP)
+        else:
+            for j, d in T.Parallel(BS, CHUNK):
+                kv_row = slots_s[p * BS + j]
+                if (kv_row >= 0) and (kv_row < NKV):
+                    if accumulate == "fixed":
+                        T.atomic_add(dKV[kv_row, c * CHUNK + d],
+                                     T.call_extern("int64", "__float2ll_rn", acc[j, d] * scales_s[p * BS + j]))
+                    else:
+                        T.atomic_add(dKV[kv_row, c * CHUNK + d], acc[j, d])
 
     @T.prim_func
     def skeleton_bwd(
@@ -141,7 +189,8 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic")
             acc_dq1 = T.alloc_fragment((H, w1), f32)
             acc_dq2 = T.alloc_fragment((H, w2), f32)
             acc_dkv = T.alloc_fragment((BS, CHUNK), f32)
-            acc_dkv2 = T.alloc_fragment((BS, CHUNK), f32)
+            if overlap:
+                acc_dkv2 = T.alloc_fragment((BS, CHUNK), f32)
             if accumulate == "fixed":
                 mass_row = T.alloc_fragment((H,), f32)
             tid = T.get_thread_binding()
@@ -235,24 +284,33 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic")
                     T.call_extern("handle", "mqa_handoff_arrive", bars.data, KV_FREE)
                     # dKV of the block, a 64-column chunk at a time: dS^T Q + P^T dO over the heads.
                     # Two accumulators: chunk c + 1's GEMMs run while chunk c's adds go out.
-                    dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv, 0)
-                    T.wait_wgmma(0)
-                    T.warpgroup_fence_operand(acc_dkv, num_regs=BS * CHUNK // WARPGROUP)
-                    for pair in T.unroll(chunks // 2):  # chunk c is in acc_dkv, c + 1 goes to acc_dkv2
-                        c = 2 * pair
-                        dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv2, c + 1)
-                        add_chunk(dKV, acc_dkv, slots_s, scales_s, c, p, NKV)
-                        T.wait_wgmma(0)
-                        T.warpgroup_fence_operand(acc_dkv2, num_regs=BS * CHUNK // WARPGROUP)
-                        if c + 2 < chunks:
-                            dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv, c + 2)
-                        add_chunk(dKV, acc_dkv2, slots_s, scales_s, c + 1, p, NKV)
+                    if overlap:
+                        dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv, 0)
                         T.wait_wgmma(0)
                         T.warpgroup_fence_operand(acc_dkv, num_regs=BS * CHUNK // WARPGROUP)
-                    # Every GEMM of the block has been waited for: P_s and dS_s are free.
-                    T.call_extern("handle", "mqa_handoff_arrive", bars.data, PDS_FREE)
-                    if chunks % 2:
-                        add_chunk(dKV, acc_dkv, slots_s, scales_s, chunks - 1, p, NKV)
+                        for pair in T.unroll(chunks // 2):  # chunk c is in acc_dkv, c + 1 goes to acc_dkv2
+                            c = 2 * pair
+                            dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv2, c + 1)
+                            add_chunk(dKV, acc_dkv, slots_s, scales_s, c, p, NKV)
+                            T.wait_wgmma(0)
+                            T.warpgroup_fence_operand(acc_dkv2, num_regs=BS * CHUNK // WARPGROUP)
+                            if c + 2 < chunks:
+                                dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv, c + 2)
+                            add_chunk(dKV, acc_dkv2, slots_s, scales_s, c + 1, p, NKV)
+                            T.wait_wgmma(0)
+                            T.warpgroup_fence_operand(acc_dkv, num_regs=BS * CHUNK // WARPGROUP)
+                        # Every GEMM of the block has been waited for: P_s and dS_s are free.
+                        T.call_extern("handle", "mqa_handoff_arrive", bars.data, PDS_FREE)
+                        if chunks % 2:
+                            add_chunk(dKV, acc_dkv, slots_s, scales_s, chunks - 1, p, NKV)
+                    else:
+                        for c in T.serial(chunks):
+                            dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv, c)
+                            T.wait_wgmma(0)
+                            T.warpgroup_fence_operand(acc_dkv, num_regs=BS * CHUNK // WARPGROUP)
+                            if c + 1 == chunks:  # the last read of P_s and dS_s this block
+                                T.call_extern("handle", "mqa_handoff_arrive", bars.data, PDS_FREE)
+                            add_chunk(dKV, acc_dkv, slots_s, scales_s, c, p, NKV)
                 T.copy(acc_dq1, dQ[r, h0 : h0 + H, c1 : c1 + w1])
                 T.copy(acc_dq2, dQ[r, h0 : h0 + H, c2 : c2 + w2])
 

@@ -1,7 +1,7 @@
 """The skeleton against the product (and cuDNN where installed), in one process, on a GPU.
 
     python -m experiments.ws_skeleton.run [--shapes tiny,dsv32,fleet] [--repeats 8] [--no-reference]
-    python -m experiments.ws_skeleton.run --compile-only          # CPU: both kernels compile, registers
+    python -m experiments.ws_skeleton.run --compile-only          # CPU: every variant compiles, registers
 
 Per shape: every backend's outputs against the product's deterministic call (rel L2),
 the skeleton's fixed design rerun for the same bits, the error against the float64
@@ -21,15 +21,44 @@ SHAPES = {
 }
 
 
+#: The skeleton's variants: name -> (deterministic, overlap, sector_adds) (kernel.skeleton_program).
+VARIANTS = {
+    "skel-det": (True, True, True),
+    "skel-det-v1": (True, False, False),
+    "skel-atomic": (False, True, False),
+    "skel-atomic-v1": (False, False, False),
+}
+
+
+def _compile(variant):
+    from .launcher import compiled_skeleton
+
+    deterministic, overlap, sector = VARIANTS[variant]
+    compiled_skeleton(576, 512, "fixed" if deterministic else "atomic", overlap, sector)
+    return variant
+
+
+def precompile(variants, workers=8):
+    """Fill TileLang's kernel cache in worker processes, so this process loads each variant."""
+    import concurrent.futures
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")
+    with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
+        for name in pool.map(_compile, variants):
+            print(f"compiled {name}", flush=True)
+
+
 def compile_only():
     from mqa_bwd.kernels import toolchain
 
     from .kernel import skeleton_program
 
-    for accumulate in ("atomic", "fixed"):
+    for name, (deterministic, overlap, sector) in VARIANTS.items():
         for d_k, d_v in ((576, 512), (512, 512)):
-            source = toolchain.compile_program(skeleton_program(d_k, d_v, accumulate)).get_kernel_source()
-            print(accumulate, d_k, d_v, toolchain.ptxas_info_of_source(source))
+            program = skeleton_program(d_k, d_v, "fixed" if deterministic else "atomic", overlap, sector)
+            source = toolchain.compile_program(program).get_kernel_source()
+            print(name, d_k, d_v, toolchain.ptxas_info_of_source(source), flush=True)
 
 
 def main(argv=None):
@@ -38,6 +67,7 @@ def main(argv=None):
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--no-reference", action="store_true", help="skip the float64 reference errors")
     parser.add_argument("--compile-only", action="store_true")
+    parser.add_argument("--variants", default=",".join(VARIANTS), help="skeleton variants to run (VARIANTS)")
     a = parser.parse_args(argv)
     if a.compile_only:
         return compile_only()
@@ -47,8 +77,12 @@ def main(argv=None):
 
     from .launcher import SkeletonLauncher
 
-    launchers = {"det": launch.TileLangLauncher(True), "atomic": launch.TileLangLauncher(False),
-                 "skel-det": SkeletonLauncher(True), "skel-atomic": SkeletonLauncher(False)}
+    variants = a.variants.split(",")
+    precompile(variants)
+    launchers = {"det": launch.TileLangLauncher(True), "atomic": launch.TileLangLauncher(False)}
+    for name in variants:
+        deterministic, overlap, sector = VARIANTS[name]
+        launchers[name] = SkeletonLauncher(deterministic, overlap=overlap, sector_adds=sector)
     for name in a.shapes.split(","):
         shape = SHAPES[name]
         args = bench.production_inputs(**shape)
@@ -61,8 +95,10 @@ def main(argv=None):
         for k, out in outputs.items():
             errs = " ".join(f"{n} {bench.rel_l2(x, y):.2e}" for n, x, y in zip(("dq", "dkv", "dsink"), out, outputs["det"]))
             print(f"  {k:12} vs det: {errs}", flush=True)
-        again = calls["skel-det"]()
-        print(f"  skel-det rerun same bits: {bench.same_bits(again, outputs['skel-det'])}", flush=True)
+        for k in variants:
+            if VARIANTS[k][0]:
+                again = calls[k]()
+                print(f"  {k} rerun same bits: {bench.same_bits(again, outputs[k])}", flush=True)
         if not a.no_reference:
             for k, errs in bench.oracle_errors(args, outputs).items():
                 print(f"  {k:12} vs float64: " + " ".join(f"{n} {e:.3e}" for n, e in errs.items()), flush=True)
