@@ -94,6 +94,53 @@ __device__ __forceinline__ void skel_add_chunk_fixed(const float* acc, const voi
 """
 
 
+# The lanes design's adds of one 64 x 64 chunk (the same accumulator layout as above): a lane's
+# two consecutive columns go as one word lo + 2^32 hi of two signed 32-bit lanes, added mod 2^64
+# (red.u64: a quad's four words are one whole sector a row). Words decode exactly whenever each
+# column's final sum fits 32 signed bits, however the partial sums wrapped (lanes.decode); the
+# bound that proves it is the sum over contributions of their largest |integer|: peak[h] keeps the
+# largest of this thread's row h over the block's chunks (+inf for a NaN), and skel_add_bounds adds
+# each row's quad maximum, rounded up, to its kv row's Bound once a block.
+LANES_ADD_SOURCE = r"""
+__device__ __forceinline__ void skel_add_chunk_lanes(const float* acc, const void* words, const int* slots,
+                                                     const float* scales, int col0, int ld, int nkv, int t,
+                                                     float* peak) {
+  const int lane = t & 31, warp = t >> 5, k = lane & 3;
+  #pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = 16 * warp + 8 * half + (lane >> 2);
+    const int kv = slots[row];
+    const float scale = scales[row];
+    const bool ok = kv >= 0 && kv < nkv;
+    unsigned long long* base = const_cast<unsigned long long*>(static_cast<const unsigned long long*>(words))
+                               + (long long)(ok ? kv : 0) * (ld / 2) + col0 / 2;
+    #pragma unroll
+    for (int n8 = 0; n8 < 8; ++n8) {
+      const float x0 = acc[2 * (2 * n8 + half)] * scale, x1 = acc[2 * (2 * n8 + half) + 1] * scale;
+      const float m = fmaxf(fabsf(x0), fabsf(x1));
+      peak[half] = (m != m) ? __int_as_float(0x7f800000) : fmaxf(peak[half], m);
+      const long long lo = __float2int_rn(x0), hi = __float2int_rn(x1);
+      if (ok) atomicAdd(base + 4 * n8 + k, static_cast<unsigned long long>(lo) + (static_cast<unsigned long long>(hi) << 32));
+    }
+  }
+}
+__device__ __forceinline__ void skel_add_bounds(float* peak, const void* bound, const int* slots, int nkv, int t) {
+  const int lane = t & 31, warp = t >> 5;
+  #pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    float m = peak[half];
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    const int kv = slots[16 * warp + 8 * half + (lane >> 2)];
+    if ((lane & 3) == 0 && kv >= 0 && kv < nkv)  // 2^40 stands for anything too large (and +inf)
+      atomicAdd(const_cast<unsigned long long*>(static_cast<const unsigned long long*>(bound)) + kv,
+                static_cast<unsigned long long>(fminf(ceilf(m), 1099511627776.0f)));
+    peak[half] = 0.0f;
+  }
+}
+"""
+
+
 def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic", overlap: bool = True,
                      sector_adds: bool = True):
     """The wide tile's main backward as the module docstring describes; ``accumulate``
@@ -104,9 +151,12 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
     sector_adds (fixed only): the lanes of a quad swap values by shuffles so that each
     red.u64 instruction covers whole 32-byte sectors (SECTOR_ADD_SOURCE); False: each
     lane adds the accumulator's own columns, two sectors half-covered a row.
+    accumulate="lanes": two columns a word of two signed 32-bit lanes, dKV [NKV, Dk / 2]
+    int64 words, RowScale the lanes' scale (the plan's, lowered: launcher.LanesLauncher),
+    Bound [NKV] the proof that every column's final sum fits (LANES_ADD_SOURCE).
     """
-    if accumulate not in ("fixed", "atomic"):
-        raise ValueError(f"accumulate: {accumulate!r} (fixed or atomic)")
+    if accumulate not in ("fixed", "atomic", "lanes"):
+        raise ValueError(f"accumulate: {accumulate!r} (fixed, atomic or lanes)")
     if d_k % CHUNK or d_v % CHUNK or d_k <= DQ_SPLIT:
         raise ValueError(f"d_k={d_k}, d_v={d_v}: multiples of {CHUNK}, d_k above {DQ_SPLIT}")
     tilelang, T = _tl()
@@ -114,7 +164,9 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
     Dk, Dv, BS, H = d_k, d_v, SLOTS, HEADS
     NB = Lp // BS
     f32, bf16, i32 = "float32", "bfloat16", "int32"
-    dkv_dtype = "int64" if accumulate == "fixed" else f32
+    dkv_dtype = f32 if accumulate == "atomic" else "int64"
+    dkv_shape = (NKV, Dk // 2) if accumulate == "lanes" else (NKV, Dk)
+    scaled = accumulate != "atomic"  # the fixed and lanes designs: a row scale per slot, the mass check
     chunks = Dk // CHUNK
     value_chunks = Dv // CHUNK
     # Warpgroup 1's dQ columns in two wgmma-sized pieces (N at most 256, whole 64s):
@@ -124,7 +176,7 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
     c1, c2 = DQ_SPLIT, DQ_SPLIT + w1
     if w1 % CHUNK or not 0 < w2 <= 256:
         raise ValueError(f"d_k={d_k}: warpgroup 1's dQ columns do not split in two wgmma tiles")
-    source = GATHER_SOURCE + SPLIT_SOURCE + BARRIER_SOURCE + BARS_INIT_SOURCE + SECTOR_ADD_SOURCE
+    source = GATHER_SOURCE + SPLIT_SOURCE + BARRIER_SOURCE + BARS_INIT_SOURCE + SECTOR_ADD_SOURCE + LANES_ADD_SOURCE
     sector = sector_adds and accumulate == "fixed"
 
     @T.macro
@@ -137,9 +189,13 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
             T.wgmma_gemm(P_s, dO_s[0:H, c * CHUNK : (c + 1) * CHUNK], acc, transpose_A=True)
 
     @T.macro
-    def add_chunk(dKV, acc, slots_s, scales_s, c, p, NKV):
+    def add_chunk(dKV, acc, slots_s, scales_s, c, p, NKV, peak):
         """The global adds of chunk c's accumulator, for the block of parity p."""
-        if sector:
+        if accumulate == "lanes":
+            T.call_extern("handle", "skel_add_chunk_lanes", acc.data, dKV.data, T.address_of(slots_s[p * BS]),
+                          T.address_of(scales_s[p * BS]), c * CHUNK, Dk, NKV, T.get_thread_binding() - WARPGROUP,
+                          peak.data)
+        elif sector:
             T.call_extern("handle", "skel_add_chunk_fixed", acc.data, dKV.data, T.address_of(slots_s[p * BS]),
                           T.address_of(scales_s[p * BS]), c * CHUNK, Dk, NKV, T.get_thread_binding() - WARPGROUP)
         else:
@@ -161,7 +217,7 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
         Lse2: T.Tensor((R, HQ), f32),
         Delta: T.Tensor((R, HQ), f32),
         dQ: T.Tensor((R, HQ, Dk), bf16),
-        dKV: T.Tensor((NKV, Dk), dkv_dtype),
+        dKV: T.Tensor(dkv_shape, dkv_dtype),
         RowScale: T.Tensor((NKV,), f32),
         Allowance: T.Tensor((R, HQ), f32),
         Flag: T.Tensor((R,), i32),
@@ -169,6 +225,7 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
         head_base: T.int32,
         shard_base: T.int32,
         n_shards: T.int32,
+        Bound: T.Tensor((NKV,), "int64"),
     ):
         with T.Kernel(R, threads=2 * WARPGROUP) as r:
             scale_log2 = sm_scale * LOG2E
@@ -191,8 +248,9 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
             acc_dkv = T.alloc_fragment((BS, CHUNK), f32)
             if overlap:
                 acc_dkv2 = T.alloc_fragment((BS, CHUNK), f32)
-            if accumulate == "fixed":
+            if scaled:
                 mass_row = T.alloc_fragment((H,), f32)
+            peak = T.alloc_local((2,), f32)  # the lanes design's bound of this thread's two rows
             tid = T.get_thread_binding()
             h0 = head_base
 
@@ -208,7 +266,7 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
 
             with T.ws(0):
                 T.clear(acc_dq0)
-                if accumulate == "fixed":
+                if scaled:
                     T.clear(mass_row)
                 for t in T.serial(NB):
                     p = t % 2
@@ -219,7 +277,7 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
                     if tid < BS:
                         row = Indices[r, t * BS + tid]
                         T.call_extern("handle", "mqa_st_shared_i32", slots_s.data, p * BS + tid, row)
-                        if accumulate == "fixed":
+                        if scaled:
                             T.call_extern("handle", "mqa_st_shared_f32", scales_s.data, p * BS + tid,
                                           T.if_then_else((row >= 0) and (row < NKV), RowScale[T.max(T.min(row, NKV - 1), 0)],
                                                          T.cast(0, f32)))
@@ -249,7 +307,7 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
                         row_j = slots_s[p * BS + j]
                         acc_s[h, j] = T.if_then_else((row_j >= 0) and (row_j < NKV),
                                                      T.exp2(acc_s[h, j] * scale_log2 - lse_s[h]), T.cast(0, f32))
-                    if accumulate == "fixed":
+                    if scaled:
                         T.reduce_sum(acc_s, mass_row, dim=1, clear=False)
                     for h, j in T.Parallel(H, BS):
                         acc_dp[h, j] = acc_s[h, j] * (acc_dp[h, j] - delta_s[h]) * sm_scale
@@ -264,7 +322,7 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
                     T.wgmma_gemm(dS_s, KV_s[0:BS, 0:DQ_SPLIT], acc_dq0)
                     T.wait_wgmma(0)
                     T.warpgroup_fence_operand(acc_dq0, num_regs=H * DQ_SPLIT // WARPGROUP)
-                if accumulate == "fixed":
+                if scaled:
                     for h in T.Parallel(H):
                         if (mass_row[h] > Allowance[r, h0 + h]) or T.isnan(mass_row[h]):
                             Flag[r] = 1
@@ -273,6 +331,8 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
             with T.ws(1):
                 T.clear(acc_dq1)
                 T.clear(acc_dq2)
+                for i in T.serial(2):
+                    peak[i] = T.cast(0, f32)
                 for t in T.serial(NB):
                     p = t % 2
                     T.call_extern("handle", "mqa_handoff_wait", bars.data, PDS_READY, p)
@@ -291,18 +351,18 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
                         for pair in T.unroll(chunks // 2):  # chunk c is in acc_dkv, c + 1 goes to acc_dkv2
                             c = 2 * pair
                             dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv2, c + 1)
-                            add_chunk(dKV, acc_dkv, slots_s, scales_s, c, p, NKV)
+                            add_chunk(dKV, acc_dkv, slots_s, scales_s, c, p, NKV, peak)
                             T.wait_wgmma(0)
                             T.warpgroup_fence_operand(acc_dkv2, num_regs=BS * CHUNK // WARPGROUP)
                             if c + 2 < chunks:
                                 dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv, c + 2)
-                            add_chunk(dKV, acc_dkv2, slots_s, scales_s, c + 1, p, NKV)
+                            add_chunk(dKV, acc_dkv2, slots_s, scales_s, c + 1, p, NKV, peak)
                             T.wait_wgmma(0)
                             T.warpgroup_fence_operand(acc_dkv, num_regs=BS * CHUNK // WARPGROUP)
                         # Every GEMM of the block has been waited for: P_s and dS_s are free.
                         T.call_extern("handle", "mqa_handoff_arrive", bars.data, PDS_FREE)
                         if chunks % 2:
-                            add_chunk(dKV, acc_dkv, slots_s, scales_s, chunks - 1, p, NKV)
+                            add_chunk(dKV, acc_dkv, slots_s, scales_s, chunks - 1, p, NKV, peak)
                     else:
                         for c in T.serial(chunks):
                             dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv, c)
@@ -310,7 +370,10 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
                             T.warpgroup_fence_operand(acc_dkv, num_regs=BS * CHUNK // WARPGROUP)
                             if c + 1 == chunks:  # the last read of P_s and dS_s this block
                                 T.call_extern("handle", "mqa_handoff_arrive", bars.data, PDS_FREE)
-                            add_chunk(dKV, acc_dkv, slots_s, scales_s, c, p, NKV)
+                            add_chunk(dKV, acc_dkv, slots_s, scales_s, c, p, NKV, peak)
+                    if accumulate == "lanes":  # the block's contributions' bounds, one add a (slot, row)
+                        T.call_extern("handle", "skel_add_bounds", peak.data, Bound.data, T.address_of(slots_s[p * BS]),
+                                      NKV, T.get_thread_binding() - WARPGROUP)
                 T.copy(acc_dq1, dQ[r, h0 : h0 + H, c1 : c1 + w1])
                 T.copy(acc_dq2, dQ[r, h0 : h0 + H, c2 : c2 + w2])
 

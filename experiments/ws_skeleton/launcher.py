@@ -27,9 +27,6 @@ class SkeletonLauncher(launch.TileLangLauncher):
         self.name = "skeleton" if deterministic else "skeleton-atomic"
         self.knobs = (overlap, sector_adds)
 
-    def compile(self, d_k=576, d_v=512):
-        return compiled_skeleton(d_k, d_v, "fixed" if self.deterministic else "atomic", *self.knobs)
-
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, config, sm_scale, heads=None, head_base=0,
                  row_scale=None, allowance=None, flag=None):
         if not config.wide:
@@ -40,11 +37,98 @@ class SkeletonLauncher(launch.TileLangLauncher):
                              f"multiple of {SLOTS}")
         import torch
 
-        kernel = compiled_skeleton(config.d_k, config.d_v, config.accumulate, *self.knobs)
-        if row_scale is None:
+        self.run_skeleton(config.accumulate, q, kv, grad_out, indices, lse2, delta, dq, dkv, config=config,
+                          sm_scale=sm_scale, head_base=head_base, row_scale=row_scale, allowance=allowance, flag=flag)
+
+    def run_skeleton(self, accumulate, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, config, sm_scale, head_base,
+                     row_scale, allowance, flag, bound=None):
+        import torch
+
+        kernel = compiled_skeleton(config.d_k, config.d_v, accumulate, *self.knobs)
+        if row_scale is None:  # the atomic kernel never touches them; the signature is shared
             row_scale = torch.empty((kv.shape[0],), dtype=torch.float32, device=kv.device)
             allowance = lse2
             flag = torch.empty((q.shape[0],), dtype=torch.int32, device=kv.device)
+        if bound is None:  # the lanes design's only
+            bound = torch.empty((kv.shape[0],), dtype=torch.int64, device=kv.device)
         self.launched("main_bwd")
         kernel(q, kv, grad_out, indices, lse2, delta, dq, dkv, row_scale, allowance, flag, float(sm_scale),
-               int(head_base), 0, 1)
+               int(head_base), 0, 1, bound)
+
+
+#: A column's final sum must fit 32 signed bits for its lanes to decode exactly.
+LANE_LIMIT = 2**31
+
+
+def lanes_scale(row_scale, gain: int):
+    """The lanes' row scales: the plan's (which keeps every int64 partial sum below 2^61) times
+    2^(gain - 30). gain = 0 keeps every partial sum of a lane below 2^31 by the plan's proof
+    alone, far above the real sums; each bit of gain is a bit of resolution, until a row's
+    Bound reaches LANE_LIMIT and the call takes the int64 redo."""
+    return row_scale * 2.0 ** (gain - 30)
+
+
+def decode_words(words):
+    """[N, C / 2] int64 words lo + 2^32 hi of two signed 32-bit lanes (summed mod 2^64) ->
+    [N, C] int64 lane sums; exact whenever each lane's final sum fits 32 signed bits."""
+    import torch
+
+    lo = (words << 32) >> 32  # arithmetic shifts: the low lane, sign-extended
+    hi = (words - lo) >> 32
+    return torch.stack((lo, hi), dim=-1).reshape(words.shape[0], -1)
+
+
+class LanesLauncher(SkeletonLauncher):
+    """The skeleton with dKV summed in two signed 32-bit lanes a 64-bit word (kernel accumulate
+    "lanes"): half the bytes of int64 adds, exact by a bound the kernel sums per kv row.
+
+    Where every kv row's Bound stays below LANE_LIMIT, dkv is decoded from the lanes; otherwise
+    the call is redone with int64 adds (the skeleton's fixed design) and the rows whose bound
+    failed take those. Both decisions follow from integer sums, so the bits are the same on every
+    run. The redo's test is a host synchronisation (an experiment's shortcut: a product would
+    launch the redo unconditionally with an early exit per CTA).
+    """
+
+    def __init__(self, gain: int = 18, device=None, overlap: bool = True):
+        super().__init__(True, device=device, overlap=overlap, sector_adds=True)
+        self.gain = gain
+        self.name = f"lanes-gain{gain}"
+        self.redos = 0
+        self._pending = {}
+
+    def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, config, sm_scale, heads=None, head_base=0,
+                 row_scale=None, allowance=None, flag=None):
+        if not config.wide:
+            raise ValueError(f"config: the lanes design covers wide tiles only, got {config}")
+        import torch
+
+        state = self._pending.get(dkv.data_ptr())
+        if state is None:  # the call's first launch (H = 128 has two, into the same sums)
+            state = self._pending[dkv.data_ptr()] = dict(
+                words=torch.zeros((kv.shape[0], config.d_k // 2), dtype=torch.int64, device=kv.device),
+                bound=torch.zeros((kv.shape[0],), dtype=torch.int64, device=kv.device), launches=[])
+        state["launches"].append(dict(q=q, kv=kv, grad_out=grad_out, indices=indices, lse2=lse2, delta=delta, dq=dq,
+                                      config=config, sm_scale=sm_scale, head_base=head_base, row_scale=row_scale,
+                                      allowance=allowance, flag=flag))
+        self.run_skeleton("lanes", q, kv, grad_out, indices, lse2, delta, dq, state["words"], config=config,
+                          sm_scale=sm_scale, head_base=head_base, row_scale=lanes_scale(row_scale, self.gain),
+                          allowance=allowance, flag=flag, bound=state["bound"])
+
+    def fixed_to_bf16(self, acc, row_scale, dst):
+        state = self._pending.pop(acc.data_ptr(), None)
+        if state is None:
+            return super().fixed_to_bf16(acc, row_scale, dst)
+        import torch
+
+        scale = lanes_scale(row_scale, self.gain).double()
+        lanes = (decode_words(state["words"]).double() / scale[:, None]).float().bfloat16()
+        fits = state["bound"] < LANE_LIMIT
+        if bool(fits.all()):
+            dst.copy_(lanes)
+            return
+        self.redos += 1
+        for launch in state["launches"]:  # acc is still the wrapper's zeros
+            args = [launch.pop(k) for k in ("q", "kv", "grad_out", "indices", "lse2", "delta", "dq")]
+            self.run_skeleton("fixed", *args, acc, **launch)
+        super().fixed_to_bf16(acc, row_scale, dst)
+        dst.copy_(torch.where(fits[:, None], lanes, dst))

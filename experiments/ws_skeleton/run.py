@@ -21,32 +21,46 @@ SHAPES = {
 }
 
 
-#: The skeleton's variants: name -> (deterministic, overlap, sector_adds) (kernel.skeleton_program).
+#: The skeleton's variants: name -> (the kernel's accumulate, overlap, sector_adds; the lanes
+#: design's gain or None) (kernel.skeleton_program, launcher.LanesLauncher).
 VARIANTS = {
-    "skel-det": (True, True, True),
-    "skel-det-v1": (True, False, False),
-    "skel-atomic": (False, True, False),
-    "skel-atomic-v1": (False, False, False),
+    "skel-det": ("fixed", True, True, None),
+    "skel-det-v1": ("fixed", False, False, None),
+    "skel-atomic": ("atomic", True, False, None),
+    "skel-atomic-v1": ("atomic", False, False, None),
+    "lanes-g18": ("lanes", True, True, 18),
+    "lanes-g22": ("lanes", True, True, 22),
 }
 
 
-def _compile(variant):
+def launcher_of(name):
+    from .launcher import LanesLauncher, SkeletonLauncher
+
+    accumulate, overlap, sector, gain = VARIANTS[name]
+    if accumulate == "lanes":
+        return LanesLauncher(gain, overlap=overlap)
+    return SkeletonLauncher(accumulate == "fixed", overlap=overlap, sector_adds=sector)
+
+
+def _compile(kernel):
     from .launcher import compiled_skeleton
 
-    deterministic, overlap, sector = VARIANTS[variant]
-    compiled_skeleton(576, 512, "fixed" if deterministic else "atomic", overlap, sector)
-    return variant
+    compiled_skeleton(576, 512, *kernel)
+    return kernel
 
 
 def precompile(variants, workers=8):
-    """Fill TileLang's kernel cache in worker processes, so this process loads each variant."""
+    """Fill TileLang's kernel cache in worker processes, so this process loads each kernel."""
     import concurrent.futures
     import multiprocessing
 
+    kernels = {VARIANTS[v][:3] for v in variants}
+    if any(VARIANTS[v][0] == "lanes" for v in variants):  # the redo path
+        kernels |= {("fixed", VARIANTS[v][1], True) for v in variants if VARIANTS[v][0] == "lanes"}
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        for name in pool.map(_compile, variants):
-            print(f"compiled {name}", flush=True)
+        for kernel in pool.map(_compile, sorted(kernels)):
+            print(f"compiled {kernel}", flush=True)
 
 
 def compile_only():
@@ -54,11 +68,11 @@ def compile_only():
 
     from .kernel import skeleton_program
 
-    for name, (deterministic, overlap, sector) in VARIANTS.items():
+    for kernel in sorted({v[:3] for v in VARIANTS.values()}):
         for d_k, d_v in ((576, 512), (512, 512)):
-            program = skeleton_program(d_k, d_v, "fixed" if deterministic else "atomic", overlap, sector)
+            program = skeleton_program(d_k, d_v, *kernel)
             source = toolchain.compile_program(program).get_kernel_source()
-            print(name, d_k, d_v, toolchain.ptxas_info_of_source(source), flush=True)
+            print(kernel, d_k, d_v, toolchain.ptxas_info_of_source(source), flush=True)
 
 
 def main(argv=None):
@@ -75,14 +89,11 @@ def main(argv=None):
 
     from mqa_bwd import bench, launch
 
-    from .launcher import SkeletonLauncher
-
     variants = a.variants.split(",")
     precompile(variants)
     launchers = {"det": launch.TileLangLauncher(True), "atomic": launch.TileLangLauncher(False)}
     for name in variants:
-        deterministic, overlap, sector = VARIANTS[name]
-        launchers[name] = SkeletonLauncher(deterministic, overlap=overlap, sector_adds=sector)
+        launchers[name] = launcher_of(name)
     for name in a.shapes.split(","):
         shape = SHAPES[name]
         args = bench.production_inputs(**shape)
@@ -96,9 +107,11 @@ def main(argv=None):
             errs = " ".join(f"{n} {bench.rel_l2(x, y):.2e}" for n, x, y in zip(("dq", "dkv", "dsink"), out, outputs["det"]))
             print(f"  {k:12} vs det: {errs}", flush=True)
         for k in variants:
-            if VARIANTS[k][0]:
+            if VARIANTS[k][0] != "atomic":
                 again = calls[k]()
                 print(f"  {k} rerun same bits: {bench.same_bits(again, outputs[k])}", flush=True)
+            if VARIANTS[k][0] == "lanes":
+                print(f"  {k}: calls redone in int64 so far: {launchers[k].redos}", flush=True)
         if not a.no_reference:
             for k, errs in bench.oracle_errors(args, outputs).items():
                 print(f"  {k:12} vs float64: " + " ".join(f"{n} {e:.3e}" for n, e in errs.items()), flush=True)
