@@ -444,8 +444,8 @@ def test_the_cudnn_ledger_the_readme_points_to_is_a_valid_ledger():
     assert determinism.covers_failure({"dq": True, "dkv": False, "d_attn_sink": False})
     assert not determinism.covers_failure({"dq": False, "dkv": False, "d_attn_sink": True})  # dq drifting is news
     (rejection,) = [e for e in entries if e.property == "rejection"]
-    assert rejection.covers_failure({"lse NaN at one (row, head)": False, "sm_scale NaN": True})
-    assert not rejection.covers_failure({"lse NaN at one (row, head)": False, "sm_scale NaN": False})  # news
+    assert rejection.covers_failure({"lse NaN at one (row, head)": False, "kv width != Dk": True})
+    assert not rejection.covers_failure({"lse NaN at one (row, head)": False, "kv width != Dk": False})  # news
 
 
 def test_the_command_line_refuses_a_bad_domain_or_ledger_before_running(capsys, tmp_path):
