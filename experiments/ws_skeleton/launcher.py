@@ -78,44 +78,45 @@ def decode_words(words):
     return torch.stack((lo, hi), dim=-1).reshape(words.shape[0], -1)
 
 
-class LanesLauncher(SkeletonLauncher):
-    """The skeleton with dKV summed in two signed 32-bit lanes a 64-bit word (kernel accumulate
-    "lanes"): half the bytes of int64 adds, exact by a bound the kernel sums per kv row.
+class LanesSums:
+    """The lanes design's host side, for a launcher that can add into lanes and into int64
+    (``add_lanes``, ``add_int64``): dKV summed in two signed 32-bit lanes a 64-bit word, exact
+    by a bound summed per kv row as the adds go out.
 
     Where every kv row's Bound stays below LANE_LIMIT, dkv is decoded from the lanes; otherwise
-    the call is redone with int64 adds (the skeleton's fixed design) and the rows whose bound
-    failed take those. Both decisions follow from integer sums, so the bits are the same on every
-    run. The redo's test is a host synchronisation (an experiment's shortcut: a product would
-    launch the redo unconditionally with an early exit per CTA).
+    the call is redone with int64 adds (the fixed design, at the plan's scale) and the rows whose
+    bound failed take those. Both decisions follow from integer sums, so the bits are the same on
+    every run. The redo's test is a host synchronisation (an experiment's shortcut: a product
+    would launch the redo unconditionally with an early exit per CTA).
     """
 
-    def __init__(self, gain: int = 18, device=None, overlap: bool = True):
-        super().__init__(True, device=device, overlap=overlap, sector_adds=True)
-        self.gain = gain
-        self.name = f"lanes-gain{gain}"
-        self.redos = 0
-        self._pending = {}
+    gain = 18
+    redos = 0
+
+    def _lanes_state(self, dkv, config, kv):
+        import torch
+
+        pending = self.__dict__.setdefault("_pending", {})
+        state = pending.get(dkv.data_ptr())
+        if state is None:  # the call's first launch (H = 128 has two, into the same sums)
+            state = pending[dkv.data_ptr()] = dict(
+                words=torch.zeros((kv.shape[0], config.d_k // 2), dtype=torch.int64, device=kv.device),
+                bound=torch.zeros((kv.shape[0],), dtype=torch.int64, device=kv.device), launches=[])
+        return state
 
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, config, sm_scale, heads=None, head_base=0,
                  row_scale=None, allowance=None, flag=None):
-        if not config.wide:
-            raise ValueError(f"config: the lanes design covers wide tiles only, got {config}")
-        import torch
-
-        state = self._pending.get(dkv.data_ptr())
-        if state is None:  # the call's first launch (H = 128 has two, into the same sums)
-            state = self._pending[dkv.data_ptr()] = dict(
-                words=torch.zeros((kv.shape[0], config.d_k // 2), dtype=torch.int64, device=kv.device),
-                bound=torch.zeros((kv.shape[0],), dtype=torch.int64, device=kv.device), launches=[])
-        state["launches"].append(dict(q=q, kv=kv, grad_out=grad_out, indices=indices, lse2=lse2, delta=delta, dq=dq,
-                                      config=config, sm_scale=sm_scale, head_base=head_base, row_scale=row_scale,
-                                      allowance=allowance, flag=flag))
-        self.run_skeleton("lanes", q, kv, grad_out, indices, lse2, delta, dq, state["words"], config=config,
-                          sm_scale=sm_scale, head_base=head_base, row_scale=lanes_scale(row_scale, self.gain),
-                          allowance=allowance, flag=flag, bound=state["bound"])
+        launch = dict(q=q, kv=kv, grad_out=grad_out, indices=indices, lse2=lse2, delta=delta, dq=dq, dkv=dkv,
+                      config=config, sm_scale=sm_scale, heads=heads, head_base=head_base, row_scale=row_scale,
+                      allowance=allowance, flag=flag)
+        if config.accumulate != "fixed":
+            return self.add_int64(**launch)
+        state = self._lanes_state(dkv, config, kv)
+        state["launches"].append(launch)
+        self.add_lanes(state["words"], state["bound"], lanes_scale(row_scale, self.gain), **launch)
 
     def fixed_to_bf16(self, acc, row_scale, dst):
-        state = self._pending.pop(acc.data_ptr(), None)
+        state = self.__dict__.get("_pending", {}).pop(acc.data_ptr(), None)
         if state is None:
             return super().fixed_to_bf16(acc, row_scale, dst)
         import torch
@@ -128,7 +129,26 @@ class LanesLauncher(SkeletonLauncher):
             return
         self.redos += 1
         for launch in state["launches"]:  # acc is still the wrapper's zeros
-            args = [launch.pop(k) for k in ("q", "kv", "grad_out", "indices", "lse2", "delta", "dq")]
-            self.run_skeleton("fixed", *args, acc, **launch)
+            self.add_int64(**launch)
         super().fixed_to_bf16(acc, row_scale, dst)
         dst.copy_(torch.where(fits[:, None], lanes, dst))
+
+
+class LanesLauncher(LanesSums, SkeletonLauncher):
+    """The skeleton's lanes kernel (accumulate "lanes") on the wide tile; the redo is the
+    skeleton's fixed kernel with sector adds."""
+
+    def __init__(self, gain: int = 18, device=None, overlap: bool = True):
+        super().__init__(True, device=device, overlap=overlap, sector_adds=True)
+        self.gain = gain
+        self.name = f"lanes-gain{gain}"
+
+    def add_lanes(self, words, bound, scale, *, dkv, config, heads, **launch):
+        if not config.wide:
+            raise ValueError(f"config: the lanes kernel covers wide tiles only, got {config}")
+        args = [launch.pop(k) for k in ("q", "kv", "grad_out", "indices", "lse2", "delta", "dq")]
+        launch["row_scale"] = scale
+        self.run_skeleton("lanes", *args, words, config=config, bound=bound, **launch)
+
+    def add_int64(self, **launch):
+        SkeletonLauncher.main_bwd(self, **launch)

@@ -28,8 +28,8 @@ VARIANTS = {
     "skel-det-v1": ("fixed", False, False, None),
     "skel-atomic": ("atomic", True, False, None),
     "skel-atomic-v1": ("atomic", False, False, None),
+    "lanes-g12": ("lanes", True, True, 12),
     "lanes-g18": ("lanes", True, True, 18),
-    "lanes-g22": ("lanes", True, True, 22),
 }
 
 

@@ -1,0 +1,98 @@
+"""The lanes design's arithmetic on the CPU (not in the default run):
+
+    python -m pytest -m experiments experiments/ws_skeleton/test_lanes.py
+"""
+
+import numpy as np
+import pytest
+import torch
+
+from mqa_bwd import bench, wrapper
+from mqa_bwd.model import ModelLauncher
+
+from .launcher import LANE_LIMIT, decode_words
+from .model import BOUND_CAP, LanesModelLauncher, contribution_bounds, float_to_int32_rn, lane_words
+
+pytestmark = pytest.mark.experiments
+
+
+def _cancelling_terms(seed, n=5, columns=8, terms=64):
+    """Lane integers whose partial sums leave 32 bits while each column's final sum fits."""
+    g = np.random.default_rng(seed)
+    x = g.integers(-2**30, 2**30, (terms, n, columns))
+    goal = g.integers(-2**31 + 1, 2**31 - 1, (n, columns))
+    rest = goal - x.sum(axis=0)
+    parts = [x]
+    while (np.abs(rest) >= 2**31).any():
+        part = np.clip(rest, -2**30, 2**30)
+        parts.append(part[None])
+        rest = rest - part
+    parts.append(rest[None])
+    return np.concatenate(parts), goal
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_words_decode_exactly_whatever_the_order_even_when_partial_sums_wrap(seed):
+    terms, goal = _cancelling_terms(seed)
+    assert (np.abs(np.cumsum(terms, axis=0)) >= 2**31).any(), "the case must wrap"
+    words = np.zeros((terms.shape[1], terms.shape[2] // 2), dtype=np.uint64)
+    for i in np.random.default_rng(seed).permutation(len(terms)):
+        words += lane_words(terms[i]).view(np.uint64)
+    got = decode_words(torch.from_numpy(words.view(np.int64)))
+    assert torch.equal(got, torch.from_numpy(goal))
+
+
+def test_a_lane_without_its_sign_extension_would_not_decode():
+    terms, goal = _cancelling_terms(0)
+    words = lane_words(terms.sum(axis=0))
+    lo_unsigned = torch.from_numpy(words) & 0xFFFFFFFF  # the mistake the sign extension avoids
+    assert not torch.equal(lo_unsigned, decode_words(torch.from_numpy(words))[:, 0::2])
+
+
+def test_the_conversion_is_the_kernels_and_a_nan_fails_the_bound():
+    x = np.array([[0.5, 1.5, -2.5, 3e9, -3e9, np.nan, 7.49, -7.5]], dtype=np.float32)
+    assert float_to_int32_rn(x).tolist() == [[0, 2, -2, 2**31 - 1, -2**31, 0, 7, -8]]
+    assert contribution_bounds(x).tolist() == [int(BOUND_CAP)]
+    assert contribution_bounds(np.array([[1.2, -3.5]], dtype=np.float32)).tolist() == [4]
+
+
+@pytest.fixture(scope="module")
+def small_case():
+    args = bench.production_inputs(1, 64, 128, 16, 64, device="cpu")
+    return args, wrapper.backward_with(ModelLauncher(True), *args)
+
+
+def test_lanes_that_fit_are_decoded_and_rerun_bitwise(small_case):
+    args, int64 = small_case
+    launcher = LanesModelLauncher(gain=12)
+    first, again = wrapper.backward_with(launcher, *args), wrapper.backward_with(launcher, *args)
+    assert launcher.redos == 0 and bench.same_bits(first, again)
+    assert torch.equal(first[0], int64[0]) and torch.equal(first[2], int64[2])  # only dkv is summed otherwise
+    assert not torch.equal(first[1], int64[1]), "another rounding: the lanes were used"
+    assert bench.rel_l2(first[1], int64[1]) < 1e-4
+
+
+def test_where_a_bound_fails_those_rows_take_the_int64_redo(small_case):
+    args, int64 = small_case
+    launcher = LanesModelLauncher(gain=16)
+    out = wrapper.backward_with(launcher, *args)
+    state = {}
+    probe = LanesModelLauncher(gain=16)
+    original = probe.fixed_to_bf16
+
+    def keep(acc, row_scale, dst):
+        state.update(probe._pending[acc.data_ptr()])
+        return original(acc, row_scale, dst)
+
+    probe.fixed_to_bf16 = keep
+    wrapper.backward_with(probe, *args)
+    failed = state["bound"] >= LANE_LIMIT
+    assert launcher.redos == 1 and 0 < int(failed.sum()) < failed.numel(), "the case must mix both kinds of rows"
+    dkv, want = out[1].reshape(failed.numel(), -1), int64[1].reshape(failed.numel(), -1)
+    assert torch.equal(dkv[failed], want[failed])
+
+
+def test_every_row_redone_is_the_int64_design_bit_for_bit(small_case):
+    args, int64 = small_case
+    launcher = LanesModelLauncher(gain=40)
+    assert bench.same_bits(wrapper.backward_with(launcher, *args), int64) and launcher.redos == 1
