@@ -163,8 +163,8 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
     R, HQ, NKV, Lp = T.dynamic("R"), T.dynamic("HQ"), T.dynamic("NKV"), T.dynamic("Lp")
     Dk, Dv, BS, H = d_k, d_v, SLOTS, HEADS
     NB = Lp // BS
-    f32, bf16, i32 = "float32", "bfloat16", "int32"
-    dkv_dtype = f32 if accumulate == "atomic" else "int64"
+    f32, bf16, i32, i64 = "float32", "bfloat16", "int32", "int64"
+    dkv_dtype = f32 if accumulate == "atomic" else i64
     dkv_shape = (NKV, Dk // 2) if accumulate == "lanes" else (NKV, Dk)
     scaled = accumulate != "atomic"  # the fixed and lanes designs: a row scale per slot, the mass check
     chunks = Dk // CHUNK
@@ -204,7 +204,7 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
                 if (kv_row >= 0) and (kv_row < NKV):
                     if accumulate == "fixed":
                         T.atomic_add(dKV[kv_row, c * CHUNK + d],
-                                     T.call_extern("int64", "__float2ll_rn", acc[j, d] * scales_s[p * BS + j]))
+                                     T.call_extern(i64, "__float2ll_rn", acc[j, d] * scales_s[p * BS + j]))
                     else:
                         T.atomic_add(dKV[kv_row, c * CHUNK + d], acc[j, d])
 
@@ -225,7 +225,7 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
         head_base: T.int32,
         shard_base: T.int32,
         n_shards: T.int32,
-        Bound: T.Tensor((NKV,), "int64"),
+        Bound: T.Tensor((NKV,), i64),
     ):
         with T.Kernel(R, threads=2 * WARPGROUP) as r:
             scale_log2 = sm_scale * LOG2E

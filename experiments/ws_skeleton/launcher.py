@@ -32,11 +32,6 @@ class SkeletonLauncher(launch.TileLangLauncher):
         if not config.wide:
             return super().main_bwd(q, kv, grad_out, indices, lse2, delta, dq, dkv, config=config, sm_scale=sm_scale,
                                     heads=heads, head_base=head_base, row_scale=row_scale, allowance=allowance, flag=flag)
-        if indices.shape[1] % SLOTS:
-            raise ValueError(f"token_indices: the skeleton needs the padded top-k ({indices.shape[1]}) to be a "
-                             f"multiple of {SLOTS}")
-        import torch
-
         self.run_skeleton(config.accumulate, q, kv, grad_out, indices, lse2, delta, dq, dkv, config=config,
                           sm_scale=sm_scale, head_base=head_base, row_scale=row_scale, allowance=allowance, flag=flag)
 
@@ -44,6 +39,9 @@ class SkeletonLauncher(launch.TileLangLauncher):
                      row_scale, allowance, flag, bound=None):
         import torch
 
+        if indices.shape[1] % SLOTS:
+            raise ValueError(f"token_indices: the skeleton needs the padded top-k ({indices.shape[1]}) to be a "
+                             f"multiple of {SLOTS}")
         kernel = compiled_skeleton(config.d_k, config.d_v, accumulate, *self.knobs)
         if row_scale is None:  # the atomic kernel never touches them; the signature is shared
             row_scale = torch.empty((kv.shape[0],), dtype=torch.float32, device=kv.device)
@@ -128,8 +126,8 @@ class LanesSums:
             dst.copy_(lanes)
             return
         self.redos += 1
-        for launch in state["launches"]:  # acc is still the wrapper's zeros
-            self.add_int64(**launch)
+        for recorded in state["launches"]:  # acc is still the wrapper's zeros
+            self.add_int64(**recorded)
         super().fixed_to_bf16(acc, row_scale, dst)
         dst.copy_(torch.where(fits[:, None], lanes, dst))
 

@@ -16,7 +16,6 @@ The decode, the bound test and the int64 redo are launcher.LanesSums', the same 
 """
 
 import numpy as np
-import torch
 
 from mqa_bwd import wrapper
 from mqa_bwd.model import ModelLauncher
