@@ -4,9 +4,10 @@
     python -m experiments.ws_skeleton.run --compile-only          # CPU: every variant compiles, registers
 
 Per shape: every backend's outputs against the product's deterministic call (rel L2),
-the skeleton's fixed design rerun for the same bits, the error against the float64
-reference (bench.oracle_errors: the admissibility column, issue 30), and the times
-interleaved (bench.time_interleaved), medians in ms.
+each deterministic variant (VARIANTS) rerun for the same bits, the lanes design's redo
+count, the error against the float64 reference (bench.oracle_errors: the admissibility
+column, issue 30), and the times interleaved (bench.time_interleaved), medians in ms.
+The lanes launcher's redo test synchronises with the host once a call, inside its time.
 """
 
 import argparse
