@@ -11,19 +11,17 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from mqa_bwd import backends, capture, cli, repro  # noqa: E402
+from mqa_bwd import capture, cli, repro  # noqa: E402
 from mqa_bwd.autograd import DriftCheck, DriftWarning, reference_forward, sparse_mqa_attention  # noqa: E402
 from mqa_bwd.edge import to_numpy  # noqa: E402
 from mqa_bwd.wrapper import mqa_latent_sparse_bwd  # noqa: E402
 from properties.case import INVALID_KINDS, Case, expected, to_framework  # noqa: E402
 from properties.compare import compare  # noqa: E402
 
+from hopper import ON_HOPPER  # noqa: E402
 from tiny_model import differing_gradients, the_drift_warning, train  # noqa: E402
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not backends.hopper_available(), reason="needs a Hopper (sm_90) CUDA GPU and tilelang"),
-]
+pytestmark = ON_HOPPER
 
 #: The kernels' widths; 16 heads (one 16-head group) and 64 (the wide tile) both run.
 GPU_MODEL = dict(vocab=64, width=32, d_k=576, d_v=512)

@@ -13,6 +13,8 @@ from mqa_bwd import bench
 from mqa_bwd.contract import OUTPUT_NAMES, SPEC_ARGS
 from properties.case import ALL_INVALID_KINDS, Case, to_framework
 
+from hopper import NEEDS_HOPPER
+
 
 def _torch_args(host: dict) -> tuple:
     tensors = to_framework(host, "torch", "cpu")
@@ -209,11 +211,8 @@ def test_the_float64_reference_on_the_gpu_matches_the_numpy_oracle():
 
 
 @pytest.mark.gpu
+@NEEDS_HOPPER
 def test_one_small_measurement_with_every_backend_here():
-    from mqa_bwd import backends
-
-    if not backends.hopper_available():
-        pytest.skip("needs a Hopper (sm_90) CUDA GPU and tilelang")
     chosen, skipped = bench.runnable_backends(bench.parse_backends(None), asked=False)
     rows = bench.measure(dict(B=1, S=256, S_kv=2048, H=64, L=512), tuple(chosen), warmup=1, repeats=2)
     print(bench.table(rows), skipped)

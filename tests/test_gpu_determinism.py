@@ -27,15 +27,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from mqa_bwd import backends, bench, capture, mqa_latent_sparse_bwd, repro  # noqa: E402
+from mqa_bwd import bench, capture, mqa_latent_sparse_bwd, repro  # noqa: E402
 from properties.case import Case, to_framework  # noqa: E402
 from properties.compare import OutputChecksums as Checksums  # noqa: E402
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.determinism,
-    pytest.mark.skipif(not backends.hopper_available(), reason="needs a Hopper (sm_90) CUDA GPU and tilelang"),
-]
+from hopper import ON_HOPPER  # noqa: E402
+
+pytestmark = [*ON_HOPPER, pytest.mark.determinism]
 
 RERUNS = 1000
 SMALL_RUNS = 1_000_000

@@ -11,17 +11,16 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from mqa_bwd.contract import SPEC_ARGS  # noqa: E402
-from mqa_bwd import backends, fixed_point, kernels, launch, mqa_latent_sparse_bwd, wrapper  # noqa: E402
+from mqa_bwd import fixed_point, launch, mqa_latent_sparse_bwd, wrapper  # noqa: E402
 from mqa_bwd.bench import RACECHECK_HAZARDS, SANITIZER_ERRORS, compute_sanitizer, production_inputs  # noqa: E402
 from mqa_bwd.model import ModelLauncher  # noqa: E402
 from properties.case import INVALID_KINDS, Case, expected, to_framework  # noqa: E402
 from properties.compare import compare, first_difference  # noqa: E402
 from properties.guards import GuardBands  # noqa: E402
 
-pytestmark = [
-    pytest.mark.gpu,
-    pytest.mark.skipif(not backends.hopper_available(), reason="needs a Hopper (sm_90) CUDA GPU and tilelang"),
-]
+from hopper import ON_HOPPER  # noqa: E402
+
+pytestmark = ON_HOPPER
 
 HEADS = (1, 2, 3, 5, 8, 13, 16, 17, 24, 31, 32, 33, 40, 48, 57, 63, 64, 65, 96, 127, 128)
 SLOTS = (1, 31, 32, 33, 129, 2048)

@@ -16,14 +16,15 @@ import struct
 import pytest
 import torch
 
-from mqa_bwd import backends, edge
+from mqa_bwd import edge
 from mqa_bwd.wrapper import mqa_latent_sparse_bwd
 from properties import checks, guards
 from properties.case import Case
 from properties.target import Target
 
-GPU = pytest.mark.skipif(not backends.hopper_available(), reason="needs a Hopper (sm_90) CUDA GPU and tilelang")
-BACKENDS = ["model", pytest.param("tilelang", marks=[pytest.mark.gpu, GPU])]
+from hopper import ON_HOPPER
+
+BACKENDS = ["model", pytest.param("tilelang", marks=ON_HOPPER)]
 
 
 def _case(backend: str, **fields) -> Case:
