@@ -55,9 +55,9 @@ from pathlib import Path
 import torch
 
 from . import capture, edge
-from .contract import BACKENDS, BLOCK_H_CHOICES, CUDNN, OUTPUT_NAMES, backend_device
+from .contract import BACKENDS, CUDNN, OUTPUT_NAMES, backend_device
 from .wrapper import backward as project_backward
-from .wrapper import check_sm_scale, require_budget, scratch_bytes
+from .wrapper import check_sm_scale, problem_of, require_budget, scratch_bytes
 
 #: What ``backward_backend`` may name: this project's backends and cuDNN's backward.
 BACKWARD_BACKENDS = BACKENDS + ("cudnn",)
@@ -222,17 +222,13 @@ def _chosen_check(drift_check):
     return drift_check
 
 
-def _bits(t):
-    return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
-
-
 def _differences(first, second) -> dict:
     """{output name: properties.compare.Difference} of the outputs whose bytes differ."""
     from properties.compare import difference
 
     found = {}
     for name, a, b in zip(OUTPUT_NAMES, first, second):
-        if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(_bits(a), _bits(b)):
+        if a.shape != b.shape or a.dtype != b.dtype or not torch.equal(edge.bits(a), edge.bits(b)):
             found[name] = difference(edge.to_numpy(a), edge.to_numpy(b))
     return found
 
@@ -272,15 +268,10 @@ def _cudnn_backward():
 
 def resolve_backward(backward_backend, device, d_k, d_v, block_h=None, dkv_buf_bytes=None) -> Backward:
     """The Backward that ``backward_backend`` names, for tensors on ``device``; ValueError naming
-    the argument when it is unknown, cannot run here or cannot build the widths."""
+    the argument when it is unknown, cannot run here or cannot build the widths. ``block_h``
+    and ``dkv_buf_bytes`` are passed on as given (wrapper.problem_of checks them)."""
     from . import backends
 
-    if block_h is not None and (isinstance(block_h, bool) or not isinstance(block_h, numbers.Integral)
-                                or block_h not in BLOCK_H_CHOICES):
-        raise ValueError(f"block_h: one of {BLOCK_H_CHOICES} or None, got {block_h!r}")
-    if dkv_buf_bytes is not None and (isinstance(dkv_buf_bytes, bool) or not isinstance(dkv_buf_bytes, numbers.Integral)
-                                      or dkv_buf_bytes < 1):
-        raise ValueError(f"dkv_buf_bytes: a positive integer or None, got {dkv_buf_bytes!r}")
     config = {k: v for k, v in (("block_h", block_h), ("dkv_buf_bytes", dkv_buf_bytes)) if v is not None}
     flags = sum(([f"--{k.replace('_', '-')}", str(v)] for k, v in config.items()), [])
     if backward_backend is None:
@@ -360,12 +351,9 @@ def run_backward(call: Call, q, kv, out, grad_out, lse, attn_sink, token_indices
 
 
 def _torch_view(t, name="tensor", framework="torch"):
-    """A torch tensor sharing ``t``'s memory (paddle: detached first, as DLPack requires); None stays None."""
-    if t is None:
-        return None
-    if framework == "paddle" and edge.framework_of(t) == "paddle":
-        t = t.detach()
-    return edge.to_torch(t, name, accept=(framework,))
+    """A torch tensor sharing ``t``'s memory (edge.to_torch detaches a paddle tensor, as DLPack
+    requires); None stays None."""
+    return None if t is None else edge.to_torch(t, name, accept=(framework,))
 
 
 def _forward_result(result, q, d_v, framework):
@@ -505,13 +493,18 @@ def sparse_mqa_attention(q, kv, attn_sink, token_indices, sm_scale, *, d_v=512, 
     if forward is not None and not callable(forward):
         raise ValueError(f"forward: expected a callable returning (out, lse) or None, got {type(forward).__name__}")
     check = _chosen_check(drift_check)
-    backward = resolve_backward(backward_backend, views["q"].device, views["q"].shape[3], int(d_v), block_h,
-                                dkv_buf_bytes)
-    if dkv_buf_bytes is not None and backward.name in BACKENDS:  # our backward's budget: refused before the forward
-        B, S, H, d_k = views["q"].shape
-        least = scratch_bytes(B, S, views["kv"].shape[1], H, views["token_indices"].shape[2], d_k, int(d_v),
-                              block_h=block_h, backend=backward.name)
-        require_budget(dkv_buf_bytes, least, B * S, "mqa_bwd.scratch_bytes")
+    B, S, H, d_k = views["q"].shape
+    S_kv, L = views["kv"].shape[1], views["token_indices"].shape[2]
+    # block_h, dkv_buf_bytes and the kernels' limits on L, as the backward will check them.
+    problem = problem_of(B, S, S_kv, H, L, d_k, int(d_v), block_h, dkv_buf_bytes)
+    backward = resolve_backward(backward_backend, views["q"].device, d_k, int(d_v), block_h, dkv_buf_bytes)
+    if problem.dkv_buf_bytes is not None:  # the backward's budget, refused before the forward
+        if backward.name in BACKENDS:
+            least = scratch_bytes(B, S, S_kv, H, L, d_k, int(d_v), block_h=block_h, backend=backward.name)
+            source = "mqa_bwd.scratch_bytes"
+        else:
+            least, source = importlib.import_module(CUDNN_MODULE).scratch_bytes(problem), "mqa_bwd.cudnn.scratch_bytes"
+        require_budget(problem.dkv_buf_bytes, least, problem.rows, source)
     call = Call(forward, backward, check, float(sm_scale), int(d_v))
     layer = SparseMQAAttention if framework == "torch" else paddle_layer()
     return layer.apply(q, kv, attn_sink, token_indices, call)

@@ -43,7 +43,7 @@ import torch
 
 from . import edge
 from .contract import Domain
-from .wrapper import caller_order, global_slots, require_budget, validate
+from .wrapper import caller_order, global_slots, require_budget, torch_inputs, validate
 
 MODULE = "cudnn.deepseek_sparse_attention.sparse_attention_backward"
 FUNCTION = "sparse_attention_backward_wrapper"
@@ -206,10 +206,11 @@ def check_cudnn_domain(problem, device: torch.device, placement: Placement, dete
 
 
 def backward_with(placement: Placement, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, *,
-                  block_h=None, dkv_buf_bytes=None, deterministic=None, layout: Layout = LAYOUT):
-    """cudnn_backward with the tensors' placement (and the layout steps) given; torch tensors in and out."""
+                  block_h=None, dkv_buf_bytes=None, deterministic=None, layout: Layout = LAYOUT, framework="torch"):
+    """cudnn_backward with the tensors' placement (and the layout steps) given; torch tensors in and
+    out. ``framework``: whose names the error messages use (the caller's, before the edge converted it)."""
     problem = validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h, dkv_buf_bytes,
-                       placement)
+                       placement, framework=framework)
     flag = check_cudnn_domain(problem, query.device, placement, deterministic)
     require_budget(problem.dkv_buf_bytes, scratch_bytes(problem), problem.rows, "mqa_bwd.cudnn.scratch_bytes")
     function = _function()
@@ -228,17 +229,11 @@ def cudnn_backward(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_s
     ``block_h`` is validated and has no effect; ``dkv_buf_bytes`` below cuDNN's own per-row
     scratch is refused (see the module).
     """
-    framework = edge.framework_of(query)
-    named = {"query": query, "kv": kv, "out": out, "grad_out": grad_out, "lse": lse, "token_indices": token_indices}
     # Tensors that require grad are accepted, as SPEC says: the backward is not differentiated.
-    tensors = {name: edge.to_torch(x, name, accept=("torch", "paddle")).detach() for name, x in named.items()}
-    sink = None if attn_sink is None else edge.to_torch(attn_sink, "attn_sink", accept=("torch", "paddle")).detach()
+    framework, tensors = torch_inputs(query, kv, out, grad_out, lse, attn_sink, token_indices)
     with torch.no_grad():
-        dq, dkv, dsink = backward_with(
-            CUDA_PLACEMENT, tensors["query"], tensors["kv"], tensors["out"], tensors["grad_out"], tensors["lse"], sink,
-            tensors["token_indices"], sm_scale, block_h=block_h, dkv_buf_bytes=dkv_buf_bytes,
-            deterministic=deterministic,
-        )
+        dq, dkv, dsink = backward_with(CUDA_PLACEMENT, *tensors, sm_scale, block_h=block_h, dkv_buf_bytes=dkv_buf_bytes,
+                                       deterministic=deterministic, framework=framework)
     return tuple(edge.from_torch(t, framework) for t in (dq, dkv, dsink))
 
 

@@ -121,6 +121,14 @@ def from_torch(t, framework: str):
     raise ValueError(f"framework: expected one of {FRAMEWORKS}, got {framework!r}")
 
 
+def bits(t):
+    """A torch tensor's raw bits as a same-shaped integer tensor: torch.equal of two such views
+    is bitwise equality, NaN payloads and signed zeros included."""
+    import torch
+
+    return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
 def dtype_name(dtype, framework: str = "torch") -> str:
     """A torch dtype as ``framework`` spells it: torch.bfloat16, or paddle.bfloat16 for a paddle
     caller (paddle names its dtypes as torch does), so that a message speaks the caller's framework."""

@@ -22,6 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from . import capture as capture_mod
+from . import edge
 from .contract import CUDNN
 
 from properties.target import OURS, OUTPUT_NAMES, SPEC_ARGS, backend_device  # noqa: F401 (re-exported)
@@ -205,21 +206,14 @@ class _Tracker:
     def add(self, t):
         import torch
 
-        from mqa_bwd.edge import to_numpy
-
         if self.reference is not None and t.shape == self.reference.shape and t.dtype == self.reference.dtype \
-                and torch.equal(_bits(t), _bits(self.reference)):
+                and torch.equal(edge.bits(t), edge.bits(self.reference)):
             self.stats.add_same()
             return
         if self.reference is None:
             self.reference = t.detach().clone()
-        self.stats.add(to_numpy(t))
+        self.stats.add(edge.to_numpy(t))
 
-
-def _bits(t):
-    import torch
-
-    return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
 # ---------------------------------------------------------------------------

@@ -145,15 +145,45 @@ def scratch_bytes(B, S, S_kv, H, L, d_k, d_v, block_h=None, backend=None) -> int
     for name, n in (("B", B), ("S", S), ("S_kv", S_kv), ("H", H), ("L", L), ("d_k", d_k), ("d_v", d_v)):
         if isinstance(n, bool) or not isinstance(n, numbers.Integral) or n < 1:
             raise ValueError(f"{name}: expected a positive integer, got {n!r}")
-    if block_h is None:
-        block_h = 32 if H % 32 == 0 else 16
-    elif isinstance(block_h, bool) or not isinstance(block_h, numbers.Integral) or block_h not in BLOCK_H_CHOICES:
-        raise ValueError(f"block_h: must be one of {BLOCK_H_CHOICES} or None, got {block_h!r}")
+    block_h = check_block_h(block_h, H)
     if backend is not None and backend not in BACKENDS:
         raise ValueError(f"backend: expected one of {BACKENDS} or None, got {backend!r}")
     deterministic = backend not in ("tilelang-atomic", "model-atomic")
-    problem = Problem(int(B), int(S), int(S_kv), int(H), int(L), int(d_k), int(d_v), int(block_h), None)
+    problem = Problem(int(B), int(S), int(S_kv), int(H), int(L), int(d_k), int(d_v), block_h, None)
     return problem.scratch_bytes(deterministic)
+
+
+def check_block_h(block_h, H: int) -> int:
+    """The head-group width: ``block_h`` checked, or the default for H heads (None)."""
+    if block_h is None:
+        return 32 if H % 32 == 0 else 16
+    if isinstance(block_h, bool) or not isinstance(block_h, numbers.Integral) or block_h not in BLOCK_H_CHOICES:
+        raise ValueError(
+            f"block_h: must be one of {BLOCK_H_CHOICES} (the widths for which the kernel's own head tile "
+            f"equals the group width) or None, got {block_h!r}"
+        )
+    return int(block_h)
+
+
+def check_dkv_buf_bytes(dkv_buf_bytes) -> int | None:
+    if dkv_buf_bytes is not None and (isinstance(dkv_buf_bytes, bool) or not isinstance(dkv_buf_bytes, numbers.Integral)
+                                      or dkv_buf_bytes <= 0):
+        raise ValueError(f"dkv_buf_bytes: expected a positive integer or None, got {dkv_buf_bytes!r}")
+    return None if dkv_buf_bytes is None else int(dkv_buf_bytes)
+
+
+def problem_of(B, S, S_kv, H, L, d_k, d_v, block_h, dkv_buf_bytes) -> "Problem":
+    """The Problem of checked dimensions, with block_h and dkv_buf_bytes checked and the
+    kernels' limits on L and on int32 addressing; ValueError naming the argument."""
+    problem = Problem(B, S, S_kv, H, L, d_k, d_v, check_block_h(block_h, H), check_dkv_buf_bytes(dkv_buf_bytes))
+    if problem.padded_slots > K.MAX_SLOTS_PER_ROW:
+        raise ValueError(f"token_indices: top-k L = {L} pads to {problem.padded_slots} slots a row, "
+                         f"more than the kernels' {K.MAX_SLOTS_PER_ROW}")
+    if problem.rows * problem.padded_slots > INT32_MAX:
+        raise ValueError(f"token_indices: B*S*L = {problem.rows * problem.padded_slots} slots exceed int32 addressing")
+    if B * S_kv > INT32_MAX:
+        raise ValueError(f"kv: B*S_kv = {B * S_kv} rows exceed int32 addressing")
+    return problem
 
 
 # ---------------------------------------------------------------------------
@@ -247,26 +277,7 @@ def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, 
 
     check_sm_scale(sm_scale)
 
-    if block_h is None:
-        block_h = 32 if H % 32 == 0 else 16
-    elif isinstance(block_h, bool) or not isinstance(block_h, numbers.Integral) or block_h not in BLOCK_H_CHOICES:
-        raise ValueError(
-            f"block_h: must be one of {BLOCK_H_CHOICES} (the widths for which the kernel's own head tile "
-            f"equals the group width), got {block_h!r}"
-        )
-
-    if dkv_buf_bytes is not None and (isinstance(dkv_buf_bytes, bool) or not isinstance(dkv_buf_bytes, numbers.Integral)
-                                      or dkv_buf_bytes <= 0):
-        raise ValueError(f"dkv_buf_bytes: expected a positive integer or None, got {dkv_buf_bytes!r}")
-
-    problem = Problem(B, S, S_kv, H, L_, d_k, d_v, int(block_h), None if dkv_buf_bytes is None else int(dkv_buf_bytes))
-    if problem.padded_slots > K.MAX_SLOTS_PER_ROW:
-        raise ValueError(f"token_indices: top-k L = {L_} pads to {problem.padded_slots} slots a row, "
-                         f"more than the kernels' {K.MAX_SLOTS_PER_ROW}")
-    if problem.rows * problem.padded_slots > INT32_MAX:
-        raise ValueError(f"token_indices: B*S*L = {problem.rows * problem.padded_slots} slots exceed int32 addressing")
-    if B * S_kv > INT32_MAX:
-        raise ValueError(f"kv: B*S_kv = {B * S_kv} rows exceed int32 addressing")
+    problem = problem_of(B, S, S_kv, H, L_, d_k, d_v, block_h, dkv_buf_bytes)
 
     device = query.device
     for name, t in (("kv", kv), ("out", out), ("grad_out", grad_out), ("lse", lse), ("attn_sink", attn_sink), ("token_indices", token_indices)):
@@ -485,23 +496,26 @@ def backward(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, 
     """mqa_latent_sparse_bwd with its steps given (``steps``; the public function: STEPS)."""
     from .backends import get_launcher
 
-    framework = edge.framework_of(query)
-    named = {
-        "query": query, "kv": kv, "out": out, "grad_out": grad_out, "lse": lse, "token_indices": token_indices,
-    }
-    # The backward is not itself differentiated: tensors that require grad are
-    # read through detached views (the same memory), and nothing is recorded.
-    tensors = {name: edge.to_torch(x, name, accept=("torch", "paddle")).detach() for name, x in named.items()}
-    sink = None if attn_sink is None else edge.to_torch(attn_sink, "attn_sink", accept=("torch", "paddle")).detach()
+    framework, tensors = torch_inputs(query, kv, out, grad_out, lse, attn_sink, token_indices)
     # The launcher checks ``instruments``; building one allocates nothing.
-    launcher = get_launcher(backend, tensors["query"].device, instruments)
+    launcher = get_launcher(backend, tensors[0].device, instruments)
     with torch.no_grad():
-        dq, dkv, dsink = backward_with(
-            launcher, tensors["query"], tensors["kv"], tensors["out"], tensors["grad_out"], tensors["lse"], sink,
-            tensors["token_indices"], sm_scale, block_h=block_h, dkv_buf_bytes=dkv_buf_bytes, steps=steps,
-            framework=framework,
-        )
+        dq, dkv, dsink = backward_with(launcher, *tensors, sm_scale, block_h=block_h, dkv_buf_bytes=dkv_buf_bytes,
+                                       steps=steps, framework=framework)
     return tuple(edge.from_torch(t, framework) for t in (dq, dkv, dsink))
+
+
+def torch_inputs(query, kv, out, grad_out, lse, attn_sink, token_indices) -> tuple:
+    """(the caller's framework, the seven tensors as torch tensors in SPEC's order).
+
+    The backward is not itself differentiated: tensors that require grad are read
+    through detached views (the same memory), and nothing is recorded."""
+    framework = edge.framework_of(query)
+    named = {"query": query, "kv": kv, "out": out, "grad_out": grad_out, "lse": lse, "attn_sink": attn_sink,
+             "token_indices": token_indices}
+    tensors = tuple(None if name == "attn_sink" and x is None
+                    else edge.to_torch(x, name, accept=("torch", "paddle")).detach() for name, x in named.items())
+    return framework, tensors
 
 
 def mqa_latent_sparse_bwd(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, *, block_h=None,
