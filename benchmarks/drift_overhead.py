@@ -22,27 +22,19 @@ import sys
 import tempfile
 
 from mqa_bwd import bench
+from mqa_bwd.cli import positive_int
 
 BACKEND = "tilelang"
 
-
-def _positive(text):
-    try:
-        value = int(text)
-    except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return value
 
 
 def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     heads = sorted(s["H"] for s in bench.SHAPES["dsv32"])
     parser.add_argument("--H", type=int, choices=heads, default=64, help="which dsv32 shape (default 64)")
-    parser.add_argument("--every", type=_positive, default=10, help="the sparse setting checks every N-th step "
+    parser.add_argument("--every", type=positive_int, default=10, help="the sparse setting checks every N-th step "
                         "(default 10); also the steps in a timed block")
-    parser.add_argument("--rounds", type=_positive, default=5, help="timed blocks per setting (default 5)")
+    parser.add_argument("--rounds", type=positive_int, default=5, help="timed blocks per setting (default 5)")
     args = parser.parse_args(argv)
     args.shape = next(dict(s) for s in bench.SHAPES["dsv32"] if s["H"] == args.H)
     return args

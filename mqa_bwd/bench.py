@@ -283,8 +283,9 @@ def time_interleaved(calls: dict, warmup=3, repeats=10) -> dict:
     return times
 
 
-def peak_scratch_bytes(fn) -> int:
-    """Peak memory allocated during one call beyond what existed before it and its outputs."""
+def scratch_and_outputs(fn) -> tuple:
+    """(the peak memory allocated during one call beyond what existed before it and its
+    outputs, the outputs)."""
     import torch
 
     torch.cuda.synchronize()
@@ -294,8 +295,7 @@ def peak_scratch_bytes(fn) -> int:
     torch.cuda.synchronize()
     outputs = sum(t.numel() * t.element_size() for t in result)
     peak = torch.cuda.max_memory_allocated()
-    del result
-    return max(0, peak - base - outputs)
+    return max(0, peak - base - outputs), result
 
 
 def rel_l2(a, b) -> float:
@@ -499,7 +499,12 @@ class Quality:
 def assess(args, calls: dict, budget_bytes=REFERENCE_BLOCK_BYTES) -> dict:
     """backend -> Quality: each of ``calls`` (backend -> no-argument call, the first the reference
     for agreement) called once on ``args``, against the first's outputs and the float64 reference."""
-    outputs = {backend: call() for backend, call in calls.items()}
+    return assess_outputs(args, {backend: call() for backend, call in calls.items()}, budget_bytes)
+
+
+def assess_outputs(args, outputs: dict, budget_bytes=REFERENCE_BLOCK_BYTES) -> dict:
+    """backend -> Quality of ``outputs`` (backend -> its (dq, dkv, d_attn_sink) on ``args``, the
+    first the reference for agreement)."""
     first = next(iter(outputs.values()))
     errors = oracle_errors(args, outputs, budget_bytes)
     qualities = {}
@@ -515,8 +520,12 @@ def measure(shape: dict, backends=GPU_BACKENDS, d_k=576, d_v=512, warmup=3, repe
     args = production_inputs(shape["B"], shape["S"], shape["S_kv"], shape["H"], shape["L"], d_k, d_v)
     calls = {backend: backend_call(backend, args, call_kw) for backend in backends}
     times = time_interleaved(calls, warmup, repeats)
-    scratch = {backend: peak_scratch_bytes(call) for backend, call in calls.items()}
-    quality = assess(args, calls)
+    # One more call each: its scratch, and the outputs that are judged.
+    scratch, outputs = {}, {}
+    for backend, call in calls.items():
+        scratch[backend], outputs[backend] = scratch_and_outputs(call)
+    quality = assess_outputs(args, outputs)
+    del outputs
     rows = []
     for backend in backends:
         ms = statistics.median(times[backend])
