@@ -70,11 +70,9 @@ def fake_cudnn_module(backend: str, calls: list) -> types.ModuleType:
 def fake(monkeypatch):
     """Install a stand-in cuDNN module; returns (set_backend, calls)."""
     calls = []
-    state = {}
 
     def install(backend="model"):
-        state["module"] = fake_cudnn_module(backend, calls)
-        monkeypatch.setitem(sys.modules, cudnn.MODULE, state["module"])
+        monkeypatch.setitem(sys.modules, cudnn.MODULE, fake_cudnn_module(backend, calls))
 
     install()
     return types.SimpleNamespace(install=install, calls=calls)

@@ -27,6 +27,8 @@ from properties import checks, ledger, outside, plugin, profiles, strategies
 from properties.case import Case
 from properties.target import Target
 
+from hopper import NEEDS_HOPPER
+
 ROOT = Path(__file__).resolve().parents[1]
 FAKES = "domain_fakes"
 #: A domain that restricts every field at once.
@@ -483,7 +485,7 @@ def test_the_check_table_says_why_and_the_findings_follow_it():
     assert "just outside the domain heads=2-128 (declared)" in text and "BAD  H=1, below heads=2-128" in text
 
 
-def test_an_impl_that_does_not_pick_a_backend_is_given_none(monkeypatch):
+def test_an_impl_that_does_not_pick_a_backend_is_given_none():
     args = types.SimpleNamespace(impl=f"{FAKES}:more_than_one_head", backend=None)
     assert cli._resolve_target(args) == (None, args.impl, False)  # no GPU here
     assert cli._resolve_target(types.SimpleNamespace(impl=None, backend=None))[0] == "model"
@@ -569,17 +571,10 @@ def test_check_reports_a_known_failure_and_fails_an_unexpected_pass(tmp_path):
 # ---------------------------------------------------------------------------
 
 
-def _hopper() -> Target:
-    from mqa_bwd import backends
-
-    if not backends.hopper_available():
-        pytest.skip("needs a Hopper GPU and tilelang")
-    return Target.load(None, "tilelang-atomic")
-
-
 @pytest.mark.gpu
+@NEEDS_HOPPER
 def test_the_atomic_control_fails_determinism_on_the_first_collision_cases():
-    target = _hopper()
+    target = Target.load(None, "tilelang-atomic")
     space = strategies.Space(widths="production")
     tried = []
     for case in plugin.explicit_cases("determinism", space)[:1] + draws(strategies.collision_cases(space), 3):
@@ -592,10 +587,10 @@ def test_the_atomic_control_fails_determinism_on_the_first_collision_cases():
 
 
 @pytest.mark.gpu
+@NEEDS_HOPPER
 @pytest.mark.slow
 @pytest.mark.parametrize("backend, bitwise", [("tilelang", True), ("tilelang-atomic", False)])
 def test_the_production_shape_probe(backend, bitwise):
-    _hopper()
     case = strategies.scale_case(strategies.Space(widths="production"))
     verdict = checks.run_property("determinism", Target.load(None, backend), case, checks.Options(repeats=10))
     assert verdict.ok == bitwise, verdict.report

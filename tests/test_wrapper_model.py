@@ -572,13 +572,11 @@ def test_tensors_that_require_grad_are_accepted_and_change_no_bit():
     host = Case(B=2, S=3, S_kv=9, H=5, L=5, d_k=32, d_v=16, sink="random", seed=5).inputs()
     plain = call(to_framework(host), backend="model")
     tracked = _requires_grad(to_framework(host))
-    instruments = Instruments()
     with torch.enable_grad():
-        got = call(tracked, backend="model", instruments=instruments)
+        got = call(tracked, backend="model")
     for name, g, p in zip(("dq", "dkv", "d_attn_sink"), got, plain):
         assert torch.equal(g, p), name
         assert not g.requires_grad and g.grad_fn is None, f"{name}: the backward was recorded by autograd"
-    assert all(tracked[n].grad is None for n in ("query", "kv", "lse"))
 
 
 def test_paddle_tensors_that_require_grad_are_accepted():
