@@ -19,15 +19,9 @@ import torch
 from mqa_bwd import bench, wrapper
 
 from .launcher import LANE_LIMIT
-from .model import LanesModelLauncher
+from .model import RecordingLanesLauncher
 
 PROBE = 24
-
-
-class _Recording(LanesModelLauncher):
-    def fixed_to_bf16(self, acc, row_scale, dst):
-        self.bound = self._pending[acc.data_ptr()]["bound"].clone()
-        return super().fixed_to_bf16(acc, row_scale, dst)
 
 
 def inputs(S, S_kv, H, L, temperature, seed=0):
@@ -45,7 +39,7 @@ def inputs(S, S_kv, H, L, temperature, seed=0):
 
 def study(S, S_kv, H, L, temperature):
     args = inputs(S, S_kv, H, L, temperature)
-    launcher = _Recording(PROBE)
+    launcher = RecordingLanesLauncher(PROBE)
     wrapper.backward_with(launcher, *args)
     largest = int(launcher.bound.max())
     headroom = PROBE + math.log2(LANE_LIMIT / largest)

@@ -88,16 +88,17 @@ class LanesSums:
     would launch the redo unconditionally with an early exit per CTA).
     """
 
-    gain = 18
-    redos = 0
+    def _lanes_init(self, gain: int):
+        self.gain = gain
+        self.redos = 0
+        self._pending = {}  # dkv accumulator address -> the call's lanes, bounds and launches
 
     def _lanes_state(self, dkv, config, kv):
         import torch
 
-        pending = self.__dict__.setdefault("_pending", {})
-        state = pending.get(dkv.data_ptr())
+        state = self._pending.get(dkv.data_ptr())
         if state is None:  # the call's first launch (H = 128 has two, into the same sums)
-            state = pending[dkv.data_ptr()] = dict(
+            state = self._pending[dkv.data_ptr()] = dict(
                 words=torch.zeros((kv.shape[0], config.d_k // 2), dtype=torch.int64, device=kv.device),
                 bound=torch.zeros((kv.shape[0],), dtype=torch.int64, device=kv.device), launches=[])
         return state
@@ -111,10 +112,14 @@ class LanesSums:
             return self.add_int64(**launch)
         state = self._lanes_state(dkv, config, kv)
         state["launches"].append(launch)
-        self.add_lanes(state["words"], state["bound"], lanes_scale(row_scale, self.gain), **launch)
+        try:
+            self.add_lanes(state["words"], state["bound"], lanes_scale(row_scale, self.gain), **launch)
+        except BaseException:
+            self._pending.pop(dkv.data_ptr(), None)  # a refused launch keeps none of the call's tensors
+            raise
 
     def fixed_to_bf16(self, acc, row_scale, dst):
-        state = self.__dict__.get("_pending", {}).pop(acc.data_ptr(), None)
+        state = self._pending.pop(acc.data_ptr(), None)
         if state is None:
             return super().fixed_to_bf16(acc, row_scale, dst)
         import torch
@@ -138,7 +143,7 @@ class LanesLauncher(LanesSums, SkeletonLauncher):
 
     def __init__(self, gain: int = 18, device=None, overlap: bool = True):
         super().__init__(True, device=device, overlap=overlap, sector_adds=True)
-        self.gain = gain
+        self._lanes_init(gain)
         self.name = f"lanes-gain{gain}"
 
     def add_lanes(self, words, bound, scale, *, dkv, config, heads, **launch):

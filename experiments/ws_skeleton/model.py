@@ -30,7 +30,7 @@ def float_to_int32_rn(x: np.ndarray) -> np.ndarray:
     """PTX cvt.rni.s32.f32 (CUDA __float2int_rn): half to even, NaN -> 0, saturating."""
     r = np.rint(np.asarray(x, dtype=np.float64))
     info = np.iinfo(np.int32)
-    return np.where(np.isnan(r), 0, np.clip(np.nan_to_num(r), info.min, info.max)).astype(np.int64)
+    return np.clip(np.nan_to_num(r), info.min, info.max).astype(np.int64)  # nan_to_num: NaN -> 0
 
 
 def lane_words(ints: np.ndarray) -> np.ndarray:
@@ -53,7 +53,7 @@ class LanesModelLauncher(LanesSums, ModelLauncher):
 
     def __init__(self, gain: int = 18, instruments=None):
         ModelLauncher.__init__(self, True, instruments)
-        self.gain = gain
+        self._lanes_init(gain)
         self.name = f"model-lanes-gain{gain}"
         self._target = None
 
@@ -76,6 +76,14 @@ class LanesModelLauncher(LanesSums, ModelLauncher):
         scaled = (contrib * scale[rows].view(-1, 1)).numpy()  # fp32, exact: a power of two
         np.add.at(words.numpy().view(np.uint64), rows.numpy(), lane_words(float_to_int32_rn(scaled)).view(np.uint64))
         np.add.at(bound.numpy(), rows.numpy(), contribution_bounds(scaled))
+
+
+class RecordingLanesLauncher(LanesModelLauncher):
+    """LanesModelLauncher that keeps the last call's per-kv-row Bound (``bound``)."""
+
+    def fixed_to_bf16(self, acc, row_scale, dst):
+        self.bound = self._pending[acc.data_ptr()]["bound"].clone()
+        return super().fixed_to_bf16(acc, row_scale, dst)
 
 
 def lanes_backward(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, *, block_h=None,

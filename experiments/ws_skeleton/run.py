@@ -56,8 +56,7 @@ def precompile(variants, workers=8):
     import multiprocessing
 
     kernels = {VARIANTS[v][:3] for v in variants}
-    if any(VARIANTS[v][0] == "lanes" for v in variants):  # the redo path
-        kernels |= {("fixed", VARIANTS[v][1], True) for v in variants if VARIANTS[v][0] == "lanes"}
+    kernels |= {("fixed", VARIANTS[v][1], True) for v in variants if VARIANTS[v][0] == "lanes"}  # the redo path
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
         for kernel in pool.map(_compile, sorted(kernels)):
