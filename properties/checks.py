@@ -189,12 +189,17 @@ def _describe_call(case: Case, **overrides) -> str:
 # ---------------------------------------------------------------------------
 
 
+def oracle_comparisons(outputs, host) -> list:
+    """Each output of a call on ``host`` compared with the float64 oracle (compare.compare)."""
+    want64, baseline = expected(host)
+    return [cmp.compare(name, g, w, b) for name, g, w, b in zip(OUTPUT_NAMES, outputs, want64, baseline)]
+
+
 def agreement(target: Target, case: Case, options: Options = Options()) -> Verdict:
     host = case.inputs()
     call = Caller(target, case)
     got = call(call.tensors(host))
-    want64, baseline = expected(host)
-    comparisons = [cmp.compare(name, g, w, b) for name, g, w, b in zip(OUTPUT_NAMES, got, want64, baseline)]
+    comparisons = oracle_comparisons(got, host)
     ok = all(c.ok for c in comparisons)
     lines = [f"agreement with the float64 oracle {_describe_call(case)}: {'holds' if ok else 'FAILS'}"]
     lines += [c.report() for c in comparisons] + call.notes
@@ -576,9 +581,7 @@ def _judge_poisoned(outputs, host, case) -> str | None:
 
 def _judge_untouched(outputs, host, case) -> str | None:
     """Tensors that require grad are read as they are: the outputs agree with the oracle."""
-    want64, baseline = expected(host)
-    bad = [c for c in (cmp.compare(name, g, w, b) for name, g, w, b in zip(OUTPUT_NAMES, outputs, want64, baseline))
-           if not c.ok]
+    bad = [c for c in oracle_comparisons(outputs, host) if not c.ok]
     return "; ".join(c.report() for c in bad) or None
 
 

@@ -24,7 +24,6 @@ the one that crashed.
 
 import dataclasses
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -34,10 +33,10 @@ import numpy as np
 
 from mqa_bwd.contract import FRAMEWORKS, SPEC_ARGS
 
-from . import compare as cmp
-from .case import ALL_INVALID_KINDS, SLOT_BLOCK, Case, expected, to_framework
+from . import checks, processes
+from .case import ALL_INVALID_KINDS, SLOT_BLOCK, Case, to_framework
 from .strategies import PRODUCTION_WIDTHS, SMALL_WIDTHS, Space, dimensions
-from .target import OUTPUT_NAMES, Target
+from .target import Target
 
 #: Seconds one probe may take (a JIT-compiling kernel compiles each new shape).
 PROBE_TIMEOUT_S = 180.0
@@ -200,9 +199,7 @@ def _where(error: BaseException) -> str:
 
 
 def _names(message: str, names) -> list:
-    import re
-
-    return [n for n in names if re.search(rf"(?<![A-Za-z0-9_]){re.escape(n)}(?![A-Za-z0-9_])", message)]
+    return [n for n in names if checks._names(message, n)]
 
 
 def run_probe(target: Target, probe: Probe) -> Finding:
@@ -226,9 +223,7 @@ def run_probe(target: Target, probe: Probe) -> Finding:
         return finding("raised", f"{type(err).__name__}{_where(err)}: {err}")
     if not isinstance(result, (tuple, list)) or len(result) != 3:
         return finding("accepted_disagrees", f"returned {type(result).__name__}, not (dq, dkv, d_attn_sink)")
-    want64, baseline = expected(host)
-    comparisons = [cmp.compare(n, g, w, b) for n, g, w, b in zip(OUTPUT_NAMES, result, want64, baseline)]
-    bad = [c for c in comparisons if not c.ok]
+    bad = [c for c in checks.oracle_comparisons(result, host) if not c.ok]
     if bad:
         return finding("accepted_disagrees", "; ".join(c.report().splitlines()[0] for c in bad))
     return finding("accepted_agrees")
@@ -237,13 +232,6 @@ def run_probe(target: Target, probe: Probe) -> Finding:
 # ---------------------------------------------------------------------------
 # Every probe, in child processes
 # ---------------------------------------------------------------------------
-
-
-def _child_env() -> dict:
-    env = dict(os.environ)
-    # The child imports the implementation as this process did: from the same path.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in sys.path if p and os.path.isdir(p))
-    return env
 
 
 def _signal_name(code: int) -> str:
@@ -265,7 +253,8 @@ def probe_outside(target: Target, space: Space, probe_timeout_s: float = PROBE_T
         timed_out = False
         try:
             proc = subprocess.run([sys.executable, "-m", "properties.outside"], input=json.dumps(request),
-                                  capture_output=True, text=True, timeout=timeout, env=_child_env())
+                                  capture_output=True, text=True, timeout=timeout,
+                                  env=processes.child_environment())
             out, err, code = proc.stdout, proc.stderr, proc.returncode
         except subprocess.TimeoutExpired as e:
             out, err, code, timed_out = e.stdout or "", e.stderr or "", None, True

@@ -127,7 +127,8 @@ def load_inputs(path) -> dict:
 
 
 def digest(x) -> dict:
-    a = np.ascontiguousarray(edge.to_numpy(x))
+    """sha256, shape and dtype of an output (a tensor, or its contiguous host copy)."""
+    a = x if isinstance(x, np.ndarray) else np.ascontiguousarray(edge.to_numpy(x))
     return {"sha256": hashlib.sha256(a.tobytes()).hexdigest(), "shape": list(a.shape), "dtype": str(a.dtype)}
 
 
@@ -157,11 +158,11 @@ def serve(request: dict) -> dict:
         result = target(to_framework(host, framework, device), **request.get("options", {}))
         if not isinstance(result, (tuple, list)) or len(result) != 3:
             raise TypeError(f"expected (dq, dkv, d_attn_sink), got {type(result).__name__}")
-        answer["digests"] = {name: digest(x) for name, x in zip(OUTPUT_NAMES, result)}
+        outputs = {name: np.ascontiguousarray(edge.to_numpy(x)) for name, x in zip(OUTPUT_NAMES, result)}
+        answer["digests"] = {name: digest(a) for name, a in outputs.items()}
         if request.get("outputs_dir"):
-            for name, x in zip(OUTPUT_NAMES, result):
-                path = Path(request["outputs_dir"]) / f"{name}.bin"
-                path.write_bytes(np.ascontiguousarray(edge.to_numpy(x)).tobytes())
+            for name, a in outputs.items():
+                (Path(request["outputs_dir"]) / f"{name}.bin").write_bytes(a.tobytes())
         del held
     except Exception as err:  # noqa: BLE001 - the parent reports it
         frames = traceback.extract_tb(err.__traceback__)[-3:]

@@ -245,7 +245,7 @@ def kv_row_counts():
     return st.one_of(st.integers(1, 12), st.sampled_from(EDGE_KV_ROWS))
 
 
-def _free_fields(draw, space: Space, B: int, S: int, S_kv: int, L: int, block_h: bool = False) -> dict:
+def _free_fields(draw, space: Space, S: int, S_kv: int, L: int, block_h: bool = False) -> dict:
     """What varies inside any shape: the index pattern, invalid kinds, duplicates, sinks, values
     (and, with ``block_h``, the head-group width). Drawn in one fixed order, so that a derandomized
     run over the whole SPEC domain draws the cases it always drew."""
@@ -278,7 +278,7 @@ def _checked(case: Case, space: Space) -> Case:
 @st.composite
 def bucket_cases(draw, space: Space) -> Case:
     B, S, S_kv, H, L, d_k, d_v = draw(st.sampled_from(space.buckets))
-    fields = _free_fields(draw, space, B, S, S_kv, L)
+    fields = _free_fields(draw, space, S, S_kv, L)
     return _checked(Case(B=B, S=S, S_kv=S_kv, H=H, L=L, d_k=d_k, d_v=d_v, **fields), space)
 
 
@@ -295,7 +295,7 @@ def _collision_shape(draw, space: Space) -> tuple:
 def collision_cases(draw, space: Space) -> Case:
     """Many query rows on few kv rows: every dKV row a long sum whose order atomics would change."""
     B, S, S_kv, H, L, d_k, d_v = _collision_shape(draw, space)
-    fields = _free_fields(draw, space, B, S, S_kv, L)
+    fields = _free_fields(draw, space, S, S_kv, L)
     fields.update(duplicates=draw(st.sampled_from((True, False))),
                   cancelling_rows=draw(st.sampled_from((True, False))))
     return _checked(Case(B=B, S=S, S_kv=S_kv, H=H, L=L, d_k=d_k, d_v=d_v, **fields), space)
@@ -346,7 +346,7 @@ def _draw_general(draw, space: Space) -> Case:
             L = max([n for n in topk_choices(domain, SLOT_BLOCK + 1) if n <= SLOT_BLOCK + 1] or [space.fit_topk(L)])
     S_kv = space.fit_kv_rows(S, S_kv, L, space.pattern_choices()[0])
     d_k, d_v = draw(st.sampled_from(space.width_choices()))
-    fields = _free_fields(draw, space, B, S, S_kv, L, block_h=True)
+    fields = _free_fields(draw, space, S, S_kv, L, block_h=True)
     case = Case(B=B, S=S, S_kv=S_kv, H=H, L=L, d_k=d_k, d_v=d_v, **fields)
     if budget_units is not None:
         unit = draw(st.sampled_from((case.slot_row_bytes, case.kv_bytes)))
