@@ -230,6 +230,7 @@ class RunReport:
     oracle: dict = dataclasses.field(default_factory=dict)  # output name -> properties.compare.Comparison
     problems: list = dataclasses.field(default_factory=list)  # exceptions, wrong dtypes, modified inputs
     run0: tuple = ()  # host NumPy outputs of run 0 (not serialised)
+    run0_error: Exception | None = None  # what run 0 raised (not serialised)
 
     @property
     def bitwise(self) -> bool:
@@ -242,7 +243,7 @@ class RunReport:
     @property
     def rejected(self) -> bool:
         """Whether its first run raised a ValueError (the answer to a call that breaks SPEC)."""
-        return bool(self.problems) and self.problems[0].startswith("run 0 raised ValueError")
+        return isinstance(self.run0_error, ValueError)
 
     def as_dict(self):
         return {
@@ -298,6 +299,8 @@ def run_many(impl: Implementation, host_inputs: dict, runs: int, on_run=None) ->
                 torch.cuda.synchronize()  # an asynchronous fault belongs to this run, not the next
         except Exception as e:  # the implementation's failure is the finding, not a crash of repro
             report.problems.append(f"run {run} raised {type(e).__name__}: {e}")
+            if run == 0:
+                report.run0_error = e
             break
         for name, t in zip(OUTPUT_NAMES, outputs):
             trackers[name].add(t)

@@ -260,8 +260,17 @@ def accepts_anything(*args, **kwargs):
     return mqa_latent_sparse_bwd(*args, **kwargs)
 
 
+class ShapeError(ValueError):
+    """A framework's own refusal: still a ValueError, as SPEC asks."""
+
+
+def refuses_with_a_subclass(*args, **kwargs):
+    raise ShapeError("grad_out: expected bfloat16")
+
+
 @pytest.mark.parametrize("impl, code, verdict", [
     (None, 0, "rejected the call with a ValueError, as SPEC requires"),
+    (f"{__name__}:refuses_with_a_subclass", 0, "rejected the call with a ValueError, as SPEC requires"),
     (f"{__name__}:accepts_anything", 1, "did NOT reject a call that breaks SPEC with a ValueError"),
 ])
 def test_cli_repro_replays_a_fuzz_record_of_a_call_that_breaks_spec(tmp_path, capsys, impl, code, verdict):
