@@ -27,6 +27,7 @@ import collections
 import csv
 import math
 import os
+import shlex
 import subprocess
 import sys
 
@@ -165,15 +166,18 @@ def main_launches_per_call(H: int, design: str) -> int:
 def profile(a) -> None:
     os.makedirs(a.out, exist_ok=True)
     report = os.path.join(a.out, "report")
-    skip = (a.calls - 1) * main_launches_per_call(a.H, a.design)
-    command = ["ncu", "--clock-control", "none", "-k", "regex:main_bwd", "--launch-skip", str(skip), "-c", "1", "-f",
-               "-o", report]
+    if a.program:  # another program's kernel: its own launches, one a call
+        kernel, skip, program = a.kernel, a.calls - 1, shlex.split(a.program)
+    else:
+        kernel, skip = "regex:main_bwd", (a.calls - 1) * main_launches_per_call(a.H, a.design)
+        program = [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "one_call.py"),
+                   "--design", a.design, "--H", str(a.H), "--calls", str(a.calls)]
+        for key in ("B", "S", "S_kv", "L"):
+            program += [f"--{key}", str(getattr(a, key))]
+    command = ["ncu", "--clock-control", "none", "-k", kernel, "--launch-skip", str(skip), "-c", "1", "-f", "-o", report]
     for section in SECTIONS:
         command += ["--section", section]
-    command += [sys.executable, os.path.join(os.path.dirname(os.path.abspath(__file__)), "one_call.py"),
-                "--design", a.design, "--H", str(a.H), "--calls", str(a.calls)]
-    for key in ("B", "S", "S_kv", "L"):
-        command += [f"--{key}", str(getattr(a, key))]
+    command += program
     subprocess.run(command, check=True)
     for page, name in (("source", "sass.csv"), ("details", "details.csv")):
         extra = ["--print-source", "sass"] if page == "source" else []
@@ -200,6 +204,9 @@ def main():
     p.add_argument("--design", choices=("fixed", "atomic"), default="fixed")
     add_shape_arguments(p, repeats=None)
     p.add_argument("--calls", type=int, default=3)
+    p.add_argument("--program", help="profile this command's kernel instead of one_call.py's main_bwd (it must make "
+                                      "--calls launches of --kernel, e.g. experiments.ws_skeleton.run --one-call)")
+    p.add_argument("--kernel", default="regex:skeleton", help="ncu's kernel filter for --program")
     p.add_argument("--out", required=True)
     p.add_argument("--top", type=int, default=25)
     s = sub.add_parser("summarize", help="the tables of an exported per-instruction CSV")

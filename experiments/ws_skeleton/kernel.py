@@ -151,12 +151,13 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
     sector_adds (fixed only): the lanes of a quad swap values by shuffles so that each
     red.u64 instruction covers whole 32-byte sectors (SECTOR_ADD_SOURCE); False: each
     lane adds the accumulator's own columns, two sectors half-covered a row.
+    accumulate="none": no dKV adds at all (what the rest of the skeleton costs).
     accumulate="lanes": two columns a word of two signed 32-bit lanes, dKV [NKV, Dk / 2]
     int64 words, RowScale the lanes' scale (the plan's, lowered: launcher.LanesLauncher),
     Bound [NKV] the proof that every column's final sum fits (LANES_ADD_SOURCE).
     """
-    if accumulate not in ("fixed", "atomic", "lanes"):
-        raise ValueError(f"accumulate: {accumulate!r} (fixed, atomic or lanes)")
+    if accumulate not in ("fixed", "atomic", "lanes", "none"):
+        raise ValueError(f"accumulate: {accumulate!r} (fixed, atomic, lanes or none)")
     if d_k % CHUNK or d_v % CHUNK or d_k <= DQ_SPLIT:
         raise ValueError(f"d_k={d_k}, d_v={d_v}: multiples of {CHUNK}, d_k above {DQ_SPLIT}")
     tilelang, T = _tl()
@@ -164,9 +165,9 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
     Dk, Dv, BS, H = d_k, d_v, SLOTS, HEADS
     NB = Lp // BS
     f32, bf16, i32, i64 = "float32", "bfloat16", "int32", "int64"
-    dkv_dtype = f32 if accumulate == "atomic" else i64
+    dkv_dtype = f32 if accumulate in ("atomic", "none") else i64
     dkv_shape = (NKV, Dk // 2) if accumulate == "lanes" else (NKV, Dk)
-    scaled = accumulate != "atomic"  # the fixed and lanes designs: a row scale per slot, the mass check
+    scaled = accumulate in ("fixed", "lanes")  # the fixed and lanes designs: a row scale per slot, the mass check
     chunks = Dk // CHUNK
     value_chunks = Dv // CHUNK
     # Warpgroup 1's dQ columns in two wgmma-sized pieces (N at most 256, whole 64s):
@@ -191,7 +192,9 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
     @T.macro
     def add_chunk(dKV, acc, slots_s, scales_s, c, p, NKV, peak):
         """The global adds of chunk c's accumulator, for the block of parity p."""
-        if accumulate == "lanes":
+        if accumulate == "none":  # the skeleton's time without its adds (a measurement, never correct)
+            pass
+        elif accumulate == "lanes":
             T.call_extern("handle", "skel_add_chunk_lanes", acc.data, dKV.data, T.address_of(slots_s[p * BS]),
                           T.address_of(scales_s[p * BS]), c * CHUNK, Dk, NKV, T.get_thread_binding() - WARPGROUP,
                           peak.data)

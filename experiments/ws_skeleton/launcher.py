@@ -22,17 +22,19 @@ def compiled_skeleton(d_k: int, d_v: int, accumulate: str, overlap: bool = True,
 class SkeletonLauncher(launch.TileLangLauncher):
     """Runs the skeleton wherever the product would run its wide 64-head tile."""
 
-    def __init__(self, deterministic: bool = True, device=None, overlap: bool = True, sector_adds: bool = True):
+    def __init__(self, deterministic: bool = True, device=None, overlap: bool = True, sector_adds: bool = True,
+                 accumulate=None):
         super().__init__(deterministic=deterministic, device=device)
         self.name = "skeleton" if deterministic else "skeleton-atomic"
         self.knobs = (overlap, sector_adds)
+        self.accumulate = accumulate  # None: the configuration's; "none": no adds (a timing of the rest)
 
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, config, sm_scale, heads=None, head_base=0,
                  row_scale=None, allowance=None, flag=None):
         if not config.wide:
             return super().main_bwd(q, kv, grad_out, indices, lse2, delta, dq, dkv, config=config, sm_scale=sm_scale,
                                     heads=heads, head_base=head_base, row_scale=row_scale, allowance=allowance, flag=flag)
-        self.run_skeleton(config.accumulate, q, kv, grad_out, indices, lse2, delta, dq, dkv, config=config,
+        self.run_skeleton(self.accumulate or config.accumulate, q, kv, grad_out, indices, lse2, delta, dq, dkv, config=config,
                           sm_scale=sm_scale, head_base=head_base, row_scale=row_scale, allowance=allowance, flag=flag)
 
     def run_skeleton(self, accumulate, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, config, sm_scale, head_base,

@@ -29,6 +29,7 @@ VARIANTS = {
     "skel-det-v1": ("fixed", False, False, None),
     "skel-atomic": ("atomic", True, False, None),
     "skel-atomic-v1": ("atomic", False, False, None),
+    "skel-noadd": ("none", True, False, None),
     "lanes-g12": ("lanes", True, True, 12),
     "lanes-g18": ("lanes", True, True, 18),
 }
@@ -40,6 +41,8 @@ def launcher_of(name):
     accumulate, overlap, sector, gain = VARIANTS[name]
     if accumulate == "lanes":
         return LanesLauncher(gain, overlap=overlap)
+    if accumulate == "none":
+        return SkeletonLauncher(False, overlap=overlap, sector_adds=sector, accumulate="none")
     return SkeletonLauncher(accumulate == "fixed", overlap=overlap, sector_adds=sector)
 
 
@@ -75,6 +78,24 @@ def compile_only():
             print(kernel, d_k, d_v, toolchain.ptxas_info_of_source(source), flush=True)
 
 
+def one_call(backend, shape, calls):
+    import torch
+
+    from mqa_bwd import bench, launch
+
+    if backend in VARIANTS:
+        precompile([backend])
+        launcher = launcher_of(backend)
+    else:
+        launcher = launch.TileLangLauncher(backend == "det")
+    call = bench.prepared_wrapper_call(bench.production_inputs(**SHAPES[shape]), launcher)
+    for _ in range(calls):
+        with torch.cuda.nvtx.range("backward"):
+            call()
+    torch.cuda.synchronize()
+    print(f"{calls} calls of {backend} at {shape}", flush=True)
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="tiny,dsv32,fleet")
@@ -82,6 +103,10 @@ def main(argv=None):
     parser.add_argument("--no-reference", action="store_true", help="skip the float64 reference errors")
     parser.add_argument("--compile-only", action="store_true")
     parser.add_argument("--variants", default=",".join(VARIANTS), help="skeleton variants to run (VARIANTS)")
+    parser.add_argument("--one-call", metavar="BACKEND",
+                        help="for a profiler: --calls calls of one backend (det, atomic or a variant) at the first "
+                             "shape, each in the NVTX range 'backward' (ncu -k regex:skeleton --launch-skip calls-1)")
+    parser.add_argument("--calls", type=int, default=3)
     a = parser.parse_args(argv)
     if a.compile_only:
         return compile_only()
@@ -89,6 +114,8 @@ def main(argv=None):
 
     from mqa_bwd import bench, launch
 
+    if a.one_call:
+        return one_call(a.one_call, a.shapes.split(",")[0], a.calls)
     variants = a.variants.split(",")
     precompile(variants)
     launchers = {"det": launch.TileLangLauncher(True), "atomic": launch.TileLangLauncher(False)}
@@ -107,7 +134,7 @@ def main(argv=None):
             errs = " ".join(f"{n} {bench.rel_l2(x, y):.2e}" for n, x, y in zip(("dq", "dkv", "dsink"), out, outputs["det"]))
             print(f"  {k:12} vs det: {errs}", flush=True)
         for k in variants:
-            if VARIANTS[k][0] != "atomic":
+            if VARIANTS[k][0] in ("fixed", "lanes"):
                 again = calls[k]()
                 print(f"  {k} rerun same bits: {bench.same_bits(again, outputs[k])}", flush=True)
             if VARIANTS[k][0] == "lanes":
