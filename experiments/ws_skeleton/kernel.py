@@ -47,6 +47,8 @@ BARRIER_SOURCE = r"""
 __device__ __forceinline__ void skel_bar_sync_wg(int id) { asm volatile("bar.sync %0, 128;" :: "r"(id) : "memory"); }
 // cp.async and generic stores to shared memory become visible to wgmma (the async proxy).
 __device__ __forceinline__ void skel_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// Every cp.async group of this thread but the newest has landed.
+__device__ __forceinline__ void skel_cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 """
 
 BARS_INIT_SOURCE = r"""
@@ -66,6 +68,38 @@ __device__ __forceinline__ void skel_bars_init(void* bars) {
 # share a row: by four shuffles a lane gets columns k and 4 + k of each 8-column block
 # (k = t % 4), so each red.u64 instruction adds 32 contiguous bytes a row, whole sectors.
 SECTOR_ADD_SOURCE = r"""
+// A predicated add, not a branch around it: with no branch between them, ptxas interleaves a
+// chunk's independent convert-and-add chains (one warp a scheduler has nothing else to run).
+__device__ __forceinline__ void skel_red_u64_if(unsigned long long* p, unsigned long long v, bool ok) {
+  asm volatile("{\n .reg .pred q;\n setp.ne.u32 q, %2, 0;\n @q red.global.add.u64 [%0], %1;\n}"
+               :: "l"(p), "l"(v), "r"(static_cast<unsigned>(ok)) : "memory");
+}
+__device__ __forceinline__ void skel_red_f32x2_if(float* p, float a, float b, bool ok) {
+  asm volatile("{\n .reg .pred q;\n setp.ne.u32 q, %3, 0;\n @q red.global.add.v2.f32 [%0], {%1, %2};\n}"
+               :: "l"(p), "f"(a), "f"(b), "r"(static_cast<unsigned>(ok)) : "memory");
+}
+// max that keeps a NaN (fmaxf drops it): a NaN contribution must fail its row's bound.
+__device__ __forceinline__ float skel_max_nan(float a, float b) {
+  float r;
+  asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+// The control's adds of one chunk (the accumulator layout above): a lane's two consecutive columns
+// as one red.v2.f32.
+__device__ __forceinline__ void skel_add_chunk_atomic(const float* acc, const void* dkv, const int* slots, int col0,
+                                                      int ld, int nkv, int t) {
+  const int lane = t & 31, warp = t >> 5, k = lane & 3;
+  #pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const int row = 16 * warp + 8 * half + (lane >> 2);
+    const int kv = slots[row];
+    const bool ok = kv >= 0 && kv < nkv;
+    float* base = const_cast<float*>(static_cast<const float*>(dkv)) + (long long)(ok ? kv : 0) * ld + col0 + 2 * k;
+    #pragma unroll
+    for (int n8 = 0; n8 < 8; ++n8)
+      skel_red_f32x2_if(base + 8 * n8, acc[2 * (2 * n8 + half)], acc[2 * (2 * n8 + half) + 1], ok);
+  }
+}
 // dkv comes const: TileLang sees no store to it through this call.
 __device__ __forceinline__ void skel_add_chunk_fixed(const float* acc, const void* dkv, const int* slots,
                                                      const float* scales, int col0, int ld, int nkv, int t) {
@@ -84,9 +118,9 @@ __device__ __forceinline__ void skel_add_chunk_fixed(const float* acc, const voi
       const float a = __shfl_sync(0xffffffffu, v0, quad + (k >> 1)), b = __shfl_sync(0xffffffffu, v1, quad + (k >> 1));
       const float c = __shfl_sync(0xffffffffu, v0, quad + 2 + (k >> 1)), d = __shfl_sync(0xffffffffu, v1, quad + 2 + (k >> 1));
       const float lo = (k & 1) ? b : a, hi = (k & 1) ? d : c;
-      if (ok) {
-        atomicAdd(base + 8 * n8 + k, static_cast<unsigned long long>(__float2ll_rn(lo * scale)));
-        atomicAdd(base + 8 * n8 + 4 + k, static_cast<unsigned long long>(__float2ll_rn(hi * scale)));
+      {
+        skel_red_u64_if(base + 8 * n8 + k, static_cast<unsigned long long>(__float2ll_rn(lo * scale)), ok);
+        skel_red_u64_if(base + 8 * n8 + 4 + k, static_cast<unsigned long long>(__float2ll_rn(hi * scale)), ok);
       }
     }
   }
@@ -99,7 +133,7 @@ __device__ __forceinline__ void skel_add_chunk_fixed(const float* acc, const voi
 # (red.u64: a quad's four words are one whole sector a row). Words decode exactly whenever each
 # column's final sum fits 32 signed bits, however the partial sums wrapped (lanes.decode); the
 # bound that proves it is the sum over contributions of their largest |integer|: peak[h] keeps the
-# largest of this thread's row h over the block's chunks (+inf for a NaN), and skel_add_bounds adds
+# largest of this thread's row h over the block's chunks (NaN if any is), and skel_add_bounds adds
 # each row's quad maximum, rounded up, to its kv row's Bound once a block.
 LANES_ADD_SOURCE = r"""
 __device__ __forceinline__ void skel_add_chunk_lanes(const float* acc, const void* words, const int* slots,
@@ -117,10 +151,10 @@ __device__ __forceinline__ void skel_add_chunk_lanes(const float* acc, const voi
     #pragma unroll
     for (int n8 = 0; n8 < 8; ++n8) {
       const float x0 = acc[2 * (2 * n8 + half)] * scale, x1 = acc[2 * (2 * n8 + half) + 1] * scale;
-      const float m = fmaxf(fabsf(x0), fabsf(x1));
-      peak[half] = (m != m) ? __int_as_float(0x7f800000) : fmaxf(peak[half], m);
+      const float m = skel_max_nan(fabsf(x0), fabsf(x1));
+      peak[half] = skel_max_nan(peak[half], m);
       const long long lo = __float2int_rn(x0), hi = __float2int_rn(x1);
-      if (ok) atomicAdd(base + 4 * n8 + k, static_cast<unsigned long long>(lo) + (static_cast<unsigned long long>(hi) << 32));
+      skel_red_u64_if(base + 4 * n8 + k, static_cast<unsigned long long>(lo) + (static_cast<unsigned long long>(hi) << 32), ok);
     }
   }
 }
@@ -129,10 +163,10 @@ __device__ __forceinline__ void skel_add_bounds(float* peak, const void* bound, 
   #pragma unroll
   for (int half = 0; half < 2; ++half) {
     float m = peak[half];
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 1));
-    m = fmaxf(m, __shfl_xor_sync(0xffffffffu, m, 2));
+    m = skel_max_nan(m, __shfl_xor_sync(0xffffffffu, m, 1));
+    m = skel_max_nan(m, __shfl_xor_sync(0xffffffffu, m, 2));
     const int kv = slots[16 * warp + 8 * half + (lane >> 2)];
-    if ((lane & 3) == 0 && kv >= 0 && kv < nkv)  // 2^40 stands for anything too large (and +inf)
+    if ((lane & 3) == 0 && kv >= 0 && kv < nkv)  // 2^40 stands for anything too large (fminf maps NaN to it)
       atomicAdd(const_cast<unsigned long long*>(static_cast<const unsigned long long*>(bound)) + kv,
                 static_cast<unsigned long long>(fminf(ceilf(m), 1099511627776.0f)));
     peak[half] = 0.0f;
@@ -142,15 +176,20 @@ __device__ __forceinline__ void skel_add_bounds(float* peak, const void* bound, 
 
 
 def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic", overlap: bool = True,
-                     sector_adds: bool = True):
+                     sector_adds: bool = True, prefetch: bool = False, pair_stores: bool = False):
     """The wide tile's main backward as the module docstring describes; ``accumulate``
     as MainConfig's ("fixed": int64 fixed point, "atomic": fp32).
 
     overlap: two dKV accumulators, chunk c + 1's GEMMs issued before chunk c's adds
     (False: one, each chunk's GEMMs waited for before its adds).
-    sector_adds (fixed only): the lanes of a quad swap values by shuffles so that each
-    red.u64 instruction covers whole 32-byte sectors (SECTOR_ADD_SOURCE); False: each
-    lane adds the accumulator's own columns, two sectors half-covered a row.
+    sector_adds: fixed, the lanes of a quad swap values by shuffles so that each red.u64
+    instruction covers whole 32-byte sectors (SECTOR_ADD_SOURCE); atomic, each lane adds its
+    two consecutive columns as one red.v2.f32; False: element-wise adds in TileLang.
+    prefetch: warpgroup 0 gathers block t + 1's KV columns [0, DQ_SPLIT) as soon as its own dQ
+    GEMM of block t has read them (warpgroup 1 never reads those columns), the rest after
+    KV_FREE, and starts S and dP on the first columns while the rest is in flight; each thread
+    gathers whole 128-byte runs of a row (8 threads a row), so no address needs a division.
+    pair_stores: P and dS go to shared memory as bf16 pairs, one 32-bit store a pair.
     accumulate="none": no dKV adds at all (what the rest of the skeleton costs).
     accumulate="lanes": two columns a word of two signed 32-bit lanes, dKV [NKV, Dk / 2]
     int64 words, RowScale the lanes' scale (the plan's, lowered: launcher.LanesLauncher),
@@ -175,10 +214,24 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
     w1 = min(192, Dk - DQ_SPLIT - CHUNK)
     w2 = Dk - DQ_SPLIT - w1
     c1, c2 = DQ_SPLIT, DQ_SPLIT + w1
+    if prefetch and (DQ_SPLIT % 64 or Dv <= DQ_SPLIT):
+        raise ValueError(f"d_v={d_v}: prefetch splits the score GEMMs at column {DQ_SPLIT}")
     if w1 % CHUNK or not 0 < w2 <= 256:
         raise ValueError(f"d_k={d_k}: warpgroup 1's dQ columns do not split in two wgmma tiles")
     source = GATHER_SOURCE + SPLIT_SOURCE + BARRIER_SOURCE + BARS_INIT_SOURCE + SECTOR_ADD_SOURCE + LANES_ADD_SOURCE
-    sector = sector_adds and accumulate == "fixed"
+    sector = sector_adds and accumulate in ("fixed", "atomic")
+
+    @T.macro
+    def gather_columns(KV_s, KV, Indices, r, t, col0, col1, NKV, tid):
+        """cp.async of KV columns [col0, col1) of block t's rows into KV_s: 8 threads a row, each
+        thread 16 bytes of every 128-byte run, 16 rows a pass (not committed)."""
+        for rows in T.serial(BS // (WARPGROUP // 8)):
+            j = rows * (WARPGROUP // 8) + tid // 8
+            row_j = Indices[r, t * BS + j]
+            for k in T.unroll((col1 - col0) // 64):
+                c = col0 + k * 64 + (tid % 8) * 8
+                T.call_extern("handle", "mqa_cp_async16", T.address_of(KV_s[j, c]),
+                              T.address_of(KV[T.max(T.min(row_j, NKV - 1), 0), c]), (row_j >= 0) and (row_j < NKV))
 
     @T.macro
     def dkv_chunk(Q_s, dO_s, dS_s, P_s, acc, c):
@@ -198,6 +251,9 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
             T.call_extern("handle", "skel_add_chunk_lanes", acc.data, dKV.data, T.address_of(slots_s[p * BS]),
                           T.address_of(scales_s[p * BS]), c * CHUNK, Dk, NKV, T.get_thread_binding() - WARPGROUP,
                           peak.data)
+        elif sector and accumulate == "atomic":
+            T.call_extern("handle", "skel_add_chunk_atomic", acc.data, dKV.data, T.address_of(slots_s[p * BS]), c * CHUNK,
+                          Dk, NKV, T.get_thread_binding() - WARPGROUP)
         elif sector:
             T.call_extern("handle", "skel_add_chunk_fixed", acc.data, dKV.data, T.address_of(slots_s[p * BS]),
                           T.address_of(scales_s[p * BS]), c * CHUNK, Dk, NKV, T.get_thread_binding() - WARPGROUP)
@@ -284,25 +340,47 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
                             T.call_extern("handle", "mqa_st_shared_f32", scales_s.data, p * BS + tid,
                                           T.if_then_else((row >= 0) and (row < NKV), RowScale[T.max(T.min(row, NKV - 1), 0)],
                                                          T.cast(0, f32)))
-                    # A rolled loop (T.Parallel would unroll all 36 copies a thread and their
-                    # addresses, which spilled this warpgroup's registers).
-                    for i in T.serial(BS * Dk // 8 // WARPGROUP):
-                        j = (i * WARPGROUP + tid) // (Dk // 8)
-                        c = (i * WARPGROUP + tid) % (Dk // 8)
-                        row_j = Indices[r, t * BS + j]
-                        T.call_extern("handle", "mqa_cp_async16", T.address_of(KV_s[j, c * 8]),
-                                      T.address_of(KV[T.max(T.min(row_j, NKV - 1), 0), c * 8]),
-                                      (row_j >= 0) and (row_j < NKV))
-                    T.call_extern("handle", "mqa_cp_async_commit")
-                    T.call_extern("handle", "mqa_cp_async_wait_all")
+                    if prefetch:
+                        if t == 0:
+                            gather_columns(KV_s, KV, Indices, r, 0, 0, Dk, NKV, tid)
+                            T.call_extern("handle", "mqa_cp_async_commit")
+                            T.call_extern("handle", "mqa_cp_async_wait_all")
+                        else:  # columns [0, DQ_SPLIT) went out after the previous block's dQ GEMM
+                            gather_columns(KV_s, KV, Indices, r, t, DQ_SPLIT, Dk, NKV, tid)
+                            T.call_extern("handle", "mqa_cp_async_commit")
+                            T.call_extern("handle", "skel_cp_async_wait_one")
+                    else:
+                        # A rolled loop (T.Parallel would unroll all 36 copies a thread and their
+                        # addresses, which spilled this warpgroup's registers).
+                        for i in T.serial(BS * Dk // 8 // WARPGROUP):
+                            j = (i * WARPGROUP + tid) // (Dk // 8)
+                            c = (i * WARPGROUP + tid) % (Dk // 8)
+                            row_j = Indices[r, t * BS + j]
+                            T.call_extern("handle", "mqa_cp_async16", T.address_of(KV_s[j, c * 8]),
+                                          T.address_of(KV[T.max(T.min(row_j, NKV - 1), 0), c * 8]),
+                                          (row_j >= 0) and (row_j < NKV))
+                        T.call_extern("handle", "mqa_cp_async_commit")
+                        T.call_extern("handle", "mqa_cp_async_wait_all")
                     T.call_extern("handle", "skel_fence_proxy_async")
                     T.call_extern("handle", "skel_bar_sync_wg", 1)
 
                     # S = Q KV^T and dP = dO V^T, both 64 x 64 over the heads.
                     T.clear(acc_s)
                     T.clear(acc_dp)
-                    T.wgmma_gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True)
-                    T.wgmma_gemm(dO_s, KV_s[0:BS, 0:Dv], acc_dp, transpose_B=True, clear_accum=True)
+                    if prefetch:  # the first columns' GEMMs while the rest of the gather lands
+                        T.wgmma_gemm(Q_s[0:H, 0:DQ_SPLIT], KV_s[0:BS, 0:DQ_SPLIT], acc_s, transpose_B=True,
+                                     clear_accum=True)
+                        T.wgmma_gemm(dO_s[0:H, 0:DQ_SPLIT], KV_s[0:BS, 0:DQ_SPLIT], acc_dp, transpose_B=True,
+                                     clear_accum=True)
+                        if t > 0:
+                            T.call_extern("handle", "mqa_cp_async_wait_all")
+                            T.call_extern("handle", "skel_fence_proxy_async")
+                            T.call_extern("handle", "skel_bar_sync_wg", 1)
+                        T.wgmma_gemm(Q_s[0:H, DQ_SPLIT:Dk], KV_s[0:BS, DQ_SPLIT:Dk], acc_s, transpose_B=True)
+                        T.wgmma_gemm(dO_s[0:H, DQ_SPLIT:Dv], KV_s[0:BS, DQ_SPLIT:Dv], acc_dp, transpose_B=True)
+                    else:
+                        T.wgmma_gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True)
+                        T.wgmma_gemm(dO_s, KV_s[0:BS, 0:Dv], acc_dp, transpose_B=True, clear_accum=True)
                     T.wait_wgmma(0)
                     T.warpgroup_fence_operand(acc_s, num_regs=H * BS // WARPGROUP)
                     T.warpgroup_fence_operand(acc_dp, num_regs=H * BS // WARPGROUP)
@@ -316,15 +394,23 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
                         acc_dp[h, j] = acc_s[h, j] * (acc_dp[h, j] - delta_s[h]) * sm_scale
                     if t > 0:  # warpgroup 1 is done with block t - 1's P and dS
                         T.call_extern("handle", "mqa_handoff_wait", bars.data, PDS_FREE, (t - 1) % 2)
-                    for h, j in T.Parallel(H, BS):
-                        T.call_extern("handle", "mqa_st_shared_at", T.address_of(P_s[h, j]), T.cast(acc_s[h, j], bf16))
-                        T.call_extern("handle", "mqa_st_shared_at", T.address_of(dS_s[h, j]), T.cast(acc_dp[h, j], bf16))
+                    if pair_stores:
+                        T.copy(acc_s, P_s)
+                        T.copy(acc_dp, dS_s)
+                    else:
+                        for h, j in T.Parallel(H, BS):
+                            T.call_extern("handle", "mqa_st_shared_at", T.address_of(P_s[h, j]), T.cast(acc_s[h, j], bf16))
+                            T.call_extern("handle", "mqa_st_shared_at", T.address_of(dS_s[h, j]), T.cast(acc_dp[h, j], bf16))
                     T.call_extern("handle", "skel_fence_proxy_async")
                     T.call_extern("handle", "mqa_handoff_arrive", bars.data, PDS_READY)
                     # dQ[:, :DQ_SPLIT] += dS KV (this warpgroup's columns).
                     T.wgmma_gemm(dS_s, KV_s[0:BS, 0:DQ_SPLIT], acc_dq0)
                     T.wait_wgmma(0)
                     T.warpgroup_fence_operand(acc_dq0, num_regs=H * DQ_SPLIT // WARPGROUP)
+                    if prefetch:  # only this warpgroup reads KV_s[:, :DQ_SPLIT]: refill it now
+                        if t + 1 < NB:
+                            gather_columns(KV_s, KV, Indices, r, t + 1, 0, DQ_SPLIT, NKV, tid)
+                            T.call_extern("handle", "mqa_cp_async_commit")
                 if scaled:
                     for h in T.Parallel(H):
                         if (mass_row[h] > Allowance[r, h0 + h]) or T.isnan(mass_row[h]):

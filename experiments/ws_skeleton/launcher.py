@@ -13,20 +13,21 @@ from .kernel import SLOTS, skeleton_program
 
 
 @functools.lru_cache(maxsize=None)
-def compiled_skeleton(d_k: int, d_v: int, accumulate: str, overlap: bool = True, sector_adds: bool = True):
+def compiled_skeleton(d_k: int, d_v: int, accumulate: str, overlap: bool = True, sector_adds: bool = True,
+                      prefetch: bool = False, pair_stores: bool = False):
     from mqa_bwd.kernels import toolchain
 
-    return toolchain.compile_program(skeleton_program(d_k, d_v, accumulate, overlap, sector_adds))
+    return toolchain.compile_program(skeleton_program(d_k, d_v, accumulate, overlap, sector_adds, prefetch, pair_stores))
 
 
 class SkeletonLauncher(launch.TileLangLauncher):
     """Runs the skeleton wherever the product would run its wide 64-head tile."""
 
     def __init__(self, deterministic: bool = True, device=None, overlap: bool = True, sector_adds: bool = True,
-                 accumulate=None):
+                 accumulate=None, prefetch: bool = False, pair_stores: bool = False):
         super().__init__(deterministic=deterministic, device=device)
         self.name = "skeleton" if deterministic else "skeleton-atomic"
-        self.knobs = (overlap, sector_adds)
+        self.knobs = (overlap, sector_adds, prefetch, pair_stores)  # skeleton_program's, after accumulate
         self.accumulate = accumulate  # None: the configuration's; "none": no adds (a timing of the rest)
 
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, config, sm_scale, heads=None, head_base=0,
@@ -143,8 +144,10 @@ class LanesLauncher(LanesSums, SkeletonLauncher):
     """The skeleton's lanes kernel (accumulate "lanes") on the wide tile; the redo is the
     skeleton's fixed kernel with sector adds."""
 
-    def __init__(self, gain: int = 18, device=None, overlap: bool = True):
-        super().__init__(True, device=device, overlap=overlap, sector_adds=True)
+    def __init__(self, gain: int = 18, device=None, overlap: bool = True, prefetch: bool = False,
+                 pair_stores: bool = False):
+        super().__init__(True, device=device, overlap=overlap, sector_adds=True, prefetch=prefetch,
+                         pair_stores=pair_stores)
         self._lanes_init(gain)
         self.name = f"lanes-gain{gain}"
 

@@ -22,28 +22,45 @@ SHAPES = {
 }
 
 
-#: The skeleton's variants: name -> (the kernel's accumulate, overlap, sector_adds; the lanes
-#: design's gain or None) (kernel.skeleton_program, launcher.LanesLauncher).
+#: The skeleton's variants: name -> (kernel, gain). kernel: skeleton_program's arguments after the
+#: widths (accumulate, overlap, sector_adds, prefetch, pair_stores); gain: the lanes design's
+#: (launcher.LanesLauncher), None for the others.
 VARIANTS = {
-    "skel-det": ("fixed", True, True, None),
-    "skel-det-v1": ("fixed", False, False, None),
-    "skel-atomic": ("atomic", True, False, None),
-    "skel-atomic-v1": ("atomic", False, False, None),
-    "skel-noadd": ("none", True, False, None),
-    "lanes-g12": ("lanes", True, True, 12),
-    "lanes-g18": ("lanes", True, True, 18),
+    "skel-det": (("fixed", True, True, False, False), None),
+    "skel-det-v1": (("fixed", False, False, False, False), None),
+    "skel-atomic": (("atomic", True, False, False, False), None),
+    "skel-atomic-v1": (("atomic", False, False, False, False), None),
+    "skel-noadd": (("none", True, False, False, False), None),
+    "lanes-g12": (("lanes", True, True, False, False), 12),
+    "lanes-g18": (("lanes", True, True, False, False), 18),
+    # Warpgroup 0's path shortened: the gather split around the dQ GEMM, paired P and dS stores.
+    "skel-noadd-pf": (("none", True, False, True, True), None),
+    "skel-atomic-pf": (("atomic", True, True, True, True), None),
+    "skel-det-pf": (("fixed", True, True, True, True), None),
+    "lanes-g18-pf": (("lanes", True, True, True, True), 18),
+    "lanes-g16-pf": (("lanes", True, True, True, True), 16),
 }
 
 
 def launcher_of(name):
     from .launcher import LanesLauncher, SkeletonLauncher
 
-    accumulate, overlap, sector, gain = VARIANTS[name]
+    (accumulate, overlap, sector, prefetch, pairs), gain = VARIANTS[name]
     if accumulate == "lanes":
-        return LanesLauncher(gain, overlap=overlap)
-    if accumulate == "none":
-        return SkeletonLauncher(False, overlap=overlap, sector_adds=sector, accumulate="none")
-    return SkeletonLauncher(accumulate == "fixed", overlap=overlap, sector_adds=sector)
+        return LanesLauncher(gain, overlap=overlap, prefetch=prefetch, pair_stores=pairs)
+    return SkeletonLauncher(accumulate == "fixed", overlap=overlap, sector_adds=sector,
+                            accumulate="none" if accumulate == "none" else None, prefetch=prefetch, pair_stores=pairs)
+
+
+def kernels_of(variants):
+    """The skeleton kernels the variants launch: their own, and the lanes design's int64 redo."""
+    kernels = set()
+    for v in variants:
+        kernel = VARIANTS[v][0]
+        kernels.add(kernel)
+        if kernel[0] == "lanes":
+            kernels.add(("fixed", kernel[1], True, *kernel[3:]))
+    return sorted(kernels)
 
 
 def _compile(kernel):
@@ -58,11 +75,9 @@ def precompile(variants, workers=8):
     import concurrent.futures
     import multiprocessing
 
-    kernels = {VARIANTS[v][:3] for v in variants}
-    kernels |= {("fixed", VARIANTS[v][1], True) for v in variants if VARIANTS[v][0] == "lanes"}  # the redo path
     context = multiprocessing.get_context("spawn")
     with concurrent.futures.ProcessPoolExecutor(max_workers=workers, mp_context=context) as pool:
-        for kernel in pool.map(_compile, sorted(kernels)):
+        for kernel in pool.map(_compile, kernels_of(variants)):
             print(f"compiled {kernel}", flush=True)
 
 
@@ -71,7 +86,7 @@ def compile_only():
 
     from .kernel import skeleton_program
 
-    for kernel in sorted({v[:3] for v in VARIANTS.values()}):
+    for kernel in kernels_of(VARIANTS):
         for d_k, d_v in ((576, 512), (512, 512)):
             program = skeleton_program(d_k, d_v, *kernel)
             source = toolchain.compile_program(program).get_kernel_source()
@@ -134,10 +149,10 @@ def main(argv=None):
             errs = " ".join(f"{n} {bench.rel_l2(x, y):.2e}" for n, x, y in zip(("dq", "dkv", "dsink"), out, outputs["det"]))
             print(f"  {k:12} vs det: {errs}", flush=True)
         for k in variants:
-            if VARIANTS[k][0] in ("fixed", "lanes"):
+            if VARIANTS[k][0][0] in ("fixed", "lanes"):
                 again = calls[k]()
                 print(f"  {k} rerun same bits: {bench.same_bits(again, outputs[k])}", flush=True)
-            if VARIANTS[k][0] == "lanes":
+            if VARIANTS[k][0][0] == "lanes":
                 print(f"  {k}: calls redone in int64 so far: {launchers[k].redos}", flush=True)
         if not a.no_reference:
             for k, errs in bench.oracle_errors(args, outputs).items():
