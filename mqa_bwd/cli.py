@@ -682,8 +682,10 @@ def _fuzz_report(console, totals, records, failures_dir, before, stop_reason, se
                  summary=None) -> int:
     from rich.table import Table
 
+    from properties.ledger import KNOWN_FAILURE
+
     from .console import print_outside_domain
-    from .fuzz import KNOWN_FAILURE_REASON, property_name
+    from .fuzz import property_name
 
     table = Table(title=f"mqa-bwd fuzz: stopped after {_fmt_seconds(seconds)} ({stop_reason})", title_justify="left")
     for column, justify in (("property", "left"), ("cases", "right"), ("verdict", "left"), ("time", "right")):
@@ -694,7 +696,7 @@ def _fuzz_report(console, totals, records, failures_dir, before, stop_reason, se
             verdict = "no failure (time slice used up)"
         elif outcome == "passed":
             verdict = "no failure (all examples ran)"
-        elif outcome == "skipped" and t["reason"].startswith(KNOWN_FAILURE_REASON):
+        elif outcome == "skipped" and t["reason"].startswith(KNOWN_FAILURE):
             verdict = t["reason"]
         else:
             verdict = outcome + (f" ({t['reason']})" if t["reason"] else "")

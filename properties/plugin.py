@@ -86,8 +86,6 @@ MARKERS = (
 )
 DEFAULT_REPEATS = 20
 DEFAULT_PROCESSES = 2
-#: The harness ended the test early: it found its failure in the ledger.
-KNOWN_FAILURE_STOP = "known failure"
 
 
 class PropertyFailure(AssertionError):
@@ -167,8 +165,8 @@ class Harness:
             # The whole property is known to fail: nothing more to learn, unless a failure the ledger
             # does not cover is being shrunk (a covered case is then a pass to Hypothesis).
             if not known.filtered and nodeid not in self.failing:
-                self.stopped[nodeid] = KNOWN_FAILURE_STOP
-                pytest.skip(f"known failure: {known.reason}")
+                self.stopped[nodeid] = ledger.KNOWN_FAILURE  # why it stopped: the ledger, not the time budget
+                pytest.skip(f"{ledger.KNOWN_FAILURE}: {known.reason}")
             return  # a failure the ledger covers: search on for one it does not
         self.failing.add(nodeid)
         self.headlines[nodeid] = headline
@@ -514,7 +512,7 @@ def _settle(report, item, h: Harness) -> None:
     stopped = h.stopped.pop(nodeid, None)
     if stopped is not None and report.skipped:
         report.outcome, report.longrepr = "passed", None
-        if stopped != KNOWN_FAILURE_STOP:
+        if stopped != ledger.KNOWN_FAILURE:
             report.user_properties.append(("mqa_budget", stopped))
     tally = h.tallies.pop(nodeid, None)
     if tally is not None and report.passed:

@@ -369,6 +369,9 @@ def test_a_covered_failure_is_xfail_with_its_reason(tmp_path, suffix):
     report = _run(h, "agreement", NO_SINK, SMALL, SMALL)
     assert report.skipped and h.cases_run["t::x"] == 2  # ended at the first covered failure
     assert report.wasxfail.startswith("known failure (known") and "dq is off with a sink" in report.wasxfail
+    # The fuzz driver reads the same reason back from the worker's report (fuzz.py's progress record).
+    reported = fuzz.TestProgress("t::x", outcome="skipped", reason=str(report.longrepr[2]))
+    assert fuzz.is_known_failure(reported) and not fuzz.is_known_failure(dataclasses.replace(reported, reason="x"))
 
 
 def test_a_failure_the_entry_does_not_cover_is_still_a_failure(tmp_path):
