@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from properties.plugin import DEFAULT_FAILURES_DIR, REGRESSIONS_DIR, SUITE_MODULE
+from properties.plugin import DEFAULT_FAILURES_DIR, REGRESSIONS_DIR, SUITE_MODULE, add_finding_counts
 
 from .console import LiveProgress, _fmt_seconds, _print_process_replay, _print_repro, _styled, make_console
 
@@ -624,10 +624,7 @@ def cmd_fuzz(args) -> int:
                                      summary_json=summary, env=env, deadline=deadline, on_update=view.update)
             records += run.records
             for name, result in (run.summary or {}).get("properties", {}).items():
-                for finding, counts in result.get("findings", {}).items():
-                    total = findings.setdefault(name, {}).setdefault(finding, {"held": 0, "failed": 0})
-                    for state in total:
-                        total[state] += counts.get(state, 0)
+                add_finding_counts(findings.setdefault(name, {}), result.get("findings", {}))
             if first_summary is None:
                 first_summary = run.summary
             for path in _new_files(failures_dir, before):
@@ -665,14 +662,13 @@ def cmd_fuzz(args) -> int:
 def findings_lines(findings: dict) -> list:
     """One line per property: how often each of its sub-checks failed, of the examples that ran it
     (the inputs-untouched checks together). Counts include the replays Hypothesis makes of a failure."""
+
+    def grouped(finding: str) -> str:
+        return "inputs untouched" if finding.startswith("input ") and finding.endswith(" untouched") else finding
+
     lines = []
     for name, checks in sorted(findings.items()):
-        merged = {}
-        for finding, counts in checks.items():
-            key = "inputs untouched" if finding.startswith("input ") and finding.endswith(" untouched") else finding
-            total = merged.setdefault(key, {"held": 0, "failed": 0})
-            for state in total:
-                total[state] += counts.get(state, 0)
+        merged = add_finding_counts({}, checks, key=grouped)
         parts = [f"{finding} {c['failed']} failed of {c['held'] + c['failed']}" for finding, c in merged.items()]
         lines.append(f"{name} checks: " + ", ".join(parts))
     return lines

@@ -572,10 +572,7 @@ def pytest_runtest_logreport(report):
                                                   "findings": {}, "notes": [], "budget": None})
     entry["seconds"] += float(report.duration or 0.0)
     entry["cases"] += int(props.get("mqa_cases", 0))
-    for finding, counts in json.loads(props.get("mqa_findings", "{}")).items():
-        total = entry["findings"].setdefault(finding, {"held": 0, "failed": 0})
-        for state, n in counts.items():
-            total[state] += n
+    add_finding_counts(entry["findings"], json.loads(props.get("mqa_findings", "{}")))
     if props.get("mqa_note") and props["mqa_note"] not in entry["notes"]:
         entry["notes"].append(props["mqa_note"])
     if props.get("mqa_budget"):
@@ -590,6 +587,16 @@ def pytest_runtest_logreport(report):
         entry["outcomes"].append("skip")
     elif report.when == "call":
         entry["outcomes"].append("pass")
+
+
+def add_finding_counts(total: dict, counts: dict, key=None) -> dict:
+    """Add ``counts`` ({sub-check: {"held": n, "failed": m}}, the summary's ``findings``) into
+    ``total``, under ``key(sub-check)`` where given (to count several sub-checks as one)."""
+    for finding, states in counts.items():
+        into = total.setdefault(key(finding) if key else finding, {"held": 0, "failed": 0})
+        for state in into:
+            into[state] += states.get(state, 0)
+    return total
 
 
 _CONFIG_FOR_REPORTS = None
