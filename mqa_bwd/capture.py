@@ -32,7 +32,7 @@ from pathlib import Path
 
 from .contract import SPEC_ARGS
 from .edge import as_cpu_torch, framework_of, to_numpy
-from .files import write_atomic
+from .files import load_tensors, save_tensors
 
 FORMAT = "mqa-bwd-capture/1"
 #: The SPEC signature's tensor arguments, in order; attn_sink may be absent.
@@ -119,8 +119,6 @@ def write(path, inputs: dict, meta: dict | None = None, *, durable: bool = True,
     ``check=False`` records a call whatever its structure (the fuzzer records
     calls the implementation must reject, too); ``load`` still checks it.
     """
-    import safetensors.torch
-
     missing = [name for name in TENSOR_NAMES + ("sm_scale",) if name not in inputs]
     if missing:
         raise ValueError(f"{missing[0]}: missing (a capture needs {', '.join(TENSOR_NAMES)} and sm_scale)")
@@ -148,7 +146,7 @@ def write(path, inputs: dict, meta: dict | None = None, *, durable: bool = True,
         "meta": meta_text,
         "framework": framework_of(inputs["query"]) or "numpy",
     }
-    return write_atomic(path, lambda tmp: safetensors.torch.save_file(tensors, str(tmp), metadata=metadata), durable=durable)
+    return save_tensors(path, tensors, metadata, durable=durable)
 
 
 def save(path, *, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, **meta) -> Path:
@@ -178,20 +176,8 @@ def _metadata_json(path, metadata, key):
 
 def load(path) -> Capture:
     """Load and verify a capture. ValueError naming what is missing or wrong."""
-    import safetensors
-    import safetensors.torch
-
     path = Path(path)
-    try:
-        data = path.read_bytes()
-    except OSError as e:
-        raise ValueError(f"capture {path}: cannot read ({e.strerror or e})") from None
-    try:
-        tensors = safetensors.torch.load(data)
-        with safetensors.safe_open(str(path), framework="pt") as f:
-            metadata = f.metadata() or {}
-    except (safetensors.SafetensorError, OSError, ValueError) as e:
-        raise ValueError(f"capture {path}: not a complete safetensors file ({e})") from None
+    tensors, metadata = load_tensors(path, f"capture {path}")
     if metadata.get("format") != FORMAT:
         raise ValueError(f"capture {path}: metadata 'format' is {metadata.get('format')!r}, expected {FORMAT!r} "
                          "(not written by mqa_bwd.capture.save)")

@@ -14,7 +14,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from properties.plugin import DEFAULT_FAILURES_DIR, REGRESSIONS_DIR, SUITE_MODULE
+from properties.plugin import DEFAULT_FAILURES_DIR, REGRESSIONS_DIR, SUITE_MODULE, add_finding_counts
 
 from .console import LiveProgress, _fmt_seconds, _print_process_replay, _print_repro, _styled, make_console
 
@@ -624,10 +624,7 @@ def cmd_fuzz(args) -> int:
                                      summary_json=summary, env=env, deadline=deadline, on_update=view.update)
             records += run.records
             for name, result in (run.summary or {}).get("properties", {}).items():
-                for finding, counts in result.get("findings", {}).items():
-                    total = findings.setdefault(name, {}).setdefault(finding, {"held": 0, "failed": 0})
-                    for state in total:
-                        total[state] += counts.get(state, 0)
+                add_finding_counts(findings.setdefault(name, {}), result.get("findings", {}))
             if first_summary is None:
                 first_summary = run.summary
             for path in _new_files(failures_dir, before):
@@ -665,14 +662,13 @@ def cmd_fuzz(args) -> int:
 def findings_lines(findings: dict) -> list:
     """One line per property: how often each of its sub-checks failed, of the examples that ran it
     (the inputs-untouched checks together). Counts include the replays Hypothesis makes of a failure."""
+
+    def grouped(finding: str) -> str:
+        return "inputs untouched" if finding.startswith("input ") and finding.endswith(" untouched") else finding
+
     lines = []
     for name, checks in sorted(findings.items()):
-        merged = {}
-        for finding, counts in checks.items():
-            key = "inputs untouched" if finding.startswith("input ") and finding.endswith(" untouched") else finding
-            total = merged.setdefault(key, {"held": 0, "failed": 0})
-            for state in total:
-                total[state] += counts.get(state, 0)
+        merged = add_finding_counts({}, checks, key=grouped)
         parts = [f"{finding} {c['failed']} failed of {c['held'] + c['failed']}" for finding, c in merged.items()]
         lines.append(f"{name} checks: " + ", ".join(parts))
     return lines
@@ -682,8 +678,10 @@ def _fuzz_report(console, totals, records, failures_dir, before, stop_reason, se
                  summary=None) -> int:
     from rich.table import Table
 
+    from properties.ledger import KNOWN_FAILURE
+
     from .console import print_outside_domain
-    from .fuzz import KNOWN_FAILURE_REASON, property_name
+    from .fuzz import property_name
 
     table = Table(title=f"mqa-bwd fuzz: stopped after {_fmt_seconds(seconds)} ({stop_reason})", title_justify="left")
     for column, justify in (("property", "left"), ("cases", "right"), ("verdict", "left"), ("time", "right")):
@@ -694,7 +692,7 @@ def _fuzz_report(console, totals, records, failures_dir, before, stop_reason, se
             verdict = "no failure (time slice used up)"
         elif outcome == "passed":
             verdict = "no failure (all examples ran)"
-        elif outcome == "skipped" and t["reason"].startswith(KNOWN_FAILURE_REASON):
+        elif outcome == "skipped" and t["reason"].startswith(KNOWN_FAILURE):
             verdict = t["reason"]
         else:
             verdict = outcome + (f" ({t['reason']})" if t["reason"] else "")

@@ -44,11 +44,10 @@ def verdict_cells(result: dict, skip_reason: str | None = None) -> tuple:
     results), a skip its reason."""
     verdict = str(result.get("verdict", "?"))
     notes = result.get("notes") or []
-    if verdict == "xfail":  # "known failure (FILE, entry N): REASON | seen in K case(s); first: LINE; case {...}"
-        text = str(result.get("known_failure", ""))
-        reason, _, seen = text.partition(" | ")
-        reason = reason.split("): ", 1)[-1]
-        return "known failure", _shorten(reason + (f" | {seen.split('; case {', 1)[0]}" if seen else ""), 300)
+    if verdict == "xfail":  # the ledger entry's reason and what the run saw (properties.ledger.Tally)
+        known = result.get("known_failure") or {}
+        seen = known.get("seen")
+        return "known failure", _shorten(str(known.get("reason", "")) + (f" | {seen}" if seen else ""))
     if verdict == "pass" and result.get("budget"):
         return "pass (time budget)", _shorten(str(result["budget"]))
     if verdict == "skip" and skip_reason:

@@ -2,8 +2,9 @@
 
 The bytes go to a hidden temporary file in the target's directory, which is
 flushed and fsynced before ``os.replace`` renames it over the target (and the
-directory is fsynced after). Standard library only: the harness, the tools
-and the captures share it.
+directory is fsynced after). The harness, the tools and the captures share
+it: the standard library at import, safetensors only inside the two tensor
+file functions (``save_tensors``, ``load_tensors``).
 """
 
 import json
@@ -67,3 +68,34 @@ def write_json_atomic(path, data, *, durable: bool = False) -> Path:
     """``data`` as indented, key-sorted JSON at ``path``, atomically."""
     text = json.dumps(data, indent=1, sort_keys=True) + "\n"
     return write_atomic(path, lambda tmp: Path(tmp).write_text(text), durable=durable)
+
+
+def save_tensors(path, tensors: dict, metadata: dict, *, durable: bool = True) -> Path:
+    """torch tensors by name, with text ``metadata``, as a safetensors file at ``path``, atomically.
+
+    The bytes are kept exactly (bf16 stays bf16); what the metadata says is the caller's format.
+    """
+    import safetensors.torch
+
+    return write_atomic(path, lambda tmp: safetensors.torch.save_file(tensors, str(tmp), metadata=metadata),
+                        durable=durable)
+
+
+def load_tensors(path, what: str) -> tuple:
+    """(tensors by name, metadata) of a safetensors file; a ValueError that begins with ``what``
+    when the file cannot be read or is not a complete safetensors file."""
+    import safetensors
+    import safetensors.torch
+
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except OSError as e:
+        raise ValueError(f"{what}: cannot read ({e.strerror or e})") from None
+    try:
+        tensors = safetensors.torch.load(data)
+        with safetensors.safe_open(str(path), framework="pt") as f:
+            metadata = f.metadata() or {}
+    except (safetensors.SafetensorError, OSError, ValueError) as e:
+        raise ValueError(f"{what}: not a complete safetensors file ({e})") from None
+    return tensors, metadata

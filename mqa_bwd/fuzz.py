@@ -53,8 +53,6 @@ ENV_RECORDS = "MQA_FUZZ_RECORDS"  # where guarded() writes its in-flight records
 
 GUARD = "mqa_bwd.fuzz:guarded"
 PROPERTY_PREFIX = "test_property_"
-#: How the suite's report of a failure the known-failure ledger covers begins (properties.ledger).
-KNOWN_FAILURE_REASON = "known failure"
 WRITE_INTERVAL_S = 0.5
 #: Hypothesis phases whose test cases are new inputs tried (not shrinks or replays of a failure).
 _SEARCH_PHASES = ("explicit", "reuse", "generate", "target")
@@ -347,7 +345,9 @@ guarded.tested_spec = _target_spec
 
 def is_known_failure(progress) -> bool:
     """Did the suite report this test as a failure the known-failure ledger covers?"""
-    return progress.outcome == "skipped" and progress.reason.startswith(KNOWN_FAILURE_REASON)
+    from properties.ledger import KNOWN_FAILURE
+
+    return progress.outcome == "skipped" and progress.reason.startswith(KNOWN_FAILURE)
 
 
 @dataclasses.dataclass

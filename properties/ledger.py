@@ -40,6 +40,9 @@ from .case import Case
 from .checks import PROPERTY_NAMES
 from .strategies import dimensions
 
+#: How the suite's report of a failure the ledger covers begins (its xfail reason); the tools read it
+#: back from pytest's output (mqa_bwd.fuzz, mqa_bwd.cli).
+KNOWN_FAILURE = "known failure"
 ENTRY_FIELDS = ("impl", "property", "reason", "backend", "findings", "domain", "case", "strict")
 _CASE_FIELDS = {f.name for f in dataclasses.fields(Case)}
 
@@ -170,10 +173,19 @@ class Tally:
         if self.first is None:
             self.first = (entry, case, headline)
 
+    def seen(self) -> str:
+        """What the run saw of the covered failure: how often, and its first case's verdict line."""
+        return f"seen in {self.expected} case(s); first: {self.first[2]}"
+
     def xfail_reason(self) -> str:
-        entry, case, headline = self.first
-        return (f"known failure ({entry.source}): {entry.reason} | seen in {self.expected} case(s); first: "
-                f"{headline}; case {case.to_json()}")
+        entry, case, _ = self.first
+        return f"{KNOWN_FAILURE} ({entry.source}): {entry.reason} | {self.seen()}; case {case.to_json()}"
+
+    def known_failure(self) -> dict:
+        """The xfail reason's pieces, for the run's summary: readers take them as they are, since a
+        reason may hold any text (the xfail reason's separators included)."""
+        entry, case, _ = self.first
+        return {"source": entry.source, "reason": entry.reason, "seen": self.seen(), "case": case.to_dict()}
 
     @property
     def strict(self) -> bool:

@@ -86,8 +86,6 @@ MARKERS = (
 )
 DEFAULT_REPEATS = 20
 DEFAULT_PROCESSES = 2
-#: The harness ended the test early: it found its failure in the ledger.
-KNOWN_FAILURE_STOP = "known failure"
 
 
 class PropertyFailure(AssertionError):
@@ -167,8 +165,8 @@ class Harness:
             # The whole property is known to fail: nothing more to learn, unless a failure the ledger
             # does not cover is being shrunk (a covered case is then a pass to Hypothesis).
             if not known.filtered and nodeid not in self.failing:
-                self.stopped[nodeid] = KNOWN_FAILURE_STOP
-                pytest.skip(f"known failure: {known.reason}")
+                self.stopped[nodeid] = ledger.KNOWN_FAILURE  # why it stopped: the ledger, not the time budget
+                pytest.skip(f"{ledger.KNOWN_FAILURE}: {known.reason}")
             return  # a failure the ledger covers: search on for one it does not
         self.failing.add(nodeid)
         self.headlines[nodeid] = headline
@@ -514,7 +512,7 @@ def _settle(report, item, h: Harness) -> None:
     stopped = h.stopped.pop(nodeid, None)
     if stopped is not None and report.skipped:
         report.outcome, report.longrepr = "passed", None
-        if stopped != KNOWN_FAILURE_STOP:
+        if stopped != ledger.KNOWN_FAILURE:
             report.user_properties.append(("mqa_budget", stopped))
     tally = h.tallies.pop(nodeid, None)
     if tally is not None and report.passed:
@@ -522,7 +520,7 @@ def _settle(report, item, h: Harness) -> None:
             report.outcome = "skipped"
             report.wasxfail = tally.xfail_reason()
             report.longrepr = (str(item.path), item.location[1] or 0, report.wasxfail)
-            report.user_properties.append(("mqa_known_failure", report.wasxfail))
+            report.user_properties.append(("mqa_known_failure", json.dumps(tally.known_failure())))
         elif tally.held and tally.strict:
             report.outcome, report.longrepr = "failed", tally.xpass_message()
             report.user_properties.append(("mqa_note", tally.xpass_message()))
@@ -574,23 +572,31 @@ def pytest_runtest_logreport(report):
                                                   "findings": {}, "notes": [], "budget": None})
     entry["seconds"] += float(report.duration or 0.0)
     entry["cases"] += int(props.get("mqa_cases", 0))
-    for finding, counts in json.loads(props.get("mqa_findings", "{}")).items():
-        total = entry["findings"].setdefault(finding, {"held": 0, "failed": 0})
-        for state, n in counts.items():
-            total[state] += n
+    add_finding_counts(entry["findings"], json.loads(props.get("mqa_findings", "{}")))
     if props.get("mqa_note") and props["mqa_note"] not in entry["notes"]:
         entry["notes"].append(props["mqa_note"])
     if props.get("mqa_budget"):
         entry["budget"] = props["mqa_budget"]
     if hasattr(report, "wasxfail") and report.skipped:
         entry["outcomes"].append("xfail")  # does not hold, as the ledger says: not a failure of the run
-        entry["xfail"] = report.wasxfail
+        known = props.get("mqa_known_failure")  # absent only for an xfail of pytest's own, not the ledger's
+        entry["xfail"] = json.loads(known) if known else {"reason": report.wasxfail}
     elif report.failed:
         entry["outcomes"].append("fail")
     elif report.skipped:
         entry["outcomes"].append("skip")
     elif report.when == "call":
         entry["outcomes"].append("pass")
+
+
+def add_finding_counts(total: dict, counts: dict, key=None) -> dict:
+    """Add ``counts`` ({sub-check: {"held": n, "failed": m}}, the summary's ``findings``) into
+    ``total``, under ``key(sub-check)`` where given (to count several sub-checks as one)."""
+    for finding, states in counts.items():
+        into = total.setdefault(key(finding) if key else finding, {"held": 0, "failed": 0})
+        for state in into:
+            into[state] += states.get(state, 0)
+    return total
 
 
 _CONFIG_FOR_REPORTS = None

@@ -49,6 +49,7 @@ import numpy as np
 
 from mqa_bwd import edge
 from mqa_bwd.contract import OUTPUT_NAMES, SPEC_ARGS
+from mqa_bwd.files import load_tensors, save_tensors
 
 MODULE = "properties.processes"
 #: Long enough for a child that compiles kernels from scratch on a GPU.
@@ -98,24 +99,16 @@ def warm_up_cases(history: int, heads: int, d_k: int, d_v: int) -> list:
 
 def save_inputs(path, host: dict) -> Path:
     """The host inputs (Case.inputs() layout: NumPy arrays, attn_sink possibly None, sm_scale a
-    float) as a safetensors file, bits exact."""
-    import safetensors.torch
-
+    float) as a safetensors file, bits exact; a file for the children of this run, so not fsynced."""
     tensors = {name: edge.numpy_to_torch(value) for name, value in host.items()
                if name != "sm_scale" and value is not None}
     metadata = {"sm_scale": repr(float(host["sm_scale"])), "attn_sink": "present" if host["attn_sink"] is not None
                 else "none"}
-    safetensors.torch.save_file(tensors, str(path), metadata=metadata)
-    return Path(path)
+    return save_tensors(path, tensors, metadata, durable=False)
 
 
 def load_inputs(path) -> dict:
-    import safetensors
-    import safetensors.torch
-
-    tensors = safetensors.torch.load_file(str(path))
-    with safetensors.safe_open(str(path), framework="pt") as f:
-        metadata = f.metadata()
+    tensors, metadata = load_tensors(path, f"inputs {path}")
     host = {name: edge.to_numpy(tensors[name]) if name in tensors else None for name in SPEC_ARGS[:-1]}
     host["sm_scale"] = float(metadata["sm_scale"])
     return host

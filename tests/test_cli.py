@@ -492,6 +492,20 @@ def test_fuzz_counts_each_memory_safety_check_and_its_hits(capsys, tmp_path, mon
     assert counts["guard bands"][1] >= counts["denormal canary"][0] and counts["inputs untouched"][0] == 0, line
 
 
+def test_sub_check_counts_add_up_over_rounds_and_the_inputs_checks_count_as_one():
+    from properties.plugin import add_finding_counts
+
+    rounds = [{"guard bands": {"held": 3, "failed": 0}, "input query untouched": {"held": 2, "failed": 1}},
+              {"guard bands": {"held": 1, "failed": 2}, "input kv untouched": {"held": 4}}]  # a count may be absent
+    total = {}
+    for counts in rounds:
+        assert add_finding_counts(total, counts) is total
+    assert total == {"guard bands": {"held": 4, "failed": 2}, "input query untouched": {"held": 2, "failed": 1},
+                     "input kv untouched": {"held": 4, "failed": 0}}
+    assert cli.findings_lines({"memory_safety": total}) == [
+        "memory_safety checks: guard bands 2 failed of 6, inputs untouched 1 failed of 7"]
+
+
 def test_promote_makes_a_failure_a_replayed_regression(tmp_path, capsys):
     from properties.case import Case
     from properties.plugin import regression_cases

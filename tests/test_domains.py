@@ -369,6 +369,31 @@ def test_a_covered_failure_is_xfail_with_its_reason(tmp_path, suffix):
     report = _run(h, "agreement", NO_SINK, SMALL, SMALL)
     assert report.skipped and h.cases_run["t::x"] == 2  # ended at the first covered failure
     assert report.wasxfail.startswith("known failure (known") and "dq is off with a sink" in report.wasxfail
+    # The fuzz driver reads the same reason back from the worker's report (fuzz.py's progress record).
+    reported = fuzz.TestProgress("t::x", outcome="skipped", reason=str(report.longrepr[2]))
+    assert fuzz.is_known_failure(reported) and not fuzz.is_known_failure(dataclasses.replace(reported, reason="x"))
+
+
+def test_the_check_table_shows_a_ledger_reason_whole_whatever_it_contains(tmp_path, monkeypatch):
+    # The reason and the ledger's name hold what the xfail text separates its parts with; the check
+    # table gets the pieces as the suite's summary JSON carries them, never parsed back from that text.
+    from mqa_bwd.console import verdict_cells
+
+    reason = "fp32 atomics | see the notes (cuDNN): dkv order; case {B: 1} only"
+    path = _ledger(tmp_path, {"impl": WRONG, "property": "agreement", "reason": reason, "findings": ["dq"]})
+    path = path.rename(tmp_path / "known (v2): cudnn.toml")
+    h = _harness(Target.load(WRONG, "model"), known_failures=ledger.load(path))
+    report = _run(h, "agreement", SMALL)
+    report.user_properties.append(("mqa_property", "agreement"))
+    config = types.SimpleNamespace(_mqa_summary={})
+    monkeypatch.setattr(plugin, "_CONFIG_FOR_REPORTS", config)
+    monkeypatch.setattr(plugin, "_HARNESS", h)
+    plugin.pytest_runtest_logreport(report)
+    result = json.loads(json.dumps(plugin.summary(config)))["properties"]["agreement"]  # as mqa-bwd check reads it
+    headline = checks.run_property("agreement", h.target, SMALL, h.options).report.splitlines()[0]
+    assert result["verdict"] == "xfail"
+    assert verdict_cells(result) == ("known failure", f"{reason} | seen in 1 case(s); first: {headline}")
+    assert result["known_failure"]["reason"] == reason
 
 
 def test_a_failure_the_entry_does_not_cover_is_still_a_failure(tmp_path):
@@ -467,9 +492,10 @@ def test_the_check_table_says_why_and_the_findings_follow_it():
 
     from mqa_bwd.console import print_outside_domain, verdict_cells
 
-    xfail = {"verdict": "xfail", "known_failure": "known failure (k.toml, entry 1): atomics | seen in 2 case(s); "
-                                                  "first: determinism ...: DIFFERS in dkv (first divergence: run 1 "
-                                                  "at (0, 1, 2); 9 distinct results in 20 runs); case {\"B\": 1}"}
+    xfail = {"verdict": "xfail", "known_failure": {
+        "source": "k.toml, entry 1", "reason": "atomics", "case": {"B": 1},
+        "seen": "seen in 2 case(s); first: determinism ...: DIFFERS in dkv (first divergence: run 1 at (0, 1, 2); "
+                "9 distinct results in 20 runs)"}}
     verdict, note = verdict_cells(xfail)
     assert verdict == "known failure" and note.startswith("atomics | seen in 2") and "9 distinct" in note
     assert "case {" not in note
@@ -561,7 +587,8 @@ def test_check_reports_a_known_failure_and_fails_an_unexpected_pass(tmp_path):
                           "agreement or output_contract", profile="ci")
     assert run.returncode == 1, run.stdout[-4000:]
     props = summary["properties"]
-    assert props["agreement"]["verdict"] == "xfail" and "dq is off" in props["agreement"]["known_failure"]
+    assert props["agreement"]["verdict"] == "xfail"
+    assert props["agreement"]["known_failure"]["reason"] == "dq is off with a sink"
     assert props["output_contract"]["verdict"] == "fail" and "XPASS(strict)" in props["output_contract"]["notes"][0]
     assert "known failure" in run.stdout and "dq is off with a sink" in run.stdout
 

@@ -8,8 +8,10 @@ can show. process_determinism must fail it.
 """
 
 import os
+import re
 
 import numpy as np
+import pytest
 import torch
 
 from mqa_bwd import edge
@@ -99,10 +101,15 @@ def test_a_child_answers_with_digests_and_reports_errors_in_process():
 
 def test_inputs_travel_between_processes_bit_for_bit(tmp_path):
     host = Case(H=3, sink="none", seed=2).inputs()
-    back = processes.load_inputs(processes.save_inputs(tmp_path / "inputs.safetensors", host))
+    path = processes.save_inputs(tmp_path / "inputs.safetensors", host)
+    back = processes.load_inputs(path)
     assert back["attn_sink"] is None and back["sm_scale"] == host["sm_scale"]
     for name in ("query", "kv", "out", "grad_out", "lse", "token_indices"):
         assert back[name].dtype == host[name].dtype and back[name].tobytes() == host[name].tobytes(), name
+    # The same safetensors reading as a capture's (mqa_bwd.files): a cut file is refused, naming it.
+    path.write_bytes(path.read_bytes()[:-8])
+    with pytest.raises(ValueError, match=re.escape(f"inputs {path}: not a complete safetensors file")):
+        processes.load_inputs(path)
 
 
 def test_histories_differ_and_the_call_comes_first_without_one():
