@@ -365,6 +365,7 @@ BAD_CALLS = [
     ("q", lambda a: dict(q=a["q"].float())),
     ("q", lambda a: dict(q=a["q"][0])),
     ("kv", lambda a: dict(kv=a["kv"][:, :, :16])),
+    ("kv", lambda a: dict(kv=a["kv"].detach().to("meta"))),  # another device than q's
     ("attn_sink", lambda a: dict(attn_sink=a["attn_sink"].half())),
     ("token_indices", lambda a: dict(token_indices=a["token_indices"].float())),
     ("token_indices", lambda a: dict(token_indices=a["token_indices"][:, :2])),
@@ -442,6 +443,15 @@ def test_paddle_gradients_equal_the_torch_path_bitwise():
     assert type(got).__module__.startswith("paddle") and _bits_equal(got, out)
     for name, t, want in zip(("dq", "dkv", "d_attn_sink"), leaves, grads):
         assert _bits_equal(t.grad, want), name
+
+
+@pytest.mark.paddle
+def test_a_paddle_callers_bad_argument_is_named_in_paddles_names():
+    paddle = pytest.importorskip("paddle")
+    p = to_framework(SMALL.inputs(), "paddle")
+    with pytest.raises(ValueError, match=r"^q: expected dtype paddle\.bfloat16, got paddle\.float32$"):
+        sparse_mqa_attention(p["query"].astype(paddle.float32), p["kv"], p["attn_sink"], p["token_indices"],
+                             SMALL.sm_scale, d_v=SMALL.d_v, backward_backend="model")
 
 
 # ---------------------------------------------------------------------------
