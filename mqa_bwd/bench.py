@@ -211,7 +211,7 @@ def prepared_wrapper_call(args, launcher):
 
     from . import wrapper
 
-    plan = wrapper.validate(*args, None, None, launcher)
+    plan = wrapper.validate(*args, None, None, launcher, design=launcher.deterministic)
     return functools.partial(wrapper.run, plan, *args, launcher)
 
 

@@ -280,12 +280,16 @@ def validate_forward_inputs(query, kv, attn_sink, token_indices, sm_scale, *, st
 
 
 def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h, dkv_buf_bytes, launcher,
-             steps=None, framework="torch"):
+             steps=None, framework="torch", *, design):
     """Check every argument; return the Problem. Raises ValueError naming the argument
     (and, for a shape, the dimension), in ``framework``'s names ("torch" or "paddle").
 
-    The dtype checks go through ``steps.require_dtype`` (``steps``: the call's Steps,
-    None: STEPS), so that a replaced check is the one every dtype goes through."""
+    ``design``: whose scratch a ``dkv_buf_bytes`` must cover, as ``Launcher.deterministic``
+    says it (True: the fixed-point design, False: the atomic control); None: no design of
+    ours (a peer that borrows this validation, mqa_bwd.cudnn, keeps scratch of its own and
+    checks its budget itself). The dtype checks go through ``steps.require_dtype``
+    (``steps``: the call's Steps, None: STEPS), so that a replaced check is the one every
+    dtype goes through."""
     steps = STEPS if steps is None else steps
     B, S, S_kv, H, L_, d_k = validate_forward_inputs(query, kv, attn_sink, token_indices, sm_scale, steps=steps,
                                                      framework=framework)
@@ -319,9 +323,6 @@ def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, 
 
     # The budget bounds the scratch that grows with the query rows (SPEC). The
     # fixed design has no chunked variant, so a budget below what it needs is refused.
-    # A peer that borrows this validation (mqa_bwd.cudnn: no launcher of ours, so no
-    # ``deterministic``) keeps scratch of its own: no minimum of ours applies to it.
-    design = getattr(launcher, "deterministic", None)
     if design is not None:
         require_budget(problem.dkv_buf_bytes, problem.scratch_bytes(design), problem.rows, "mqa_bwd.scratch_bytes")
     return problem
@@ -421,7 +422,7 @@ class Steps:
     """The wrapper's replaceable steps, each a plain function (the real ones: STEPS).
 
     validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h,
-             dkv_buf_bytes, launcher, steps, framework) -> Problem
+             dkv_buf_bytes, launcher, steps, framework, *, design) -> Problem
     require_dtype(name, t, dtype, framework)      ValueError unless t.dtype == dtype
     pad_heads(x, padded, value, launcher) -> x    [R, H, ...] -> [R, padded, ...]
     kernel_lse(lse, sink) -> (lse2, sink2)        base 2, sink-inclusive (padded tensors)
@@ -515,8 +516,9 @@ def backward_with(launcher: L.Launcher, query, kv, out, grad_out, lse, attn_sink
                   block_h=None, dkv_buf_bytes=None, steps: Steps = STEPS, framework="torch"):
     """Validate, then run on a given launcher; torch tensors in and out. ``framework``:
     whose names the error messages use (the caller's, before the edge converted it)."""
+    # The launcher is ours, so its design says what scratch the budget must cover.
     p = steps.validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h, dkv_buf_bytes,
-                       launcher, steps=steps, framework=framework)
+                       launcher, steps=steps, framework=framework, design=launcher.deterministic)
     return run(p, query, kv, out, grad_out, lse, attn_sink, token_indices, float(sm_scale), launcher, steps)
 
 

@@ -199,7 +199,7 @@ def _unpadded_call(inputs, H):
     """The #1784 wrapper: a head count below block_h goes to the kernel unpadded."""
     t = {k: v for k, v in inputs.items()}
     launcher = ModelLauncher()
-    p = wrapper.validate(*[t[k] for k in ARGS], 16, None, launcher)
+    p = wrapper.validate(*[t[k] for k in ARGS], 16, None, launcher, design=launcher.deterministic)
     p = wrapper.Problem(**{**p.__dict__, "pad_heads": False})
     assert p.group_width == H
     return wrapper.run(p, *[t[k] for k in ARGS[:-1]], t["sm_scale"], launcher)
@@ -657,6 +657,22 @@ def test_a_budget_below_the_scratch_a_call_needs_is_refused_stating_it(backend):
     with pytest.raises(ValueError, match=rf"^dkv_buf_bytes: 1 is below .* pass at least {least}\b"):
         call(a, backend=backend, dkv_buf_bytes=1)
     assert torch.equal(call(a, backend=backend, dkv_buf_bytes=least)[0], call(a, backend=backend)[0])
+
+
+def test_validate_holds_the_budget_to_the_design_it_is_given():
+    # backward_with passes its launcher's design; a peer that borrows validate (design=None,
+    # mqa_bwd.cudnn) keeps scratch of its own. The launcher here is the fixed design's, so
+    # the atomic control's least passing shows that validate does not ask the launcher.
+    args = [_good()[k] for k in ARGS]
+    launcher = ModelLauncher(deterministic=True)
+    for design, backend in ((True, "model"), (False, "model-atomic")):
+        least = mqa_bwd.scratch_bytes(1, 2, 4, 3, 5, 32, 16, backend=backend)
+        with pytest.raises(ValueError, match=rf"^dkv_buf_bytes: {least - 1} is below the {least} bytes of scratch"):
+            wrapper.validate(*args, None, least - 1, launcher, design=design)
+        assert wrapper.validate(*args, None, least, launcher, design=design).dkv_buf_bytes == least
+    assert mqa_bwd.scratch_bytes(1, 2, 4, 3, 5, 32, 16, backend="model-atomic") < mqa_bwd.scratch_bytes(
+        1, 2, 4, 3, 5, 32, 16, backend="model")
+    assert wrapper.validate(*args, None, 1, launcher, design=None).dkv_buf_bytes == 1
 
 
 def test_the_scratch_of_the_fixed_design_at_the_production_shape():
