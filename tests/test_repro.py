@@ -361,3 +361,25 @@ def test_against_cudnn_names_the_peer_and_refuses_it_where_it_cannot_run(tmp_pat
     assert cli.main(["repro", str(path), "--runs", "1", "--backend", "model", "--against", "cudnn"]) == 2
     err = capsys.readouterr().err
     assert "--against: mqa_bwd.cudnn:cudnn_backward cannot run here" in err and reason in err
+
+
+def test_a_second_peer_is_replayed_by_what_its_function_declares(monkeypatch):
+    # One entry in contract.PEERS and the attributes on its function: no branch in repro.
+    import domain_fakes
+    from mqa_bwd import contract
+
+    monkeypatch.setitem(contract.PEERS, "second", "domain_fakes:second_peer")
+    impl, backend = repro.parse_target("second")
+    assert (impl, backend) == ("domain_fakes:second_peer", None)
+    # Asked beside the model, it drops the backend (it takes none) and runs on the device it declares.
+    against = repro.resolve(impl, "model", option="--against")
+    assert (against.device, against.kwargs, against.spec) == ("cpu", {}, impl)
+    result = repro.replay(_source(SMALL), repro.resolve(None, "model"), runs=2, against=against, oracle=False)
+    assert result.ok and all(c.bitwise_equal for c in result.cross.values())
+    with pytest.raises(ValueError, match=r"^--backend: domain_fakes:second_peer takes no backend="):
+        repro.resolve(impl, "model")
+    monkeypatch.setattr(domain_fakes.second_peer, "backend_unavailable", lambda backend: "its library is missing")
+    with pytest.raises(ValueError, match=r"^--against: domain_fakes:second_peer cannot run here: its library is"):
+        repro.resolve(impl, None, option="--against")
+    # A function that declares no device is no peer: it is handed the backend.
+    assert repro.resolve(f"{__name__}:doubles_dq", "model").kwargs == {"backend": "model"}
