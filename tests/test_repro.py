@@ -138,6 +138,24 @@ def test_ulp_distance_counts_representable_values_in_the_outputs_dtype():
     assert ulp_distance(np.array([1.0]), np.array([np.nextafter(1.0, 2.0)])).tolist() == [1]  # float64 too
 
 
+def test_the_bitwise_comparison_the_tests_use_sees_every_bit():
+    # properties.checks.bitwise_difference: what the tests' bit-for-bit assertions rely on.
+    from properties.checks import bitwise_difference
+
+    bf16 = torch.tensor([1.0, -0.0, float("nan"), 3.0]).bfloat16()
+    fp32 = torch.tensor([1.0, 0.0, float("nan"), -2.5])
+    for x in (bf16, fp32):
+        assert bitwise_difference("x", x.clone(), x) is None  # NaN is its own bits, not unequal
+        for i in range(x.numel()):
+            flipped = x.clone()
+            flipped.view({2: torch.int16, 4: torch.int32}[x.element_size()])[i] ^= 1
+            assert bitwise_difference("x", flipped, x) is not None, (x.dtype, i)  # a NaN payload at i=2
+    assert bitwise_difference("x", -fp32[1:2], fp32[1:2]) is not None  # -0.0 == 0.0, but not bitwise
+    assert bitwise_difference("x", fp32.double(), fp32) is not None
+    assert bitwise_difference("x", fp32[:3], fp32) is not None
+    assert bitwise_difference("x", fp32[::2], fp32.clone()[::2]) is None  # strided views compare their elements
+
+
 def test_output_checksums_see_every_single_bit_and_a_cancelling_pair():
     from properties.compare import OutputChecksums
 
