@@ -91,7 +91,7 @@ def time_floor(shape: dict, repeats: int) -> None:
     from mqa_bwd.bench import production_inputs, time_interleaved
 
     args = production_inputs(**shape)
-    problem = wrapper.validate(*args, None, None, launch.TileLangLauncher(True))
+    problem = wrapper.validate(*args, None, None, launch.TileLangLauncher(True), design=True)
     slots = wrapper.global_slots(args[6], problem)  # as the main kernel reads them
     nkv, d_k = problem.B * problem.S_kv, problem.d_k
     kernels = {v: K.compile_program(adds_program(v, d_k)) for v in VARIANTS}

@@ -57,7 +57,7 @@ import torch
 from . import capture, edge
 from .contract import BACKENDS, CUDNN, OUTPUT_NAMES, backend_device
 from .wrapper import backward as project_backward
-from .wrapper import check_sm_scale, problem_of, require_budget, scratch_bytes
+from .wrapper import problem_of, require_budget, scratch_bytes, validate_forward_inputs
 
 #: What ``backward_backend`` may name: this project's backends and cuDNN's backward.
 BACKWARD_BACKENDS = BACKENDS + ("cudnn",)
@@ -435,37 +435,16 @@ def paddle_layer():
     return SparseMQAAttentionPaddle
 
 
-def _validate(q, kv, attn_sink, token_indices, sm_scale, d_v):
-    """The op's own arguments, before anything runs; ValueError naming the argument."""
+def _validate(q, kv, attn_sink, token_indices, sm_scale, d_v, framework):
+    """The op's own arguments, before anything runs; ValueError naming the argument. The ones
+    the backward shares go through the wrapper's checks; d_v, which the backward reads off
+    the forward's out, is the op's own."""
     for name, t in (("q", q), ("kv", kv), ("token_indices", token_indices)):
         if t is None:
             raise ValueError(f"{name}: is None; only attn_sink may be None")
-    for name, t, rank, dims in (("q", q, 4, "B,S,H,Dk"), ("kv", kv, 3, "B,S_kv,Dk")):
-        if t.dtype != torch.bfloat16:
-            raise ValueError(f"{name}: expected dtype torch.bfloat16, got {t.dtype}")
-        if t.dim() != rank:
-            raise ValueError(f"{name}: expected rank {rank} [{dims}], got shape {tuple(t.shape)}")
-    B, S, H, d_k = q.shape
-    for name, what, n in (("q", "B", B), ("q", "S", S), ("q", "H", H), ("q", "Dk", d_k), ("kv", "S_kv", kv.shape[1])):
-        if n < 1:
-            raise ValueError(f"{name}: every dimension must be >= 1, got {what}={n}")
-    if d_k % 16:
-        raise ValueError(f"q: Dk must be a multiple of 16, got {d_k}")
-    if kv.shape[0] != B or kv.shape[2] != d_k:
-        raise ValueError(f"kv: shape {tuple(kv.shape)} does not match q's (B={B}, S_kv, Dk={d_k})")
-    if attn_sink is not None and (attn_sink.dtype != torch.float32 or tuple(attn_sink.shape) != (H,)):
-        raise ValueError(f"attn_sink: expected None or ({H},) torch.float32, got {tuple(attn_sink.shape)} "
-                         f"{attn_sink.dtype}")
-    if token_indices.dtype.is_floating_point or token_indices.dtype.is_complex or token_indices.dtype == torch.bool:
-        raise ValueError(f"token_indices: expected an integer dtype, got {token_indices.dtype}")
-    if token_indices.dim() != 3 or tuple(token_indices.shape[:2]) != (B, S) or token_indices.shape[2] < 1:
-        raise ValueError(f"token_indices: expected shape ({B}, {S}, L>=1) [B,S,L], got {tuple(token_indices.shape)}")
-    check_sm_scale(sm_scale)
+    *_, d_k = validate_forward_inputs(q, kv, attn_sink, token_indices, sm_scale, framework=framework, query_name="q")
     if isinstance(d_v, bool) or not isinstance(d_v, numbers.Integral) or not 1 <= d_v <= d_k or d_v % 16:
         raise ValueError(f"d_v: expected a multiple of 16 in [16, Dk={d_k}], got {d_v!r}")
-    for name, t in (("kv", kv), ("attn_sink", attn_sink), ("token_indices", token_indices)):
-        if t is not None and t.device != q.device:
-            raise ValueError(f"{name}: on {t.device}, but q is on {q.device}")
 
 
 def sparse_mqa_attention(q, kv, attn_sink, token_indices, sm_scale, *, d_v=512, forward=None, backward_backend=None,
@@ -489,7 +468,7 @@ def sparse_mqa_attention(q, kv, attn_sink, token_indices, sm_scale, *, d_v=512, 
         raise ValueError(f"q: expected a torch or paddle tensor, got {type(q).__name__}")
     views = {name: _torch_view(t, name, framework)
              for name, t in (("q", q), ("kv", kv), ("attn_sink", attn_sink), ("token_indices", token_indices))}
-    _validate(*views.values(), sm_scale, d_v)
+    _validate(*views.values(), sm_scale, d_v, framework)
     if forward is not None and not callable(forward):
         raise ValueError(f"forward: expected a callable returning (out, lse) or None, got {type(forward).__name__}")
     check = _chosen_check(drift_check)

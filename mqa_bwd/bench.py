@@ -6,9 +6,11 @@ What is measured, and why it is fair:
   once per shape), in one process, and their timed repeats are interleaved
   (det, atomic, cudnn, det, ...) so that clock and thermal drift fall on all
   alike. Each is warmed up first (kernel compilation and caches).
-* Backends: ours ('tilelang', 'tilelang-atomic') and cuDNN-frontend's DSA
-  backward ('cudnn', through mqa_bwd.cudnn) when it is installed; without it,
-  the default run skips it and says why.
+* Backends: ours ('tilelang', 'tilelang-atomic') and the peers of
+  contract.PEERS, cuDNN-frontend's DSA backward ('cudnn', through
+  mqa_bwd.cudnn), where they run; each peer's function says where it runs,
+  why not and its domain. The default run skips a peer that cannot run here
+  and says why.
 * Time is the whole public call (validation, layout, every kernel), as a
   training step pays it: CUDA events around it, median of the repeats.
 * TFLOP/s by docs/SPEC.md's count per query row: 2 * (H*Dv*L + 3*H*Dk*L + H*Dv*L).
@@ -33,12 +35,13 @@ the tests).
 """
 
 import dataclasses
+import importlib
 import json
 import math
 import statistics
 from typing import Callable
 
-from .contract import GPU_BACKENDS, OUTPUT_NAMES
+from .contract import GPU_BACKENDS, OUTPUT_NAMES, PEERS
 
 SHAPES = {
     "dsv32": [dict(B=1, S=4096, S_kv=8192, H=64, L=2048), dict(B=1, S=4096, S_kv=8192, H=128, L=2048)],
@@ -47,10 +50,11 @@ SHAPES = {
 SHAPE_KEYS = ("B", "S", "S_kv", "H", "L")
 #: Outputs of two backends that differ more than this (relative L2) do not compute the same thing.
 AGREEMENT_RTOL = 2e-2
-#: cuDNN-frontend's DSA backward (mqa_bwd.cudnn), timed beside ours when installed.
+#: cuDNN-frontend's DSA backward (mqa_bwd.cudnn), the peer the det/cuDNN column divides by.
 CUDNN = "cudnn"
-BENCH_BACKENDS = GPU_BACKENDS + (CUDNN,)
-DEFAULT_BACKENDS = ("tilelang", "tilelang-atomic", CUDNN)
+#: Ours, then the peers (contract.PEERS), which are timed beside ours where they run.
+BENCH_BACKENDS = GPU_BACKENDS + tuple(PEERS)
+DEFAULT_BACKENDS = BENCH_BACKENDS
 #: Issue 30's admissibility standard: per output, at most this times the atomic control's error.
 ADMISSIBLE_ERROR_RATIO = 1.1
 #: Device memory one block of the float64 reference may take.
@@ -211,7 +215,7 @@ def prepared_wrapper_call(args, launcher):
 
     from . import wrapper
 
-    plan = wrapper.validate(*args, None, None, launcher)
+    plan = wrapper.validate(*args, None, None, launcher, design=launcher.deterministic)
     return functools.partial(wrapper.run, plan, *args, launcher)
 
 
@@ -419,15 +423,32 @@ def oracle_errors(args, outputs: dict, budget_bytes=REFERENCE_BLOCK_BYTES) -> di
 # ---------------------------------------------------------------------------
 
 
+def peer_function(backend: str) -> Callable | None:
+    """The SPEC-signature function of the peer that ``backend`` names (contract.PEERS), or None
+    for one of ours. ImportError when its module does not import."""
+    spec = PEERS.get(backend)
+    if spec is None:
+        return None
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def backend_unavailable(backend: str) -> str | None:
-    """Why ``backend`` (BENCH_BACKENDS, or a model for the tests) cannot run here, or None."""
-    if backend == CUDNN:
-        from . import cudnn
+    """Why ``backend`` (BENCH_BACKENDS, or a model for the tests) cannot run here, or None.
+    A peer says it itself: its ``backend_unavailable(None)``, and its ``device``."""
+    try:
+        function = peer_function(backend)
+    except ImportError as err:
+        return f"{PEERS[backend]} does not import: {err!r}"
+    if function is None:
+        from . import backends
 
-        return cudnn.unavailable()
-    from . import backends
-
-    return backends.unavailable(backend)
+        return backends.unavailable(backend)
+    device = getattr(function, "device", "cuda")
+    if device != "cuda":
+        return f"{PEERS[backend]} runs on {device}; bench times on a CUDA GPU"
+    ask = getattr(function, "backend_unavailable", None)
+    return ask(None) if callable(ask) else None
 
 
 def parse_backends(text: str | None) -> list:
@@ -446,15 +467,16 @@ def runnable_backends(chosen, asked: bool) -> tuple:
     """(the backends of ``chosen`` that run here, {skipped backend: why}).
 
     ``asked``: the user named them. A named backend that cannot run here is a ValueError;
-    of the defaults, cuDNN (an optional extra) is skipped with its reason, ours are required."""
+    of the defaults, a peer (an optional extra, such as cuDNN) is skipped with its reason,
+    ours are required."""
     runnable, skipped = [], {}
     for b in chosen:
         why = backend_unavailable(b)
         if why is None:
             runnable.append(b)
-        elif b == CUDNN and not asked:
+        elif b in PEERS and not asked:
             skipped[b] = why
-        elif b == CUDNN:
+        elif b in PEERS:
             raise ValueError(f"--backends: {b!r} cannot run here: {why}")
         else:
             raise ValueError("bench times the TileLang kernels with CUDA events and needs a Hopper GPU (sm_90) and "
@@ -463,26 +485,24 @@ def runnable_backends(chosen, asked: bool) -> tuple:
 
 
 def outside_domain(backend: str, shape: dict, d_k: int, d_v: int) -> str | None:
-    """Why ``backend`` declares it cannot take ``shape`` (its Domain), or None. Ours take every shape."""
-    if backend != CUDNN:
+    """Why ``backend`` declares it cannot take ``shape`` (a peer's ``domain``, read as the harness
+    reads it), or None. Ours take every shape."""
+    function = peer_function(backend)
+    if function is None:
         return None
-    from .cudnn import cudnn_backward
+    from properties.target import declared_domain
 
-    domain = cudnn_backward.domain
-    if domain.heads is not None and not domain.heads[0] <= shape["H"] <= domain.heads[1]:
-        return f"H={shape['H']} is outside its heads {domain.heads[0]}-{domain.heads[1]}"
-    if domain.widths is not None and (d_k, d_v) not in domain.widths:
-        return f"(Dk, Dv) = ({d_k}, {d_v}) is not one of its widths {list(domain.widths)}"
-    return None
+    why = declared_domain(function, "--backends").violations(batch=shape["B"], heads=shape["H"], topk=shape["L"],
+                                                             widths=(d_k, d_v))
+    return "; ".join(why) or None
 
 
 def backend_call(backend: str, args, call_kw=None) -> Callable:
     """One whole public call of ``backend`` on ``args``, as a no-argument callable."""
     call_kw = dict(call_kw or {})
-    if backend == CUDNN:
-        from .cudnn import cudnn_backward
-
-        return lambda: cudnn_backward(*args, **call_kw)
+    function = peer_function(backend)
+    if function is not None:  # a peer takes no backend=
+        return lambda: function(*args, **call_kw)
     from . import mqa_latent_sparse_bwd
 
     return lambda: mqa_latent_sparse_bwd(*args, backend=backend, **call_kw)

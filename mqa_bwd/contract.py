@@ -24,6 +24,11 @@ OUTPUT_NAMES = ("dq", "dkv", "d_attn_sink")
 OURS = "mqa_bwd:mqa_latent_sparse_bwd"
 #: cuDNN-frontend's DSA backward behind the SPEC signature (a peer: the ``cudnn`` extra), as ``--impl`` names it.
 CUDNN = "mqa_bwd.cudnn:cudnn_backward"
+#: Peers the tools name by one word (``bench --backends``, ``repro --against``): word ->
+#: 'module:function'. A peer takes no ``backend=``; its function describes itself, so a new
+#: peer is one entry here: ``device`` (the device type its tensors must be on),
+#: ``backend_unavailable(None)`` (why it cannot run here, or None) and ``domain``.
+PEERS = {"cudnn": CUDNN}
 #: The implementations behind ``backend=``: the TileLang kernels (deterministic, and
 #: the fp32-atomic control) and their CPU tile models.
 BACKENDS = ("tilelang", "tilelang-atomic", "model", "model-atomic")

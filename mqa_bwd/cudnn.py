@@ -209,8 +209,9 @@ def backward_with(placement: Placement, query, kv, out, grad_out, lse, attn_sink
                   block_h=None, dkv_buf_bytes=None, deterministic=None, layout: Layout = LAYOUT, framework="torch"):
     """cudnn_backward with the tensors' placement (and the layout steps) given; torch tensors in and
     out. ``framework``: whose names the error messages use (the caller's, before the edge converted it)."""
+    # design=None: cuDNN keeps scratch of its own, so the budget is checked against it below.
     problem = validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h, dkv_buf_bytes,
-                       placement, framework=framework)
+                       placement, framework=framework, design=None)
     flag = check_cudnn_domain(problem, query.device, placement, deterministic)
     require_budget(problem.dkv_buf_bytes, scratch_bytes(problem), problem.rows, "mqa_bwd.cudnn.scratch_bytes")
     function = _function()
@@ -250,3 +251,5 @@ cudnn_backward.domain = Domain(heads=(MIN_HEADS, 128), widths=WIDTHS, sink="opti
                                causal_indices=False)
 # The harness's seam (mqa_bwd.contract): there is no backend= to choose; why it cannot run here.
 cudnn_backward.backend_unavailable = _backend_unavailable
+#: Where its tensors must be (a peer, contract.PEERS): cuDNN's kernels run on a CUDA GPU only.
+cudnn_backward.device = CUDA_PLACEMENT.device.type

@@ -15,7 +15,6 @@ are apart, so that "which one drifts, and by how much" has an answer.
 """
 
 import dataclasses
-import importlib
 import json
 from pathlib import Path
 
@@ -23,7 +22,7 @@ import numpy as np
 
 from . import capture as capture_mod
 from . import edge
-from .contract import CUDNN
+from .contract import PEERS
 
 from properties.target import OURS, OUTPUT_NAMES, SPEC_ARGS, backend_device  # noqa: F401 (re-exported)
 
@@ -150,7 +149,7 @@ def resolve(impl=None, backend=None, *, option="--backend", device=None, framewo
         return Implementation(f"backend {backend!r}", mqa_latent_sparse_bwd, wanted, framework,
                               dict(config, backend=backend), OURS)
     function = import_function(impl, "--impl" if option == "--backend" else option)
-    peer_device = _peer_device(impl, "--impl" if option == "--backend" else option)
+    peer_device = _peer_device(function, impl, "--impl" if option == "--backend" else option)
     if peer_device is not None:
         if backend is not None and option == "--backend":
             raise ValueError(f"--backend: {impl} takes no backend= (it is not one of ours), got {backend!r}")
@@ -162,30 +161,26 @@ def resolve(impl=None, backend=None, *, option="--backend", device=None, framewo
     return Implementation(label, function, device, framework, kwargs, impl)
 
 
-#: Peers named by one word on the command line (``--against cudnn``): the function, and the
-#: device its tensors must be on. A peer takes no ``backend=``.
-PEERS = {"cudnn": (CUDNN, "cuda")}
-
-
 def parse_target(text: str) -> tuple:
-    """'--against' text: a backend name -> (None, backend); a peer's name or 'module:function'
-    -> (impl, None)."""
+    """'--against' text: a backend name -> (None, backend); a peer's name (contract.PEERS, such
+    as 'cudnn') or 'module:function' -> (impl, None)."""
     if text in PEERS:
-        return PEERS[text][0], None
+        return PEERS[text], None
     return (text, None) if ":" in text else (None, text)
 
 
-def _peer_device(impl: str, option: str) -> str | None:
-    """The device of a peer named by ``impl`` (None when it is not one); a ValueError naming
-    ``option`` when the peer cannot run here."""
-    for spec, device in PEERS.values():
-        if impl == spec:
-            module = importlib.import_module(spec.split(":")[0])
-            reason = module.unavailable()
-            if reason:
-                raise ValueError(f"{option}: {spec} cannot run here: {reason}")
-            return device
-    return None
+def _peer_device(function, impl: str, option: str) -> str | None:
+    """The device a peer's tensors must be on: the ``device`` its function declares (None: it
+    declares none, so it is no peer and takes ``backend=``). A ValueError naming ``option`` when
+    the peer cannot run here (its ``backend_unavailable(None)`` says why)."""
+    device = getattr(function, "device", None)
+    if device is None:
+        return None
+    ask = getattr(function, "backend_unavailable", None)
+    reason = ask(None) if callable(ask) else None
+    if reason:
+        raise ValueError(f"{option}: {impl} cannot run here: {reason}")
+    return device
 
 
 # ---------------------------------------------------------------------------

@@ -206,6 +206,25 @@ def _require_dim(name, t, axis, dim, want, source):
         raise ValueError(f"{name}: dimension {axis} ({dim}) is {t.shape[axis]}, {source}'s {dim} is {want}")
 
 
+def _require_positive(name, axis, dim, n):
+    if n < 1:
+        raise ValueError(f"{name}: dimension {axis} ({dim}) is {n}; every dimension must be >= 1")
+
+
+def _require_width(name, dim, n):
+    """Dk and Dv: multiples of 16, the widths the kernels build."""
+    if n % 16:
+        raise ValueError(f"{name}: dimension 3 ({dim}) is {n}, not a multiple of 16 (the kernels' widths)")
+
+
+def _require_same_device(query, query_name, named, framework):
+    """Every tensor of ``named`` ((name, tensor or None), ...) on query's device."""
+    for name, t in named:
+        if t is not None and t.device != query.device:
+            raise ValueError(f"{name}: on {edge.device_name(t.device, framework)}, "
+                             f"but {query_name} is on {edge.device_name(query.device, framework)}")
+
+
 def require_dtype(name, t, dtype, framework="torch"):
     if t.dtype != dtype:
         raise ValueError(f"{name}: expected dtype {edge.dtype_name(dtype, framework)}, "
@@ -222,26 +241,60 @@ def check_sm_scale(sm_scale) -> None:
         raise ValueError(f"sm_scale: expected a finite positive number, got {sm_scale!r}")
 
 
+def validate_forward_inputs(query, kv, attn_sink, token_indices, sm_scale, *, steps=None, framework="torch",
+                            query_name="query") -> tuple:
+    """Check the arguments the forward and the backward share (query, kv, attn_sink,
+    token_indices, sm_scale); return (B, S, S_kv, H, L, d_k). Raises ValueError naming the
+    argument (and, for a shape, the dimension), in ``framework``'s names.
+
+    ``query_name``: what the caller calls query (``mqa_bwd.autograd``'s op calls it q).
+    The dtype checks go through ``steps.require_dtype`` (None: STEPS), as in ``validate``."""
+    steps = STEPS if steps is None else steps
+    q = query_name
+    for name, t in ((q, query), ("kv", kv)):
+        steps.require_dtype(name, t, torch.bfloat16, framework)
+    _require_rank(q, query, 4, "B,S,H,Dk")
+    B, S, H, d_k = query.shape
+    _require_rank("kv", kv, 3, "B,S_kv,Dk")
+    _require_dim("kv", kv, 0, "B", B, q)
+    _require_dim("kv", kv, 2, "Dk", d_k, q)
+    S_kv = kv.shape[1]
+    if attn_sink is not None:
+        _require_rank("attn_sink", attn_sink, 1, "H")
+        _require_dim("attn_sink", attn_sink, 0, "H", H, q)
+        steps.require_dtype("attn_sink", attn_sink, torch.float32, framework)
+    _require_rank("token_indices", token_indices, 3, "B,S,L")
+    if token_indices.dtype.is_floating_point or token_indices.dtype.is_complex or token_indices.dtype == torch.bool:
+        raise ValueError(f"token_indices: expected an integer dtype, got {edge.dtype_name(token_indices.dtype, framework)}")
+    for axis, dim, want in ((0, "B", B), (1, "S", S)):
+        _require_dim("token_indices", token_indices, axis, dim, want, q)
+    L_ = token_indices.shape[2]
+    for name, axis, dim, n in ((q, 0, "B", B), (q, 1, "S", S), (q, 2, "H", H), (q, 3, "Dk", d_k),
+                               ("kv", 1, "S_kv", S_kv), ("token_indices", 2, "L", L_)):
+        _require_positive(name, axis, dim, n)
+    _require_width(q, "Dk", d_k)
+    check_sm_scale(sm_scale)
+    _require_same_device(query, q, (("kv", kv), ("attn_sink", attn_sink), ("token_indices", token_indices)),
+                         framework)
+    return B, S, S_kv, H, L_, d_k
+
+
 def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h, dkv_buf_bytes, launcher,
-             steps=None, framework="torch"):
+             steps=None, framework="torch", *, design):
     """Check every argument; return the Problem. Raises ValueError naming the argument
     (and, for a shape, the dimension), in ``framework``'s names ("torch" or "paddle").
 
-    The dtype checks go through ``steps.require_dtype`` (``steps``: the call's Steps,
-    None: STEPS), so that a replaced check is the one every dtype goes through."""
+    ``design``: whose scratch a ``dkv_buf_bytes`` must cover, as ``Launcher.deterministic``
+    says it (True: the fixed-point design, False: the atomic control); None: no design of
+    ours (a peer that borrows this validation, mqa_bwd.cudnn, keeps scratch of its own and
+    checks its budget itself). The dtype checks go through ``steps.require_dtype``
+    (``steps``: the call's Steps, None: STEPS), so that a replaced check is the one every
+    dtype goes through."""
     steps = STEPS if steps is None else steps
-
-    def dtype(name, t, want):
-        steps.require_dtype(name, t, want, framework)
-
-    for name, t in (("query", query), ("kv", kv), ("out", out), ("grad_out", grad_out)):
-        dtype(name, t, torch.bfloat16)
-    _require_rank("query", query, 4, "B,S,H,Dk")
-    B, S, H, d_k = query.shape
-    _require_rank("kv", kv, 3, "B,S_kv,Dk")
-    _require_dim("kv", kv, 0, "B", B, "query")
-    _require_dim("kv", kv, 2, "Dk", d_k, "query")
-    S_kv = kv.shape[1]
+    B, S, S_kv, H, L_, d_k = validate_forward_inputs(query, kv, attn_sink, token_indices, sm_scale, steps=steps,
+                                                     framework=framework)
+    for name, t in (("out", out), ("grad_out", grad_out)):
+        steps.require_dtype(name, t, torch.bfloat16, framework)
     _require_rank("out", out, 4, "B,S,H,Dv")
     for axis, dim, want in ((0, "B", B), (1, "S", S), (2, "H", H)):
         _require_dim("out", out, axis, dim, want, "query")
@@ -255,44 +308,21 @@ def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, 
     _require_rank("lse", lse, 3, "B,S,H")
     for axis, dim, want in ((0, "B", B), (1, "S", S), (2, "H", H)):
         _require_dim("lse", lse, axis, dim, want, "query")
-    dtype("lse", lse, torch.float32)
-    if attn_sink is not None:
-        _require_rank("attn_sink", attn_sink, 1, "H")
-        _require_dim("attn_sink", attn_sink, 0, "H", H, "query")
-        dtype("attn_sink", attn_sink, torch.float32)
-    _require_rank("token_indices", token_indices, 3, "B,S,L")
-    if token_indices.dtype.is_floating_point or token_indices.dtype.is_complex or token_indices.dtype == torch.bool:
-        raise ValueError(f"token_indices: expected an integer dtype, got {edge.dtype_name(token_indices.dtype, framework)}")
-    for axis, dim, want in ((0, "B", B), (1, "S", S)):
-        _require_dim("token_indices", token_indices, axis, dim, want, "query")
-    L_ = token_indices.shape[2]
-    for name, axis, dim, n in (("query", 0, "B", B), ("query", 1, "S", S), ("query", 2, "H", H), ("query", 3, "Dk", d_k),
-                               ("kv", 1, "S_kv", S_kv), ("out", 3, "Dv", d_v), ("token_indices", 2, "L", L_)):
-        if n < 1:
-            raise ValueError(f"{name}: dimension {axis} ({dim}) is {n}; every dimension must be >= 1")
-    for name, dim, n in (("query", "Dk", d_k), ("out", "Dv", d_v)):
-        if n % 16:
-            raise ValueError(f"{name}: dimension 3 ({dim}) is {n}, not a multiple of 16 (the kernels' widths)")
+    steps.require_dtype("lse", lse, torch.float32, framework)
+    _require_positive("out", 3, "Dv", d_v)
+    _require_width("out", "Dv", d_v)
     launcher.check_widths(d_k, d_v)
-
-    check_sm_scale(sm_scale)
 
     problem = problem_of(B, S, S_kv, H, L_, d_k, d_v, block_h, dkv_buf_bytes)
 
+    _require_same_device(query, "query", (("out", out), ("grad_out", grad_out), ("lse", lse)), framework)
     device = query.device
-    for name, t in (("kv", kv), ("out", out), ("grad_out", grad_out), ("lse", lse), ("attn_sink", attn_sink), ("token_indices", token_indices)):
-        if t is not None and t.device != device:
-            raise ValueError(f"{name}: on {edge.device_name(t.device, framework)}, "
-                             f"but query is on {edge.device_name(device, framework)}")
     if device != launcher.device and not (device.type == launcher.device.type == "cuda"):
         raise ValueError(f"query: on {edge.device_name(device, framework)}, but backend {launcher.name!r} runs on "
                          f"{edge.device_name(launcher.device, framework)}")
 
     # The budget bounds the scratch that grows with the query rows (SPEC). The
     # fixed design has no chunked variant, so a budget below what it needs is refused.
-    # A peer that borrows this validation (mqa_bwd.cudnn: no launcher of ours, so no
-    # ``deterministic``) keeps scratch of its own: no minimum of ours applies to it.
-    design = getattr(launcher, "deterministic", None)
     if design is not None:
         require_budget(problem.dkv_buf_bytes, problem.scratch_bytes(design), problem.rows, "mqa_bwd.scratch_bytes")
     return problem
@@ -392,7 +422,7 @@ class Steps:
     """The wrapper's replaceable steps, each a plain function (the real ones: STEPS).
 
     validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h,
-             dkv_buf_bytes, launcher, steps, framework) -> Problem
+             dkv_buf_bytes, launcher, steps, framework, *, design) -> Problem
     require_dtype(name, t, dtype, framework)      ValueError unless t.dtype == dtype
     pad_heads(x, padded, value, launcher) -> x    [R, H, ...] -> [R, padded, ...]
     kernel_lse(lse, sink) -> (lse2, sink2)        base 2, sink-inclusive (padded tensors)
@@ -486,8 +516,9 @@ def backward_with(launcher: L.Launcher, query, kv, out, grad_out, lse, attn_sink
                   block_h=None, dkv_buf_bytes=None, steps: Steps = STEPS, framework="torch"):
     """Validate, then run on a given launcher; torch tensors in and out. ``framework``:
     whose names the error messages use (the caller's, before the edge converted it)."""
+    # The launcher is ours, so its design says what scratch the budget must cover.
     p = steps.validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h, dkv_buf_bytes,
-                       launcher, steps=steps, framework=framework)
+                       launcher, steps=steps, framework=framework, design=launcher.deterministic)
     return run(p, query, kv, out, grad_out, lse, attn_sink, token_indices, float(sm_scale), launcher, steps)
 
 

@@ -53,3 +53,17 @@ def ours(*args, **options):
 
 
 ours.takes_instruments = lambda: True
+
+
+def second_peer(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, *, block_h=None,
+                dkv_buf_bytes=None):
+    """A peer as mqa_bwd.cudnn is one (no backend=, a device of its own, its own reason not to run,
+    a domain), here ours on the CPU model: registered in contract.PEERS, the tools must serve it
+    by what it declares, with no branch of their own (tests/test_bench_errors.py, test_repro.py)."""
+    return mqa_latent_sparse_bwd(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, block_h=block_h,
+                                 dkv_buf_bytes=dkv_buf_bytes, backend="model")
+
+
+second_peer.domain = Domain(heads=(2, 64), topk_multiple=16)
+second_peer.device = "cpu"
+second_peer.backend_unavailable = lambda backend: None

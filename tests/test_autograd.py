@@ -22,6 +22,7 @@ from mqa_bwd.autograd import DriftCheck, DriftError, DriftWarning, reference_for
 from mqa_bwd.edge import to_numpy
 from mqa_bwd.wrapper import mqa_latent_sparse_bwd
 from properties.case import ALL_INVALID_KINDS, Case, expected, to_framework
+from properties.checks import bitwise_difference
 from properties.compare import bf16_ulp_distance, compare
 
 from tiny_model import differing_gradients, the_drift_warning, train
@@ -51,12 +52,6 @@ def _op(case: Case, **options):
     out = sparse_mqa_attention(q, kv, s, idx, scale, d_v=case.d_v, **options)
     out.backward(grad_out)
     return out.detach(), (q.grad, kv.grad, None if s is None else s.grad)
-
-
-def _bits_equal(a, b) -> bool:
-    """Same shape, dtype and bytes (torch or paddle tensors, compared on the host)."""
-    a, b = np.ascontiguousarray(to_numpy(a)), np.ascontiguousarray(to_numpy(b))
-    return a.dtype == b.dtype and a.shape == b.shape and np.array_equal(a.view(np.uint8), b.view(np.uint8))
 
 
 # ---------------------------------------------------------------------------
@@ -135,11 +130,11 @@ def test_the_op_gradients_equal_a_direct_backward_call_and_agree_with_the_oracle
     t = to_framework(SMALL.inputs())
     ref_out, lse = reference_forward(t["query"], t["kv"], t["attn_sink"], t["token_indices"], SMALL.sm_scale,
                                      SMALL.d_v)
-    assert _bits_equal(out, ref_out)
+    assert bitwise_difference("out", out, ref_out) is None
     direct = mqa_latent_sparse_bwd(t["query"], t["kv"], out, t["grad_out"], lse, t["attn_sink"], t["token_indices"],
                                    SMALL.sm_scale, backend="model")
     for name, got, want in zip(("dq", "dkv", "d_attn_sink"), grads, direct):
-        assert _bits_equal(got, want), name
+        assert bitwise_difference(name, got, want) is None
     host = dict(SMALL.inputs(), out=to_numpy(out), lse=to_numpy(lse))
     for name, got, want64, baseline in zip(("dq", "dkv", "d_attn_sink"), grads, *expected(host)):
         verdict = compare(name, got, want64, baseline)
@@ -320,8 +315,8 @@ def test_the_cudnn_backend_gives_its_gradients(monkeypatch):
     monkeypatch.setitem(sys.modules, ag.CUDNN_MODULE, fake)
     _, grads = _op(SMALL, backward_backend="cudnn", drift_check=False)
     q, kv, _, _, _, _ = _leaves(SMALL)
-    for got, want in zip(grads, fake.cudnn_backward(q, kv, *[None] * 6)):
-        assert _bits_equal(got, want)
+    for name, got, want in zip(("dq", "dkv", "d_attn_sink"), grads, fake.cudnn_backward(q, kv, *[None] * 6)):
+        assert bitwise_difference(name, got, want) is None
 
 
 @pytest.mark.parametrize("module, says", [(None, "does not import"),
@@ -365,6 +360,7 @@ BAD_CALLS = [
     ("q", lambda a: dict(q=a["q"].float())),
     ("q", lambda a: dict(q=a["q"][0])),
     ("kv", lambda a: dict(kv=a["kv"][:, :, :16])),
+    ("kv", lambda a: dict(kv=a["kv"].detach().to("meta"))),  # another device than q's
     ("attn_sink", lambda a: dict(attn_sink=a["attn_sink"].half())),
     ("token_indices", lambda a: dict(token_indices=a["token_indices"].float())),
     ("token_indices", lambda a: dict(token_indices=a["token_indices"][:, :2])),
@@ -439,9 +435,18 @@ def test_paddle_gradients_equal_the_torch_path_bitwise():
         t.stop_gradient = False
     got = sparse_mqa_attention(*leaves, p["token_indices"], SMALL.sm_scale, d_v=SMALL.d_v, backward_backend="model")
     got.backward(p["grad_out"])
-    assert type(got).__module__.startswith("paddle") and _bits_equal(got, out)
+    assert type(got).__module__.startswith("paddle") and bitwise_difference("out", got, out) is None
     for name, t, want in zip(("dq", "dkv", "d_attn_sink"), leaves, grads):
-        assert _bits_equal(t.grad, want), name
+        assert bitwise_difference(name, t.grad, want) is None
+
+
+@pytest.mark.paddle
+def test_a_paddle_callers_bad_argument_is_named_in_paddles_names():
+    paddle = pytest.importorskip("paddle")
+    p = to_framework(SMALL.inputs(), "paddle")
+    with pytest.raises(ValueError, match=r"^q: expected dtype paddle\.bfloat16, got paddle\.float32$"):
+        sparse_mqa_attention(p["query"].astype(paddle.float32), p["kv"], p["attn_sink"], p["token_indices"],
+                             SMALL.sm_scale, d_v=SMALL.d_v, backward_backend="model")
 
 
 # ---------------------------------------------------------------------------

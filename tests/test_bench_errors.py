@@ -194,6 +194,32 @@ def test_cudnn_is_left_out_of_shapes_outside_its_domain():
     assert bench.outside_domain("tilelang", shape, 64, 32) is None
 
 
+def test_a_second_peer_is_served_by_what_its_function_declares(monkeypatch):
+    # One entry in contract.PEERS and the attributes on its function: no branch in bench.
+    import domain_fakes
+    from mqa_bwd import contract
+
+    monkeypatch.setitem(contract.PEERS, "second", "domain_fakes:second_peer")
+    shape = dict(B=1, S=12, S_kv=48, H=4, L=16)
+    assert bench.outside_domain("second", shape, 64, 32) is None
+    assert "H=65" in bench.outside_domain("second", dict(shape, H=65), 64, 32)
+    assert "topk_multiple=16" in bench.outside_domain("second", dict(shape, L=24), 64, 32)
+    # Its device is the CPU, and bench times on a CUDA GPU: a reason, then its own reason.
+    assert "runs on cpu" in bench.backend_unavailable("second")
+    monkeypatch.setattr(domain_fakes.second_peer, "device", "cuda")
+    assert bench.backend_unavailable("second") is None
+    monkeypatch.setattr(domain_fakes.second_peer, "backend_unavailable", lambda backend: "its library is missing")
+    assert bench.runnable_backends(["second"], asked=False) == ([], {"second": "its library is missing"})
+    with pytest.raises(ValueError, match="--backends: 'second' cannot run here: its library is missing"):
+        bench.runnable_backends(["second"], asked=True)
+    monkeypatch.setitem(contract.PEERS, "absent", "no_such_module_here:backward")
+    assert "does not import" in bench.backend_unavailable("absent")
+    # Its call is its function, with no backend= (the fake takes none: one would be a TypeError).
+    args = _model_shape_args()
+    want = bench.backend_call("model", args)()
+    assert bench.same_bits(bench.backend_call("second", args, dict(block_h=16))(), want)
+
+
 # ---------------------------------------------------------------------------
 # GPU: the reference on the device, and one small measurement with every backend here
 # ---------------------------------------------------------------------------

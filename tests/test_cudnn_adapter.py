@@ -21,8 +21,9 @@ import pytest
 import torch
 
 from mqa_bwd import cudnn, mqa_latent_sparse_bwd, wrapper
-from mqa_bwd.contract import SPEC_ARGS, Domain
+from mqa_bwd.contract import OUTPUT_NAMES, SPEC_ARGS, Domain
 from properties.case import ALL_INVALID_KINDS, Case, expected, to_framework
+from properties.checks import bitwise_difference
 from properties.compare import RunTally, compare
 from properties.target import Target
 
@@ -83,14 +84,10 @@ def _args(case: Case) -> list:
     return [tensors[name] for name in SPEC_ARGS]
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.contiguous().view({2: torch.int16, 4: torch.int32}[t.element_size()])
-
-
 def _differences(got, want) -> list:
-    """The outputs whose shape, dtype or bits differ."""
-    return [name for name, g, w in zip(("dq", "dkv", "d_attn_sink"), got, want)
-            if g.shape != w.shape or g.dtype != w.dtype or not torch.equal(_bits(g), _bits(w))]
+    """What differs, output by output, in shape, dtype or bits (empty: nothing)."""
+    found = (bitwise_difference(name, g, w) for name, g, w in zip(OUTPUT_NAMES, got, want))
+    return [d for d in found if d is not None]
 
 
 CASES = [

@@ -138,6 +138,24 @@ def test_ulp_distance_counts_representable_values_in_the_outputs_dtype():
     assert ulp_distance(np.array([1.0]), np.array([np.nextafter(1.0, 2.0)])).tolist() == [1]  # float64 too
 
 
+def test_the_bitwise_comparison_the_tests_use_sees_every_bit():
+    # properties.checks.bitwise_difference: what the tests' bit-for-bit assertions rely on.
+    from properties.checks import bitwise_difference
+
+    bf16 = torch.tensor([1.0, -0.0, float("nan"), 3.0]).bfloat16()
+    fp32 = torch.tensor([1.0, 0.0, float("nan"), -2.5])
+    for x in (bf16, fp32):
+        assert bitwise_difference("x", x.clone(), x) is None  # NaN is its own bits, not unequal
+        for i in range(x.numel()):
+            flipped = x.clone()
+            flipped.view({2: torch.int16, 4: torch.int32}[x.element_size()])[i] ^= 1
+            assert bitwise_difference("x", flipped, x) is not None, (x.dtype, i)  # a NaN payload at i=2
+    assert bitwise_difference("x", -fp32[1:2], fp32[1:2]) is not None  # -0.0 == 0.0, but not bitwise
+    assert bitwise_difference("x", fp32.double(), fp32) is not None
+    assert bitwise_difference("x", fp32[:3], fp32) is not None
+    assert bitwise_difference("x", fp32[::2], fp32.clone()[::2]) is None  # strided views compare their elements
+
+
 def test_output_checksums_see_every_single_bit_and_a_cancelling_pair():
     from properties.compare import OutputChecksums
 
@@ -361,3 +379,25 @@ def test_against_cudnn_names_the_peer_and_refuses_it_where_it_cannot_run(tmp_pat
     assert cli.main(["repro", str(path), "--runs", "1", "--backend", "model", "--against", "cudnn"]) == 2
     err = capsys.readouterr().err
     assert "--against: mqa_bwd.cudnn:cudnn_backward cannot run here" in err and reason in err
+
+
+def test_a_second_peer_is_replayed_by_what_its_function_declares(monkeypatch):
+    # One entry in contract.PEERS and the attributes on its function: no branch in repro.
+    import domain_fakes
+    from mqa_bwd import contract
+
+    monkeypatch.setitem(contract.PEERS, "second", "domain_fakes:second_peer")
+    impl, backend = repro.parse_target("second")
+    assert (impl, backend) == ("domain_fakes:second_peer", None)
+    # Asked beside the model, it drops the backend (it takes none) and runs on the device it declares.
+    against = repro.resolve(impl, "model", option="--against")
+    assert (against.device, against.kwargs, against.spec) == ("cpu", {}, impl)
+    result = repro.replay(_source(SMALL), repro.resolve(None, "model"), runs=2, against=against, oracle=False)
+    assert result.ok and all(c.bitwise_equal for c in result.cross.values())
+    with pytest.raises(ValueError, match=r"^--backend: domain_fakes:second_peer takes no backend="):
+        repro.resolve(impl, "model")
+    monkeypatch.setattr(domain_fakes.second_peer, "backend_unavailable", lambda backend: "its library is missing")
+    with pytest.raises(ValueError, match=r"^--against: domain_fakes:second_peer cannot run here: its library is"):
+        repro.resolve(impl, None, option="--against")
+    # A function that declares no device is no peer: it is handed the backend.
+    assert repro.resolve(f"{__name__}:doubles_dq", "model").kwargs == {"backend": "model"}

@@ -7,6 +7,7 @@ learned sink, a linear head and a cross-entropy loss.
 import torch
 
 from mqa_bwd.autograd import DriftWarning, sparse_mqa_attention
+from properties.checks import bitwise_difference
 
 
 class TinyModel(torch.nn.Module):
@@ -62,7 +63,7 @@ def differing_gradients(first, second) -> list:
     differ = []
     for step, (a, b) in enumerate(zip(first, second)):
         for name in a:
-            if not torch.equal(a[name].view(torch.int32), b[name].view(torch.int32)):
+            if bitwise_difference(name, a[name], b[name]) is not None:
                 differ.append(f"step {step} {name}")
     return differ
 
