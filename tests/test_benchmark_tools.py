@@ -257,6 +257,21 @@ def test_prepared_wrapper_call_is_one_whole_call():
     assert same_bits(call(), want) and same_bits(call(), want)
 
 
+def test_same_bits_is_bitwise_signed_zeros_nan_payloads_and_dtypes_included():
+    import torch
+
+    from mqa_bwd.bench import same_bits
+
+    base = (torch.tensor([1.0, -0.0, float("nan")]), torch.zeros(2, dtype=torch.bfloat16), torch.ones(3))
+    assert same_bits(base, tuple(t.clone() for t in base))  # equal NaNs are the same bits
+    assert not same_bits(base, (torch.tensor([1.0, 0.0, float("nan")]), *base[1:]))  # -0 is not +0
+    other_nan = torch.tensor([0x7FC00001], dtype=torch.int32).view(torch.float32)
+    assert not same_bits(base, (torch.cat([base[0][:2], other_nan]), *base[1:]))
+    assert not same_bits(base, (base[0], base[1].float(), base[2]))  # equal values, another dtype
+    assert not same_bits(base, (base[0], base[1].reshape(1, 2), base[2]))
+    assert not same_bits(base, base[:2])
+
+
 def test_narrow_fixed_point_precision_grows_with_its_bits():
     # The data scale must put each row's need in [2**(B-1), 2**B). Seven more
     # bits must shrink the rounding error (about 2**-7 of it), and the int64
