@@ -18,8 +18,13 @@ What changes against the product's wide tile, and why:
     warpgroup 1: dQ[:, DQ_SPLIT:] and the block's dKV, chunk by chunk, with its adds.
   Warpgroup 0 gathers block t + 1 and forms its scores while warpgroup 1 still
   forms and adds block t's dKV (which reads Q, dO, P and dS, never KV).
-- One KV stage: the KV tile is refilled once both warpgroups' dQ GEMMs of the
-  block have read it.
+- One KV stage, refilled in two parts (``prefetch``): columns [0, DQ_SPLIT), which
+  only warpgroup 0's dQ GEMM reads, right after that GEMM; the rest once warpgroup
+  1's dQ GEMMs have read them (KV_FREE). S and dP start on the first part while the
+  second lands. Without prefetch, warpgroup 0's serial gather was the whole kernel's
+  critical path (docs/performance-log.md, 2026-12-02 third session).
+- The lanes design's int64 redo is the same kernel launched with a device Gate that
+  ends every CTA at once unless some kv row's bound failed: no host synchronisation.
 
 Handoffs are mbarriers, one phase a block (named barriers are racecheck's blind
 spot): PDS_READY (warpgroup 0's 128 threads arrive: P, dS, the block's slots and
@@ -47,6 +52,8 @@ BARRIER_SOURCE = r"""
 __device__ __forceinline__ void skel_bar_sync_wg(int id) { asm volatile("bar.sync %0, 128;" :: "r"(id) : "memory"); }
 // cp.async and generic stores to shared memory become visible to wgmma (the async proxy).
 __device__ __forceinline__ void skel_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+// The lanes design's int64 redo launches unconditionally and ends here unless a row's bound failed.
+__device__ __forceinline__ void skel_exit_unless(const int* gate) { if (*gate == 0) asm volatile("exit;"); }
 // Every cp.async group of this thread but the newest has landed.
 __device__ __forceinline__ void skel_cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
 """
@@ -74,30 +81,39 @@ __device__ __forceinline__ void skel_red_u64_if(unsigned long long* p, unsigned 
   asm volatile("{\n .reg .pred q;\n setp.ne.u32 q, %2, 0;\n @q red.global.add.u64 [%0], %1;\n}"
                :: "l"(p), "l"(v), "r"(static_cast<unsigned>(ok)) : "memory");
 }
-__device__ __forceinline__ void skel_red_f32x2_if(float* p, float a, float b, bool ok) {
-  asm volatile("{\n .reg .pred q;\n setp.ne.u32 q, %3, 0;\n @q red.global.add.v2.f32 [%0], {%1, %2};\n}"
-               :: "l"(p), "f"(a), "f"(b), "r"(static_cast<unsigned>(ok)) : "memory");
-}
 // max that keeps a NaN (fmaxf drops it): a NaN contribution must fail its row's bound.
 __device__ __forceinline__ float skel_max_nan(float a, float b) {
   float r;
   asm("max.NaN.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
   return r;
 }
-// The control's adds of one chunk (the accumulator layout above): a lane's two consecutive columns
-// as one red.v2.f32.
+__device__ __forceinline__ void skel_red_f32x4_if(float* p, float a, float b, float c, float d, bool ok) {
+  asm volatile("{\n .reg .pred q;\n setp.ne.u32 q, %5, 0;\n @q red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n}"
+               :: "l"(p), "f"(a), "f"(b), "f"(c), "f"(d), "r"(static_cast<unsigned>(ok)) : "memory");
+}
+// The control's adds of one chunk (the accumulator layout above) as red.v4.f32, four columns a lane,
+// as cuDNN adds: of each 16-column group a lane holds pairs A (8-column block 2m) and B (block
+// 2m + 1); partners k and k ^ 1 swap one pair, so even k adds A_k A_k+1 (columns 16m + 2k ..
+// + 3) and odd k adds B_k-1 B_k (columns 16m + 6 + 2k .. + 3): a quad covers 64 bytes a row.
 __device__ __forceinline__ void skel_add_chunk_atomic(const float* acc, const void* dkv, const int* slots, int col0,
                                                       int ld, int nkv, int t) {
   const int lane = t & 31, warp = t >> 5, k = lane & 3;
+  const bool odd = k & 1;
   #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = 16 * warp + 8 * half + (lane >> 2);
     const int kv = slots[row];
     const bool ok = kv >= 0 && kv < nkv;
-    float* base = const_cast<float*>(static_cast<const float*>(dkv)) + (long long)(ok ? kv : 0) * ld + col0 + 2 * k;
+    float* base = const_cast<float*>(static_cast<const float*>(dkv)) + (long long)(ok ? kv : 0) * ld + col0;
     #pragma unroll
-    for (int n8 = 0; n8 < 8; ++n8)
-      skel_red_f32x2_if(base + 8 * n8, acc[2 * (2 * n8 + half)], acc[2 * (2 * n8 + half) + 1], ok);
+    for (int m = 0; m < 4; ++m) {
+      const float a0 = acc[2 * (2 * (2 * m) + half)], a1 = acc[2 * (2 * (2 * m) + half) + 1];
+      const float b0 = acc[2 * (2 * (2 * m + 1) + half)], b1 = acc[2 * (2 * (2 * m + 1) + half) + 1];
+      const float r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
+      const float r1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
+      skel_red_f32x4_if(base + 16 * m + 2 * k + (odd ? 6 : 0), odd ? r0 : a0, odd ? r1 : a1, odd ? b0 : r0,
+                        odd ? b1 : r1, ok);
+    }
   }
 }
 // dkv comes const: TileLang sees no store to it through this call.
@@ -158,6 +174,59 @@ __device__ __forceinline__ void skel_add_chunk_lanes(const float* acc, const voi
     }
   }
 }
+__device__ __forceinline__ unsigned long long skel_shfl_xor_u64(unsigned long long v, int mask) {
+  const unsigned lo = __shfl_xor_sync(0xffffffffu, static_cast<unsigned>(v), mask);
+  const unsigned hi = __shfl_xor_sync(0xffffffffu, static_cast<unsigned>(v >> 32), mask);
+  return lo | (static_cast<unsigned long long>(hi) << 32);
+}
+// skel_add_chunk_lanes with the words exchanged first, so that one red.u64 instruction a warp covers
+// 2^STAGES x 32 contiguous bytes of 8 / 2^STAGES rows (STAGES 2: 128 bytes, two rows). Before, lane
+// (q, k) holds row 8 half + q's words 4 n + k (n = 0..7). Stage s swaps lane bit 2 + s (row bit s)
+// with bit s of n (word bit 2 + s) by one shuffle a pair: the lane keeps its word whose n bit equals
+// its lane bit and takes its partner's other. After: row bits s < STAGES are n's, word bits 2 + s
+// the lane's. The peaks are taken before the exchange, on the thread's own two rows.
+template <int STAGES>
+__device__ __forceinline__ void skel_add_chunk_lanes_rows(const float* acc, const void* words, const int* slots,
+                                                          const float* scales, int col0, int ld, int nkv, int t,
+                                                          float* peak) {
+  const int lane = t & 31, warp = t >> 5, k = lane & 3, q = lane >> 2;
+  constexpr int low = (1 << STAGES) - 1;
+  unsigned long long* dst = const_cast<unsigned long long*>(static_cast<const unsigned long long*>(words));
+  #pragma unroll
+  for (int half = 0; half < 2; ++half) {
+    const float scale = scales[16 * warp + 8 * half + q];
+    unsigned long long w[8];
+    #pragma unroll
+    for (int n = 0; n < 8; ++n) {
+      const float x0 = acc[2 * (2 * n + half)] * scale, x1 = acc[2 * (2 * n + half) + 1] * scale;
+      peak[half] = skel_max_nan(peak[half], skel_max_nan(fabsf(x0), fabsf(x1)));
+      w[n] = static_cast<unsigned long long>(static_cast<unsigned>(__float2int_rn(x0)))
+             | (static_cast<unsigned long long>(static_cast<unsigned>(__float2int_rn(x1))) << 32);
+    }
+    #pragma unroll
+    for (int s = 0; s < STAGES; ++s) {
+      const bool upper = (lane >> (2 + s)) & 1;
+      #pragma unroll
+      for (int n = 0; n < 8; ++n) {
+        if ((n >> s) & 1) continue;
+        const int m = n | (1 << s);
+        const unsigned long long got = skel_shfl_xor_u64(upper ? w[n] : w[m], 1 << (2 + s));
+        w[n] = upper ? got : w[n];
+        w[m] = upper ? w[m] : got;
+      }
+    }
+    #pragma unroll
+    for (int rows = 0; rows <= low; ++rows) {  // this lane's rows after the exchange: low bits from n
+      const int row = 16 * warp + 8 * half + (rows | (q & ~low));
+      const int kv = slots[row];
+      const bool ok = kv >= 0 && kv < nkv;
+      unsigned long long* base = dst + (long long)(ok ? kv : 0) * (ld / 2) + col0 / 2 + k + 4 * (q & low);
+      #pragma unroll
+      for (int n = 0; n < 8; ++n)
+        if ((n & low) == rows) skel_red_u64_if(base + 4 * (n & ~low), w[n], ok);
+    }
+  }
+}
 __device__ __forceinline__ void skel_add_bounds(float* peak, const void* bound, const int* slots, int nkv, int t) {
   const int lane = t & 31, warp = t >> 5;
   #pragma unroll
@@ -176,24 +245,32 @@ __device__ __forceinline__ void skel_add_bounds(float* peak, const void* bound, 
 
 
 def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic", overlap: bool = True,
-                     sector_adds: bool = True, prefetch: bool = False, pair_stores: bool = False):
+                     sector_adds: bool = True, prefetch: bool = False, pair_stores: bool = False,
+                     wg0_chunks: int = 0, row_stages: int = 0):
     """The wide tile's main backward as the module docstring describes; ``accumulate``
     as MainConfig's ("fixed": int64 fixed point, "atomic": fp32).
 
     overlap: two dKV accumulators, chunk c + 1's GEMMs issued before chunk c's adds
     (False: one, each chunk's GEMMs waited for before its adds).
     sector_adds: fixed, the lanes of a quad swap values by shuffles so that each red.u64
-    instruction covers whole 32-byte sectors (SECTOR_ADD_SOURCE); atomic, each lane adds its
-    two consecutive columns as one red.v2.f32; False: element-wise adds in TileLang.
+    instruction covers whole 32-byte sectors (SECTOR_ADD_SOURCE); atomic, partner lanes swap a
+    pair so that each lane adds four consecutive columns as one red.v4.f32; False: element-wise adds in TileLang.
     prefetch: warpgroup 0 gathers block t + 1's KV columns [0, DQ_SPLIT) as soon as its own dQ
     GEMM of block t has read them (warpgroup 1 never reads those columns), the rest after
     KV_FREE, and starts S and dP on the first columns while the rest is in flight; each thread
     gathers whole 128-byte runs of a row (8 threads a row), so no address needs a division.
-    pair_stores: P and dS go to shared memory as bf16 pairs, one 32-bit store a pair.
+    pair_stores: P and dS leave the accumulators by T.copy (stmatrix).
+    wg0_chunks: warpgroup 0 forms and adds the block's last wg0_chunks dKV chunks (0, 1 or 2)
+    after its dQ GEMM, in its score accumulators; warpgroup 1 the others. A lanes bound is then
+    added by both warpgroups (the sum of the two peaks: still a bound, at most one bit looser).
+    row_stages (lanes only): 0, 1 or 2 shuffle stages before the adds, so that one add
+    instruction a warp covers 32, 64 or 128 contiguous bytes a row (skel_add_chunk_lanes_rows).
     accumulate="none": no dKV adds at all (what the rest of the skeleton costs).
     accumulate="lanes": two columns a word of two signed 32-bit lanes, dKV [NKV, Dk / 2]
     int64 words, RowScale the lanes' scale (the plan's, lowered: launcher.LanesLauncher),
     Bound [NKV] the proof that every column's final sum fits (LANES_ADD_SOURCE).
+    Gate [1]: every CTA ends at once where it is 0 (the lanes design's int64 redo, launched
+    without a host synchronisation).
     """
     if accumulate not in ("fixed", "atomic", "lanes", "none"):
         raise ValueError(f"accumulate: {accumulate!r} (fixed, atomic, lanes or none)")
@@ -208,6 +285,11 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
     dkv_shape = (NKV, Dk // 2) if accumulate == "lanes" else (NKV, Dk)
     scaled = accumulate in ("fixed", "lanes")  # the fixed and lanes designs: a row scale per slot, the mass check
     chunks = Dk // CHUNK
+    if row_stages not in (0, 1, 2) or (row_stages and accumulate != "lanes"):
+        raise ValueError(f"row_stages: {row_stages!r} (0, 1 or 2, and only for the lanes)")
+    if wg0_chunks not in (0, 1, 2):
+        raise ValueError(f"wg0_chunks: {wg0_chunks!r} (0, 1 or 2)")
+    n1 = chunks - wg0_chunks  # warpgroup 1's chunks: [0, n1)
     value_chunks = Dv // CHUNK
     # Warpgroup 1's dQ columns in two wgmma-sized pieces (N at most 256, whole 64s):
     # 192 + 128 at Dk = 576, 128 + 128 at 512.
@@ -243,20 +325,21 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
             T.wgmma_gemm(P_s, dO_s[0:H, c * CHUNK : (c + 1) * CHUNK], acc, transpose_A=True)
 
     @T.macro
-    def add_chunk(dKV, acc, slots_s, scales_s, c, p, NKV, peak):
-        """The global adds of chunk c's accumulator, for the block of parity p."""
+    def add_chunk(dKV, acc, slots_s, scales_s, c, p, NKV, peak, thread):
+        """The global adds of chunk c's accumulator, for the block of parity p, by the warpgroup
+        whose thread index (0..127) is ``thread``."""
         if accumulate == "none":  # the skeleton's time without its adds (a measurement, never correct)
             pass
         elif accumulate == "lanes":
-            T.call_extern("handle", "skel_add_chunk_lanes", acc.data, dKV.data, T.address_of(slots_s[p * BS]),
-                          T.address_of(scales_s[p * BS]), c * CHUNK, Dk, NKV, T.get_thread_binding() - WARPGROUP,
+            T.call_extern("handle", f"skel_add_chunk_lanes_rows<{row_stages}>" if row_stages else "skel_add_chunk_lanes", acc.data, dKV.data, T.address_of(slots_s[p * BS]),
+                          T.address_of(scales_s[p * BS]), c * CHUNK, Dk, NKV, thread,
                           peak.data)
         elif sector and accumulate == "atomic":
             T.call_extern("handle", "skel_add_chunk_atomic", acc.data, dKV.data, T.address_of(slots_s[p * BS]), c * CHUNK,
-                          Dk, NKV, T.get_thread_binding() - WARPGROUP)
+                          Dk, NKV, thread)
         elif sector:
             T.call_extern("handle", "skel_add_chunk_fixed", acc.data, dKV.data, T.address_of(slots_s[p * BS]),
-                          T.address_of(scales_s[p * BS]), c * CHUNK, Dk, NKV, T.get_thread_binding() - WARPGROUP)
+                          T.address_of(scales_s[p * BS]), c * CHUNK, Dk, NKV, thread)
         else:
             for j, d in T.Parallel(BS, CHUNK):
                 kv_row = slots_s[p * BS + j]
@@ -285,6 +368,7 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
         shard_base: T.int32,
         n_shards: T.int32,
         Bound: T.Tensor((NKV,), i64),
+        Gate: T.Tensor((1,), i32),
     ):
         with T.Kernel(R, threads=2 * WARPGROUP) as r:
             scale_log2 = sm_scale * LOG2E
@@ -314,6 +398,7 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
             h0 = head_base
 
             T.import_source(source)
+            T.call_extern("handle", "skel_exit_unless", Gate.data)  # before any barrier: the whole CTA leaves
             T.copy(Q[r, h0 : h0 + H, 0:Dk], Q_s)
             T.copy(dO[r, h0 : h0 + H, 0:Dv], dO_s)
             for h in T.Parallel(H):
@@ -325,6 +410,8 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
 
             with T.ws(0):
                 T.clear(acc_dq0)
+                for i in T.serial(2):
+                    peak[i] = T.cast(0, f32)
                 if scaled:
                     T.clear(mass_row)
                 for t in T.serial(NB):
@@ -405,12 +492,30 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
                     T.call_extern("handle", "mqa_handoff_arrive", bars.data, PDS_READY)
                     # dQ[:, :DQ_SPLIT] += dS KV (this warpgroup's columns).
                     T.wgmma_gemm(dS_s, KV_s[0:BS, 0:DQ_SPLIT], acc_dq0)
+                    # This warpgroup's dKV chunks (the last wg0_chunks), into the score accumulators,
+                    # free since P and dS are in shared memory.
+                    # (Python ifs: the tracer turns a loop into a TIR loop.)
+                    if wg0_chunks >= 1:
+                        dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_s, n1)
+                    if wg0_chunks >= 2:
+                        dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dp, n1 + 1)
                     T.wait_wgmma(0)
                     T.warpgroup_fence_operand(acc_dq0, num_regs=H * DQ_SPLIT // WARPGROUP)
+                    if wg0_chunks >= 1:
+                        T.warpgroup_fence_operand(acc_s, num_regs=BS * CHUNK // WARPGROUP)
+                    if wg0_chunks >= 2:
+                        T.warpgroup_fence_operand(acc_dp, num_regs=BS * CHUNK // WARPGROUP)
                     if prefetch:  # only this warpgroup reads KV_s[:, :DQ_SPLIT]: refill it now
                         if t + 1 < NB:
                             gather_columns(KV_s, KV, Indices, r, t + 1, 0, DQ_SPLIT, NKV, tid)
                             T.call_extern("handle", "mqa_cp_async_commit")
+                    if wg0_chunks >= 1:  # the adds go out while the gather lands
+                        add_chunk(dKV, acc_s, slots_s, scales_s, n1, p, NKV, peak, tid)
+                    if wg0_chunks >= 2:
+                        add_chunk(dKV, acc_dp, slots_s, scales_s, n1 + 1, p, NKV, peak, tid)
+                    if accumulate == "lanes" and wg0_chunks:
+                        T.call_extern("handle", "skel_add_bounds", peak.data, Bound.data, T.address_of(slots_s[p * BS]),
+                                      NKV, tid)
                 if scaled:
                     for h in T.Parallel(H):
                         if (mass_row[h] > Allowance[r, h0 + h]) or T.isnan(mass_row[h]):
@@ -437,29 +542,29 @@ def skeleton_program(d_k: int = 576, d_v: int = 512, accumulate: str = "atomic",
                         dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv, 0)
                         T.wait_wgmma(0)
                         T.warpgroup_fence_operand(acc_dkv, num_regs=BS * CHUNK // WARPGROUP)
-                        for pair in T.unroll(chunks // 2):  # chunk c is in acc_dkv, c + 1 goes to acc_dkv2
+                        for pair in T.unroll(n1 // 2):  # chunk c is in acc_dkv, c + 1 goes to acc_dkv2
                             c = 2 * pair
                             dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv2, c + 1)
-                            add_chunk(dKV, acc_dkv, slots_s, scales_s, c, p, NKV, peak)
+                            add_chunk(dKV, acc_dkv, slots_s, scales_s, c, p, NKV, peak, T.get_thread_binding() - WARPGROUP)
                             T.wait_wgmma(0)
                             T.warpgroup_fence_operand(acc_dkv2, num_regs=BS * CHUNK // WARPGROUP)
-                            if c + 2 < chunks:
+                            if c + 2 < n1:
                                 dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv, c + 2)
-                            add_chunk(dKV, acc_dkv2, slots_s, scales_s, c + 1, p, NKV, peak)
+                            add_chunk(dKV, acc_dkv2, slots_s, scales_s, c + 1, p, NKV, peak, T.get_thread_binding() - WARPGROUP)
                             T.wait_wgmma(0)
                             T.warpgroup_fence_operand(acc_dkv, num_regs=BS * CHUNK // WARPGROUP)
                         # Every GEMM of the block has been waited for: P_s and dS_s are free.
                         T.call_extern("handle", "mqa_handoff_arrive", bars.data, PDS_FREE)
-                        if chunks % 2:
-                            add_chunk(dKV, acc_dkv, slots_s, scales_s, chunks - 1, p, NKV, peak)
+                        if n1 % 2:
+                            add_chunk(dKV, acc_dkv, slots_s, scales_s, n1 - 1, p, NKV, peak, T.get_thread_binding() - WARPGROUP)
                     else:
-                        for c in T.serial(chunks):
+                        for c in T.serial(n1):
                             dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv, c)
                             T.wait_wgmma(0)
                             T.warpgroup_fence_operand(acc_dkv, num_regs=BS * CHUNK // WARPGROUP)
-                            if c + 1 == chunks:  # the last read of P_s and dS_s this block
+                            if c + 1 == n1:  # the last read of P_s and dS_s this block
                                 T.call_extern("handle", "mqa_handoff_arrive", bars.data, PDS_FREE)
-                            add_chunk(dKV, acc_dkv, slots_s, scales_s, c, p, NKV, peak)
+                            add_chunk(dKV, acc_dkv, slots_s, scales_s, c, p, NKV, peak, T.get_thread_binding() - WARPGROUP)
                     if accumulate == "lanes":  # the block's contributions' bounds, one add a (slot, row)
                         T.call_extern("handle", "skel_add_bounds", peak.data, Bound.data, T.address_of(slots_s[p * BS]),
                                       NKV, T.get_thread_binding() - WARPGROUP)

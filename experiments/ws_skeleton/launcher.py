@@ -14,20 +14,22 @@ from .kernel import SLOTS, skeleton_program
 
 @functools.lru_cache(maxsize=None)
 def compiled_skeleton(d_k: int, d_v: int, accumulate: str, overlap: bool = True, sector_adds: bool = True,
-                      prefetch: bool = False, pair_stores: bool = False):
+                      prefetch: bool = False, pair_stores: bool = False, wg0_chunks: int = 0, row_stages: int = 0):
     from mqa_bwd.kernels import toolchain
 
-    return toolchain.compile_program(skeleton_program(d_k, d_v, accumulate, overlap, sector_adds, prefetch, pair_stores))
+    return toolchain.compile_program(skeleton_program(d_k, d_v, accumulate, overlap, sector_adds, prefetch, pair_stores,
+                                                      wg0_chunks, row_stages))
 
 
 class SkeletonLauncher(launch.TileLangLauncher):
     """Runs the skeleton wherever the product would run its wide 64-head tile."""
 
     def __init__(self, deterministic: bool = True, device=None, overlap: bool = True, sector_adds: bool = True,
-                 accumulate=None, prefetch: bool = False, pair_stores: bool = False):
+                 accumulate=None, prefetch: bool = False, pair_stores: bool = False, wg0_chunks: int = 0):
         super().__init__(deterministic=deterministic, device=device)
         self.name = "skeleton" if deterministic else "skeleton-atomic"
-        self.knobs = (overlap, sector_adds, prefetch, pair_stores)  # skeleton_program's, after accumulate
+        self.knobs = (overlap, sector_adds, prefetch, pair_stores, wg0_chunks)  # skeleton_program's, after accumulate
+        self.lanes_knobs = ()  # the lanes kernel's own (row_stages), after those
         self.accumulate = accumulate  # None: the configuration's; "none": no adds (a timing of the rest)
 
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, config, sm_scale, heads=None, head_base=0,
@@ -39,22 +41,25 @@ class SkeletonLauncher(launch.TileLangLauncher):
                           sm_scale=sm_scale, head_base=head_base, row_scale=row_scale, allowance=allowance, flag=flag)
 
     def run_skeleton(self, accumulate, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, config, sm_scale, head_base,
-                     row_scale, allowance, flag, bound=None):
+                     row_scale, allowance, flag, bound=None, gate=None):
         import torch
 
         if indices.shape[1] % SLOTS:
             raise ValueError(f"token_indices: the skeleton needs the padded top-k ({indices.shape[1]}) to be a "
                              f"multiple of {SLOTS}")
-        kernel = compiled_skeleton(config.d_k, config.d_v, accumulate, *self.knobs)
+        kernel = compiled_skeleton(config.d_k, config.d_v, accumulate, *self.knobs,
+                                   *(self.lanes_knobs if accumulate == "lanes" else ()))
         if row_scale is None:  # the atomic kernel never touches them; the signature is shared
             row_scale = torch.empty((kv.shape[0],), dtype=torch.float32, device=kv.device)
             allowance = lse2
             flag = torch.empty((q.shape[0],), dtype=torch.int32, device=kv.device)
         if bound is None:  # the lanes design's only
             bound = torch.empty((kv.shape[0],), dtype=torch.int64, device=kv.device)
+        if gate is None:
+            gate = torch.ones((1,), dtype=torch.int32, device=kv.device)
         self.launched("main_bwd")
         kernel(q, kv, grad_out, indices, lse2, delta, dq, dkv, row_scale, allowance, flag, float(sm_scale),
-               int(head_base), 0, 1, bound)
+               int(head_base), 0, 1, bound, gate)
 
 
 #: A column's final sum must fit 32 signed bits for its lanes to decode exactly.
@@ -87,13 +92,13 @@ class LanesSums:
     Where every kv row's Bound stays below LANE_LIMIT, dkv is decoded from the lanes; otherwise
     the call is redone with int64 adds (the fixed design, at the plan's scale) and the rows whose
     bound failed take those. Both decisions follow from integer sums, so the bits are the same on
-    every run. The redo's test is a host synchronisation (an experiment's shortcut: a product
-    would launch the redo unconditionally with an early exit per CTA).
+    every run. The redo is launched on every call with a device flag (``add_int64(gate=...)``)
+    that ends its CTAs at once where no bound failed: no host synchronisation.
     """
 
     def _lanes_init(self, gain: int):
         self.gain = gain
-        self.redos = 0
+        self._redo_count = None  # a device counter of the calls whose int64 redo ran
         self._pending = {}  # dkv accumulator address -> the call's lanes, bounds and launches
 
     def _lanes_state(self, dkv, config, kv):
@@ -112,7 +117,7 @@ class LanesSums:
                       config=config, sm_scale=sm_scale, heads=heads, head_base=head_base, row_scale=row_scale,
                       allowance=allowance, flag=flag)
         if config.accumulate != "fixed":
-            return self.add_int64(**launch)
+            return self.add_int64(gate=None, **launch)
         state = self._lanes_state(dkv, config, kv)
         state["launches"].append(launch)
         try:
@@ -130,14 +135,19 @@ class LanesSums:
         scale = lanes_scale(row_scale, self.gain).double()
         lanes = (decode_words(state["words"]).double() / scale[:, None]).float().bfloat16()
         fits = state["bound"] < LANE_LIMIT
-        if bool(fits.all()):
-            dst.copy_(lanes)
-            return
-        self.redos += 1
-        for recorded in state["launches"]:  # acc is still the wrapper's zeros
-            self.add_int64(**recorded)
+        # No host synchronisation: the int64 redo is always launched and its CTAs end at once
+        # unless some row's bound failed; acc is still the wrapper's zeros where they ended.
+        need = (~fits).any().to(torch.int32).reshape(1)
+        self._redo_count = need if self._redo_count is None else self._redo_count + need
+        for recorded in state["launches"]:
+            self.add_int64(gate=need, **recorded)
         super().fixed_to_bf16(acc, row_scale, dst)
         dst.copy_(torch.where(fits[:, None], lanes, dst))
+
+    @property
+    def redos(self) -> int:
+        """Calls so far whose int64 redo ran (reading it synchronises with the device)."""
+        return 0 if self._redo_count is None else int(self._redo_count.item())
 
 
 class LanesLauncher(LanesSums, SkeletonLauncher):
@@ -145,9 +155,10 @@ class LanesLauncher(LanesSums, SkeletonLauncher):
     skeleton's fixed kernel with sector adds."""
 
     def __init__(self, gain: int = 18, device=None, overlap: bool = True, prefetch: bool = False,
-                 pair_stores: bool = False):
+                 pair_stores: bool = False, wg0_chunks: int = 0, row_stages: int = 0):
         super().__init__(True, device=device, overlap=overlap, sector_adds=True, prefetch=prefetch,
-                         pair_stores=pair_stores)
+                         pair_stores=pair_stores, wg0_chunks=wg0_chunks)
+        self.lanes_knobs = (row_stages,)
         self._lanes_init(gain)
         self.name = f"lanes-gain{gain}"
 
@@ -158,5 +169,7 @@ class LanesLauncher(LanesSums, SkeletonLauncher):
         launch["row_scale"] = scale
         self.run_skeleton("lanes", *args, words, config=config, bound=bound, **launch)
 
-    def add_int64(self, **launch):
-        SkeletonLauncher.main_bwd(self, **launch)
+    def add_int64(self, gate, config, **launch):
+        args = [launch.pop(k) for k in ("q", "kv", "grad_out", "indices", "lse2", "delta", "dq", "dkv")]
+        launch.pop("heads")
+        self.run_skeleton(config.accumulate, *args, config=config, gate=gate, **launch)

@@ -9,7 +9,7 @@ launch (the GPU's lanes kernel covers the wide tile only, and the tiling changes
 - each contribution x = c * scale (fp32, a power of two: exact) becomes cvt.rni.s32.f32 of x
   (round half to even, saturating, NaN -> 0), two consecutive columns one word lo + 2^32 hi added
   mod 2^64;
-- its kv row's Bound grows by min(ceil(max |x| over the contribution's columns), 2^40), +inf
+- its kv row's Bound grows by min(ceil(max |x| over the contribution's columns), 2^40), 2^40
   for a NaN.
 
 The decode, the bound test and the int64 redo are launcher.LanesSums', the same code as on the GPU.
@@ -64,8 +64,9 @@ class LanesModelLauncher(LanesSums, ModelLauncher):
         finally:
             self._target = None
 
-    def add_int64(self, **launch):
-        ModelLauncher.main_bwd(self, **launch)
+    def add_int64(self, gate, **launch):
+        if gate is None or bool(gate):  # the GPU kernel's early exit where the gate is 0
+            ModelLauncher.main_bwd(self, **launch)
 
     def _fixed_add(self, acc, rows, contrib, row_scale):
         if self._target is None:

@@ -23,33 +23,44 @@ SHAPES = {
 
 
 #: The skeleton's variants: name -> (kernel, gain). kernel: skeleton_program's arguments after the
-#: widths (accumulate, overlap, sector_adds, prefetch, pair_stores); gain: the lanes design's
+#: widths (accumulate, overlap, sector_adds, prefetch, pair_stores, wg0_chunks, row_stages); gain: the lanes design's
 #: (launcher.LanesLauncher), None for the others.
 VARIANTS = {
-    "skel-det": (("fixed", True, True, False, False), None),
-    "skel-det-v1": (("fixed", False, False, False, False), None),
-    "skel-atomic": (("atomic", True, False, False, False), None),
-    "skel-atomic-v1": (("atomic", False, False, False, False), None),
-    "skel-noadd": (("none", True, False, False, False), None),
-    "lanes-g12": (("lanes", True, True, False, False), 12),
-    "lanes-g18": (("lanes", True, True, False, False), 18),
+    "skel-det": (("fixed", True, True, False, False, 0, 0), None),
+    "skel-det-v1": (("fixed", False, False, False, False, 0, 0), None),
+    "skel-atomic": (("atomic", True, False, False, False, 0, 0), None),
+    "skel-atomic-v1": (("atomic", False, False, False, False, 0, 0), None),
+    "skel-noadd": (("none", True, False, False, False, 0, 0), None),
+    "lanes-g12": (("lanes", True, True, False, False, 0, 0), 12),
+    "lanes-g18": (("lanes", True, True, False, False, 0, 0), 18),
     # Warpgroup 0's path shortened: the gather split around the dQ GEMM, paired P and dS stores.
-    "skel-noadd-pf": (("none", True, False, True, True), None),
-    "skel-atomic-pf": (("atomic", True, True, True, True), None),
-    "skel-det-pf": (("fixed", True, True, True, True), None),
-    "lanes-g18-pf": (("lanes", True, True, True, True), 18),
-    "lanes-g16-pf": (("lanes", True, True, True, True), 16),
+    "skel-noadd-pf": (("none", True, False, True, True, 0, 0), None),
+    "skel-atomic-pf": (("atomic", True, True, True, True, 0, 0), None),
+    "skel-det-pf": (("fixed", True, True, True, True, 0, 0), None),
+    "lanes-g18-pf": (("lanes", True, True, True, True, 0, 0), 18),
+    "lanes-g16-pf": (("lanes", True, True, True, True, 0, 0), 16),
+    # Warpgroup 0, which waited for warpgroup 1's dKV, takes the last one or two chunks.
+    "skel-atomic-w1": (("atomic", True, True, True, True, 1, 0), None),
+    "skel-atomic-w2": (("atomic", True, True, True, True, 2, 0), None),
+    "lanes-g16-w1": (("lanes", True, True, True, True, 1, 0), 16),
+    "lanes-g16-w2": (("lanes", True, True, True, True, 2, 0), 16),
+    # One lanes add instruction a warp on 64 or 128 contiguous bytes a row (shuffled first).
+    "lanes-g16-r1": (("lanes", True, True, True, True, 0, 1), 16),
+    "lanes-g16-r2": (("lanes", True, True, True, True, 0, 2), 16),
+    "lanes-g16-w1r2": (("lanes", True, True, True, True, 1, 2), 16),
 }
 
 
 def launcher_of(name):
     from .launcher import LanesLauncher, SkeletonLauncher
 
-    (accumulate, overlap, sector, prefetch, pairs), gain = VARIANTS[name]
+    (accumulate, overlap, sector, prefetch, pairs, wg0, stages), gain = VARIANTS[name]
     if accumulate == "lanes":
-        return LanesLauncher(gain, overlap=overlap, prefetch=prefetch, pair_stores=pairs)
+        return LanesLauncher(gain, overlap=overlap, prefetch=prefetch, pair_stores=pairs, wg0_chunks=wg0,
+                             row_stages=stages)
     return SkeletonLauncher(accumulate == "fixed", overlap=overlap, sector_adds=sector,
-                            accumulate="none" if accumulate == "none" else None, prefetch=prefetch, pair_stores=pairs)
+                            accumulate="none" if accumulate == "none" else None, prefetch=prefetch, pair_stores=pairs,
+                            wg0_chunks=wg0)
 
 
 def kernels_of(variants):
@@ -59,7 +70,7 @@ def kernels_of(variants):
         kernel = VARIANTS[v][0]
         kernels.add(kernel)
         if kernel[0] == "lanes":
-            kernels.add(("fixed", kernel[1], True, *kernel[3:]))
+            kernels.add(("fixed", kernel[1], True, *kernel[3:6], 0))  # the redo: the same kernel, int64 adds
     return sorted(kernels)
 
 

@@ -81,3 +81,42 @@ def test_every_row_redone_is_the_int64_design_bit_for_bit(small_case):
     args, int64 = small_case
     launcher = LanesModelLauncher(gain=40)
     assert bench.same_bits(wrapper.backward_with(launcher, *args), int64) and launcher.redos == 1
+
+
+@pytest.mark.parametrize("stages", [0, 1, 2])
+def test_the_row_exchange_puts_every_word_at_its_own_address_in_whole_runs(stages):
+    # kernel.skel_add_chunk_lanes_rows step by step for one warp, a word named by (row, word): after
+    # the exchange each add must carry the word its address names, every word exactly once, and
+    # one instruction must cover 2^stages x 32 contiguous bytes of each row it touches.
+    low = (1 << stages) - 1
+    for half in (0, 1):
+        w = [[(8 * half + (lane >> 2), 4 * n + (lane & 3)) for n in range(8)] for lane in range(32)]
+        for s in range(stages):
+            sent = [w[lane][n] if (lane >> (2 + s)) & 1 else w[lane][n | 1 << s] for lane in range(32)
+                    for n in range(8) if not (n >> s) & 1]
+            sent = [sent[lane * 4:(lane + 1) * 4] for lane in range(32)]
+            for lane in range(32):
+                upper = (lane >> (2 + s)) & 1
+                got = sent[lane ^ (1 << (2 + s))]
+                for i, n in enumerate(n for n in range(8) if not (n >> s) & 1):
+                    if upper:
+                        w[lane][n] = got[i]
+                    else:
+                        w[lane][n | 1 << s] = got[i]
+        seen = set()
+        for rows in range(low + 1):
+            for n in range(8):
+                if (n & low) != rows:
+                    continue
+                instruction = {}
+                for lane in range(32):
+                    q, k = lane >> 2, lane & 3
+                    address = (8 * half + (rows | (q & ~low)), k + 4 * (q & low) + 4 * (n & ~low))
+                    assert w[lane][n] == address
+                    seen.add(address)
+                    instruction.setdefault(address[0], []).append(address[1])
+                for words in instruction.values():  # 8-byte words: runs of 4 << stages
+                    words.sort()
+                    assert len(words) == 4 << stages and words == list(range(words[0], words[0] + len(words)))
+                    assert words[0] % len(words) == 0
+        assert seen == {(8 * half + r, c) for r in range(8) for c in range(32)}
