@@ -71,6 +71,8 @@ def lanes_scale(row_scale, gain: int):
     2^(gain - 30). gain = 0 keeps every partial sum of a lane below 2^31 by the plan's proof
     alone, far above the real sums; each bit of gain is a bit of resolution, until a row's
     Bound reaches LANE_LIMIT and the call takes the int64 redo."""
+    if not 0 <= gain <= 30:
+        raise ValueError(f"gain: {gain!r} (0 to 30: a lane integer is 2^(30 - gain) of the plan's)")
     return row_scale * 2.0 ** (gain - 30)
 
 
@@ -89,11 +91,12 @@ class LanesSums:
     (``add_lanes``, ``add_int64``): dKV summed in two signed 32-bit lanes a 64-bit word, exact
     by a bound summed per kv row as the adds go out.
 
-    Where every kv row's Bound stays below LANE_LIMIT, dkv is decoded from the lanes; otherwise
-    the call is redone with int64 adds (the fixed design, at the plan's scale) and the rows whose
-    bound failed take those. Both decisions follow from integer sums, so the bits are the same on
-    every run. The redo is launched on every call with a device flag (``add_int64(gate=...)``)
-    that ends its CTAs at once where no bound failed: no host synchronisation.
+    Where every kv row's Bound stays below LANE_LIMIT, the decoded lanes are added into the
+    int64 accumulator (exactly: a power-of-two shift) and converted as the fixed design's sums;
+    otherwise the whole call is redone with int64 adds (the fixed design, at the plan's scale).
+    Both decisions follow from integer sums, so the bits are the same on every run. The redo is
+    launched on every call with a device flag (``add_int64(gate=...)``) that ends its CTAs at
+    once where no bound failed: no host synchronisation.
     """
 
     def _lanes_init(self, gain: int):
@@ -132,17 +135,17 @@ class LanesSums:
             return super().fixed_to_bf16(acc, row_scale, dst)
         import torch
 
-        scale = lanes_scale(row_scale, self.gain).double()
-        lanes = (decode_words(state["words"]).double() / scale[:, None]).float().bfloat16()
-        fits = state["bound"] < LANE_LIMIT
-        # No host synchronisation: the int64 redo is always launched and its CTAs end at once
-        # unless some row's bound failed; acc is still the wrapper's zeros where they ended.
-        need = (~fits).any().to(torch.int32).reshape(1)
+        # No host synchronisation: the int64 redo is launched on every call and its CTAs end at
+        # once unless some kv row's bound failed. Then acc holds the int64 design's sums and the
+        # lanes are dropped; else the lanes join acc exactly (their scale is the plan's times
+        # 2^(gain - 30), so a lane integer is 2^(30 - gain) of acc's). Either way one int64
+        # conversion, and a call is the lanes design or the int64 design bit for bit.
+        need = (state["bound"] >= LANE_LIMIT).any().to(torch.int32).reshape(1)
         self._redo_count = need if self._redo_count is None else self._redo_count + need
         for recorded in state["launches"]:
             self.add_int64(gate=need, **recorded)
+        acc += (decode_words(state["words"]) << (30 - self.gain)) * (1 - need).to(torch.int64)
         super().fixed_to_bf16(acc, row_scale, dst)
-        dst.copy_(torch.where(fits[:, None], lanes, dst))
 
     @property
     def redos(self) -> int:
