@@ -205,8 +205,8 @@ def main():
     add_shape_arguments(p, repeats=None)
     p.add_argument("--calls", type=int, default=3)
     p.add_argument("--program", help="profile this command's kernel instead of one_call.py's main_bwd (it must make "
-                                      "--calls launches of --kernel, e.g. experiments.ws_skeleton.run --one-call)")
-    p.add_argument("--kernel", default="regex:skeleton", help="ncu's kernel filter for --program")
+                                      "--calls launches of --kernel, e.g. another revision's benchmarks/one_call.py)")
+    p.add_argument("--kernel", default="regex:main_bwd", help="ncu's kernel filter for --program")
     p.add_argument("--out", required=True)
     p.add_argument("--top", type=int, default=25)
     s = sub.add_parser("summarize", help="the tables of an exported per-instruction CSV")

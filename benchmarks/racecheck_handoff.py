@@ -2,8 +2,8 @@
 
     python benchmarks/racecheck_handoff.py
 
-The split wide tile (kernels.main_bwd, the 64-head tile) hands P from one warpgroup to the
-other through shared memory. Built first under named barriers (the
+The split wide tile (kernels.main_bwd's 64-head tile before kernels/wide.py) handed P from one
+warpgroup to the other through shared memory. Built first under named barriers (the
 producer's bar.arrive, the consumer's bar.sync), racecheck reported the
 handoffs as hazards, while synccheck passed and the outputs had the same
 bits as the unsplit kernel. This probe tells a racecheck blind spot from a

@@ -64,6 +64,28 @@ whatever their values.
 The maxima are exact reductions (max has no rounding and no order), and
 everything else is evaluated in float64 with elementwise operations, so the scales are
 the same bits on every run, whatever the chunking or the device's scheduling.
+
+The lanes (the wide tile's deterministic design, kernels/wide.py). Half the bytes
+of int64 adds: two consecutive columns share one 64-bit word as two signed 32-bit
+lanes, ``lo + 2**32 * hi`` with ``lo`` sign-extended, and the words are added mod
+2**64. Their sum is ``sum(lo) + 2**32 * sum(hi)`` mod 2**64 whatever the order
+and however the partial sums wrapped, so each lane decodes exactly
+(``decode_lane_words``) when its final sum lies in [-2**31, 2**31). The plan's
+proof bounds partial sums at 2**61, far above real sums, so every launch of the
+design, lanes or int64, adds at one lower scale, ``lanes_scale`` = the plan's
+times 2**(LANES_GAIN - 30) (partial sums then stay below 2**48 in int64), and
+each call proves the lanes' fit: each kv row's Bound sums, over its slots'
+contributions, the largest |integer| among that contribution's columns (a NaN
+counts as 2**40: it fails). Bound < LANE_LIMIT = 2**31 bounds every column's
+final |sum| below 2**31. Where every row's bound holds, the decoded lanes join
+the int64 accumulator; where any fails, the wide launches are redone with int64
+adds of the same integers. Both give the same integer sums, so a call's bits do
+not depend on which ran, and heads of zeros appended to a call (which can turn
+an int64 launch into a lanes one) change nothing. The price is resolution: a
+contribution is rounded to 2**(30 - LANES_GAIN) of the plan's quantum, at most
+2**-46 * bound_j at LANES_GAIN = 16: 2**-28 of the largest single (row, head)
+term bound at the dsv32 shape, where dKV's error against float64 stays that of
+the fp32 atomics (docs/performance-log.md).
 """
 
 import math
@@ -74,7 +96,7 @@ import torch
 # that the kernels import nothing from here: every partial sum of a kv row's
 # column stays at or below 2**(PARTIAL_SUM_BITS + 1); 2**k must be a normal
 # float32 in the kernel, and 2**-k in the final division.
-from .kernels.config import FP32_MAX_EXPONENT, MASS_LIMIT, PARTIAL_SUM_BITS  # noqa: F401
+from .kernels.config import FP32_MAX_EXPONENT, LANE_LIMIT, LANES_GAIN, MASS_LIMIT, PARTIAL_SUM_BITS  # noqa: F401
 
 #: fp32 intermediates of the kernel must stay below this (float32 max is ~2**128).
 FP32_SAFE = 2.0**100
@@ -190,3 +212,32 @@ def row_scales(bounds: torch.Tensor) -> torch.Tensor:
     bad = ~torch.isfinite(bounds) | (k < -FP32_MAX_EXPONENT)
     scales = torch.ldexp(torch.ones_like(bounds, dtype=torch.float32), k)
     return torch.where(bad, math.nan, scales)
+
+
+def lanes_scale(row_scale: torch.Tensor, gain: int = LANES_GAIN) -> torch.Tensor:
+    """The lanes' row scales: the plan's times 2**(gain - 30) (exact: powers of two). At
+    gain 0 the plan's proof alone keeps every lane's partial sum below 2**31; each bit
+    of gain is a bit of resolution, until some row's Bound reaches LANE_LIMIT."""
+    if isinstance(gain, bool) or not isinstance(gain, int) or not 0 <= gain <= 30:
+        raise ValueError(f"lanes_gain: {gain!r} (an integer 0 to 30: a lane integer is 2**(30 - gain) of the plan's)")
+    return row_scale * 2.0 ** (gain - 30)
+
+
+def decode_lane_words(words: torch.Tensor) -> torch.Tensor:
+    """[N, C / 2] int64 words (lo + 2**32 hi, summed mod 2**64) -> [N, C] int64 lane sums;
+    exact wherever each lane's final sum fits 32 signed bits."""
+    lo = (words << 32) >> 32  # arithmetic shifts: the low lane, sign-extended
+    hi = (words - lo) >> 32
+    return torch.stack((lo, hi), dim=-1).reshape(words.shape[0], -1)
+
+
+def lanes_failed(bound: torch.Tensor) -> torch.Tensor:
+    """[1] int32 on bound's device: 1 where some kv row's Bound reached LANE_LIMIT (the call
+    is redone in int64), else 0. No host synchronisation."""
+    return (bound >= LANE_LIMIT).any().to(torch.int32).reshape(1)
+
+
+def join_lanes(acc: torch.Tensor, words: torch.Tensor, failed: torch.Tensor) -> None:
+    """acc += the decoded lanes (the same scale) where ``failed`` is 0; nothing where it is 1
+    (acc then holds the int64 redo's sums of the same integers). In place, no host sync."""
+    acc += decode_lane_words(words) * (1 - failed).to(torch.int64)

@@ -25,18 +25,27 @@ class Launcher:
 
     name = "abstract"
     device = torch.device("cpu")
-    #: True: the deterministic dKV design (int64 fixed point). False: fp32 atomics.
+    #: True: the deterministic dKV designs (int64 fixed point; lanes on the wide tile). False: fp32 atomics.
     deterministic = True
     #: Poison value for uninitialised floating allocations (None: leave as is).
     poison = None
 
     #: The injected instruments (None: allocate with torch, count nothing).
     instruments: Instruments | None = None
+    #: The lanes' resolution on the wide tile (fixed_point.lanes_scale): a configuration, so
+    #: that a test can take the lanes where the default would redo in int64, and back.
+    lanes_gain: int = K.LANES_GAIN
+    #: The last deterministic wide call's [1] int32 redo flag on the device (1: a bound failed
+    #: and the call is the int64 design's); None before any. Reading it synchronises.
+    lanes_redone = None
 
-    def __init__(self, instruments: Instruments | None = None):
+    def __init__(self, instruments: Instruments | None = None, lanes_gain: int | None = None):
         if instruments is not None and not isinstance(instruments, Instruments):
             raise ValueError(f"instruments: expected a mqa_bwd.Instruments or None, got {type(instruments).__name__}")
         self.instruments = instruments
+        if lanes_gain is not None:
+            fixed_point.lanes_scale(torch.ones(1), lanes_gain)  # ValueError naming gain unless 0..30
+            self.lanes_gain = lanes_gain
 
     def _count(self, what: str) -> None:
         if self.instruments is not None:
@@ -71,15 +80,20 @@ class Launcher:
         raise NotImplementedError
 
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, config, sm_scale, heads=None, head_base=0,
-                 row_scale=None, allowance=None, flag=None):
+                 row_scale=None, allowance=None, flag=None, bound=None, gate=None):
         """One launch of the kernel ``config`` (kernels.MainConfig, chosen by
         kernels.main_launches) over ``config.groups`` consecutive groups of ``heads``
         heads from ``head_base`` of the [R, HQ, ...] tensors q, grad_out, lse2,
         delta, dq (and allowance). The kernel's tile is ``config.heads`` rows per
         group's CTA, whatever ``heads`` is (SPEC); ``heads`` defaults to HQ.
         ``row_scale`` [NKV] f32, ``allowance`` [R, HQ] f32 and ``flag`` [R] i32:
-        the fixed accumulation only. A launch of two groups sums each slot's dKV
-        contribution over all their heads before its add."""
+        the fixed and lanes accumulations only. A launch of two groups sums each
+        slot's dKV contribution over all their heads before its add.
+
+        Accumulation "lanes" (the wide tile): dkv is [NKV, Dk / 2] int64 words,
+        row_scale the lanes' (fixed_point.lanes_scale) and ``bound`` [NKV] int64 the
+        per-row proof the launch adds to. ``gate`` [1] int32: a wide "fixed" launch
+        (the lanes' redo) does nothing unless gate[0] is nonzero (None: it runs)."""
         raise NotImplementedError
 
     def dsink_reduce(self, dsink_rows, dsink):
@@ -110,8 +124,9 @@ class TileLangLauncher(Launcher):
 
     name = "tilelang"
 
-    def __init__(self, deterministic: bool = True, device=None, instruments: Instruments | None = None):
-        super().__init__(instruments)
+    def __init__(self, deterministic: bool = True, device=None, instruments: Instruments | None = None,
+                 lanes_gain: int | None = None):
+        super().__init__(instruments, lanes_gain)
         self.deterministic = deterministic
         self.name = "tilelang" if deterministic else "tilelang-atomic"
         self.device = torch.device(device if device is not None else "cuda")
@@ -132,12 +147,21 @@ class TileLangLauncher(Launcher):
                 out, grad_out, lse2, sink2, delta, dsink_rows, q, peak_q, peak_do)
 
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, config, sm_scale, heads=None, head_base=0,
-                 row_scale=None, allowance=None, flag=None):
+                 row_scale=None, allowance=None, flag=None, bound=None, gate=None):
         kernel = K.compiled(config)
         if row_scale is None:  # the atomic kernel never touches them; the signature is shared
             row_scale = torch.empty((kv.shape[0],), dtype=torch.float32, device=kv.device)
             allowance = lse2  # the right shape, never read
             flag = torch.empty((q.shape[0],), dtype=torch.int32, device=kv.device)
+        if config.wide:
+            if bound is None:  # read by the lanes only
+                bound = torch.empty((kv.shape[0],), dtype=torch.int64, device=kv.device)
+            if gate is None:  # read by the fixed redo only
+                gate = torch.ones((1,), dtype=torch.int32, device=kv.device)
+            self.launched("main_bwd")
+            kernel(q, kv, grad_out, indices, lse2, delta, dq, dkv, row_scale, allowance, flag, float(sm_scale),
+                   int(head_base), bound, gate)
+            return
         self.launched("main_bwd")
         # The kernel's last two arguments (shard_base, n_shards) are unused by the kept
         # configurations; they stay in its signature so that its generated code is unchanged.

@@ -28,6 +28,7 @@ import torch
 from . import kernels as K
 from .fixed_point import magnitude_bits
 from .contract import BoundsError
+from .kernels.wide import BOUND_CAP
 from .launch import Launcher
 from .layout import per_head
 
@@ -78,6 +79,29 @@ def float_to_int64_rn(x: np.ndarray) -> np.ndarray:
     return np.where(r >= big, info.max, np.where(r < -big, info.min, inside)).astype(np.int64)
 
 
+def float_to_int32_rn(x: np.ndarray) -> np.ndarray:
+    """PTX cvt.rni.s32.f32 (CUDA __float2int_rn): half to even, NaN -> 0, saturating; as int64."""
+    r = np.nan_to_num(np.rint(np.asarray(x, dtype=np.float64)))  # NaN -> 0, +-inf -> +-float max
+    info = np.iinfo(np.int32)
+    return np.clip(r, info.min, info.max).astype(np.int64)
+
+
+def lane_words(ints: np.ndarray) -> np.ndarray:
+    """[n, C] lane integers -> [n, C / 2] uint64 words lo + 2**32 hi, lo sign-extended (mod 2**64)."""
+    lo = ints[:, 0::2].astype(np.int64).view(np.uint64)
+    hi = ints[:, 1::2].astype(np.int64).view(np.uint64)
+    return lo + (hi << np.uint64(32))
+
+
+def contribution_bounds(scaled: np.ndarray) -> np.ndarray:
+    """What each contribution (a row of ``scaled``) adds to its kv row's Bound: min(ceil(max |x|),
+    2**40), 2**40 where any x is NaN (int64)."""
+    with np.errstate(invalid="ignore"):
+        peak = np.abs(scaled).max(axis=1)
+    peak = np.where(np.isnan(peak), np.inf, peak).astype(np.float32)
+    return np.minimum(np.ceil(peak), np.float32(BOUND_CAP)).astype(np.int64)
+
+
 class ModelLauncher(Launcher):
     """Runs the kernels' launch contracts on the CPU, bounds-checked."""
 
@@ -85,8 +109,8 @@ class ModelLauncher(Launcher):
     #: Query rows processed together (the kernel's CTAs are independent per row).
     rows_per_step = 64
 
-    def __init__(self, deterministic: bool = True, instruments=None):
-        super().__init__(instruments)
+    def __init__(self, deterministic: bool = True, instruments=None, lanes_gain: int | None = None):
+        super().__init__(instruments, lanes_gain)
         self.deterministic = deterministic
         self.name = "model" if deterministic else "model-atomic"
         self.device = torch.device("cpu")
@@ -114,7 +138,7 @@ class ModelLauncher(Launcher):
 
     # -- main backward -----------------------------------------------------
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, config, sm_scale, heads=None, head_base=0,
-                 row_scale=None, allowance=None, flag=None):
+                 row_scale=None, allowance=None, flag=None, bound=None, gate=None):
         kernel = "main_bwd"
         if not isinstance(config, K.MainConfig):
             raise ValueError(f"config: expected a kernels.MainConfig, got {config!r}")
@@ -128,7 +152,7 @@ class ModelLauncher(Launcher):
         NKV = kv.shape[0]
         Dv = grad_out.shape[2]
         Lp = indices.shape[1]
-        BS = K.BLOCK_SLOTS
+        BS = config.slot_block
         block_H = config.heads // cluster if config.wide else config.heads  # one group's rows of the tile
         h0, h1 = head_base, head_base + cluster * block_H  # CTA g of a cluster: [h0 + g * block_H, + block_H)
         if Lp % BS:
@@ -152,14 +176,21 @@ class ModelLauncher(Launcher):
         _check_rows(kernel, "Delta", delta, 1, h0, h1, "head row")
         _check_rows(kernel, "dQ", dq, 1, h0, h1, "head row")
         _shape_is(kernel, "KV", kv, (NKV, Dk))
-        _shape_is(kernel, "dKV", dkv, (NKV, Dk))
-        if mode == "fixed":
+        _shape_is(kernel, "dKV", dkv, (NKV, Dk // 2) if mode == "lanes" else (NKV, Dk))
+        scaled = mode in ("fixed", "lanes")
+        if scaled:
             if dkv.dtype != torch.int64:
-                raise TileBoundsError(kernel, f"dKV (dtype {dkv.dtype}, fixed mode expects int64)", 0, 0)
+                raise TileBoundsError(kernel, f"dKV (dtype {dkv.dtype}, {mode} mode expects int64)", 0, 0)
             _shape_is(kernel, "RowScale", row_scale, (NKV,))
             _check_rows(kernel, "Allowance", allowance, 0, 0, R)
             _check_rows(kernel, "Allowance", allowance, 1, h0, h1, "head row")
             _shape_is(kernel, "Flag", flag, (R,))
+        if mode == "lanes":
+            _shape_is(kernel, "Bound", bound, (NKV,))
+        if config.wide and gate is not None:
+            _shape_is(kernel, "Gate", gate, (1,))
+            if mode == "fixed" and int(gate[0]) == 0:
+                return  # the lanes' redo where no bound failed: every CTA ends at once
         rows = torch.arange(R)
         group = slice(h0, h1)
         atomic_parts = []
@@ -181,11 +212,14 @@ class ModelLauncher(Launcher):
             dq[step, group] = torch.cat(dq_parts, dim=1)
             mass = torch.cat(masses, dim=1)
             valid = (slot >= 0) & (slot < NKV)
-            if mode == "fixed":
+            if scaled:
                 # As the kernel: row r's CTA flags a mass over its allowance, or a NaN one.
                 over = (mass > allowance[step, group]) | torch.isnan(mass)
                 flag[step[over.any(dim=1)]] = 1
+            if mode == "fixed":
                 self._fixed_add(dkv, slot[valid], contrib[valid], row_scale)
+            elif mode == "lanes":
+                self._lanes_add(dkv, bound, slot[valid], contrib[valid], row_scale)
             else:
                 atomic_parts.append((slot[valid], contrib[valid]))
         if mode == "atomic":
@@ -236,6 +270,20 @@ class ModelLauncher(Launcher):
             return
         scaled = (contrib * row_scale[rows].view(-1, 1)).numpy()  # fp32, exact: a power of two
         np.add.at(acc.numpy(), rows.numpy(), float_to_int64_rn(scaled))
+
+    @staticmethod
+    def _lanes_add(words: torch.Tensor, bound: torch.Tensor, rows: torch.Tensor, contrib: torch.Tensor,
+                   row_scale: torch.Tensor):
+        """The wide tile's lanes (kernels/wide.py): each contribution x = c * RowScale[row] (fp32,
+        exact) as cvt.rni.s32.f32 (half to even, saturating, NaN -> 0), two consecutive columns
+        one word lo + 2**32 hi (lo sign-extended) added mod 2**64; Bound[row] grows by
+        min(ceil(max |x| over the columns), 2**40), 2**40 for a NaN: one bound add a slot, as the
+        kernel's (a slot lies in one block)."""
+        if rows.numel() == 0:
+            return
+        scaled = (contrib * row_scale[rows].view(-1, 1)).numpy()  # fp32, exact: a power of two
+        np.add.at(words.numpy().view(np.uint64), rows.numpy(), lane_words(float_to_int32_rn(scaled)))
+        np.add.at(bound.numpy(), rows.numpy(), contribution_bounds(scaled))
 
     @staticmethod
     def _atomic_add(acc: torch.Tensor, parts):

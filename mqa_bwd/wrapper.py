@@ -84,8 +84,13 @@ class Problem:
         return self.groups * self.group_width
 
     @property
+    def slot_block(self) -> int:
+        """What the top-k is padded to: the slot block of the call's kernels (kernels.slot_block)."""
+        return K.slot_block(self.groups, self.group_width)
+
+    @property
     def padded_slots(self) -> int:
-        return -(-self.L // K.BLOCK_SLOTS) * K.BLOCK_SLOTS
+        return -(-self.L // self.slot_block) * self.slot_block
 
     @property
     def rows(self) -> int:
@@ -95,7 +100,8 @@ class Problem:
     def fixed_bytes(self) -> int:
         """The int64 fixed-point dKV accumulator: every kv row of every batch element.
         Like the atomic control's fp32 accumulator, it is output-sized, not scratch
-        that grows with the query rows, so dkv_buf_bytes does not bound it."""
+        that grows with the query rows, so dkv_buf_bytes does not bound it (nor the
+        lanes' words and bounds, half of it and one int64 a kv row, on a wide call)."""
         return self.B * self.S_kv * self.d_k * 8
 
     def scratch(self, deterministic: bool = True) -> dict:
@@ -493,11 +499,30 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
         allowance = steps.pad_heads(allowance, Hp, math.inf, launcher)
         row_flags = launcher.zeros((R,), torch.int32)
         dkv_fixed = launcher.zeros((NKV, p.d_k), torch.int64)
+        common = dict(sm_scale=sm_scale, heads=bh, allowance=allowance, flag=row_flags)
+        lanes = [(g, config) for g, config in launches if config.accumulate == "lanes"]
+        # One scale for every launch, lanes or int64, so that a contribution is the same
+        # integer whichever kernel adds it (fixed_point, "The lanes").
+        row_scale = fixed_point.lanes_scale(row_scale, launcher.lanes_gain)
+        if lanes:  # the wide tile's words and per-row bounds
+            words = launcher.zeros((NKV, p.d_k // 2), torch.int64)
+            bound = launcher.zeros((NKV,), torch.int64)
         for g, config in launches:
-            launcher.main_bwd(
-                q, kv2, do, slots, lse2, delta, dq, dkv_fixed, config=config, sm_scale=sm_scale, heads=bh,
-                head_base=g * bh, row_scale=row_scale, allowance=allowance, flag=row_flags,
-            )
+            if config.accumulate == "lanes":
+                launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, words, config=config, head_base=g * bh,
+                                  row_scale=row_scale, bound=bound, **common)
+            else:
+                launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, dkv_fixed, config=config, head_base=g * bh,
+                                  row_scale=row_scale, **common)
+        if lanes:
+            # The redo launches on every call and does nothing unless a bound failed (no host
+            # synchronisation): then it adds the same integers in int64 and the lanes are
+            # dropped, else the lanes join dkv_fixed. Both give the same sums, the same bits.
+            failed = launcher.lanes_redone = fixed_point.lanes_failed(bound)
+            for g, config in lanes:
+                launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, dkv_fixed, config=K.lanes_redo(config),
+                                  head_base=g * bh, row_scale=row_scale, gate=failed, **common)
+            fixed_point.join_lanes(dkv_fixed, words, failed)
         row_scale = fixed_point.poison_flagged(row_scale, row_flags, p.B)
 
     dsink = launcher.empty((Hp,), f32)

@@ -210,30 +210,37 @@ def test_delta_maxima_match_the_model():
 # The main kernel alone on the given slots, once per kept configuration: the
 # atomic control's 32-head group and its pair as one 64-head CTA (the wide
 # tile: the control's kernel at H = 64 and 128), one fixed-point group, the
-# wide fixed-point tile (its warpgroups hand P over on mbarriers), and the
-# cluster of two 16-head groups that swap P and dS tiles (bulk copies,
-# mbarriers). ``launch``: the launch module of the package under test.
-# Shared by the sanitizer scripts.
+# wide tile in lanes and its int64 redo (warp-specialised: its warpgroups hand
+# P, dS and KV over on mbarriers), and the cluster of two 16-head groups that
+# swap P and dS tiles (bulk copies, mbarriers). ``launch``: the launch module
+# of the package under test. Shared by the sanitizer scripts.
 MAIN_KERNEL_EACH_DESIGN = """
 def main_kernel_each_design(idx, R, HQ, NKV, seed, launch=None):
     import torch
-    from mqa_bwd import kernels
     if launch is None:
         from mqa_bwd import launch
+    kernels = launch.K  # the configurations of the package under test (a mutant's are its own classes)
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(R, HQ, 576, generator=g).bfloat16().cuda()
     kv = torch.randn(NKV, 576, generator=g).bfloat16().cuda()
     do = torch.randn(R, HQ, 512, generator=g).bfloat16().cuda()
     lse2, delta = torch.full((R, HQ), 30.0).cuda(), torch.randn(R, HQ, generator=g).cuda()
-    for heads, deterministic, cluster in ((32, False, 1), (32, False, 2), (32, True, 1), (32, True, 2), (16, True, 2)):
-        config = kernels.main_config(heads, 576, 512, deterministic, cluster)
+    configs = [kernels.main_config(heads, 576, 512, deterministic, cluster) for heads, deterministic, cluster in
+               ((32, False, 1), (32, False, 2), (32, True, 1), (32, True, 2), (16, True, 2))]
+    configs.insert(4, kernels.lanes_redo(configs[3]))
+    for config in configs:
+        deterministic = config.accumulate != "atomic"
         dq = torch.empty(R, HQ, 576, dtype=torch.bfloat16).cuda()
-        dkv = torch.zeros(NKV, 576, dtype=torch.int64 if deterministic else torch.float32).cuda()
+        width = 576 // 2 if config.accumulate == "lanes" else 576
+        dkv = torch.zeros(NKV, width, dtype=torch.int64 if deterministic else torch.float32).cuda()
         extra = {} if not deterministic else dict(
             row_scale=torch.ones(NKV).cuda(), flag=torch.zeros(R, dtype=torch.int32).cuda(),
             allowance=torch.full((R, HQ), float("inf")).cuda())
+        if config.wide:  # the lanes' bound; the redo runs (gate 1)
+            extra.update(bound=torch.zeros(NKV, dtype=torch.int64).cuda(), gate=torch.ones(1, dtype=torch.int32).cuda())
         launch.TileLangLauncher(deterministic=deterministic).main_bwd(
-            q, kv, do, idx.cuda(), lse2, delta, dq, dkv, config=config, sm_scale=0.04, heads=heads, **extra)
+            q, kv, do, idx.cuda(), lse2, delta, dq, dkv, config=config, sm_scale=0.04,
+            heads=32 if config.wide else config.heads, **extra)
     torch.cuda.synchronize()
 """
 
@@ -271,10 +278,11 @@ if DROP:
     # another revision): nothing in the package under test is patched.
     copy = os.path.join(tempfile.mkdtemp(prefix="mqa_mutant_"), "mqa_bwd")
     shutil.copytree(os.path.dirname(mqa_bwd.__file__), copy)
-    path = os.path.join(copy, "kernels", "main_bwd.py")
+    module, statement = DROP.split("|")  # kernels/<module>.py and the statement to drop
+    path = os.path.join(copy, "kernels", module + ".py")
     source = open(path).read()
-    assert source.count(f"T.sync_threads()  # {DROP}") == 1, DROP
-    open(path, "w").write(source.replace(f"T.sync_threads()  # {DROP}", "pass"))
+    assert source.count(statement) == 1, DROP
+    open(path, "w").write(source.replace(statement, "pass"))
     spec = importlib.util.spec_from_file_location("mqa_bwd_mutant", os.path.join(copy, "__init__.py"),
                                                   submodule_search_locations=[copy])
     sys.modules["mqa_bwd_mutant"] = importlib.util.module_from_spec(spec)
@@ -341,13 +349,16 @@ def test_no_shared_memory_hazard_under_compute_sanitizer(tool_name, summary):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("barrier", ["every warp is done with KV_s", "every warp has read chunk c - 1's staging"])
+@pytest.mark.parametrize("barrier", [
+    "main_bwd|T.sync_threads()  # every warp is done with KV_s",
+    'wide|T.call_extern("handle", "mqa_handoff_wait", bars.data, PDS_FREE, (t - 1) % 2)',
+])
 def test_racecheck_sees_a_dropped_barrier(barrier):
     # The previous test can fail: without the barrier before the next block's
     # KV gather, cp.async overwrites KV_s while other warps still read it (and
     # the gather reads slot_next as it is stored; on the H200: 30 hazards);
-    # without the one after the wide tile's early adds, its next dKV chunk is
-    # staged over the one they still read.
+    # without the wide tile's wait for PDS_FREE, warpgroup 0 stores the next
+    # block's P, dS and slots over those warpgroup 1 still reads.
     code, report = run_under_compute_sanitizer("racecheck", SHARED_MEMORY_CALL, DROP_BARRIER=barrier)
     assert sanitizer_count(report, RACECHECK_HAZARDS) > 0, report[-4000:]
 

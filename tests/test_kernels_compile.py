@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("tilelang")
 
 from mqa_bwd import kernels as K  # noqa: E402
-from mqa_bwd.kernels import main_bwd as MB  # noqa: E402
+from mqa_bwd.kernels import wide as W  # noqa: E402
 
 pytestmark = pytest.mark.skipif(K.nvcc_path() is None, reason="needs nvcc (CUDA_HOME=/usr/local/cuda) to compile for sm_90a")
 
@@ -50,7 +50,7 @@ def test_kernel_compiles_for_sm90a(config):
     assert "__global__" in source
     # The plan's stages share one device source, whose reductions are integer max and add atomics: results
     # that do not depend on order.
-    has_atomics = _mode(config) in ("atomic", "fixed") or _kind(config) == "plan"
+    has_atomics = _mode(config) in ("atomic", "fixed", "lanes") or _kind(config) == "plan"
     assert ("atomic" in source.lower()) == has_atomics, f"{_id(config)}: atomic in CUDA source = {not has_atomics}"
 
 
@@ -71,7 +71,7 @@ def test_only_the_atomic_control_has_floating_point_atomics(config):
     found = sorted(set(ATOMIC_PTX.findall(K.ptx_of(config))))
     if _mode(config) == "atomic":
         assert any(op.startswith(("atom.global.add", "red.global.add")) and op.endswith(".f32") for op in found), found
-    elif _mode(config) == "fixed":
+    elif _mode(config) in ("fixed", "lanes"):  # the lanes' words and bounds are 64-bit integers too
         assert found and set(found) <= INTEGER_ADDS, f"{_id(config)}: expected 64-bit integer adds only, got {found}"
     else:
         assert found == [], f"{_id(config)} issues atomics: {found}"
@@ -93,33 +93,6 @@ def test_pairs_of_32_head_groups_run_as_one_wide_cta():
 
 
 WIDE_CONFIGS = [c for c in MAIN_CONFIGS if c.wide]
-WGMMA_WAIT = "tl::wait_wgmma<0>();"
-
-
-@pytest.mark.parametrize("config", WIDE_CONFIGS, ids=_id)
-def test_wide_tile_adds_while_its_wgmma_runs(config):
-    # The 64-head tile issues its score, dP and dQ GEMMs without waiting, adds
-    # the previous block's staged dKV (last chunk's halves, then the tail, if
-    # any), then waits (H200: 1-3 % faster in both designs); so do the second
-    # dKV chunk's GEMMs (and the tail's), under the first chunk's adds
-    # (the early chunk adds). Each wait must be
-    # followed by a fence of every accumulator it waited for: without one, the
-    # compiler may read wgmma's registers before the wait (silently wrong
-    # values, depending on its schedule).
-    source = K.compiled(config).get_kernel_source()
-    has_tail = config.d_k > config.d_v
-    assert source.count(WGMMA_WAIT) == 4, f"{_id(config)}: {source.count(WGMMA_WAIT)} explicit wgmma waits"
-    fenced = [("acc_s",), ("acc_dp",), ("acc_dq",) + (("acc_dqt",) if has_tail else ()),
-              ("acc_dkv",) + (("acc_dkvt",) if has_tail else ())]
-    adds = "AtomicAdd(" if config.accumulate == "fixed" else "AtomicAddx4("
-    pieces = source.split(WGMMA_WAIT)
-    for site, (before, after) in enumerate(zip(pieces, pieces[1:])):
-        issued = before[before.rindex("tl::warpgroup_commit_batch();"):]
-        assert (adds in issued) == (site != 2 or has_tail), f"{_id(config)}: adds at site {site}: {adds in issued}"
-        lines = after.strip().splitlines()
-        names = tuple(re.search(r"<float\*>\((\w+) \+", line).group(1)
-                      for line in lines[: len(fenced[site])] if "warpgroup_fence_operand" in line)
-        assert names == fenced[site], f"{_id(config)}: after wait {site}, {lines[:2]} does not fence {fenced[site]}"
 
 
 def branch_at(source: str, head: str, start: int = 0) -> tuple:
@@ -136,84 +109,70 @@ def branch_at(source: str, head: str, start: int = 0) -> tuple:
 WARPGROUP_0, WARPGROUP_1 = "if (((int)threadIdx.x) < 128)", "if (128 <= ((int)threadIdx.x))"
 #: A named barrier in generated CUDA: (kind, id, thread count).
 NAMED_BARRIER = re.compile(r"(__sync_thread_partial|__named_barrier_arrive)\((\d+), (\d+)\)")
-_HANDOFF_BARS = r"mqa_handoff_{}\(\(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\), "
-#: One side of a split-tile handoff: (kind, the mbarriers' offset, mbarrier, the wait's parity or "").
-HANDOFF = re.compile(_HANDOFF_BARS.format("(wait|arrive)") + r"(\d+)(?:, ([^;]*))?\);")
-#: The split tile's mbarrier setup: (offset, arrivals of mbarrier 0, of mbarrier 1).
-HANDOFF_INIT = re.compile(_HANDOFF_BARS.format("init") + r"(\d+), (\d+)\);")
-#: The late adds' global reductions (the fixed design's and the control's).
-GLOBAL_ADD = re.compile(r"AtomicAdd(?:x4)?\(")
+#: One side of a wide-tile handoff: (kind, the mbarriers' offset, mbarrier, the wait's parity or "").
+HANDOFF = re.compile(r"mqa_handoff_(wait|arrive)\(\(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\), (\d+)(?:, ([^;]*))?\);")
+
+
+WGMMA_WAIT = "tl::wait_wgmma<0>();"
+#: The dKV chunks' adds of each design (kernels/wide.py's device functions).
+CHUNK_ADDS = {"lanes": "ws_add_chunk_lanes(", "fixed": "ws_add_chunk_fixed(", "atomic": "ws_add_chunk_atomic("}
 
 
 @pytest.mark.parametrize("config", WIDE_CONFIGS, ids=_id)
-def test_split_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
-    # Each warpgroup runs its GEMM and its elementwise work in a branch of its
-    # own, and they hand over through two mbarriers: one side's arrivals, the
-    # other's wait on the block's phase. A barrier of all the CTA's threads
-    # between or inside the branches (TileLang's planner inserts a
-    # __syncthreads when it sees a shared-memory hazard between them)
-    # deadlocks: each warpgroup would wait at a different barrier for the
-    # other (seen on the H200: the call hung).
+def test_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
+    # The warp-specialised tile: each warpgroup runs in a branch of its own and they hand
+    # over through three mbarriers, one phase a block. A barrier of all the CTA's threads
+    # inside a branch (TileLang's planner inserts a __syncthreads where it sees a hazard
+    # between them) deadlocks: each warpgroup would wait at a different barrier for the
+    # other. A wait on any parity but the block's passes at once: a race.
     source = K.compiled(config).get_kernel_source()
-    loop = source.index("for (int t = 0;")
-    # Warpgroup 0's branch: the last one to open before the kernel's first GEMM.
-    branches = source.rindex(WARPGROUP_0 + " {", 0, source.index("wgmma_ss"))
-    first, end = branch_at(source, WARPGROUP_0, branches)
+    source = source[source.index('extern "C" __global__'):]
+    first, end = branch_at(source, WARPGROUP_0)
     second, _ = branch_at(source, WARPGROUP_1, end)
     assert source[end:source.index(WARPGROUP_1, end)].strip() == "", f"{_id(config)}: code between the branches"
-    # The loop's top barrier keeps block t + 1's handoffs behind every thread's of block t.
-    assert "__syncthreads();" in source[loop:branches], f"{_id(config)}: no barrier of all threads before the branches"
-    cta = str(2 * MB.WARPGROUP)
     own_barriers = []
     for name, body in (("warpgroup 0", first), ("warpgroup 1", second)):
-        assert "wgmma_ss" in body and "wait_wgmma" in body, f"{_id(config)}: {name} has no GEMM of its own"
+        assert "wgmma_ss" in body and WGMMA_WAIT in body, f"{_id(config)}: {name} has no GEMM of its own"
         assert "__syncthreads" not in body, f"{_id(config)}: __syncthreads inside {name}'s branch"
-        wide = [m for m in NAMED_BARRIER.findall(body) if m[2] != str(MB.WARPGROUP)] + re.findall(r"NamedBarrier<(?!128>)\d+>", body)
+        wide = [m for m in NAMED_BARRIER.findall(body) if m[2] != str(W.WARPGROUP)]
         assert not wide, f"{_id(config)}: barriers of more than one warpgroup inside {name}'s branch: {wide}"
-        own_barriers.append({m[1] for m in NAMED_BARRIER.findall(body)})
-    # A warpgroup's own barriers (TileLang's stmatrix syncs) cannot hold the
-    # other, unless both use one id: 128 arrivals from both would complete it.
+        own = {m[1] for m in NAMED_BARRIER.findall(body)} | ({"1"} if "ws_bar_sync_wg(1)" in body else set())
+        own_barriers.append(own)
+    # 128 arrivals from both warpgroups on one id would complete a barrier meant for one.
     assert not own_barriers[0] & own_barriers[1], f"{_id(config)}: both warpgroups sync on {own_barriers[0] & own_barriers[1]}"
-    # In order: warpgroup 0 says its adds are done and waits until every
-    # thread's have read the staging, then stores P and says so; warpgroup 1
-    # says its adds are done, then waits for P. Any other order or role waits
-    # forever or races (warpgroup 0 without its own arrival: its fast warps
-    # overwrite what its slow ones have yet to add); a wait on any parity but
-    # the block's (one phase a block) passes at once, a race.
-    (bars, arrivals_0, arrivals_1), = HANDOFF_INIT.findall(source)
-    staging, p_written = MB.HANDOFF_STAGING_READ, MB.HANDOFF_P_WRITTEN
-    expected = ([("arrive", staging, ""), ("wait", staging, "(t & 1)"), ("arrive", p_written, "")],
-                [("arrive", staging, ""), ("wait", p_written, "(t & 1)")])
-    sides = []
+    # Warpgroup 0 waits until warpgroup 1's dQ GEMMs have read KV_s and its dKV GEMMs P_s and
+    # dS_s (block t - 1), then says P, dS and the slots are in; warpgroup 1 waits for that,
+    # then says KV_s and then P_s and dS_s are free.
+    previous = "((t + 1) & 1)"  # (t - 1) % 2 as TileLang writes it
+    expected = ([("wait", W.KV_FREE, previous), ("wait", W.PDS_FREE, previous), ("arrive", W.PDS_READY, "")],
+                [("wait", W.PDS_READY, "(t_1 & 1)"), ("arrive", W.KV_FREE, ""), ("arrive", W.PDS_FREE, "")])
+    offsets = set()
     for name, body, want in zip(("warpgroup 0", "warpgroup 1"), (first, second), expected):
-        found = list(HANDOFF.finditer(body))
-        assert [(m[1], int(m[3]), m[4] or "") for m in found] == want, \
-            f"{_id(config)}: {name}'s handoffs are {[m.group(0) for m in found]}, not {want}"
-        assert {m[2] for m in found} == {bars}, f"{_id(config)}: {name} hands over on other mbarriers than those set up"
-        sides.append([m.start() for m in found])
-    # ... and each side's shared-memory work where its handoffs say: the late
-    # adds read the staging before their warpgroup's arrival on mbarrier 0;
-    # warpgroup 0 stores P between its wait on 0 and its arrival on 1;
-    # warpgroup 1 loads P after its wait on 1.
-    (arrive_0, wait_0, arrive_1), (arrive_0_wg1, wait_1) = sides
-    placed = [("warpgroup 0's late adds", GLOBAL_ADD, first, -1, arrive_0),
-              ("warpgroup 0's P stores", re.compile(r"mqa_st_shared_f32\("), first, wait_0, arrive_1),
-              ("warpgroup 1's late adds", GLOBAL_ADD, second, -1, arrive_0_wg1),
-              ("warpgroup 1's P loads", re.compile(r"mqa_ld_shared_f32\("), second, wait_1, len(second))]
-    for what, pattern, body, after, before in placed:
-        at = [m.start() for m in pattern.finditer(body)]
-        assert at and all(after < i < before for i in at), f"{_id(config)}: {what} are not between their handoffs ({at})"
-    # The mbarriers are set up once, by one thread, before the slot loop (a
-    # __syncthreads publishes them), for all threads' arrivals and warpgroup 0's.
-    assert (arrivals_0, arrivals_1) == (cta, str(MB.WARPGROUP)), f"{_id(config)}: arrival counts {arrivals_0}, {arrivals_1}"
-    init = source.index(HANDOFF_INIT.search(source).group(0))
-    assert source.rindex("if (((int)threadIdx.x) == 0)", 0, init) > source.rfind("}", 0, init), \
-        f"{_id(config)}: the mbarriers are not set up by one thread"
-    assert init < loop, f"{_id(config)}: the mbarriers are set up inside the slot loop"
-    assert len(HANDOFF.findall(source)) == 5, f"{_id(config)}: handoffs outside the two branches"
-    # No other buffer starts inside the mbarriers' 16 bytes.
-    others = {int(o) for o in SMEM_OFFSET.findall(source)} - {int(bars)}
-    assert not any(int(bars) <= o < int(bars) + 16 for o in others), f"{_id(config)}: a buffer overlaps the mbarriers"
+        found = [(m[1], int(m[3]), m[4] or "") for m in HANDOFF.finditer(body)]
+        assert found == want, f"{_id(config)}: {name}'s handoffs are {found}, not {want}"
+        offsets |= {m[2] for m in HANDOFF.finditer(body)}
+    assert len(HANDOFF.findall(source)) == 6, f"{_id(config)}: handoffs outside the two branches"
+    # One thread sets the mbarriers up before the branches, a __syncthreads publishes them.
+    init = source.index("ws_bars_init(")
+    assert f"buf_dyn_shmem + {offsets.pop()}" in source[init:init + 80] and not offsets
+    assert source.rindex("if (((int)threadIdx.x) == 0)", 0, init) > source.rfind("}", 0, init)
+    assert init < source.index("__syncthreads();", init) < source.index(WARPGROUP_0), f"{_id(config)}: setup order"
+    # The dKV adds are warpgroup 1's, a 64-column chunk at a time: two sites in the loop over
+    # pairs of chunks, and one after it for an odd count (Dk = 576). Each wgmma wait is followed
+    # by the fence of what it waited for (without one, the compiler may read wgmma's registers
+    # before the wait).
+    adds = CHUNK_ADDS[config.accumulate]
+    sites = 2 + (config.d_k // W.CHUNK) % 2
+    assert adds not in first and second.count(adds) == sites, f"{_id(config)}: {second.count(adds)} chunk add sites"
+    for part in source.split(WGMMA_WAIT)[1:]:
+        assert part.strip().startswith("tl::warpgroup_fence_operand("), f"{_id(config)}: a wait without its fence"
+    # The lanes add their bounds once a block; the int64 redo leaves at once where its gate is 0,
+    # before any barrier.
+    assert (second.count("ws_add_bounds(") == 1) == (config.accumulate == "lanes") and "ws_add_bounds(" not in first
+    gate = source.find("ws_exit_unless(")
+    assert (gate >= 0) == (config.accumulate == "fixed"), f"{_id(config)}: gated = {gate >= 0}"
+    if gate >= 0:
+        assert gate < init and "__sync" not in source[:gate], f"{_id(config)}: the gate is not the kernel's first step"
 
 
 def test_head_tile_rule():
@@ -226,7 +185,16 @@ def test_main_kernel_does_not_spill_registers(config):
     # One CTA per SM at up to 255 registers a thread: a kernel change that
     # pushes live values past that spills to local memory inside the slot loop.
     info = K.ptxas_info(config)
-    assert info["spill_stores"] == info["spill_loads"] == info["stack"] == 0, f"{_id(config)}: {info}"
+    budget = SPILL_BUDGET.get((config.heads, config.d_k, config.accumulate), 0)
+    assert info["spill_stores"] <= budget and info["spill_loads"] <= budget, f"{_id(config)}: {info}"
+    assert info["stack"] <= budget, f"{_id(config)}: {info}"
+
+
+#: Bytes of spills a kernel had when it was timed, per (heads, d_k, accumulate): the wide lanes
+#: tile's two warpgroups share one 255-register allocation, and its conversions spill a few
+#: words outside the GEMMs (measured with them: docs/performance-log.md, 2026-12-02 fourth
+#: session). Anything more is a regression.
+SPILL_BUDGET = {(64, 576, "lanes"): 16, (64, 512, "lanes"): 8}
 
 
 CP_ASYNC = re.compile(r"cp\.async\.(?:ca|cg)\.shared\.global\S*\s+\[[^\]]+\],\s*\[[^\]]+\],\s*\d+(?P<src_size>,\s*[^;]+)?;")
@@ -330,7 +298,7 @@ def test_cluster_inboxes_are_laid_out_as_the_tiles_they_receive(config):
 
 
 # fp32 tile stores in the generated CUDA: *(float2*)(((float*)BUF) + (INDEX)) = *(float2*)(...),
-# and the 64-head tile's transposed ones, one word each: ((float*)BUF)[INDEX] = acc_dkv[...]
+# and any word store from a dKV accumulator: ((float*)BUF)[INDEX] = acc_dkv[...]
 FLOAT2_STORE = re.compile(r"\*\(float2\*\)\(\(\(float\*\)(\w+)\) \+ (.+?)\) = \*\(float2\*\)")
 FLOAT_STORE = re.compile(r"\(\(float\*\)(\w+)\)\[(.+?)\] = acc_dkvt?\[")
 UNROLLED_LOOP = re.compile(r"for \(int (\w+) = 0; \1 < (\d+); \+\+\1\)")
@@ -367,17 +335,25 @@ def _shared_store_wavefronts(source: str, threads: int = 256) -> dict:
     return worst
 
 
-@pytest.mark.parametrize("config", [c for c in DKV_CONFIGS if _mode(c)], ids=_id)
+@pytest.mark.parametrize("config", [c for c in DKV_CONFIGS if _mode(c) and not c.wide], ids=_id)
 def test_dkv_tile_stores_are_bank_conflict_free(config):
     # The dKV GEMMs' fp32 accumulators go to shared memory every slot block,
-    # as float2 per lane (mma.sync fragments) or a word per lane (the 64-head
-    # tile's transposed wgmma fragments). Conflicted, they cost the H200 1.2 ms
+    # as float2 per lane (mma.sync fragments); the wide tile has no dKV tile in shared
+    # memory (test_wide_tile_adds_from_registers). Conflicted, they cost the H200 1.2 ms
     # per dsv32 H=64 call in each design (4-word padding of the float2 layout,
     # measured); this catches a padding or layout change that brings conflicts
     # back, without a GPU.
     worst = _shared_store_wavefronts(K.compiled(config).get_kernel_source())
     assert worst, f"{_id(config)}: no store of the dKV tile found; update this test"
     assert all(need == 1 for need in worst.values()), f"{_id(config)}: wavefronts per phase {worst}"
+
+
+@pytest.mark.parametrize("config", WIDE_CONFIGS, ids=_id)
+def test_wide_tile_adds_from_registers(config):
+    # No fp32 tile of dKV in shared memory: its chunks go from the wgmma accumulators to the
+    # global adds. A staging buffer coming back would take the bytes the 64-slot KV tile needs.
+    source = K.compiled(config).get_kernel_source()
+    assert not FLOAT2_STORE.findall(source) and not FLOAT_STORE.findall(source), f"{_id(config)}: dKV staged"
 
 
 @pytest.mark.parametrize("config", [c for c in CONFIGS if _kind(c) == "delta_max"], ids=_id)

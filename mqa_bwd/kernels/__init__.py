@@ -21,7 +21,10 @@ Modules, by what they build
                        contributions added into an int64 fixed-point accumulator
                        (deterministic: integer adds commute), or into fp32 with
                        atomics (the control)
-  device_functions.py  the CUDA device functions main_bwd imports as source
+  wide.py              the wide 64-head tile (two 32-head groups): warp-specialised over
+                       64-slot blocks, dKV added from registers, in lanes (deterministic,
+                       with its int64 redo) or fp32 atomics
+  device_functions.py  the CUDA device functions the main kernels import as source
   plan.py              mark_slots: Referenced[k] = 1 for every kv row a valid slot names,
                        LiveRow[r] = 1 for every row with a valid slot; plan: the fixed-point
                        plan's row scales and mass allowances (fixed_point.plan's float64
@@ -34,11 +37,13 @@ Modules, by what they build
 
 from .config import _tl  # noqa: F401  (the benchmarks build probes with it)
 from .device_functions import GATHER_SOURCE  # noqa: F401
-from .config import (ACCUMULATE, BLOCK_SLOTS, CLUSTER_SIZES, GPU_WIDTHS, LOG2E, MASS_LIMIT, TILE_HEADS, WIDE_HEADS,
-                     KernelConfig, MainConfig, gpu_configs, main_config, main_launches, main_tile_heads, next_power_of_2)
+from .config import (ACCUMULATE, BLOCK_SLOTS, CLUSTER_SIZES, GPU_WIDTHS, LANE_LIMIT, LANES_GAIN, LOG2E, MASS_LIMIT,
+                     TILE_HEADS, WIDE_HEADS, WIDE_SLOTS, KernelConfig, MainConfig, gpu_configs, lanes_redo, main_config,
+                     main_launches, main_tile_heads, next_power_of_2, slot_block)
 from .delta import delta_program
 from .main_bwd import main_bwd_program
 from .plan import MARK_THREADS, MAX_SLOTS_PER_ROW, PLAN_SLOTS, PLAN_THREADS, mark_slots_program, plan_program
 from .reductions import cast_bf16_program, dsink_reduce_program, fixed_to_bf16_program
+from .wide import wide_program
 from .toolchain import (SM90A, compile_program, compiled, cuda_tool, dynamic_shared_bytes, nvcc_path, precompile,
                         program_of, ptx_of, ptxas_info, ptxas_info_of_source, require_nvcc)

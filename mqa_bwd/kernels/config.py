@@ -13,8 +13,11 @@ import dataclasses
 
 LOG2E = 1.4426950408889634
 
-# Slots gathered per main-loop step: the kernel's slot block. L is padded to it.
+# Slots gathered per main-loop step of the 16- and 32-head tiles: their slot block.
 BLOCK_SLOTS = 32
+# The wide tile's slot block (wide.py). A call with a wide launch pads L to it
+# (slot_block), every other call to BLOCK_SLOTS.
+WIDE_SLOTS = 64
 
 # (Dk, Dv) the kernels are built and tested for on Hopper.
 GPU_WIDTHS = ((576, 512), (512, 512))
@@ -29,9 +32,19 @@ PARTIAL_SUM_BITS = 61
 FP32_MAX_EXPONENT = 126
 
 #: How a main_bwd CTA adds its dKV contributions: "fixed" (int64 fixed-point
-#: red.global.add.u64, deterministic: integer adds commute) or "atomic" (fp32
-#: atomics, the control).
-ACCUMULATE = ("fixed", "atomic")
+#: red.global.add.u64, deterministic: integer adds commute), "lanes" (the wide
+#: tile's deterministic design: two signed 32-bit lanes a 64-bit word, exact by
+#: a per-row bound, redone in "fixed" where a bound fails; mqa_bwd.fixed_point)
+#: or "atomic" (fp32 atomics, the control).
+ACCUMULATE = ("fixed", "lanes", "atomic")
+#: The lanes' resolution: a lane integer is 2^(LANES_GAIN - 30) of the plan's
+#: int64 one (fixed_point.lanes_scale). At 16, dKV's error against float64 is
+#: that of the fp32 atomics within 1.01x at the bench shapes, and their bounds
+#: hold with some 10 bits to spare (docs/performance-log.md).
+LANES_GAIN = 16
+#: A lane decodes exactly when its column's final sum fits 32 signed bits; a kv
+#: row's Bound (the sum of its contributions' largest |integer|) proves it below this.
+LANE_LIMIT = 2**31
 #: The head tile of the one-CTA design that runs two 32-head groups as one.
 WIDE_HEADS = 64
 #: Head tiles main_bwd builds: 16 and 32 (one group each), 64 (the wide tile).
@@ -75,10 +88,9 @@ class MainConfig:
     """One main backward kernel (main_bwd.main_bwd_program).
 
     heads: the CTA's head tile (TILE_HEADS); 64 is the wide tile, two 32-head
-    groups in one CTA (all GEMMs on wgmma, score and dP GEMMs split between
-    its warpgroups, a block's earlier dKV chunks added under the next chunk's
-    GEMMs). cluster: 2 runs two consecutive 16-head groups as one thread block
-    cluster (fixed only).
+    groups in one warp-specialised CTA over 64-slot blocks (wide.py), whose
+    deterministic launches add in "lanes" (and "fixed" as their redo). cluster:
+    2 runs two consecutive 16-head groups as one thread block cluster (fixed only).
     """
 
     heads: int
@@ -94,6 +106,8 @@ class MainConfig:
             _require(field, isinstance(value, int) and value > 0 and value % 16 == 0, value, "a positive multiple of 16")
         _require("d_v", self.d_v <= self.d_k, self.d_v, f"at most d_k={self.d_k}")
         _require("accumulate", self.accumulate in ACCUMULATE, self.accumulate, f"one of {ACCUMULATE}")
+        _require("accumulate", self.accumulate != "lanes" or self.heads == WIDE_HEADS, self.accumulate,
+                 f"the lanes are built for the wide tile ({WIDE_HEADS} heads) only")
         _require("cluster", self.cluster in CLUSTER_SIZES, self.cluster, f"one of {CLUSTER_SIZES}")
         _require("cluster", self.cluster == 1 or (self.accumulate == "fixed" and self.heads == 16), self.cluster,
                  "a cluster of 2 is built for 16-head groups of the fixed accumulation; two 32-head groups run as one wide tile")
@@ -101,6 +115,11 @@ class MainConfig:
     @property
     def wide(self) -> bool:
         return self.heads == WIDE_HEADS
+
+    @property
+    def slot_block(self) -> int:
+        """The slots of one main-loop step: the padded top-k must be a multiple of it."""
+        return WIDE_SLOTS if self.wide else BLOCK_SLOTS
 
     @property
     def groups(self) -> int:
@@ -115,11 +134,12 @@ class MainConfig:
 
 def main_config(heads: int, d_k: int, d_v: int, deterministic: bool = True, cluster: int = 1) -> MainConfig:
     """The kernel that runs ``cluster`` (1 or 2) consecutive groups of ``heads`` heads:
-    the tile is main_tile_heads(heads); a pair of 32-head groups runs as one wide tile."""
+    the tile is main_tile_heads(heads); a pair of 32-head groups runs as one wide tile
+    (deterministic: in lanes)."""
     tile = main_tile_heads(heads)
     accumulate = "fixed" if deterministic else "atomic"
     if cluster == 2 and tile == 32:
-        return MainConfig(WIDE_HEADS, d_k, d_v, accumulate)
+        return MainConfig(WIDE_HEADS, d_k, d_v, "lanes" if deterministic else "atomic")
     return MainConfig(tile, d_k, d_v, accumulate, cluster)
 
 
@@ -134,6 +154,19 @@ def main_launches(groups: int, heads: int, d_k: int, d_v: int, deterministic: bo
         launches.append((g, main_config(heads, d_k, d_v, deterministic, size)))
         g += size
     return launches
+
+
+def slot_block(groups: int, heads: int) -> int:
+    """What a call of ``groups`` head groups of ``heads`` heads pads its top-k to: WIDE_SLOTS
+    where main_launches includes a wide tile (either design), else BLOCK_SLOTS."""
+    wide = main_tile_heads(heads) == 32 and groups >= 2
+    return WIDE_SLOTS if wide else BLOCK_SLOTS
+
+
+def lanes_redo(config: MainConfig) -> MainConfig:
+    """The int64 launch that redoes a lanes launch where a bound failed (the same tile)."""
+    _require("config", config.accumulate == "lanes", config, "a lanes launch")
+    return dataclasses.replace(config, accumulate="fixed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -167,5 +200,6 @@ def gpu_configs(widths=GPU_WIDTHS, group_widths=(16, 32)):
         for heads in group_widths:
             for deterministic in (True, False):
                 for groups in (1, 2):
-                    configs += [config for _, config in main_launches(groups, heads, d_k, d_v, deterministic)]
+                    for _, config in main_launches(groups, heads, d_k, d_v, deterministic):
+                        configs += [config, lanes_redo(config)] if config.accumulate == "lanes" else [config]
     return list(dict.fromkeys(configs))

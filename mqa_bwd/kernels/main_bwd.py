@@ -1,12 +1,12 @@
 """The main backward kernel: one CTA (or a cluster of two) per query row and head group.
 
 Built from a ``MainConfig`` (config.py): the 16- and 32-head tiles of one
-group, the cluster of two 16-head groups (fixed accumulation), and the wide
-64-head tile of two 32-head groups (wide_tile.py holds its dKV stage).
+group and the cluster of two 16-head groups (fixed accumulation). The 64-head
+wide tile is built by wide.py.
 """
 
 from .config import BLOCK_SLOTS, LOG2E, MainConfig, _tl
-from .device_functions import CLUSTER_SOURCE, GATHER_SOURCE, SPLIT_SOURCE
+from .device_functions import CLUSTER_SOURCE, GATHER_SOURCE
 
 #: Words of padding per fp32 row of dKV_s (row stride Dv + 8, 8 mod 32 banks).
 #: A warp stores an mma accumulator fragment as float2 per lane: rows
@@ -15,18 +15,6 @@ from .device_functions import CLUSTER_SOURCE, GATHER_SOURCE, SPLIT_SOURCE
 #: words, neighbouring rows overlapped (2-way conflicts, 4-way in the cluster
 #: layout; docs/performance-log.md).
 F32_ROW_PAD = 8
-#: The wide tile's padding instead (row stride 4 mod 32 banks): its dKV
-#: fragments are transposed (wgmma's, rows are columns of dKV), so a warp's
-#: stores go to rows 2 * (lane % 4) + {0, 1}, eight consecutive columns each;
-#: with a stride of 4 mod 32, rows 0, 2, 4 and 6 land on disjoint banks (with
-#: 8 they met two by two: 2-way conflicts).
-WIDE_ROW_PAD = 4
-#: Threads of a warpgroup (wgmma's unit).
-WARPGROUP = 128
-#: The split tile's two mbarriers: both warpgroups' late adds have read the
-#: staging that P's exchange overlays (all threads arrive); P is there
-#: (warpgroup 0's threads arrive).
-HANDOFF_STAGING_READ, HANDOFF_P_WRITTEN = 0, 1
 
 
 def main_bwd_program(config: MainConfig):
@@ -60,17 +48,9 @@ def main_bwd_program(config: MainConfig):
     the cluster, as one GEMM chain in a fixed order, and adds them: each (row,
     slot, column) is added once per cluster, not once per group, and no dKV
     partial leaves the CTA.
-
-    config.heads = 64 (the wide tile): two 32-head groups in one CTA. Every
-    GEMM lowers to wgmma: the score, dP and dQ GEMMs as they are, the dKV
-    GEMMs because they are formed transposed (dKV^T = Q^T dS + dO^T P, M =
-    columns). dKV is formed over all 64 heads in two 256-column chunks and the
-    tail. The first chunk is added from dKV_s while the second chunk's and the
-    tail's GEMMs run; the second and the tail stay staged and are added while
-    the next block's score, dP and dQ GEMMs run (shared memory holds no whole
-    block of fp32 dKV next to the 64-head Q and dO tiles). The score and dP
-    GEMMs split between the two warpgroups, which hand P over in fp32.
     """
+    if config.wide:
+        raise ValueError(f"config: {config!r} (the wide tile is built by kernels/wide.py)")
     tilelang, T = _tl()
     mode, cluster = config.accumulate, config.cluster
     R = T.dynamic("R")
@@ -119,40 +99,19 @@ def main_bwd_program(config: MainConfig):
         raise ValueError(f"fixed mode needs Dv and Dk - Dv multiples of 32, got Dk={Dk}, Dv={Dv}")
     f32, bf16, i32 = "float32", "bfloat16", "int32"
     dkv_shape = (NKV, Dk)
-    # The single-group and cluster tiles issue the global adds of slot block t
-    # during block t + 1, a quarter at a time (dKV_s is rewritten only at the
-    # end of a block), so the load-store queue drains while the tensor cores
-    # work instead of stalling every warp in one burst after the dKV GEMMs.
-    # The first three quarters go right after the score, dP and dQ GEMMs, not
-    # before them: a GEMM's first ldmatrix waited behind the quarter's 64-bit
-    # reductions in the memory pipe and on their source registers, which it
-    # reuses (docs/performance-log.md has the figures).
-    # The wide tile (TileLang lowers all its GEMMs to wgmma) is the cluster of
-    # two 32-head groups done by one CTA: every dKV element summed over all 64
-    # heads on chip, no tile exchange. Its Q and dO tiles take 136 KB of shared
-    # memory, so a whole block's fp32 dKV (74 KB) cannot wait in it for the
-    # next block: its first column chunk is added from a one-chunk staging
-    # buffer under the next chunk's GEMMs, and only the last chunk and the tail
-    # wait (``wide_late``).
-    wide = config.wide
-    # The wide tile's score and dP GEMMs split between its warpgroups.
-    split_tile = wide
-    # The split tile hands P over in fp32 over the value chunk's staging (dKV_s),
-    # rows X_STRIDE words apart (8 mod 32 banks, as F32_ROW_PAD).
-    X_STRIDE = BS + F32_ROW_PAD
-    if split_tile and block_H * X_STRIDE > BS * (Dc + WIDE_ROW_PAD):
-        raise ValueError(f"split tile: P ({block_H} x {BS} fp32, padded) does not fit the staging of a {Dc}-column chunk")
     # The device functions the kernel calls.
-    device_source = GATHER_SOURCE + (CLUSTER_SOURCE if cluster > 1 else "") + (SPLIT_SOURCE if split_tile else "")
-    deferred = not wide
-    # Wide tile: its last value chunk and its tail wait in their staging for
-    # the next block, which adds them while its score, dP and dQ GEMMs run
-    # (gemm_async below); the first chunk's go out under the second chunk's
-    # GEMMs: every add overlaps some GEMM.
-    wide_late = wide
+    device_source = GATHER_SOURCE + (CLUSTER_SOURCE if cluster > 1 else "")
+    # The global adds of slot block t are issued during block t + 1, a quarter
+    # at a time (dKV_s is rewritten only at the end of a block), so the
+    # load-store queue drains while the tensor cores work instead of stalling
+    # every warp in one burst after the dKV GEMMs. The first three quarters go
+    # right after the score, dP and dQ GEMMs, not before them: a GEMM's first
+    # ldmatrix waited behind the quarter's 64-bit reductions in the memory pipe
+    # and on their source registers, which it reuses (docs/performance-log.md
+    # has the figures).
     PIECES = 4  # four call sites below
     piece = BS // PIECES
-    if deferred and piece % n_warps:
+    if piece % n_warps:
         raise ValueError(f"{n_warps} warps must divide the {piece} slots of a piece of global adds")
     if colsplit and (Cc % 32 or (Dk - Dv) % 32 or tail_ranks > cluster):
         raise ValueError(f"cluster {cluster}: each CTA's share of the Dv columns must be whole 32-column adds, "
@@ -160,7 +119,7 @@ def main_bwd_program(config: MainConfig):
     # dKV_s rows: the block's partials (one row per slot), of this CTA's
     # columns (a cluster: Cc of the value part in dKV_s, 32 of the tail in
     # dKVt_s).
-    dkv_w, dkvt_w, dkv_rows = (Dc if wide else Cc), Ct, BS
+    dkv_w, dkvt_w, dkv_rows = Cc, Ct, BS
     peers = cluster - 1
     tile_bytes = block_H * BS * 2  # one bf16 P or dS tile
     inbox_bytes = peers * 2 * tile_bytes  # the cluster's P and dS of a block, from the peer
@@ -169,14 +128,6 @@ def main_bwd_program(config: MainConfig):
     dkv_dtype = "int64" if mode == "fixed" else "float32"
     grid = R
     has_tail = Dt > 0
-
-    # The wide tile's score, dP and dQ GEMMs are wgmma: issued without waiting,
-    # so that the previous block's late adds go out while the tensor cores work
-    # (the wait follows them); elsewhere T.gemm, which waits.
-    gemm_async = T.wgmma_gemm if wide else T.gemm
-    # After the wait, each accumulator is pinned (an empty asm that reads and
-    # writes its registers, as T.gemm's own wait does), so that the compiler
-    # reads none of it before the wait; num_regs: this thread's share of it.
 
     @T.macro
     def gather_async(KV, KV_s, KVt_s, rows, NKV):
@@ -235,51 +186,6 @@ def main_bwd_program(config: MainConfig):
                         T.atomic_add(dKV[slots[k * piece + j], Dv + d], dKVt_s[k * piece + j, d])
 
     @T.macro
-    def add_chunk(dKV, buf, b0, col0, width, slots, scales, warp, lane, kv_row, scale_r, NKV, part):
-        """Wide tile: the global adds of dKV columns [col0, col0 + width) of every slot of
-        a block, staged in buf[:, b0:b0 + width]; as add_piece, a warp per slot. In
-        warpgroup ``part``'s branch (T.ws; None: outside any), that warpgroup's share of the slots."""
-        if mode == "fixed":  # warp w takes slots w, w + n_warps, ...: in a branch, its warpgroup's share
-            for s_i in T.serial(BS // n_warps):
-                j = warp + s_i * n_warps
-                kv_row[0] = slots[j]
-                scale_r[0] = scales[j]
-                if (0 <= kv_row[0]) and (kv_row[0] < NKV):
-                    for c in T.unroll(width // 32):
-                        T.atomic_add(dKV[kv_row[0], col0 + c * 32 + lane],
-                                     T.call_extern("int64", "__float2ll_rn", buf[j, b0 + c * 32 + lane] * scale_r[0]))
-        elif part is None:
-            for j, d in T.Parallel(BS, width):
-                if (slots[j] >= 0) and (slots[j] < NKV):
-                    T.atomic_add(dKV[slots[j], col0 + d], buf[j, b0 + d])
-        else:
-            # A parallel loop in a warpgroup's branch spans that warpgroup's
-            # threads only: each branch takes half of the slots.
-            for i, d in T.Parallel(BS // 2, width):
-                if (slots[part * (BS // 2) + i] >= 0) and (slots[part * (BS // 2) + i] < NKV):
-                    T.atomic_add(dKV[slots[part * (BS // 2) + i], col0 + d], buf[part * (BS // 2) + i, b0 + d])
-
-    @T.macro
-    def wide_late_adds(dKV, dKV_s, dKVt_s, slots, scales, k, warp, lane, kv_row, scale_r, NKV, part=None):
-        """Wide tile, site k of the next block: the previous block's last value chunk
-        (dKV_s, two halves: k = 0, 1) and tail (dKVt_s, k = 2); ``part``: as add_chunk's."""
-        if k < 2:
-            add_chunk(dKV, dKV_s, k * (Dc // 2), (DKV_SPLIT - 1) * Dc + k * (Dc // 2), Dc // 2, slots, scales,
-                      warp, lane, kv_row, scale_r, NKV, part)
-        elif has_tail:
-            add_chunk(dKV, dKVt_s, 0, Dv, Dt, slots, scales, warp, lane, kv_row, scale_r, NKV, part)
-
-    @T.macro
-    def dkv_chunk_gemms(gemm, Q_s, dO_s, dS_s, P_s, acc_dkv, c):
-        """Wide tile: dKV^T of value chunk c, Q^T dS + dO^T P over the 64 heads, by ``gemm``
-        (T.wgmma_gemm: issued, not waited for; T.gemm: waited for). Each warpgroup takes
-        whole rows (FullRow: 64 x 32 wgmma tiles; the default split of the 32 slots gave
-        64 x 16 ones and was slower)."""
-        gemm(Q_s[0:block_H, c * Dc : (c + 1) * Dc], dS_s, acc_dkv, transpose_A=True, clear_accum=True,
-             policy=T.GemmWarpPolicy.FullRow)
-        gemm(dO_s[0:block_H, c * Dc : (c + 1) * Dc], P_s, acc_dkv, transpose_A=True, policy=T.GemmWarpPolicy.FullRow)
-
-    @T.macro
     def probabilities(acc_s, slot, lse_s, scale_log2, NKV):
         """The scores in acc_s become P = exp2(score * scale * log2e - Lse2), 0 on invalid slots."""
         for h, j in T.Parallel(block_H, BS):
@@ -314,8 +220,7 @@ def main_bwd_program(config: MainConfig):
             KV_s = T.alloc_shared((BS, Dv), bf16)
             P_s = T.alloc_shared((block_H, BS), bf16)
             dS_s = T.alloc_shared((block_H, BS), bf16)
-            row_pad = WIDE_ROW_PAD if wide else F32_ROW_PAD
-            dKV_s = T.alloc_shared((dkv_rows, dkv_w + row_pad), f32)
+            dKV_s = T.alloc_shared((dkv_rows, dkv_w + F32_ROW_PAD), f32)
             slot = T.alloc_shared((BS,), i32)
             slot_next = T.alloc_shared((BS,), i32)  # the rows of the block in flight
             lse_s = T.alloc_shared((block_H,), f32)
@@ -351,35 +256,26 @@ def main_bwd_program(config: MainConfig):
             if has_tail:
                 Qt_s = T.alloc_shared((block_H, Dt), bf16)
                 KVt_s = T.alloc_shared((BS, Dt), bf16)
-                dKVt_s = T.alloc_shared((dkv_rows, dkvt_w + row_pad), f32)
+                dKVt_s = T.alloc_shared((dkv_rows, dkvt_w + F32_ROW_PAD), f32)
                 acc_dqt = T.alloc_fragment((block_H, Dt), f32)
-                acc_dkvt = T.alloc_fragment((Ct, BS) if wide else (BS, Ct), f32)
+                acc_dkvt = T.alloc_fragment((BS, Ct), f32)
                 if colsplit:
                     Qpt_s = T.alloc_shared((peers * block_H, Ct), bf16)
 
             acc_s = T.alloc_fragment((block_H, BS), f32)
             acc_dp = T.alloc_fragment((block_H, BS), f32)
             acc_dq = T.alloc_fragment((block_H, Dv), f32)
-            # The wide tile forms dKV transposed, dKV^T = Q^T dS + dO^T P: M is
-            # then the chunk's columns, not the 32 slots, so TileLang lowers
-            # these GEMMs to wgmma as well (M = 32 keeps them on mma.sync).
-            acc_dkv = T.alloc_fragment((Dc, BS) if wide else (BS, Dc), f32)
+            acc_dkv = T.alloc_fragment((BS, Dc), f32)
             if mode == "fixed":
                 mass_row = T.alloc_fragment((block_H,), f32)
-                if not split_tile:  # summed per element, reduced once per row (the split tile: per block)
-                    mass = T.alloc_fragment((block_H, BS), f32)
+                mass = T.alloc_fragment((block_H, BS), f32)  # summed per element, reduced once per row
                 scale_next = T.alloc_local((1,), f32)
-            if deferred or wide:
-                slot_prev = T.alloc_shared((BS,), i32)  # the block whose dKV_s awaits its adds
-                scale_prev = T.alloc_shared((BS,), f32)
-                kv_row = T.alloc_local((1,), i32)
-                scale_r = T.alloc_local((1,), f32)
-                warp = T.get_thread_binding() // 32
-                lane = T.get_thread_binding() % 32
-            if wide:
-                scale_cur = T.alloc_shared((BS,), f32)  # this block's row scales
-            if split_tile:
-                hand_bars = T.alloc_shared((2,), "uint64")  # HANDOFF_STAGING_READ, HANDOFF_P_WRITTEN
+            slot_prev = T.alloc_shared((BS,), i32)  # the block whose dKV_s awaits its adds
+            scale_prev = T.alloc_shared((BS,), f32)
+            kv_row = T.alloc_local((1,), i32)
+            scale_r = T.alloc_local((1,), f32)
+            warp = T.get_thread_binding() // 32
+            lane = T.get_thread_binding() % 32
 
             first_row = b
             row_stride = 1
@@ -412,10 +308,7 @@ def main_bwd_program(config: MainConfig):
                 if has_tail:
                     T.clear(acc_dqt)
                 if mode == "fixed":
-                    if split_tile:
-                        T.clear(mass_row)
-                    else:
-                        T.clear(mass)
+                    T.clear(mass)
 
                 # The KV gather of slot block t + 1 is issued asynchronously
                 # right after block t's last read of KV_s (the dQ GEMM), so it
@@ -426,10 +319,6 @@ def main_bwd_program(config: MainConfig):
                 for j in T.Parallel(BS):
                     slot_next[j] = Indices[r, j]
                 gather_async(KV, KV_s, KVt_s, slot_next, NKV)
-                # Once per CTA: a wide tile's CTA has one row (rows = 1; another
-                # row would need the mbarriers invalidated first, and t restarts).
-                if split_tile and tid == 0:  # before the slot loop's first __syncthreads
-                    T.call_extern("handle", "mqa_handoff_init", hand_bars.data, threads, WARPGROUP)
                 if cluster > 1:
                     if tid == 0:
                         T.call_extern("handle", "mqa_mbar_init", bars.data, 1, peers)
@@ -451,98 +340,32 @@ def main_bwd_program(config: MainConfig):
                                 (slot[tid] >= 0) and (slot[tid] < NKV), RowScale[slot[tid]], T.cast(0, f32)
                             )
 
-                    if split_tile:
-                        # The warpgroups split the score and dP GEMMs: warpgroup 0
-                        # forms the scores and P, warpgroup 1 dP and dS, each GEMM
-                        # one 64 x 32 wgmma tile over the 64 heads (split by slots
-                        # instead, both read all of Q and dO and ran 64 x 16
-                        # tiles). P goes to warpgroup 1 in fp32 through shared
-                        # memory, over the value chunk's staging (X_STRIDE), which
-                        # both add first while their GEMMs run; warpgroup 0 also
-                        # stores P_s (bf16) and sums the block's softmax mass.
-                        # Each warpgroup keeps its accumulator within its own
-                        # branch, cleared before its GEMM, so that the two share
-                        # registers (neither is live in the other's branch or
-                        # between blocks); they meet only at two mbarriers
-                        # (SPLIT_SOURCE).
-                        with T.ws(0):
-                            T.clear(acc_s)
-                            T.wgmma_gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True)
-                            if has_tail:
-                                T.wgmma_gemm(Qt_s, KVt_s, acc_s, transpose_B=True)
-                            if wide_late and t > 0:
-                                for k in T.unroll(2):
-                                    wide_late_adds(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, k, warp, lane, kv_row, scale_r, NKV, 0)
-                            T.wait_wgmma(0)
-                            T.warpgroup_fence_operand(acc_s, num_regs=block_H * BS // WARPGROUP)
-                            T.call_extern("handle", "mqa_handoff_arrive", hand_bars.data, HANDOFF_STAGING_READ)
-                            T.call_extern("handle", "mqa_handoff_wait", hand_bars.data, HANDOFF_STAGING_READ, t % 2)
-                            probabilities(acc_s, slot, lse_s, scale_log2, NKV)
-                            for h, j in T.Parallel(block_H, BS):
-                                T.call_extern("handle", "mqa_st_shared_f32", dKV_s.data, h * X_STRIDE + j, acc_s[h, j])
-                            T.call_extern("handle", "mqa_handoff_arrive", hand_bars.data, HANDOFF_P_WRITTEN)
-                            for h, j in T.Parallel(block_H, BS):
-                                T.call_extern("handle", "mqa_st_shared_at", T.address_of(P_s[h, j]), T.cast(acc_s[h, j], bf16))
-                            if mode == "fixed":
-                                T.reduce_sum(acc_s, mass_row, dim=1, clear=False)
-                        with T.ws(1):
-                            T.clear(acc_dp)
-                            T.wgmma_gemm(dO_s, KV_s, acc_dp, transpose_B=True, clear_accum=True)
-                            if wide_late and t > 0:
-                                for k in T.unroll(2):
-                                    wide_late_adds(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, k, warp, lane, kv_row, scale_r, NKV, 1)
-                            T.wait_wgmma(0)
-                            T.warpgroup_fence_operand(acc_dp, num_regs=block_H * BS // WARPGROUP)
-                            T.call_extern("handle", "mqa_handoff_arrive", hand_bars.data, HANDOFF_STAGING_READ)
-                            T.call_extern("handle", "mqa_handoff_wait", hand_bars.data, HANDOFF_P_WRITTEN, t % 2)
-                            for h, j in T.Parallel(block_H, BS):
-                                acc_dp[h, j] = (T.call_extern("float32", "mqa_ld_shared_f32", dKV_s.data, h * X_STRIDE + j)
-                                                * (acc_dp[h, j] - delta_s[h]) * sm_scale)
-                            T.copy(acc_dp, dS_s)
-                    else:
-                        # Scores, then P.
-                        gemm_async(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True)
-                        if has_tail:
-                            gemm_async(Qt_s, KVt_s, acc_s, transpose_B=True)
-                        if deferred and t > 0:  # after the GEMM: see ``deferred``
-                            add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 0, warp, lane, kv_row, scale_r, NKV, rank)
-                        if wide_late and t > 0:
-                            wide_late_adds(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 0, warp, lane, kv_row, scale_r, NKV)
-                        if wide:
-                            T.wait_wgmma(0)
-                            T.warpgroup_fence_operand(acc_s, num_regs=block_H * BS // threads)
-                        probabilities(acc_s, slot, lse_s, scale_log2, NKV)
-                        T.copy(acc_s, P_s)
-                        if mode == "fixed":
-                            for h, j in T.Parallel(block_H, BS):
-                                mass[h, j] += acc_s[h, j]
-
-                        # dP = dO KV_v^T; dS = P * (dP - Delta) * sm_scale.
-                        gemm_async(dO_s, KV_s, acc_dp, transpose_B=True, clear_accum=True)
-                        if deferred and t > 0:
-                            add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 1, warp, lane, kv_row, scale_r, NKV, rank)
-                        if wide_late and t > 0:
-                            wide_late_adds(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 1, warp, lane, kv_row, scale_r, NKV)
-                        if wide:
-                            T.wait_wgmma(0)
-                            T.warpgroup_fence_operand(acc_dp, num_regs=block_H * BS // threads)
+                    # Scores, then P.
+                    T.gemm(Q_s, KV_s, acc_s, transpose_B=True, clear_accum=True)
+                    if has_tail:
+                        T.gemm(Qt_s, KVt_s, acc_s, transpose_B=True)
+                    if t > 0:  # after the GEMM: see PIECES
+                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 0, warp, lane, kv_row, scale_r, NKV, rank)
+                    probabilities(acc_s, slot, lse_s, scale_log2, NKV)
+                    T.copy(acc_s, P_s)
+                    if mode == "fixed":
                         for h, j in T.Parallel(block_H, BS):
-                            acc_dp[h, j] = acc_s[h, j] * (acc_dp[h, j] - delta_s[h]) * sm_scale
-                        T.copy(acc_dp, dS_s)
+                            mass[h, j] += acc_s[h, j]
+
+                    # dP = dO KV_v^T; dS = P * (dP - Delta) * sm_scale.
+                    T.gemm(dO_s, KV_s, acc_dp, transpose_B=True, clear_accum=True)
+                    if t > 0:
+                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 1, warp, lane, kv_row, scale_r, NKV, rank)
+                    for h, j in T.Parallel(block_H, BS):
+                        acc_dp[h, j] = acc_s[h, j] * (acc_dp[h, j] - delta_s[h]) * sm_scale
+                    T.copy(acc_dp, dS_s)
 
                     # dQ += dS KV.
-                    gemm_async(dS_s, KV_s, acc_dq)
+                    T.gemm(dS_s, KV_s, acc_dq)
                     if has_tail:
-                        gemm_async(dS_s, KVt_s, acc_dqt)
-                    if deferred and t > 0:
+                        T.gemm(dS_s, KVt_s, acc_dqt)
+                    if t > 0:
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 2, warp, lane, kv_row, scale_r, NKV, rank)
-                    if wide_late and t > 0:
-                        wide_late_adds(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 2, warp, lane, kv_row, scale_r, NKV)
-                    if wide:
-                        T.wait_wgmma(0)
-                        T.warpgroup_fence_operand(acc_dq, num_regs=block_H * Dv // threads)
-                        if has_tail:
-                            T.warpgroup_fence_operand(acc_dqt, num_regs=block_H * Dt // threads)
                     if colsplit:
                         # Stage this block's P and dS tiles for the peers (their
                         # stores were ordered by the barrier before this GEMM);
@@ -561,8 +384,6 @@ def main_bwd_program(config: MainConfig):
                     # gather's reads.
                     if (tid < BS) and (t + 1 < NB):
                         T.call_extern("handle", "mqa_st_shared_i32", slot_next.data, tid, idx_next[0])
-                    if wide and mode == "fixed" and tid < BS:
-                        scale_cur[tid] = scale_next[0]
                     T.sync_threads()  # every warp is done with KV_s
                     if t + 1 < NB:
                         gather_async(KV, KV_s, KVt_s, slot_next, NKV)
@@ -578,7 +399,7 @@ def main_bwd_program(config: MainConfig):
                                 T.call_extern("handle", "mqa_bulk_ptr_to_peer", dS_in.data, (peers - 1 - i) * tile_bytes, send_dS.data,
                                               tile_bytes, bars.data, 0, (rank + 1 + i) % cluster)
 
-                    if deferred and t > 0:
+                    if t > 0:
                         add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, 3, warp, lane, kv_row, scale_r, NKV, rank)
                     if colsplit:
                         # This CTA's columns of dKV for the block, over every CTA's
@@ -603,46 +424,6 @@ def main_bwd_program(config: MainConfig):
                         if tid == 0:
                             for i in T.unroll(peers):
                                 T.call_extern("handle", "mqa_mbar_arrive_peer", bars.data, 1, (rank + 1 + i) % cluster)
-                    elif wide:
-                        # dKV of this slot block, a column chunk at a time, staged in
-                        # dKV_s. All chunks but the last are added at once (the
-                        # barriers keep a chunk's adds before the next chunk
-                        # overwrites the staging); the last and the tail wait
-                        # in dKV_s and dKVt_s for the next block, which adds them
-                        # while its GEMMs run (``wide_late``).
-                        # The GEMMs give dKV^T (acc_dkv, dkv_chunk_gemms). Chunk c > 0's
-                        # GEMMs (and the tail's, with the last) are issued
-                        # asynchronously and chunk c - 1's adds go out while they run
-                        # (the wait and a barrier follow), and
-                        # only then is chunk c staged over chunk c - 1.
-                        for c in T.unroll(DKV_SPLIT):
-                            if c > 0:
-                                dkv_chunk_gemms(T.wgmma_gemm, Q_s, dO_s, dS_s, P_s, acc_dkv, c)
-                                if has_tail and c + 1 == DKV_SPLIT:
-                                    T.wgmma_gemm(Qt_s, dS_s, acc_dkvt, transpose_A=True, clear_accum=True,
-                                                 policy=T.GemmWarpPolicy.FullRow)
-                                add_chunk(dKV, dKV_s, 0, (c - 1) * Dc, Dc, slot, scale_cur, warp, lane, kv_row, scale_r, NKV, None)
-                                T.wait_wgmma(0)
-                                T.warpgroup_fence_operand(acc_dkv, num_regs=Dc * BS // threads)
-                                if has_tail and c + 1 == DKV_SPLIT:
-                                    T.warpgroup_fence_operand(acc_dkvt, num_regs=Dt * BS // threads)
-                                T.sync_threads()  # every warp has read chunk c - 1's staging
-                            else:
-                                dkv_chunk_gemms(T.gemm, Q_s, dO_s, dS_s, P_s, acc_dkv, c)
-                            for d, j in T.Parallel(Dc, BS):
-                                dKV_s[j, d] = acc_dkv[d, j]
-                            if c + 1 < DKV_SPLIT:
-                                T.sync_threads()
-                        if has_tail:
-                            if DKV_SPLIT == 1:
-                                T.gemm(Qt_s, dS_s, acc_dkvt, transpose_A=True, clear_accum=True, policy=T.GemmWarpPolicy.FullRow)
-                            for d, j in T.Parallel(Dt, BS):
-                                dKVt_s[j, d] = acc_dkvt[d, j]
-                        for j in T.Parallel(BS):
-                            slot_prev[j] = slot[j]
-                        if mode == "fixed":
-                            for j in T.Parallel(BS):
-                                scale_prev[j] = scale_cur[j]
                     else:
                         # dKV of this slot block = dS^T Q (all columns) + P^T dO (first Dv).
                         for c in T.unroll(DKV_SPLIT):
@@ -653,28 +434,22 @@ def main_bwd_program(config: MainConfig):
                             T.gemm(dS_s, Qt_s, acc_dkvt, transpose_A=True, clear_accum=True)
                             T.copy(acc_dkvt, dKVt_s[0:BS, 0:Dt])
 
-                    if deferred:
-                        # This block's adds are issued during the next one.
-                        for j in T.Parallel(BS):
-                            slot_prev[j] = slot[j]
-                        if mode == "fixed":
-                            if tid < BS:
-                                scale_prev[tid] = scale_next[0]
+                    # This block's adds are issued during the next one.
+                    for j in T.Parallel(BS):
+                        slot_prev[j] = slot[j]
+                    if mode == "fixed":
+                        if tid < BS:
+                            scale_prev[tid] = scale_next[0]
 
-                if wide_late:  # the last block's late adds
-                    T.sync_threads()
-                    for k in T.unroll(3):
-                        wide_late_adds(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, k, warp, lane, kv_row, scale_r, NKV)
-                if deferred:  # the last block's adds
-                    for k in T.unroll(PIECES):
-                        add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, k, warp, lane, kv_row, scale_r, NKV, rank)
-                    if colsplit:
-                        # Every peer's last arrival on this CTA's barrier is in, and
-                        # its last bulk copies from this CTA's staging are done.
-                        T.call_extern("handle", "mqa_cluster_sync")
+                # The last block's adds.
+                for k in T.unroll(PIECES):
+                    add_piece(dKV, dKV_s, dKVt_s, slot_prev, scale_prev, k, warp, lane, kv_row, scale_r, NKV, rank)
+                if colsplit:
+                    # Every peer's last arrival on this CTA's barrier is in, and
+                    # its last bulk copies from this CTA's staging are done.
+                    T.call_extern("handle", "mqa_cluster_sync")
                 if mode == "fixed":
-                    if not split_tile:
-                        T.reduce_sum(mass, mass_row, dim=1)
+                    T.reduce_sum(mass, mass_row, dim=1)
                     for h in T.Parallel(block_H):
                         # A NaN mass (a NaN lse or score) flags too: its
                         # contributions would otherwise convert to garbage.

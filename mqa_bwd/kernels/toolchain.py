@@ -11,6 +11,7 @@ from .delta import delta_program
 from .main_bwd import main_bwd_program
 from .plan import mark_slots_program, plan_program
 from .reductions import cast_bf16_program, dsink_reduce_program, fixed_to_bf16_program
+from .wide import wide_program
 
 SM90A = {"kind": "cuda", "arch": "sm_90a"}
 
@@ -29,7 +30,7 @@ def compiled(config):
 def program_of(config):
     """The TileLang program a configuration builds."""
     if isinstance(config, MainConfig):
-        return main_bwd_program(config)
+        return wide_program(config) if config.wide else main_bwd_program(config)
     if not isinstance(config, KernelConfig):
         raise ValueError(f"config: expected a MainConfig or KernelConfig, got {config!r}")
     builders = {

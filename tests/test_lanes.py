@@ -1,0 +1,112 @@
+"""The wide tile's lanes design (fixed_point, "The lanes") on the CPU: its arithmetic, its
+bound, and the call-level rule that a call is the lanes' sums or the int64 design's, bit for bit."""
+
+import numpy as np
+import pytest
+import torch
+
+from mqa_bwd import bench, fixed_point, kernels, wrapper
+from mqa_bwd.model import BOUND_CAP, ModelLauncher, contribution_bounds, float_to_int32_rn, lane_words
+
+
+def _cancelling_terms(seed, n=5, columns=8, terms=64):
+    """Lane integers whose partial sums leave 32 bits while each column's final sum fits."""
+    g = np.random.default_rng(seed)
+    x = g.integers(-2**30, 2**30, (terms, n, columns))
+    goal = g.integers(-2**31 + 1, 2**31 - 1, (n, columns))
+    rest = goal - x.sum(axis=0)
+    parts = [x]
+    while (np.abs(rest) >= 2**31).any():
+        part = np.clip(rest, -2**30, 2**30)
+        parts.append(part[None])
+        rest = rest - part
+    parts.append(rest[None])
+    return np.concatenate(parts), goal
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_words_decode_exactly_whatever_the_order_even_when_partial_sums_wrap(seed):
+    terms, goal = _cancelling_terms(seed)
+    assert (np.abs(np.cumsum(terms, axis=0)) >= 2**31).any(), "the case must wrap"
+    words = np.zeros((terms.shape[1], terms.shape[2] // 2), dtype=np.uint64)
+    for i in np.random.default_rng(seed).permutation(len(terms)):
+        words += lane_words(terms[i])
+    got = fixed_point.decode_lane_words(torch.from_numpy(words.view(np.int64)))
+    assert torch.equal(got, torch.from_numpy(goal))
+
+
+def test_the_conversion_is_the_kernels_and_a_nan_fails_the_bound():
+    x = np.array([[0.5, 1.5, -2.5, 3e9, -3e9, np.nan, 7.49, -7.5]], dtype=np.float32)
+    assert float_to_int32_rn(x).tolist() == [[0, 2, -2, 2**31 - 1, -2**31, 0, 7, -8]]
+    assert contribution_bounds(x).tolist() == [BOUND_CAP]
+    assert contribution_bounds(np.array([[1.2, -3.5]], dtype=np.float32)).tolist() == [4]
+
+
+def test_joined_lanes_are_the_decoded_sums_unless_the_call_failed():
+    words = torch.from_numpy(lane_words(np.array([[3, -5, -2**31, 2**31 - 1]])).view(np.int64))
+    for failed, want in ((0, [3, -5, -2**31, 2**31 - 1]), (1, [0, 0, 0, 0])):
+        acc = torch.full((1, 4), 7, dtype=torch.int64)
+        fixed_point.join_lanes(acc, words, torch.tensor([failed], dtype=torch.int32))
+        assert acc.tolist() == [[7 + v for v in want]]
+    assert fixed_point.lanes_failed(torch.tensor([0, kernels.LANE_LIMIT - 1])).tolist() == [0]
+    assert fixed_point.lanes_failed(torch.tensor([0, kernels.LANE_LIMIT])).tolist() == [1]
+
+
+class _ForcedRedo(ModelLauncher):
+    """The int64 design on the wide tile: every lanes launch fails its bound without adding."""
+
+    def main_bwd(self, *args, config, bound=None, **kw):
+        if config.accumulate == "lanes":
+            bound.fill_(kernels.LANE_LIMIT)
+            return
+        super().main_bwd(*args, config=config, **kw)
+
+
+class _RecordingBound(ModelLauncher):
+    """Keeps the last lanes launch's per-row bounds (``bound``)."""
+
+    def main_bwd(self, *args, config, bound=None, **kw):
+        super().main_bwd(*args, config=config, bound=bound, **kw)
+        if config.accumulate == "lanes":
+            self.bound = bound.clone()
+
+
+def _wide_case():
+    return bench.production_inputs(1, 64, 128, 64, 64, device="cpu")  # H = 64: one wide launch
+
+
+@pytest.mark.parametrize("gain", [12, 19])
+def test_a_call_has_the_int64_redos_bits_whether_its_lanes_fit_or_not(gain):
+    # At gain 12 every bound of this case holds, at 19 some do and some fail: either way the
+    # call must be the forced int64 redo's, bit for bit (one scale, the same integers).
+    args = _wide_case()
+    forced = _ForcedRedo(lanes_gain=gain)
+    int64 = wrapper.backward_with(forced, *args)
+    assert int(forced.lanes_redone) == 1
+    launcher = _RecordingBound(lanes_gain=gain)
+    first = wrapper.backward_with(launcher, *args)
+    failed = launcher.bound >= kernels.LANE_LIMIT
+    if gain == 12:
+        assert int(launcher.lanes_redone) == 0 and not failed.any(), "the lanes were used"
+    else:
+        assert 0 < int(failed.sum()) < int((launcher.bound > 0).sum()), "rows that fit and rows that fail"
+        assert int(launcher.lanes_redone) == 1
+    assert bench.same_bits(first, int64)
+    assert bench.same_bits(first, wrapper.backward_with(launcher, *args))
+
+
+def test_the_gain_is_a_resolution_the_error_shows():
+    # A coarser quantum must show in dkv's error against float64 (so the lanes really round at
+    # the gain's scale), and the default gain's must be issue 30's admissible: at most 1.1x the
+    # error of the int64 sums at the plan's own scale (gain 30).
+    args = _wide_case()
+    outputs = {g: wrapper.backward_with(_ForcedRedo(lanes_gain=g), *args) for g in (30, kernels.LANES_GAIN, 0)}
+    dkv_error = {g: errors["dkv"] for g, errors in bench.oracle_errors(args, outputs).items()}
+    assert dkv_error[0] > 1.1 * dkv_error[30]
+    assert dkv_error[kernels.LANES_GAIN] <= 1.1 * dkv_error[30]
+
+
+@pytest.mark.parametrize("gain", [-1, 31, 2.0, True])
+def test_a_gain_outside_the_lanes_resolution_is_refused(gain):
+    with pytest.raises(ValueError, match="lanes_gain"):
+        ModelLauncher(lanes_gain=gain)
