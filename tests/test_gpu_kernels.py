@@ -351,14 +351,16 @@ def test_no_shared_memory_hazard_under_compute_sanitizer(tool_name, summary):
 @pytest.mark.slow
 @pytest.mark.parametrize("barrier", [
     "main_bwd|T.sync_threads()  # every warp is done with KV_s",
-    'wide|T.call_extern("handle", "mqa_handoff_wait", bars.data, PDS_FREE, (t - 1) % 2)',
+    'wide|T.call_extern("handle", "mqa_handoff_wait", bars.data, PDS_READY, p)',
 ])
 def test_racecheck_sees_a_dropped_barrier(barrier):
     # The previous test can fail: without the barrier before the next block's
     # KV gather, cp.async overwrites KV_s while other warps still read it (and
     # the gather reads slot_next as it is stored; on the H200: 30 hazards);
-    # without the wide tile's wait for PDS_FREE, warpgroup 0 stores the next
-    # block's P, dS and slots over those warpgroup 1 still reads.
+    # without the wide tile's wait for PDS_READY, warpgroup 1 reads the block's
+    # slots and scales before warpgroup 0 has stored them. (Without warpgroup 0's
+    # wait for PDS_FREE instead, racecheck reported no hazard on the H200; what
+    # that wait guards is read by wgmma, through the async proxy.)
     code, report = run_under_compute_sanitizer("racecheck", SHARED_MEMORY_CALL, DROP_BARRIER=barrier)
     assert sanitizer_count(report, RACECHECK_HAZARDS) > 0, report[-4000:]
 
