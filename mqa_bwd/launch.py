@@ -36,7 +36,8 @@ class Launcher:
     #: that a test can take the lanes where the default would redo in int64, and back.
     lanes_gain: int = K.LANES_GAIN
     #: The last deterministic wide call's [1] int32 redo flag on the device (1: a bound failed
-    #: and the call is the int64 design's); None before any. Reading it synchronises.
+    #: and its wide launches were redone in int64, to the same bits); None before any.
+    #: Reading it synchronises.
     lanes_redone = None
 
     def __init__(self, instruments: Instruments | None = None, lanes_gain: int | None = None):
@@ -44,7 +45,7 @@ class Launcher:
             raise ValueError(f"instruments: expected a mqa_bwd.Instruments or None, got {type(instruments).__name__}")
         self.instruments = instruments
         if lanes_gain is not None:
-            fixed_point.lanes_scale(torch.ones(1), lanes_gain)  # ValueError naming gain unless 0..30
+            fixed_point.lanes_scale(torch.ones(1), lanes_gain)  # ValueError naming lanes_gain unless 0..30
             self.lanes_gain = lanes_gain
 
     def _count(self, what: str) -> None:

@@ -14,9 +14,11 @@ Order of work, which the properties rely on:
   5. results sliced back to H and handed back in the caller's framework.
 
 dKV is deterministic by construction on the deterministic launchers: every
-contribution is added into an int64 fixed-point accumulator with integer
-atomics, whose sum has the same bits in any order (``mqa_bwd.fixed_point``
-holds the range proof). The atomic control adds fp32 with atomics.
+contribution is rounded to an integer at one fixed-point scale per kv row and
+added with integer atomics, whose sum has the same bits in any order
+(``mqa_bwd.fixed_point`` holds the range proof): into an int64 accumulator, or,
+on the wide tile, into two 32-bit lanes a word, with an int64 redo of the same
+integers where a lane's bound fails. The atomic control adds fp32 with atomics.
 
 The main kernel reads each head group in place from the [R, H_padded, ...]
 tensors (a head offset per launch): no per-group copies. What else grows with

@@ -37,10 +37,10 @@ FP32_MAX_EXPONENT = 126
 #: a per-row bound, redone in "fixed" where a bound fails; mqa_bwd.fixed_point)
 #: or "atomic" (fp32 atomics, the control).
 ACCUMULATE = ("fixed", "lanes", "atomic")
-#: The lanes' resolution: a lane integer is 2^(LANES_GAIN - 30) of the plan's
-#: int64 one (fixed_point.lanes_scale). At 16, dKV's error against float64 is
-#: that of the fp32 atomics within 1.01x at the bench shapes, and their bounds
-#: hold with some 10 bits to spare (docs/performance-log.md).
+#: The deterministic design's resolution: every launch, lanes or int64, rounds a
+#: contribution at the plan's scale times 2^(LANES_GAIN - 30) (fixed_point.lanes_scale).
+#: At 16, dKV's error against float64 is the fp32 atomics' within 1.01x at the
+#: bench shapes, where no lane bound failed (docs/performance-log.md).
 LANES_GAIN = 16
 #: A lane decodes exactly when its column's final sum fits 32 signed bits; a kv
 #: row's Bound (the sum of its contributions' largest |integer|) proves it below this.
