@@ -136,6 +136,35 @@ def test_paired_and_lone_groups_bitwise_over_reruns(H, block_h):
         assert diff is None, diff
 
 
+class _ForcedRedo(launch.TileLangLauncher):
+    """The int64 kernel on the wide tile: every lanes launch fails its bound without adding."""
+
+    def main_bwd(self, *args, config, bound=None, **kw):
+        if config.accumulate == "lanes":
+            bound.fill_(fixed_point.LANE_LIMIT)
+            return
+        super().main_bwd(*args, config=config, **kw)
+
+
+@pytest.mark.parametrize("shape,gain", [
+    (dict(B=1, S=4096, S_kv=8192, H=64, L=2048), None),  # dsv32 at the default gain: no bound fails there
+    (dict(B=2, S=64, S_kv=256, H=128, L=192), 10),      # two wide launches into one set of words
+])
+def test_lanes_kernel_gives_the_int64_kernels_bits(shape, gain):
+    # Every deterministic launch rounds at one scale, so the lanes kernel's words, decoded, must
+    # equal the int64 kernel's sums exactly: any fault in how a word is packed, exchanged or
+    # addressed shows here as different dkv bits (the CPU model shares none of the CUDA).
+    args = production_inputs(**shape)
+    lanes = launch.TileLangLauncher(lanes_gain=gain)
+    got = wrapper.backward_with(lanes, *args)
+    assert int(lanes.lanes_redone) == 0, "the case must take the lanes"
+    forced = _ForcedRedo(lanes_gain=gain)
+    want = wrapper.backward_with(forced, *args)
+    assert int(forced.lanes_redone) == 1
+    for name, x, y in zip(("dq", "dkv", "d_attn_sink"), got, want):
+        assert bitwise_difference(name, x, y) is None, bitwise_difference(name, x, y)
+
+
 @pytest.mark.determinism
 @pytest.mark.parametrize("extra", [0, 1, 1 << 30])
 def test_budget_invariance_on_gpu(extra):
