@@ -237,7 +237,16 @@ def lanes_failed(bound: torch.Tensor) -> torch.Tensor:
     return (bound >= LANE_LIMIT).any().to(torch.int32).reshape(1)
 
 
-def join_lanes(acc: torch.Tensor, words: torch.Tensor, failed: torch.Tensor) -> None:
+#: Words join_lanes decodes at a time: its temporaries stay a few tens of MB whatever B * S_kv.
+JOIN_STEP = 1 << 22
+
+
+def join_lanes(acc: torch.Tensor, words: torch.Tensor, failed: torch.Tensor, step_words: int = JOIN_STEP) -> None:
     """acc += the decoded lanes (the same scale) where ``failed`` is 0; nothing where it is 1
-    (acc then holds the int64 redo's sums of the same integers). In place, no host sync."""
-    acc += decode_lane_words(words) * (1 - failed).to(torch.int64)
+    (acc then holds the int64 redo's sums of the same integers). In place, a bounded number of
+    kv rows at a time, no host synchronisation."""
+    keep = (1 - failed).to(torch.int64)
+    step = max(1, step_words // max(1, words.shape[1]))
+    for r0 in range(0, words.shape[0], step):
+        rows = slice(r0, r0 + step)
+        acc[rows] += decode_lane_words(words[rows]) * keep

@@ -48,6 +48,10 @@ def test_joined_lanes_are_the_decoded_sums_unless_the_call_failed():
         acc = torch.full((1, 4), 7, dtype=torch.int64)
         fixed_point.join_lanes(acc, words, torch.tensor([failed], dtype=torch.int32))
         assert acc.tolist() == [[7 + v for v in want]]
+    many = torch.from_numpy(lane_words(np.arange(-6, 6).reshape(3, 4) * 2**28).view(np.int64))
+    acc = torch.zeros((3, 4), dtype=torch.int64)
+    fixed_point.join_lanes(acc, many, torch.tensor([0], dtype=torch.int32), step_words=2)  # a row at a time
+    assert acc.tolist() == (np.arange(-6, 6).reshape(3, 4) * 2**28).tolist()
     assert fixed_point.lanes_failed(torch.tensor([0, kernels.LANE_LIMIT - 1])).tolist() == [0]
     assert fixed_point.lanes_failed(torch.tensor([0, kernels.LANE_LIMIT])).tolist() == [1]
 
