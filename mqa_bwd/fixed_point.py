@@ -215,11 +215,13 @@ def row_scales(bounds: torch.Tensor) -> torch.Tensor:
 
 
 def lanes_scale(row_scale: torch.Tensor, gain: int = LANES_GAIN) -> torch.Tensor:
-    """The lanes' row scales: the plan's times 2**(gain - 30) (exact: powers of two). At
-    gain 0 the plan's proof alone keeps every lane's partial sum below 2**31; each bit
-    of gain is a bit of resolution, until some row's Bound reaches LANE_LIMIT."""
+    """The row scales every deterministic launch rounds at (lanes and int64 alike): the
+    plan's times 2**(gain - 30), exact (powers of two). At gain 0 the plan's proof alone
+    bounds every partial sum near 2**31; each bit of gain is a bit of resolution, until
+    some row's Bound reaches LANE_LIMIT and the wide launches are redone in int64. Gain 30
+    is the plan's own scale."""
     if isinstance(gain, bool) or not isinstance(gain, int) or not 0 <= gain <= 30:
-        raise ValueError(f"lanes_gain: {gain!r} (an integer 0 to 30: a lane integer is 2**(30 - gain) of the plan's)")
+        raise ValueError(f"lanes_gain: {gain!r} (an integer 0 to 30: the quantum is 2**(30 - gain) of the plan's)")
     return row_scale * 2.0 ** (gain - 30)
 
 
