@@ -6,7 +6,9 @@ import pytest
 import torch
 
 from mqa_bwd import bench, fixed_point, kernels, wrapper
+from mqa_bwd.contract import SPEC_ARGS
 from mqa_bwd.model import BOUND_CAP, ModelLauncher, contribution_bounds, float_to_int32_rn, lane_words
+from properties.case import ALL_INVALID_KINDS, Case, to_framework
 
 
 def _cancelling_terms(seed, n=5, columns=8, terms=64):
@@ -114,3 +116,19 @@ def test_the_gain_is_a_resolution_the_error_shows():
 def test_a_gain_outside_the_lanes_resolution_is_refused(gain):
     with pytest.raises(ValueError, match="lanes_gain"):
         ModelLauncher(lanes_gain=gain)
+
+
+@pytest.mark.parametrize("H,L,sink,seed", [(64, 33, "random", 1), (40, 129, "large", 2), (96, 64, "none", 3),
+                                           (128, 65, "neg_inf", 4), (64, 1, "neg_1e30", 5)])
+def test_lanes_give_the_redos_bits_across_the_case_space(H, L, sink, seed):
+    # Invalid slots of every kind, duplicates, an empty row, every sink, a lone 32-head group beside a
+    # wide pair (H = 96), two wide launches into one set of words (H = 128), padded heads (H = 40).
+    case = Case(B=2, S=3, S_kv=70, H=H, L=L, d_k=64, d_v=32, invalid=ALL_INVALID_KINDS, duplicates=True,
+                empty_rows=1, sink=sink, seed=seed)
+    inputs = to_framework(case.inputs(), "torch", "cpu")
+    args = [inputs[k] for k in SPEC_ARGS]
+    lanes, forced = ModelLauncher(lanes_gain=8), _ForcedRedo(lanes_gain=8)
+    got = wrapper.backward_with(lanes, *args, block_h=32)
+    want = wrapper.backward_with(forced, *args, block_h=32)
+    assert int(lanes.lanes_redone) == 0 and int(forced.lanes_redone) == 1
+    assert bench.same_bits(got, want)
