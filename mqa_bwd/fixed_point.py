@@ -75,7 +75,7 @@ proof bounds partial sums at 2**61, far above real sums, so every launch of the
 design, lanes or int64, adds at one lower scale, ``lanes_scale`` = the plan's
 times 2**(LANES_GAIN - 30) (partial sums then stay below 2**48 in int64), and
 each call proves the lanes' fit: each kv row's Bound sums, over its slots'
-contributions, the largest |integer| among that contribution's columns (a NaN
+contributions, the ceiling of the largest |scaled value| among that contribution's columns (a NaN
 counts as 2**40: it fails). Bound < LANE_LIMIT = 2**31 bounds every column's
 final |sum| below 2**31. Where every row's bound holds, the decoded lanes join
 the int64 accumulator; where any fails, the wide launches are redone with int64
@@ -239,8 +239,8 @@ def lanes_failed(bound: torch.Tensor) -> torch.Tensor:
     return (bound >= LANE_LIMIT).any().to(torch.int32).reshape(1)
 
 
-#: Words join_lanes decodes at a time: its temporaries stay a few tens of MB whatever B * S_kv.
-JOIN_STEP = 1 << 22
+#: Words join_lanes decodes at a time: its temporaries stay near 50 MiB whatever B * S_kv.
+JOIN_STEP = 1 << 20
 
 
 def join_lanes(acc: torch.Tensor, words: torch.Tensor, failed: torch.Tensor, step_words: int = JOIN_STEP) -> None:

@@ -32,8 +32,9 @@ class Launcher:
 
     #: The injected instruments (None: allocate with torch, count nothing).
     instruments: Instruments | None = None
-    #: The lanes' resolution on the wide tile (fixed_point.lanes_scale): a configuration, so
-    #: that a test can take the lanes where the default would redo in int64, and back.
+    #: The scale every deterministic launch rounds at, as bits of resolution over the plan's
+    #: proof (fixed_point.lanes_scale): a configuration, so that a test can take the wide
+    #: tile's lanes where the default would redo them in int64, and back.
     lanes_gain: int = K.LANES_GAIN
     #: The last deterministic wide call's [1] int32 redo flag on the device (1: a bound failed
     #: and its wide launches were redone in int64, to the same bits); None before any.

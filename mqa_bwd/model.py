@@ -204,7 +204,7 @@ class ModelLauncher(Launcher):
             for g in range(cluster):
                 tile = slice(h0 + g * block_H, h0 + (g + 1) * block_H)
                 dq_g, contrib_g, slot, mass_g = self._rows(
-                    q[:, tile], kv, grad_out[:, tile], indices, lse2[:, tile], delta[:, tile], step, sm_scale, Dv
+                    q[:, tile], kv, grad_out[:, tile], indices, lse2[:, tile], delta[:, tile], step, sm_scale, Dv, BS
                 )
                 dq_parts.append(dq_g)
                 masses.append(mass_g)
@@ -226,10 +226,9 @@ class ModelLauncher(Launcher):
             self._atomic_add(dkv, atomic_parts)
 
     @staticmethod
-    def _rows(q, kv, grad_out, indices, lse2, delta, step, sm_scale, Dv):
-        """One CTA's work for each query row in ``step``:
+    def _rows(q, kv, grad_out, indices, lse2, delta, step, sm_scale, Dv, BS):
+        """One CTA's work for each query row in ``step``, BS slots a block (the kernel's):
         (dQ bf16, dKV contributions, slots, softmax mass per head in fp32)."""
-        BS = K.BLOCK_SLOTS
         n, Hg, Dk = len(step), q.shape[1], q.shape[2]
         NKV, Lp = kv.shape[0], indices.shape[1]
         scale_log2 = float(sm_scale) * K.LOG2E

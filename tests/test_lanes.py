@@ -101,10 +101,10 @@ def test_a_call_has_the_int64_redos_bits_whether_its_lanes_fit_or_not(gain):
     assert bench.same_bits(first, wrapper.backward_with(launcher, *args))
 
 
-def test_the_gain_is_a_resolution_the_error_shows():
-    # A coarser quantum must show in dkv's error against float64 (so the lanes really round at
-    # the gain's scale), and the default gain's must be issue 30's admissible: at most 1.1x the
-    # error of the int64 sums at the plan's own scale (gain 30).
+def test_the_scales_gain_is_a_resolution_the_error_shows():
+    # A coarser quantum must show in dkv's error against float64 (so every launch rounds at the
+    # gain's scale: the lanes give the same integers, test above), and the default gain's must be
+    # issue 30's admissible: at most 1.1x the error of the int64 sums at the plan's own scale.
     args = _wide_case()
     outputs = {g: wrapper.backward_with(_ForcedRedo(lanes_gain=g), *args) for g in (30, kernels.LANES_GAIN, 0)}
     dkv_error = {g: errors["dkv"] for g, errors in bench.oracle_errors(args, outputs).items()}

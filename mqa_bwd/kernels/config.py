@@ -43,7 +43,7 @@ ACCUMULATE = ("fixed", "lanes", "atomic")
 #: bench shapes, where no lane bound failed (docs/performance-log.md).
 LANES_GAIN = 16
 #: A lane decodes exactly when its column's final sum fits 32 signed bits; a kv
-#: row's Bound (the sum of its contributions' largest |integer|) proves it below this.
+#: row's Bound (the sum of the ceilings of its contributions' largest |scaled value|) proves it below this.
 LANE_LIMIT = 2**31
 #: The head tile of the one-CTA design that runs two 32-head groups as one.
 WIDE_HEADS = 64

@@ -16,26 +16,19 @@ __device__ __forceinline__ void mqa_cp_async_wait_all() { asm volatile("cp.async
 __device__ __forceinline__ void mqa_st_shared_i32(void* base, int i, int v) { static_cast<int*>(base)[i] = v; }
 """
 
-# The split wide tile (the 64-head tile splits its score and dP GEMMs): P goes from one warpgroup to the other in
-# fp32 through shared memory. Through calls, TileLang's barrier planner sees
-# neither these stores and loads nor the mbarriers that order them (it would
-# put a __syncthreads between the warpgroups' branches: a deadlock); volatile
-# keeps them in order with those mbarriers. mqa_st_shared_at: a store at an
-# address TileLang computed (the layout of a GEMM operand), unseen too.
-# A handoff is arrivals on an mbarrier (release) and a wait on the block's
-# phase (acquire), one phase a slot block. bars[0] takes all 256 threads'
-# arrivals: warpgroup 0 overwrites the staging only once every thread's adds
-# have read it, its own too (with warpgroup 1's arrivals alone, its fast
-# warps would overwrite words its slow ones have yet to add). bars[1] takes
-# warpgroup 0's 128, P's writers. Not named barriers (bar.arrive / bar.sync,
-# or barrier.cta): racecheck does not take an arrival as ordering the
-# producer's stores before the consumer's loads, and reports such a handoff
-# as a hazard (benchmarks/racecheck_handoff.py). The kernel ends without
-# reusing the mbarriers' memory, so they are not invalidated.
-SPLIT_SOURCE = r"""
+# The wide tile's warpgroups (kernels/wide.py) hand a slot block's buffers to
+# each other on mbarriers. Through calls, TileLang's barrier planner sees
+# neither these stores nor the mbarriers that order them (it would put a
+# __syncthreads between the warpgroups' branches: a deadlock); volatile keeps
+# the stores in order with those mbarriers. A handoff is arrivals on an
+# mbarrier (release) and a wait on the block's phase (acquire), one phase a
+# slot block. Not named barriers (bar.arrive / bar.sync, or barrier.cta):
+# racecheck does not take an arrival as ordering the producer's stores before
+# the consumer's loads, and reports such a handoff as a hazard
+# (benchmarks/racecheck_handoff.py). The kernel ends without reusing the
+# mbarriers' memory, so they are not invalidated.
+HANDOFF_SOURCE = r"""
 __device__ __forceinline__ void mqa_st_shared_f32(void* base, int i, float v) { static_cast<volatile float*>(base)[i] = v; }
-__device__ __forceinline__ float mqa_ld_shared_f32(void* base, int i) { return static_cast<volatile float*>(base)[i]; }
-template <typename V> __device__ __forceinline__ void mqa_st_shared_at(void* p, V v) { *static_cast<V*>(p) = v; }
 __device__ __forceinline__ unsigned mqa_handoff_bar(void* bars, int i) {
   return static_cast<unsigned>(__cvta_generic_to_shared(static_cast<unsigned long long*>(bars) + i));
 }

@@ -26,9 +26,9 @@ How a CTA adds dKV (config.accumulate):
             lo + 2^32 hi, added mod 2^64 with red.global.add.u64 into DKV [NKV, Dk / 2]: a
             lane's sum is exact whatever the order as long as its final value fits 32 bits,
             however its partial sums wrapped. RowScale is the plan's scale lowered
-            (fixed_point.lanes_scale); Bound[kv row] gains, per (slot, block), the largest
-            |integer| of that slot's contributions, so Bound < 2^31 proves every lane of the
-            row decodes exactly. The host (wrapper.run) reruns the launch in "fixed" where a
+            (fixed_point.lanes_scale); Bound[kv row] gains, per (slot, block), the ceiling
+            of the largest |scaled value| among that slot's contributions, so Bound < 2^31
+            proves every lane of the row decodes exactly. The host (wrapper.run) reruns the launch in "fixed" where a
             bound failed.
   "fixed"   int64 fixed point, one word a column (the lanes design's redo): every CTA ends at
             once unless Gate[0] != 0, so the redo launches on every call without a host sync.
@@ -42,7 +42,7 @@ block t while warpgroup 0 lays out block t + 1.
 """
 
 from .config import LOG2E, WIDE_SLOTS, MainConfig, _tl
-from .device_functions import GATHER_SOURCE, SPLIT_SOURCE
+from .device_functions import GATHER_SOURCE, HANDOFF_SOURCE
 
 #: Heads of the tile.
 HEADS = 64
@@ -202,7 +202,7 @@ def wide_program(config: MainConfig):
     n1 = Dk // CHUNK  # warpgroup 1's chunks
     value_chunks = Dv // CHUNK
     # Warpgroup 1's dQ columns in two wgmma-sized pieces (N at most 256, whole 64s):
-    # 192 + 128 at Dk = 576, 128 + 128 at 512.
+    # 192 + 128 at Dk = 576, 192 + 64 at 512.
     w1 = min(192, Dk - DQ_SPLIT - CHUNK)
     w2 = Dk - DQ_SPLIT - w1
     c1, c2 = DQ_SPLIT, DQ_SPLIT + w1
@@ -289,7 +289,7 @@ def wide_program(config: MainConfig):
             tid = T.get_thread_binding()
             h0 = head_base
 
-            T.import_source(GATHER_SOURCE + SPLIT_SOURCE + WS_SOURCE)
+            T.import_source(GATHER_SOURCE + HANDOFF_SOURCE + WS_SOURCE)
             if accumulate == "fixed":  # before any barrier: the whole CTA leaves
                 T.call_extern("handle", "ws_exit_unless", Gate.data)
             T.copy(Q[r, h0 : h0 + H, 0:Dk], Q_s)
