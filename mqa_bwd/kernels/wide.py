@@ -25,13 +25,14 @@ How a CTA adds dKV (config.accumulate):
   "lanes"   (deterministic) two consecutive columns a 64-bit word of two signed 32-bit lanes,
             lo + 2^32 hi, added mod 2^64 with red.global.add.u64 into DKV [NKV, Dk / 2]: a
             lane's sum is exact whatever the order as long as its final value fits 32 bits,
-            however its partial sums wrapped. RowScale is the plan's scale lowered
-            (fixed_point.lanes_scale); Bound[kv row] gains, per (slot, block), the ceiling
+            however its partial sums wrapped. RowScale is the plan's scale lowered, as for
+            every deterministic launch (fixed_point.lanes_scale); Bound[kv row] gains, per (slot, block), the ceiling
             of the largest |scaled value| among that slot's contributions, so Bound < 2^31
-            proves every lane of the row decodes exactly. The host (wrapper.run) reruns the launch in "fixed" where a
-            bound failed.
-  "fixed"   int64 fixed point, one word a column (the lanes design's redo): every CTA ends at
-            once unless Gate[0] != 0, so the redo launches on every call without a host sync.
+            proves every lane of the row decodes exactly. The host (wrapper.run) reruns the
+            launch in "fixed" where a bound failed.
+  "fixed"   int64 fixed point at the same scale, one word a column (the lanes design's redo):
+            every CTA ends at once unless Gate[0] != 0, so the redo launches on every call
+            without a host sync.
   "atomic"  fp32 red.global.add.v4.f32 (the control).
 
 Handoffs are mbarriers, one phase a block (named barriers are racecheck's blind spot):
