@@ -220,9 +220,14 @@ def lanes_scale(row_scale: torch.Tensor, gain: int = LANES_GAIN) -> torch.Tensor
     bounds every partial sum near 2**31; each bit of gain is a bit of resolution, until
     some row's Bound reaches LANE_LIMIT and the wide launches are redone in int64. Gain 30
     is the plan's own scale."""
+    return row_scale * 2.0 ** (check_lanes_gain(gain) - 30)
+
+
+def check_lanes_gain(gain) -> int:
+    """``gain`` if it is an integer 0 to 30, else a ValueError naming lanes_gain."""
     if isinstance(gain, bool) or not isinstance(gain, int) or not 0 <= gain <= 30:
         raise ValueError(f"lanes_gain: {gain!r} (an integer 0 to 30: the quantum is 2**(30 - gain) of the plan's)")
-    return row_scale * 2.0 ** (gain - 30)
+    return gain
 
 
 def decode_lane_words(words: torch.Tensor) -> torch.Tensor:

@@ -46,8 +46,7 @@ class Launcher:
             raise ValueError(f"instruments: expected a mqa_bwd.Instruments or None, got {type(instruments).__name__}")
         self.instruments = instruments
         if lanes_gain is not None:
-            fixed_point.lanes_scale(torch.ones(1), lanes_gain)  # ValueError naming lanes_gain unless 0..30
-            self.lanes_gain = lanes_gain
+            self.lanes_gain = fixed_point.check_lanes_gain(lanes_gain)
 
     def _count(self, what: str) -> None:
         if self.instruments is not None:
@@ -155,20 +154,19 @@ class TileLangLauncher(Launcher):
             row_scale = torch.empty((kv.shape[0],), dtype=torch.float32, device=kv.device)
             allowance = lse2  # the right shape, never read
             flag = torch.empty((q.shape[0],), dtype=torch.int32, device=kv.device)
-        if config.wide:
-            if bound is None:  # read by the lanes only
+        if config.wide:  # Bound (read by the lanes only) and Gate (by the fixed redo only)
+            if bound is None:
                 bound = torch.empty((kv.shape[0],), dtype=torch.int64, device=kv.device)
-            if gate is None:  # read by the fixed redo only
+            if gate is None:
                 gate = torch.ones((1,), dtype=torch.int32, device=kv.device)
-            self.launched("main_bwd")
-            kernel(q, kv, grad_out, indices, lse2, delta, dq, dkv, row_scale, allowance, flag, float(sm_scale),
-                   int(head_base), bound, gate)
-            return
+            last = (bound, gate)
+        else:
+            # The narrow kernels' last two arguments (shard_base, n_shards) are unused by the kept
+            # configurations; they stay in the signature so that the generated code is unchanged.
+            last = (0, 1)
         self.launched("main_bwd")
-        # The kernel's last two arguments (shard_base, n_shards) are unused by the kept
-        # configurations; they stay in its signature so that its generated code is unchanged.
         kernel(q, kv, grad_out, indices, lse2, delta, dq, dkv, row_scale, allowance, flag, float(sm_scale),
-               int(head_base), 0, 1)
+               int(head_base), *last)
 
     def dsink_reduce(self, dsink_rows, dsink):
         kernel = K.compiled(K.KernelConfig("dsink_reduce"))

@@ -87,8 +87,9 @@ class Problem:
 
     @property
     def slot_block(self) -> int:
-        """What the top-k is padded to: the slot block of the call's kernels (kernels.slot_block)."""
-        return K.slot_block(self.groups, self.group_width)
+        """What the top-k is padded to: the largest slot block of the call's launches (both
+        designs pair the same groups, so either's launches say it)."""
+        return max(config.slot_block for _, config in K.main_launches(self.groups, self.group_width, self.d_k, self.d_v))
 
     @property
     def padded_slots(self) -> int:
@@ -501,21 +502,19 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
         allowance = steps.pad_heads(allowance, Hp, math.inf, launcher)
         row_flags = launcher.zeros((R,), torch.int32)
         dkv_fixed = launcher.zeros((NKV, p.d_k), torch.int64)
-        common = dict(sm_scale=sm_scale, heads=bh, allowance=allowance, flag=row_flags)
-        lanes = [(g, config) for g, config in launches if config.accumulate == "lanes"]
         # One scale for every launch, lanes or int64, so that a contribution is the same
         # integer whichever kernel adds it (fixed_point, "The lanes").
         row_scale = fixed_point.lanes_scale(row_scale, launcher.lanes_gain)
+        common = dict(sm_scale=sm_scale, heads=bh, row_scale=row_scale, allowance=allowance, flag=row_flags)
+        lanes = [(g, config) for g, config in launches if config.accumulate == "lanes"]
+        words = bound = None
         if lanes:  # the wide tile's words and per-row bounds
             words = launcher.zeros((NKV, p.d_k // 2), torch.int64)
             bound = launcher.zeros((NKV,), torch.int64)
         for g, config in launches:
-            if config.accumulate == "lanes":
-                launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, words, config=config, head_base=g * bh,
-                                  row_scale=row_scale, bound=bound, **common)
-            else:
-                launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, dkv_fixed, config=config, head_base=g * bh,
-                                  row_scale=row_scale, **common)
+            in_lanes = config.accumulate == "lanes"
+            launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, words if in_lanes else dkv_fixed, config=config,
+                              head_base=g * bh, bound=bound if in_lanes else None, **common)
         if lanes:
             # The redo launches on every call and does nothing unless a bound failed (no host
             # synchronisation): then it adds the same integers in int64 and the lanes are
@@ -523,7 +522,7 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
             failed = launcher.lanes_redone = fixed_point.lanes_failed(bound)
             for g, config in lanes:
                 launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, dkv_fixed, config=K.lanes_redo(config),
-                                  head_base=g * bh, row_scale=row_scale, gate=failed, **common)
+                                  head_base=g * bh, gate=failed, **common)
             fixed_point.join_lanes(dkv_fixed, words, failed)
         row_scale = fixed_point.poison_flagged(row_scale, row_flags, p.B)
 

@@ -20,6 +20,7 @@ from properties.compare import compare, first_difference  # noqa: E402
 from properties.guards import GuardBands  # noqa: E402
 
 from hopper import ON_HOPPER  # noqa: E402
+from lanes_redo import ForcedRedo  # noqa: E402
 
 pytestmark = ON_HOPPER
 
@@ -136,14 +137,8 @@ def test_paired_and_lone_groups_bitwise_over_reruns(H, block_h):
         assert diff is None, diff
 
 
-class _ForcedRedo(launch.TileLangLauncher):
-    """The int64 kernel on the wide tile: every lanes launch fails its bound without adding."""
-
-    def main_bwd(self, *args, config, bound=None, **kw):
-        if config.accumulate == "lanes":
-            bound.fill_(fixed_point.LANE_LIMIT)
-            return
-        super().main_bwd(*args, config=config, **kw)
+class _ForcedRedo(ForcedRedo, launch.TileLangLauncher):
+    """The int64 kernel on the wide tile, on the GPU."""
 
 
 @pytest.mark.parametrize("shape,gain,redone", [

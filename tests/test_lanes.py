@@ -10,6 +10,8 @@ from mqa_bwd.contract import SPEC_ARGS
 from mqa_bwd.model import BOUND_CAP, ModelLauncher, contribution_bounds, float_to_int32_rn, lane_words
 from properties.case import ALL_INVALID_KINDS, Case, to_framework
 
+from lanes_redo import ForcedRedo
+
 
 def _cancelling_terms(seed, n=5, columns=8, terms=64):
     """Lane integers whose partial sums leave 32 bits while each column's final sum fits."""
@@ -58,14 +60,8 @@ def test_joined_lanes_are_the_decoded_sums_unless_the_call_failed():
     assert fixed_point.lanes_failed(torch.tensor([0, kernels.LANE_LIMIT])).tolist() == [1]
 
 
-class _ForcedRedo(ModelLauncher):
-    """The int64 design on the wide tile: every lanes launch fails its bound without adding."""
-
-    def main_bwd(self, *args, config, bound=None, **kw):
-        if config.accumulate == "lanes":
-            bound.fill_(kernels.LANE_LIMIT)
-            return
-        super().main_bwd(*args, config=config, **kw)
+class _ForcedRedo(ForcedRedo, ModelLauncher):
+    """The int64 design on the wide tile, on the CPU model."""
 
 
 class _RecordingBound(ModelLauncher):

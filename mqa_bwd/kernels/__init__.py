@@ -39,7 +39,7 @@ from .config import _tl  # noqa: F401  (the benchmarks build probes with it)
 from .device_functions import GATHER_SOURCE  # noqa: F401
 from .config import (ACCUMULATE, BLOCK_SLOTS, CLUSTER_SIZES, GPU_WIDTHS, LANE_LIMIT, LANES_GAIN, LOG2E, MASS_LIMIT,
                      TILE_HEADS, WIDE_HEADS, WIDE_SLOTS, KernelConfig, MainConfig, gpu_configs, lanes_redo, main_config,
-                     main_launches, main_tile_heads, next_power_of_2, slot_block)
+                     main_launches, main_tile_heads, next_power_of_2)
 from .delta import delta_program
 from .main_bwd import main_bwd_program
 from .plan import MARK_THREADS, MAX_SLOTS_PER_ROW, PLAN_SLOTS, PLAN_THREADS, mark_slots_program, plan_program

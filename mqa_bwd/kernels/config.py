@@ -15,8 +15,8 @@ LOG2E = 1.4426950408889634
 
 # Slots gathered per main-loop step of the 16- and 32-head tiles: their slot block.
 BLOCK_SLOTS = 32
-# The wide tile's slot block (wide.py). A call with a wide launch pads L to it
-# (slot_block), every other call to BLOCK_SLOTS.
+# The wide tile's slot block (wide.py). A call with a wide launch pads L to it,
+# every other call to BLOCK_SLOTS (MainConfig.slot_block).
 WIDE_SLOTS = 64
 
 # (Dk, Dv) the kernels are built and tested for on Hopper.
@@ -154,13 +154,6 @@ def main_launches(groups: int, heads: int, d_k: int, d_v: int, deterministic: bo
         launches.append((g, main_config(heads, d_k, d_v, deterministic, size)))
         g += size
     return launches
-
-
-def slot_block(groups: int, heads: int) -> int:
-    """What a call of ``groups`` head groups of ``heads`` heads pads its top-k to: WIDE_SLOTS
-    where main_launches includes a wide tile (either design), else BLOCK_SLOTS."""
-    wide = main_tile_heads(heads) == 32 and groups >= 2
-    return WIDE_SLOTS if wide else BLOCK_SLOTS
 
 
 def lanes_redo(config: MainConfig) -> MainConfig:
