@@ -8,9 +8,9 @@ two revisions.
     python benchmarks/package_ab.py --against /tmp/other/mqa_bwd [--shapes dsv32,fleet] [--repeats 12]
 
 The other package is imported under a name of its own, so both run in one
-process: per shape, both versions' deterministic calls and this tree's atomic
-control, interleaved (bench.time_interleaved), with medians, minima and the
-ratio to the control, and whether the two deterministic calls give the same bits.
+process: per shape, both versions' deterministic calls and atomic controls,
+interleaved (bench.time_interleaved), with medians, minima and the
+ratio to this tree's control, and whether the two deterministic calls give the same bits.
 """
 
 import argparse
@@ -52,6 +52,7 @@ def main():
             "fixed, this tree": bench.prepared_wrapper_call(args, launch.TileLangLauncher(True)),
             "fixed, --against": other_bench.prepared_wrapper_call(args, other_launch.TileLangLauncher(True)),
             "atomic, this tree": bench.prepared_wrapper_call(args, launch.TileLangLauncher(False)),
+            "atomic, --against": other_bench.prepared_wrapper_call(args, other_launch.TileLangLauncher(False)),
         }
         same = bench.same_bits(calls["fixed, this tree"](), calls["fixed, --against"]())
         times = bench.time_interleaved(calls, warmup=2, repeats=a.repeats)
@@ -59,7 +60,7 @@ def main():
         print(f"{shape}: fixed bits equal across the versions: {same}")
         for name, t in times.items():
             m = statistics.median(t)
-            print(f"   {name:<18} median {m:7.3f} ms  min {min(t):7.3f}  /atomic {m / control:.3f}")
+            print(f"   {name:<19} median {m:7.3f} ms  min {min(t):7.3f}  /atomic {m / control:.3f}")
 
 
 if __name__ == "__main__":

@@ -119,6 +119,13 @@ class Launcher:
     def fixed_to_bf16(self, acc, row_scale, dst):
         raise NotImplementedError
 
+    def lanes_to_bf16(self, acc, words, failed, row_scale, dst):
+        """fixed_to_bf16 of acc [NKV, Dk] int64 with the lanes' words [NKV, Dk / 2] joined where
+        ``failed`` [1] int32 is 0 (fixed_point.join_lanes). Here the reference, which joins into
+        acc in place (scratch the call drops); a launcher may fuse both, with the same bits."""
+        fixed_point.join_lanes(acc, words, failed)
+        self.fixed_to_bf16(acc, row_scale, dst)
+
 
 class TileLangLauncher(Launcher):
     """Launches the compiled TileLang kernels on the current CUDA device."""
@@ -205,3 +212,8 @@ class TileLangLauncher(Launcher):
         kernel = K.compiled(K.KernelConfig("fixed_to_bf16", (acc.shape[1],)))
         self.launched("fixed_to_bf16")
         kernel(acc, row_scale, dst)
+
+    def lanes_to_bf16(self, acc, words, failed, row_scale, dst):
+        kernel = K.compiled(K.KernelConfig("lanes_to_bf16", (acc.shape[1],)))
+        self.launched("lanes_to_bf16")
+        kernel(acc, words, failed, row_scale, dst)

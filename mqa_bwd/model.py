@@ -28,6 +28,7 @@ import torch
 from . import kernels as K
 from .fixed_point import magnitude_bits
 from .contract import BoundsError
+from .kernels.reductions import DSINK_GROUPS
 from .kernels.wide import BOUND_CAP
 from .launch import Launcher
 from .layout import per_head
@@ -310,9 +311,14 @@ class ModelLauncher(Launcher):
     def dsink_reduce(self, dsink_rows, dsink):
         self.launched("dsink_reduce")
         _shape_is("dsink_reduce", "DSink", dsink, (dsink_rows.shape[1],))
-        # np.add.accumulate is a sequential scan: rows added in increasing order.
+        # np.add.accumulate is a sequential scan: each group's rows, then the groups, in increasing
+        # order (kernels.reductions.dsink_reduce_program).
         rows = dsink_rows.numpy().astype(np.float32)
-        total = np.add.accumulate(rows, axis=0, dtype=np.float32)[-1] if rows.shape[0] else np.zeros(rows.shape[1], np.float32)
+        total = np.zeros(rows.shape[1], np.float32)
+        for g in range(DSINK_GROUPS):
+            part = rows[g::DSINK_GROUPS]
+            part = np.add.accumulate(part, axis=0, dtype=np.float32)[-1] if part.shape[0] else np.zeros_like(total)
+            total = (total + part).astype(np.float32)
         dsink.copy_(torch.from_numpy(np.ascontiguousarray(total)))
 
     # -- cast ------------------------------------------------------------------

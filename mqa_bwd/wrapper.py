@@ -518,21 +518,23 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
         if lanes:
             # The redo launches on every call and does nothing unless a bound failed (no host
             # synchronisation): then it adds the same integers in int64 and the lanes are
-            # dropped, else the lanes join dkv_fixed. Both give the same sums, the same bits.
+            # dropped, else the lanes join dkv_fixed (in the cast below). Both give the same
+            # sums, the same bits.
             failed = launcher.lanes_redone = fixed_point.lanes_failed(bound)
             for g, config in lanes:
                 launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, dkv_fixed, config=K.lanes_redo(config),
                                   head_base=g * bh, gate=failed, **common)
-            fixed_point.join_lanes(dkv_fixed, words, failed)
         row_scale = fixed_point.poison_flagged(row_scale, row_flags, p.B)
 
     dsink = launcher.empty((Hp,), f32)
     launcher.dsink_reduce(dsink_rows, dsink)
     dkv = launcher.empty((NKV, p.d_k), torch.bfloat16)
-    if fixed:
-        launcher.fixed_to_bf16(dkv_fixed, row_scale, dkv)
-    else:
+    if not fixed:
         launcher.cast_bf16(dkv_acc, dkv)
+    elif lanes:
+        launcher.lanes_to_bf16(dkv_fixed, words, failed, row_scale, dkv)
+    else:
+        launcher.fixed_to_bf16(dkv_fixed, row_scale, dkv)
 
     dq = dq[:, : p.H].reshape(p.B, p.S, p.H, p.d_k).contiguous()  # a copy only when heads were padded
     return dq, dkv.view(p.B, p.S_kv, p.d_k), dsink[: p.H].contiguous()

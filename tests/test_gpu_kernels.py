@@ -6,6 +6,7 @@ Run on the H200 with: ``pytest -m gpu tests/test_gpu_kernels.py``.
 
 import itertools
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -13,7 +14,7 @@ torch = pytest.importorskip("torch")
 from mqa_bwd.contract import SPEC_ARGS  # noqa: E402
 from mqa_bwd import fixed_point, launch, mqa_latent_sparse_bwd, wrapper  # noqa: E402
 from mqa_bwd.bench import RACECHECK_HAZARDS, SANITIZER_ERRORS, compute_sanitizer, production_inputs  # noqa: E402
-from mqa_bwd.model import ModelLauncher  # noqa: E402
+from mqa_bwd.model import ModelLauncher, lane_words  # noqa: E402
 from properties.case import INVALID_KINDS, Case, expected, to_framework  # noqa: E402
 from properties.checks import bitwise_difference  # noqa: E402
 from properties.compare import compare, first_difference  # noqa: E402
@@ -196,6 +197,50 @@ def test_slot_marks_match_the_model_inside_guard_bands():
     assert torch.equal(marks["model"][1], marks["tilelang"][1])
     assert 0 < int(marks["tilelang"][0].sum()) < NKV // 2
     assert marks["tilelang"][1][7:10].tolist() == [0, 0, 0] and int(marks["tilelang"][1].sum()) == R - 3
+
+
+@pytest.mark.parametrize("R,H", [(1, 16), (31, 40), (4099, 64), (8192, 128)])
+def test_dsink_reduction_gives_the_models_bits(R, H):
+    # The kernel sums in the order the model writes down (reductions.dsink_reduce_program):
+    # the bits must agree, fewer rows than groups included; the row order must show in the
+    # bits, or the test could not tell the kernel's order from another.
+    rows = torch.randn((R, H), generator=torch.Generator().manual_seed(R), dtype=torch.float32) * 1e3
+    sums = {}
+    for name, launcher, device in (("model", ModelLauncher(), "cpu"), ("tilelang", launch.TileLangLauncher(), "cuda")):
+        guards = GuardBands()
+        dsink = guards.allocate((H,), torch.float32, device, "DSink")
+        launcher.dsink_reduce(rows.to(device), dsink)
+        assert not guards.violations(), f"{name}: {guards.violations()}"
+        sums[name] = dsink.cpu()
+    assert bitwise_difference("d_attn_sink", sums["tilelang"], sums["model"]) is None
+    if R > 1000:  # one row at a time, in increasing order, gives other bits here
+        in_row_order = np.add.accumulate(rows.numpy(), axis=0, dtype=np.float32)[-1]
+        assert not np.array_equal(sums["model"].numpy(), in_row_order), "the order does not show in these bits"
+
+
+@pytest.mark.parametrize("failed", [0, 1])
+def test_lanes_cast_gives_the_reference_joins_bits(failed):
+    # The fused join and cast (lanes_to_bf16) against the reference: join_lanes, then
+    # fixed_to_bf16 (the model's). Lanes at both ends of 32 bits, negative sums, a NaN scale.
+    g = torch.Generator().manual_seed(11 + failed)
+    N, C = 1000, 576
+    acc = torch.randint(-2**40, 2**40, (N, C), generator=g, dtype=torch.int64)
+    lanes = torch.randint(-2**31, 2**31, (N, C), generator=g, dtype=torch.int64)
+    lanes[0, :4] = torch.tensor([-2**31, 2**31 - 1, -1, 0])
+    words = torch.from_numpy(lane_words(lanes.numpy()).view(np.int64))
+    scale = torch.ldexp(torch.ones(N), torch.randint(-30, 10, (N,), generator=g))
+    scale[3] = float("nan")
+    gate = torch.tensor([failed], dtype=torch.int32)
+    got = {}
+    for name, launcher, device in (("model", ModelLauncher(), "cpu"), ("tilelang", launch.TileLangLauncher(), "cuda")):
+        guards = GuardBands()
+        dst = guards.allocate((N, C), torch.bfloat16, device, "Dst")
+        launcher.lanes_to_bf16(acc.clone().to(device), words.to(device), gate.to(device), scale.to(device), dst)
+        assert not guards.violations(), f"{name}: {guards.violations()}"
+        got[name] = dst.cpu()
+    assert bitwise_difference("dkv", got["tilelang"], got["model"]) is None
+    without_lanes = (acc.double() / scale.double().view(-1, 1)).float().bfloat16()
+    assert torch.equal(got["model"][4:].float(), without_lanes[4:].float()) == bool(failed)
 
 
 def test_delta_maxima_match_the_model():

@@ -59,7 +59,7 @@ def test_kernel_compiles_for_sm90a(config):
 # without the tail products.
 DKV_CONFIGS = [
     c for c in CONFIGS
-    if _kind(c) in ("fixed_to_bf16", "cast_bf16") and c.args == (576,) or (_mode(c) and (c.d_k, c.d_v) == (576, 512))
+    if _kind(c) in ("fixed_to_bf16", "lanes_to_bf16", "cast_bf16") and c.args == (576,) or (_mode(c) and (c.d_k, c.d_v) == (576, 512))
 ]
 
 

@@ -29,8 +29,10 @@ Modules, by what they build
                        LiveRow[r] = 1 for every row with a valid slot; plan: the fixed-point
                        plan's row scales and mass allowances (fixed_point.plan's float64
                        operations), in three stages
-  reductions.py        dsink_reduce (DSink[h] = sum over rows r, in increasing r), fixed_to_bf16
-                       (the fixed-point accumulator -> bf16 dKV, NaN when poisoned), cast_bf16
+  reductions.py        dsink_reduce (DSink[h] over the rows in a fixed order: 64 strided row
+                       groups, then their sums), fixed_to_bf16 (the fixed-point accumulator ->
+                       bf16 dKV, NaN when poisoned), lanes_to_bf16 (the same with the lanes
+                       joined), cast_bf16
   toolchain.py         the compile cache (compiled(config)), nvcc, ptx_of, ptxas_info,
                        dynamic_shared_bytes, precompile
 """
@@ -43,7 +45,7 @@ from .config import (ACCUMULATE, BLOCK_SLOTS, CLUSTER_SIZES, GPU_WIDTHS, LANE_LI
 from .delta import delta_program
 from .main_bwd import main_bwd_program
 from .plan import MARK_THREADS, MAX_SLOTS_PER_ROW, PLAN_SLOTS, PLAN_THREADS, mark_slots_program, plan_program
-from .reductions import cast_bf16_program, dsink_reduce_program, fixed_to_bf16_program
+from .reductions import cast_bf16_program, dsink_reduce_program, fixed_to_bf16_program, lanes_to_bf16_program
 from .wide import wide_program
 from .toolchain import (SM90A, compile_program, compiled, cuda_tool, dynamic_shared_bytes, nvcc_path, precompile,
                         program_of, ptx_of, ptxas_info, ptxas_info_of_source, require_nvcc)

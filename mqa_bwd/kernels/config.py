@@ -167,7 +167,7 @@ class KernelConfig:
     """One of the small kernels: ``kind`` and the builder's arguments.
 
     kinds: "delta" (d_v), "delta_max" (d_k, d_v), "mark_slots" (), "plan" (stage),
-    "dsink_reduce" (), "cast_bf16" (cols), "fixed_to_bf16" (cols).
+    "dsink_reduce" (), "cast_bf16" (cols), "fixed_to_bf16" (cols), "lanes_to_bf16" (cols).
     """
 
     kind: str
@@ -180,7 +180,7 @@ class KernelConfig:
 
 
 SMALL_KINDS = {"delta": 1, "delta_max": 2, "mark_slots": 0, "plan": 1, "dsink_reduce": 0, "cast_bf16": 1,
-               "fixed_to_bf16": 1}
+               "fixed_to_bf16": 1, "lanes_to_bf16": 1}
 
 
 def gpu_configs(widths=GPU_WIDTHS, group_widths=(16, 32)):
@@ -189,7 +189,7 @@ def gpu_configs(widths=GPU_WIDTHS, group_widths=(16, 32)):
                KernelConfig("mark_slots")]
     for d_k, d_v in widths:
         configs += [KernelConfig("delta", (d_v,)), KernelConfig("delta_max", (d_k, d_v)), KernelConfig("cast_bf16", (d_k,)),
-                    KernelConfig("fixed_to_bf16", (d_k,))]
+                    KernelConfig("fixed_to_bf16", (d_k,)), KernelConfig("lanes_to_bf16", (d_k,))]
         for heads in group_widths:
             for deterministic in (True, False):
                 for groups in (1, 2):

@@ -1,26 +1,45 @@
-"""Reductions and casts: d_sink over the rows, the fixed-point accumulator and fp32 to bf16."""
+"""Reductions and casts: d_sink over the rows, the fixed-point accumulator (and the lanes) and fp32 to bf16."""
 
 from .config import _tl
 
 
-def dsink_reduce_program(threads: int = 128):
-    """DSink[h] = sum of DSinkRows[r, h] over r = 0, 1, ..., R-1, in that order, in fp32."""
+#: dsink_reduce's row groups: group g sums rows g, g + DSINK_GROUPS, ... in increasing order.
+DSINK_GROUPS = 64
+#: Heads of one dsink_reduce CTA (of 1024 threads): a warp loads 64 bytes of each of two rows.
+DSINK_HEADS = 16
+
+
+def dsink_reduce_program():
+    """DSink[h] = sum over g = 0, 1, ..., G-1 of part[g, h], in that order, with part[g, h] the
+    sum of DSinkRows[r, h] over rows r = g, g + G, g + 2G, ... < R in increasing order (G =
+    DSINK_GROUPS), all in fp32: a fixed order, with G rows in flight instead of one."""
     tilelang, T = _tl()
     R = T.dynamic("R")
     H = T.dynamic("H")
     f32 = "float32"
+    G, HB = DSINK_GROUPS, DSINK_HEADS
 
     @T.prim_func
     def dsink_reduce(DSinkRows: T.Tensor((R, H), f32), DSink: T.Tensor((H,), f32)):
-        with T.Kernel(T.ceildiv(H, threads), threads=threads) as bx:
+        with T.Kernel(T.ceildiv(H, HB), threads=G * HB) as bx:
+            part = T.alloc_shared((G, HB), f32)
             acc = T.alloc_local((1,), f32)
+            total = T.alloc_local((1,), f32)
             tx = T.get_thread_binding()
-            h = bx * threads + tx
+            g = tx // HB
+            h = bx * HB + tx % HB
+            acc[0] = 0.0
             if h < H:
-                acc[0] = 0.0
-                for r in T.serial(R):
-                    acc[0] = acc[0] + DSinkRows[r, h]
-                DSink[h] = acc[0]
+                for i in T.serial(T.ceildiv(R, G)):
+                    if g + i * G < R:
+                        acc[0] = acc[0] + DSinkRows[g + i * G, h]
+            part[g, tx % HB] = acc[0]
+            T.sync_threads()
+            if g == 0 and h < H:
+                total[0] = 0.0
+                for j in T.serial(G):
+                    total[0] = total[0] + part[j, tx % HB]
+                DSink[h] = total[0]
 
     return dsink_reduce
 
@@ -49,6 +68,38 @@ def fixed_to_bf16_program(cols: int, block_rows: int = 16, threads: int = 128):
                     Dst[bx * block_rows + i, c] = T.cast(T.cast(value, "float32"), "bfloat16")
 
     return fixed_to_bf16
+
+
+def lanes_to_bf16_program(cols: int, block_rows: int = 16, threads: int = 128):
+    """fixed_to_bf16 of Acc plus the decoded lanes: Dst[k, c] = bf16(fp32(fp64(Acc[k, c] + lane[k, c]) /
+    RowScale[k])), lane[k, c] the lane c % 2 of Words[k, c // 2] (fixed_point.decode_lane_words)
+    where Failed[0] == 0, else 0 (Acc then holds the int64 redo's sums): join and cast in one pass."""
+    tilelang, T = _tl()
+    N = T.dynamic("N")
+    C = cols
+    if C % 2:
+        raise ValueError(f"cols: {C} (the lanes pair columns: even)")
+
+    @T.prim_func
+    def lanes_to_bf16(
+        Acc: T.Tensor((N, C), "int64"),
+        Words: T.Tensor((N, C // 2), "int64"),
+        Failed: T.Tensor((1,), "int32"),
+        RowScale: T.Tensor((N,), "float32"),
+        Dst: T.Tensor((N, C), "bfloat16"),
+    ):
+        with T.Kernel(T.ceildiv(N, block_rows), threads=threads) as bx:
+            for i, c in T.Parallel(block_rows, C):
+                k = bx * block_rows + i
+                if k < N:
+                    word = Words[k, c // 2]
+                    lo = T.cast(T.cast(word, "int32"), "int64")  # the low lane, sign-extended
+                    lane = T.if_then_else(c % 2 == 0, lo, T.shift_right(word - lo, T.int64(32)))
+                    total = Acc[k, c] + T.if_then_else(Failed[0] == 0, lane, T.int64(0))
+                    value = T.cast(total, "float64") / T.cast(RowScale[k], "float64")
+                    Dst[k, c] = T.cast(T.cast(value, "float32"), "bfloat16")
+
+    return lanes_to_bf16
 
 
 def cast_bf16_program(cols: int, block_rows: int = 16, threads: int = 128):

@@ -10,7 +10,7 @@ from .config import KernelConfig, MainConfig, _pass_configs, _tl, gpu_configs
 from .delta import delta_program
 from .main_bwd import main_bwd_program
 from .plan import mark_slots_program, plan_program
-from .reductions import cast_bf16_program, dsink_reduce_program, fixed_to_bf16_program
+from .reductions import cast_bf16_program, dsink_reduce_program, fixed_to_bf16_program, lanes_to_bf16_program
 from .wide import wide_program
 
 SM90A = {"kind": "cuda", "arch": "sm_90a"}
@@ -40,6 +40,7 @@ def program_of(config):
         "mark_slots": mark_slots_program,
         "cast_bf16": cast_bf16_program,
         "fixed_to_bf16": fixed_to_bf16_program,
+        "lanes_to_bf16": lanes_to_bf16_program,
         "plan": plan_program,
     }
     return builders[config.kind](*config.args)

@@ -1,0 +1,121 @@
+"""How long the host takes to enqueue one backward call, and where (GPU).
+
+    python benchmarks/host_overhead.py [--H 64] [--S 4096] [--S_kv 8192] [--L 2048] [--top 25]
+
+A call's time as the bench measures it (events around wrapper.run) includes the
+GPU's idle time while the host is still enqueuing what comes before the main
+kernel: the kernels before it are short, so the GPU waits for the host. Per
+design (deterministic default, atomic control), on an idle GPU:
+
+- enqueue: host wall time of wrapper.run, without synchronising;
+- to main: host time until the first main_bwd launch has been enqueued;
+- GPU: event time of the call (what the bench reports);
+- the launcher's methods of the last call: when each starts, how long it takes
+  on the host, and the host time since the previous one (the wrapper's own
+  Python and torch ops);
+- with --timeline, one call's timeline from the torch profiler: every host op and runtime
+  call (cudaLaunchKernel, synchronisations, ...) and every GPU kernel, with its
+  start relative to the call's and its duration, in microseconds: where the
+  host spends the time the GPU waits.
+"""
+
+import argparse
+import time
+
+import torch
+
+from mqa_bwd import bench, launch
+
+
+class HostClock(launch.TileLangLauncher):
+    """The TileLang launcher, noting the host time each of its methods starts and ends (marks)."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.marks = []
+
+    @property
+    def first_main(self):
+        return next((end for name, _, end in self.marks if name == "main_bwd"), None)
+
+
+def _timed(name):
+    base = getattr(launch.TileLangLauncher, name)
+
+    def method(self, *args, **kw):
+        start = time.perf_counter()
+        result = base(self, *args, **kw)
+        self.marks.append((name, start, time.perf_counter()))
+        return result
+
+    return method
+
+
+for _name in ("empty", "zeros", "delta", "main_bwd", "dsink_reduce", "mark_slots", "plan", "cast_bf16", "fixed_to_bf16"):
+    setattr(HostClock, _name, _timed(_name))
+
+
+def print_timeline(call, width: int) -> None:
+    """One call under the torch profiler: host ops (top level and runtime calls) and GPU kernels in
+    start order, microseconds from the call's first event."""
+    from torch.profiler import ProfilerActivity, profile
+
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        call()
+        torch.cuda.synchronize()
+    rows = []
+    for e in prof.events():
+        on_gpu = e.device_type == torch.autograd.DeviceType.CUDA
+        top_level = e.cpu_parent is None or e.name.startswith("cuda")
+        if on_gpu or top_level:
+            rows.append((e.time_range.start, e.time_range.end - e.time_range.start, "GPU" if on_gpu else "host", e.name))
+    rows.sort()
+    t0 = rows[0][0]
+    for start, length, where, name in rows:
+        if where == "GPU" or length >= 5 or name.startswith("cuda"):
+            print(f"  {start - t0:9.1f} us  {length:8.1f}  {where:<4} {name[:width]}")
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    bench.add_shape_arguments(parser, repeats=None)
+    parser.add_argument("--top", type=int, default=70, help="characters of each name")
+    parser.add_argument("--timeline", action="store_true", help="also print a profiled call's timeline")
+    a = parser.parse_args()
+    args = bench.production_inputs(a.B, a.S, a.S_kv, a.H, a.L)
+    print(f"B={a.B} S={a.S} S_kv={a.S_kv} H={a.H} L={a.L}")
+    for label, deterministic in (("deterministic", True), ("atomic", False)):
+        launcher = HostClock(deterministic)
+        call = bench.prepared_wrapper_call(args, launcher)
+        for _ in range(3):
+            call()
+        enqueue, to_main, gpu = [], [], []
+        for _ in range(10):
+            torch.cuda.synchronize()
+            launcher.marks = []
+            start_event, end_event = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            t0 = time.perf_counter()
+            start_event.record()
+            call()
+            end_event.record()
+            t1 = time.perf_counter()
+            end_event.synchronize()
+            enqueue.append((t1 - t0) * 1e3)
+            to_main.append((launcher.first_main - t0) * 1e3)
+            gpu.append(start_event.elapsed_time(end_event))
+        med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+        print(f"== {label}: enqueue {med(enqueue):.3f} ms, to the first main launch {med(to_main):.3f} ms, "
+              f"call (events) {med(gpu):.3f} ms")
+        print("   the last call's launcher methods (us from the call's start: start, length; then the host time")
+        print("   since the previous method ended, spent in the wrapper's own code and torch ops):")
+        previous = t0
+        for name, start, end in launcher.marks:
+            print(f"   {(start - t0) * 1e6:8.1f} {(end - start) * 1e6:7.1f}  {name:<14} after {(start - previous) * 1e6:7.1f}")
+            previous = end
+        if a.timeline:
+            print_timeline(call, a.top)
+
+
+if __name__ == "__main__":
+    main()
