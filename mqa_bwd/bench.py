@@ -228,14 +228,11 @@ def timed_wrapper_call(args, launcher) -> tuple:
 
 
 def same_bits(outputs, others) -> bool:
-    """Whether two calls' outputs (dq, dkv, d_attn_sink) are bitwise equal: the same dtypes and
-    shapes and the same raw bits (so -0 differs from +0, and a NaN equals only its own payload)."""
-    import torch
+    """Whether two calls' outputs (dq, dkv, d_attn_sink) are bitwise equal, output by output
+    (edge.same_bits)."""
+    from .edge import same_bits as same_tensor_bits
 
-    from .edge import bits
-
-    return len(outputs) == len(others) and all(
-        x.dtype == y.dtype and x.shape == y.shape and torch.equal(bits(x), bits(y)) for x, y in zip(outputs, others))
+    return len(outputs) == len(others) and all(same_tensor_bits(x, y) for x, y in zip(outputs, others))
 
 
 #: compute-sanitizer's summary lines (one group: the count): racecheck's hazards, and the

@@ -44,6 +44,8 @@ def verdict_cells(result: dict, skip_reason: str | None = None) -> tuple:
     results), a skip its reason."""
     verdict = str(result.get("verdict", "?"))
     notes = result.get("notes") or []
+    if isinstance(notes, str):  # one note written as a string, not a list of one
+        notes = [notes]
     if verdict == "xfail":  # the ledger entry's reason and what the run saw (properties.ledger.Tally)
         known = result.get("known_failure") or {}
         seen = known.get("seen")

@@ -129,6 +129,14 @@ def bits(t):
     return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
+def same_bits(a, b) -> bool:
+    """Whether two torch tensors hold the same dtype, shape and raw bits (so -0 differs from +0,
+    and a NaN equals only its own payload)."""
+    import torch
+
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(bits(a), bits(b))
+
+
 def dtype_name(dtype, framework: str = "torch") -> str:
     """A torch dtype as ``framework`` spells it: torch.bfloat16, or paddle.bfloat16 for a paddle
     caller (paddle names its dtypes as torch does), so that a message speaks the caller's framework."""

@@ -83,19 +83,20 @@ def save_tensors(path, tensors: dict, metadata: dict, *, durable: bool = True) -
 
 def load_tensors(path, what: str) -> tuple:
     """(tensors by name, metadata) of a safetensors file; a ValueError that begins with ``what``
-    when the file cannot be read or is not a complete safetensors file."""
+    when the file cannot be read or is not a complete safetensors file. The file is memory-mapped:
+    each tensor is copied once, not the whole file first."""
     import safetensors
-    import safetensors.torch
 
     path = Path(path)
     try:
-        data = path.read_bytes()
+        with path.open("rb"):  # unreadable (missing, a directory, no permission) before malformed
+            pass
     except OSError as e:
         raise ValueError(f"{what}: cannot read ({e.strerror or e})") from None
     try:
-        tensors = safetensors.torch.load(data)
         with safetensors.safe_open(str(path), framework="pt") as f:
             metadata = f.metadata() or {}
+            tensors = {name: f.get_tensor(name) for name in f.keys()}
     except (safetensors.SafetensorError, OSError, ValueError) as e:
         raise ValueError(f"{what}: not a complete safetensors file ({e})") from None
     return tensors, metadata

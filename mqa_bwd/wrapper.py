@@ -412,17 +412,25 @@ def global_slots(token_indices: torch.Tensor, problem: "Problem", order: Callabl
     each row's slots in ``order`` (the canonical order; caller_order keeps the caller's)."""
     p = problem
     flat = token_indices.reshape(p.rows, p.L)
-    slots = torch.full((p.rows, p.padded_slots), -1, dtype=torch.int32, device=flat.device)
     nkv = p.B * p.S_kv  # above every valid global row: invalid slots sort last
+    # B*S_kv < 2**31 (validated), so every valid global row, and nkv, fit int32: int32
+    # indices are used as they are; any other dtype is compared in int64 first.
+    work = torch.int32 if flat.dtype == torch.int32 else torch.int64
     step = max(1, INDEX_STEP // p.L)  # rows per step, at least one
+    whole = 0 < p.rows <= step and p.padded_slots == p.L  # one step, no padding: no copy
+    slots = None if whole else torch.full((p.rows, p.padded_slots), -1, dtype=torch.int32, device=flat.device)
     for r0 in range(0, p.rows, step):
         rows = slice(r0, min(p.rows, r0 + step))
-        idx = flat[rows].to(torch.int64)
+        idx = flat[rows].to(work)
         valid = (idx >= 0) & (idx < p.S_kv)
-        batch = torch.arange(rows.start, rows.stop, device=idx.device, dtype=torch.int64) // p.S
-        # B*S_kv < 2**31 (validated), so every valid global row, and nkv, fit int32.
-        ordered = order(torch.where(valid, idx + (batch * p.S_kv).view(-1, 1), nkv).to(torch.int32))
-        slots[rows, : p.L] = torch.where(ordered == nkv, -1, ordered)
+        if p.B > 1:  # invalid slots may overflow here: where() drops them
+            batch = torch.arange(rows.start, rows.stop, device=idx.device, dtype=work) // p.S
+            idx = idx + (batch * p.S_kv).view(-1, 1)
+        ordered = order(torch.where(valid, idx, nkv).to(torch.int32))
+        placed = torch.where(ordered == nkv, -1, ordered)
+        if whole:
+            return placed
+        slots[rows, : p.L] = placed
     return slots
 
 

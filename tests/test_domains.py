@@ -501,6 +501,7 @@ def test_the_check_table_says_why_and_the_findings_follow_it():
     assert "case {" not in note
     assert verdict_cells({"verdict": "pass", "budget": "3 cases"}) == ("pass (time budget)", "3 cases")
     assert verdict_cells({"verdict": "fail", "notes": ["dq: MISMATCH"]}) == ("fail", "dq: MISMATCH")
+    assert verdict_cells({"verdict": "fail", "notes": "dq: MISMATCH"}) == ("fail", "dq: MISMATCH")  # not "d"
     out = io.StringIO()
     target = fake("more_than_one_head")
     (probe,) = outside.boundary_probes(strategies.Space(domain=target.domain))

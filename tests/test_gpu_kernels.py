@@ -238,7 +238,10 @@ def test_lanes_cast_gives_the_reference_joins_bits(failed):
         launcher.lanes_to_bf16(acc.clone().to(device), words.to(device), gate.to(device), scale.to(device), dst)
         assert not guards.violations(), f"{name}: {guards.violations()}"
         got[name] = dst.cpu()
-    assert bitwise_difference("dkv", got["tilelang"], got["model"]) is None
+    # A NaN row is NaN on both (its payload is the device's fp64 division's, not the host's).
+    nan = torch.isnan(got["model"].float())
+    assert torch.equal(torch.isnan(got["tilelang"].float()), nan) and nan[3].all() and int(nan.sum()) == C
+    assert bitwise_difference("dkv", got["tilelang"][~nan], got["model"][~nan]) is None
     without_lanes = (acc.double() / scale.double().view(-1, 1)).float().bfloat16()
     assert torch.equal(got["model"][4:].float(), without_lanes[4:].float()) == bool(failed)
 
