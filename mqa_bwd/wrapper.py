@@ -381,9 +381,9 @@ def kernel_lse(lse: torch.Tensor, sink: torch.Tensor) -> tuple:
     """
     lse2 = per_head(lambda lse_h, sink_h: torch.logaddexp(lse_h, sink_h) * K.LOG2E, lse, sink)
     lse2 = torch.where(lse == -math.inf, math.inf, lse2)
-    # ~(x < inf): NaN or +inf (-inf and every finite value compare below it).
-    poisoned = ~(lse < math.inf) | ~(sink < math.inf).view(1, -1)
-    lse2 = torch.where(poisoned, math.nan, lse2).contiguous()
+    # x < inf is false for NaN and +inf only (-inf and every finite value compare below it).
+    sound = (lse < math.inf) & (sink < math.inf).view(1, -1)
+    lse2 = torch.where(sound, lse2, math.nan).contiguous()
     return lse2, (sink * K.LOG2E).contiguous()
 
 
