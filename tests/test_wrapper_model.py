@@ -110,6 +110,42 @@ def test_the_slot_layout_is_one_order_for_every_order_of_a_rows_slots():
     assert not torch.equal(kept, slots)
 
 
+def _slots_by_hand(idx: np.ndarray, S_kv: int, padded: int) -> np.ndarray:
+    """The slot layout written out row by row: global kv rows ascending, then -1s."""
+    B, S, L = idx.shape
+    out = np.full((B * S, padded), -1, dtype=np.int64)
+    for b in range(B):
+        for s in range(S):
+            row = [int(i) + b * S_kv for i in idx[b, s] if 0 <= int(i) < S_kv]
+            out[b * S + s, : len(row)] = sorted(row)
+    return out
+
+
+@pytest.mark.parametrize("B,S,L,dtype,step_rows", [
+    (1, 6, 64, torch.int32, None),   # one step, no padding: the layout is the sort's own tensor
+    (1, 6, 64, torch.int64, None),
+    (3, 4, 37, torch.int32, None),   # batch offsets, padding
+    (2, 5, 64, torch.int16, 2),      # several steps
+    (2, 3, 33, torch.uint8, None),
+])
+def test_the_slot_layout_matches_one_written_by_hand(monkeypatch, B, S, L, dtype, step_rows):
+    # Indices at both ends of the dtype, 2**40 for int64: invalid; int32 works in int32.
+    S_kv = 40
+    info = torch.iinfo(dtype)
+    g = torch.Generator().manual_seed(B * 100 + L)
+    idx = torch.randint(-3, S_kv + 3, (B, S, L), generator=g).clamp(info.min, info.max).to(dtype)
+    idx.view(-1)[::7] = info.max
+    idx.view(-1)[::11] = info.min
+    if dtype == torch.int64:
+        idx.view(-1)[::13] = 2**40
+    if step_rows:
+        monkeypatch.setattr(wrapper, "INDEX_STEP", step_rows * L)
+    p = wrapper.Problem(B=B, S=S, S_kv=S_kv, H=16, L=L, d_k=64, d_v=32, block_h=16, dkv_buf_bytes=None)
+    slots = wrapper.global_slots(idx, p)
+    assert slots.dtype == torch.int32 and slots.shape == (B * S, p.padded_slots)
+    assert np.array_equal(slots.numpy(), _slots_by_hand(idx.numpy(), S_kv, p.padded_slots))
+
+
 @pytest.mark.parametrize("S", [1, 4096, 1 << 20])
 def test_fixed_point_scratch_is_independent_of_s_and_l(S):
     p = wrapper.Problem(B=1, S=S, S_kv=8192, H=128, L=2048, d_k=576, d_v=512, block_h=32, dkv_buf_bytes=None)
