@@ -41,7 +41,7 @@ import math
 import statistics
 from typing import Callable
 
-from .contract import GPU_BACKENDS, OUTPUT_NAMES, PEERS
+from .contract import BACKENDS, GPU_BACKENDS, OUTPUT_NAMES, PEERS, Instruments
 
 SHAPES = {
     "dsv32": [dict(B=1, S=4096, S_kv=8192, H=64, L=2048), dict(B=1, S=4096, S_kv=8192, H=128, L=2048)],
@@ -87,6 +87,9 @@ class Row:
     error_over_atomic: dict | None = None
     #: the least dkv_buf_bytes the call accepts (wrapper.scratch_bytes), in GiB; None for a peer
     min_budget_gib: float | None = None
+    #: whether the judged call redid its wide launches in int64 (a lanes bound failed; then
+    #: its time is about twice the lanes'); None where the call has no lanes launch
+    lanes_redone: bool | None = None
 
     @property
     def shape(self) -> tuple:
@@ -541,10 +544,15 @@ def measure(shape: dict, backends=GPU_BACKENDS, d_k=576, d_v=512, warmup=3, repe
     args = production_inputs(shape["B"], shape["S"], shape["S_kv"], shape["H"], shape["L"], d_k, d_v)
     calls = {backend: backend_call(backend, args, call_kw) for backend in backends}
     times = time_interleaved(calls, warmup, repeats)
-    # One more call each: its scratch, and the outputs that are judged.
-    scratch, outputs = {}, {}
+    # One more call each: its scratch, the outputs that are judged, and (ours) whether it redid
+    # its lanes in int64.
+    scratch, outputs, redone = {}, {}, {}
     for backend, call in calls.items():
+        instruments = Instruments() if backend in BACKENDS else None
+        if instruments is not None:
+            call = backend_call(backend, args, dict(call_kw, instruments=instruments))
         scratch[backend], outputs[backend] = scratch_and_outputs(call)
+        redone[backend] = lanes_redone(instruments)
     quality = assess_outputs(args, outputs)
     del outputs
     rows = []
@@ -554,15 +562,23 @@ def measure(shape: dict, backends=GPU_BACKENDS, d_k=576, d_v=512, warmup=3, repe
                         flops(shape["B"], shape["S"], shape["H"], shape["L"], d_k, d_v) / (ms * 1e-3) / 1e12,
                         scratch[backend] / 2**30, min(times[backend]), max(times[backend]), repeats,
                         rel_l2_vs_first=quality[backend].rel_l2_vs_first, error=quality[backend].error,
-                        min_budget_gib=min_budget_gib(shape, d_k, d_v, backend, call_kw.get("block_h"))))
+                        min_budget_gib=min_budget_gib(shape, d_k, d_v, backend, call_kw.get("block_h")),
+                        lanes_redone=redone[backend]))
     del quality
     torch.cuda.empty_cache()
     return with_error_ratios(with_ratios(rows))
 
 
+def lanes_redone(instruments) -> bool | None:
+    """Whether a call seen by ``instruments`` (mqa_bwd.Instruments, or None) redid its lanes in
+    int64; None where it had no lanes launch or nothing was seen. Synchronises."""
+    if instruments is None or not instruments.redone:
+        return None
+    return any(int(flag.item()) != 0 for flag in instruments.redone)
+
+
 def min_budget_gib(shape: dict, d_k: int, d_v: int, backend: str, block_h=None) -> float | None:
     """The smallest scratch budget (dkv_buf_bytes) our backends accept at this shape, in GiB."""
-    from .contract import BACKENDS
     from .wrapper import scratch_bytes
 
     if backend not in BACKENDS:
@@ -666,6 +682,7 @@ COLUMNS = [
     Column("err dkv", 8, _error("dkv")),
     Column("err dsink", 9, _error("d_attn_sink")),
     Column("err/atomic", 10, _error_ratio),
+    Column("redo", 4, lambda r: "" if r.lanes_redone is None else ("yes" if r.lanes_redone else "no")),
 ]
 
 

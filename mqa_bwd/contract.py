@@ -60,16 +60,24 @@ class Instruments:
     padded-copy allocation of the call comes from (a guard-banded allocator, say);
     None: the implementation's own. ``counts``: "launches", "allocations" and
     "launch:<kernel>", incremented as they happen (so that a rejected call can be
-    shown to have launched and allocated nothing).
+    shown to have launched and allocated nothing). ``redone``: for each deterministic
+    call with a wide launch, its [1] int32 redo flag on the device, nonzero where a kv
+    row's lanes bound failed and the wide launches were redone in int64 (the same bits,
+    about twice the time; mqa_bwd.fixed_point, "The lanes"); reading one synchronises.
     """
 
     allocate: Callable | None = None
     counts: collections.Counter = dataclasses.field(default_factory=collections.Counter)
+    redone: list = dataclasses.field(default_factory=list)
     _lock: threading.Lock = dataclasses.field(default_factory=threading.Lock, repr=False, compare=False)
 
     def count(self, what: str) -> None:
         with self._lock:
             self.counts[what] += 1
+
+    def note_redone(self, flag) -> None:
+        with self._lock:
+            self.redone.append(flag)
 
 
 #: Invalid-index kinds SPEC names (anything outside [0, S_kv)); a Domain may accept fewer.

@@ -71,6 +71,12 @@ class Launcher:
         self._count("launches")
         self._count(f"launch:{kernel}")
 
+    def note_lanes_redone(self, failed) -> None:
+        """Keep a call's redo flag (lanes_redone), and hand it to the instruments."""
+        self.lanes_redone = failed
+        if self.instruments is not None:
+            self.instruments.note_redone(failed)
+
     def check_widths(self, d_k: int, d_v: int) -> None:
         """Raise ValueError for widths this launcher cannot build."""
 

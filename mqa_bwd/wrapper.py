@@ -528,7 +528,8 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
             # synchronisation): then it adds the same integers in int64 and the lanes are
             # dropped, else the lanes join dkv_fixed (in the cast below). Both give the same
             # sums, the same bits.
-            failed = launcher.lanes_redone = fixed_point.lanes_failed(bound)
+            failed = fixed_point.lanes_failed(bound)
+            launcher.note_lanes_redone(failed)
             for g, config in lanes:
                 launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, dkv_fixed, config=K.lanes_redo(config),
                                   head_base=g * bh, gate=failed, **common)

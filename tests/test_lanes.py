@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from mqa_bwd import bench, fixed_point, kernels, wrapper
-from mqa_bwd.contract import SPEC_ARGS
+from mqa_bwd.contract import SPEC_ARGS, Instruments
 from mqa_bwd.model import BOUND_CAP, ModelLauncher, contribution_bounds, float_to_int32_rn, lane_words
 from properties.case import ALL_INVALID_KINDS, Case, to_framework
 
@@ -106,6 +106,18 @@ def test_the_scales_gain_is_a_resolution_the_error_shows():
     dkv_error = {g: errors["dkv"] for g, errors in bench.oracle_errors(args, outputs).items()}
     assert dkv_error[0] > 1.1 * dkv_error[30]
     assert dkv_error[kernels.LANES_GAIN] <= 1.1 * dkv_error[30]
+
+
+def test_the_instruments_see_whether_a_call_redid_its_lanes():
+    # What the bench's "redo" column reads: one flag a deterministic call with a wide launch.
+    args = _wide_case()
+    for gain, redone in ((12, False), (19, True)):
+        instruments = Instruments()
+        wrapper.backward_with(ModelLauncher(lanes_gain=gain, instruments=instruments), *args)
+        assert len(instruments.redone) == 1 and bench.lanes_redone(instruments) is redone, gain
+    control = Instruments()
+    wrapper.backward_with(ModelLauncher(deterministic=False, instruments=control), *args)
+    assert control.redone == [] and bench.lanes_redone(control) is None and bench.lanes_redone(None) is None
 
 
 @pytest.mark.parametrize("gain", [-1, 31, 2.0, True])
