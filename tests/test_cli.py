@@ -462,6 +462,10 @@ def test_check_on_the_real_suite_with_a_small_budget(capsys, tmp_path):
     assert code == 0, out
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert summary["properties"][name]["verdict"] == "pass" and summary["properties"][name]["cases"] > 0
+    # The README's account of the summary JSON names every key the run wrote.
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    keys = set(summary) | set(summary["properties"][name]) | set(summary["domain"])
+    assert all(f"`{key}`" in readme for key in keys), sorted(k for k in keys if f"`{k}`" not in readme)
 
 
 def test_fuzz_on_the_real_suite_for_a_few_seconds(capsys, tmp_path):
