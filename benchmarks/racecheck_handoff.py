@@ -171,6 +171,9 @@ def racecheck(exe: str, handoff: str) -> tuple:
 
 
 def main():
+    import argparse
+
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         exe = build_probe(tmp)
         print(f"{'handoff':<12} {'racecheck hazards':>18} {'wrong reads':>12}")

@@ -4,6 +4,8 @@ import importlib.util
 import os
 import pathlib
 import re
+import subprocess
+import sys
 
 import pytest
 
@@ -378,3 +380,11 @@ def test_fixed_point_headroom_bounds_hold_on_production_inputs():
     assert (partial >= -1e-12).all(), partial.min()
     for name in ("plan", "per-slot"):
         assert (found[name] >= partial).all(), f"{name}: {(found[name] - partial).min():.3f} below the magnitude sums"
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in (pathlib.Path(__file__).parent.parent / "benchmarks").glob("*.py")))
+def test_every_benchmark_script_parses_its_arguments_here(script):
+    # A GPU-only study must still import and explain itself on a machine without a GPU.
+    path = pathlib.Path(__file__).parent.parent / "benchmarks" / script
+    done = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0 and "usage" in done.stdout.lower(), done.stderr[-2000:]
