@@ -43,7 +43,6 @@ gradients are the ones returned.
 
 import dataclasses
 import functools
-import importlib
 import numbers
 import os
 import secrets
@@ -55,14 +54,13 @@ from pathlib import Path
 import torch
 
 from . import capture, edge
-from .contract import BACKENDS, CUDNN, OUTPUT_NAMES, backend_device
+from .contract import BACKENDS, OUTPUT_NAMES, PEERS, backend_device, peer
 from .wrapper import backward as project_backward
 from .wrapper import problem_of, require_budget, scratch_bytes, validate_forward_inputs
 
-#: What ``backward_backend`` may name: this project's backends and cuDNN's backward.
-BACKWARD_BACKENDS = BACKENDS + ("cudnn",)
-#: The module and function of the cuDNN backward (an optional peer: cudnn-frontend).
-CUDNN_MODULE, CUDNN_FUNCTION = CUDNN.split(":")
+#: What ``backward_backend`` may name: this project's backends and the peers (contract.PEERS:
+#: cuDNN's backward).
+BACKWARD_BACKENDS = BACKENDS + tuple(PEERS)
 #: Environment: check every N-th backward (unset, "" or "0": off), where captures go, warn or raise.
 ENV_EVERY = "MQA_BWD_DRIFT_CHECK"
 ENV_DIR = "MQA_BWD_DRIFT_DIR"
@@ -253,17 +251,13 @@ class Backward:
         return self.function(*args, **self.options)
 
 
-def _cudnn_backward():
-    """mqa_bwd.cudnn's backward, or a ValueError naming backward_backend with why not."""
-    try:
-        module = importlib.import_module(CUDNN_MODULE)
-    except ImportError as err:
-        raise ValueError(f"backward_backend: 'cudnn' needs the module {CUDNN_MODULE} and cudnn-frontend; "
-                         f"it does not import here ({err})") from None
-    reason = module.unavailable()
+def _peer_backward(word: str):
+    """The backward of the peer ``word`` (contract.peer), or a ValueError naming backward_backend
+    with why it cannot run here."""
+    function, reason = peer(word)
     if reason is not None:
-        raise ValueError(f"backward_backend: 'cudnn' cannot run here: {reason}")
-    return getattr(module, CUDNN_FUNCTION)
+        raise ValueError(f"backward_backend: {word!r} cannot run here: {reason}")
+    return function
 
 
 def resolve_backward(backward_backend, device, d_k, d_v, block_h=None, dkv_buf_bytes=None) -> Backward:
@@ -276,10 +270,10 @@ def resolve_backward(backward_backend, device, d_k, d_v, block_h=None, dkv_buf_b
     flags = sum(([f"--{k.replace('_', '-')}", str(v)] for k, v in config.items()), [])
     if backward_backend is None:
         backward_backend = backends.default_backend(device)
-    if backward_backend == "cudnn":
-        function = _cudnn_backward()
-        return Backward("cudnn", function, dict(block_h=block_h, dkv_buf_bytes=dkv_buf_bytes),
-                        dict(config, impl=CUDNN), ("--impl", CUDNN, "--device", device.type, *flags))
+    if backward_backend in PEERS:
+        function, spec = _peer_backward(backward_backend), PEERS[backward_backend]
+        return Backward(backward_backend, function, dict(block_h=block_h, dkv_buf_bytes=dkv_buf_bytes),
+                        dict(config, impl=spec), ("--impl", spec, "--device", device.type, *flags))
     if backward_backend not in BACKENDS:
         raise ValueError(f"backward_backend: one of {BACKWARD_BACKENDS} or None, got {backward_backend!r}")
     reason = backends.unavailable(backward_backend)
@@ -481,8 +475,12 @@ def sparse_mqa_attention(q, kv, attn_sink, token_indices, sm_scale, *, d_v=512, 
         if backward.name in BACKENDS:
             least = scratch_bytes(B, S, S_kv, H, L, d_k, int(d_v), block_h=block_h, backend=backward.name)
             source = "mqa_bwd.scratch_bytes"
-        else:
-            least, source = importlib.import_module(CUDNN_MODULE).scratch_bytes(problem), "mqa_bwd.cudnn.scratch_bytes"
+        else:  # a peer's own account (contract.PEERS), which it must give to take a budget
+            scratch = getattr(backward.function, "scratch_bytes", None)
+            if not callable(scratch):
+                raise ValueError(f"dkv_buf_bytes: backward_backend {backward.name!r} does not say what scratch it "
+                                 "needs (no scratch_bytes); pass dkv_buf_bytes=None")
+            least, source = scratch(problem), f"{PEERS[backward.name]}.scratch_bytes"
         require_budget(problem.dkv_buf_bytes, least, problem.rows, source)
     call = Call(forward, backward, check, float(sm_scale), int(d_v))
     layer = SparseMQAAttention if framework == "torch" else paddle_layer()

@@ -41,7 +41,7 @@ import math
 import statistics
 from typing import Callable
 
-from .contract import BACKENDS, GPU_BACKENDS, OUTPUT_NAMES, PEERS, Instruments
+from .contract import BACKENDS, GPU_BACKENDS, OUTPUT_NAMES, PEERS, Instruments, peer
 
 SHAPES = {
     "dsv32": [dict(B=1, S=4096, S_kv=8192, H=64, L=2048), dict(B=1, S=4096, S_kv=8192, H=128, L=2048)],
@@ -439,20 +439,16 @@ def peer_function(backend: str) -> Callable | None:
 
 def backend_unavailable(backend: str) -> str | None:
     """Why ``backend`` (BENCH_BACKENDS, or a model for the tests) cannot run here, or None.
-    A peer says it itself: its ``backend_unavailable(None)``, and its ``device``."""
-    try:
-        function = peer_function(backend)
-    except ImportError as err:
-        return f"{PEERS[backend]} does not import: {err!r}"
-    if function is None:
+    A peer says it itself (contract.peer), and its ``device`` must be CUDA."""
+    if backend not in PEERS:
         from . import backends
 
         return backends.unavailable(backend)
+    function, reason = peer(backend)
     device = getattr(function, "device", "cuda")
-    if device != "cuda":
+    if function is not None and device != "cuda":
         return f"{PEERS[backend]} runs on {device}; bench times on a CUDA GPU"
-    ask = getattr(function, "backend_unavailable", None)
-    return ask(None) if callable(ask) else None
+    return reason
 
 
 def parse_backends(text: str | None) -> list:

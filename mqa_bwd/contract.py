@@ -13,6 +13,7 @@ signature shows.
 
 import collections
 import dataclasses
+import importlib
 import threading
 from typing import Callable
 
@@ -27,8 +28,10 @@ CUDNN = "mqa_bwd.cudnn:cudnn_backward"
 #: Peers the tools name by one word (``bench --backends``, ``repro --against``): word ->
 #: 'module:function'. A peer takes no ``backend=``; its function describes itself, so a new
 #: peer is one entry here: ``device`` (the device type its tensors must be on),
-#: ``backend_unavailable(None)`` (why it cannot run here, or None) and ``domain``.
+#: ``backend_unavailable(None)`` (why it cannot run here, or None), ``domain``, and
+#: ``scratch_bytes(problem)`` (the least dkv_buf_bytes it accepts; without it, a budget is refused).
 PEERS = {"cudnn": CUDNN}
+
 #: The implementations behind ``backend=``: the TileLang kernels (deterministic, and
 #: the fp32-atomic control) and their CPU tile models.
 BACKENDS = ("tilelang", "tilelang-atomic", "model", "model-atomic")
@@ -45,6 +48,20 @@ def backend_device(backend: str | None, cuda_available: Callable[[], bool] | Non
     if backend is None and cuda_available is not None and cuda_available():
         return "cuda"
     return "cpu"
+
+
+def peer(word: str) -> tuple:
+    """(function, reason) of the peer PEERS names ``word``: its SPEC-signature function (None where
+    its module does not import) and why it cannot run here (None where it can): the import's
+    error, or the function's own ``backend_unavailable(None)``."""
+    spec = PEERS[word]
+    module, _, name = spec.partition(":")
+    try:
+        function = getattr(importlib.import_module(module), name)
+    except ImportError as err:
+        return None, f"{spec} does not import: {err!r}"
+    ask = getattr(function, "backend_unavailable", None)
+    return function, ask(None) if callable(ask) else None
 
 
 class BoundsError(IndexError):

@@ -251,5 +251,7 @@ cudnn_backward.domain = Domain(heads=(MIN_HEADS, 128), widths=WIDTHS, sink="opti
                                causal_indices=False)
 # The harness's seam (mqa_bwd.contract): there is no backend= to choose; why it cannot run here.
 cudnn_backward.backend_unavailable = _backend_unavailable
+#: The least dkv_buf_bytes it accepts (a peer's account of its scratch, contract.PEERS).
+cudnn_backward.scratch_bytes = scratch_bytes
 #: Where its tensors must be (a peer, contract.PEERS): cuDNN's kernels run on a CUDA GPU only.
 cudnn_backward.device = CUDA_PLACEMENT.device.type

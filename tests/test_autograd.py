@@ -19,6 +19,7 @@ import oracle
 from mqa_bwd import autograd as ag
 from mqa_bwd import capture, cli, repro
 from mqa_bwd.autograd import DriftCheck, DriftError, DriftWarning, reference_forward, sparse_mqa_attention
+from mqa_bwd.contract import PEERS
 from mqa_bwd.edge import to_numpy
 from mqa_bwd.wrapper import mqa_latent_sparse_bwd
 from properties.case import ALL_INVALID_KINDS, Case, expected, to_framework
@@ -273,9 +274,13 @@ def test_the_drift_check_is_silent_on_the_deterministic_backend_and_counts(tmp_p
     assert list(tmp_path.iterdir()) == []
 
 
+#: The module of the cuDNN peer (contract.PEERS), which the tests replace.
+CUDNN_MODULE = PEERS["cudnn"].partition(":")[0]
+
+
 def _fake_cudnn(flip=None, reason=None):
     """A stand-in for mqa_bwd.cudnn: fixed gradients; ``flip`` names an output that gets one
-    bit flipped on every second call; ``reason``: what unavailable() says."""
+    bit flipped on every second call; ``reason``: what its backend_unavailable(None) says."""
     calls = []
 
     def cudnn_backward(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, *, block_h=None,
@@ -289,13 +294,14 @@ def _fake_cudnn(flip=None, reason=None):
             t.view(torch.int16 if t.dtype == torch.bfloat16 else torch.int32).view(-1)[3] ^= 1
         return tuple(outputs)
 
-    return types.SimpleNamespace(cudnn_backward=cudnn_backward, unavailable=lambda: reason, calls=calls)
+    cudnn_backward.backend_unavailable = lambda backend: reason
+    return types.SimpleNamespace(cudnn_backward=cudnn_backward, calls=calls)
 
 
 @pytest.mark.parametrize("flip", ["dq", "dkv", "d_attn_sink"])
 def test_the_drift_check_compares_every_output_and_can_raise(flip, tmp_path, monkeypatch):
     fake = _fake_cudnn(flip)
-    monkeypatch.setitem(sys.modules, ag.CUDNN_MODULE, fake)
+    monkeypatch.setitem(sys.modules, CUDNN_MODULE, fake)
     check = DriftCheck(every=1, on_drift="raise", capture_dir=tmp_path)
     q, kv, s, idx, grad_out, scale = _leaves(SMALL)
     out = sparse_mqa_attention(q, kv, s, idx, scale, d_v=SMALL.d_v, backward_backend="cudnn", drift_check=check,
@@ -312,7 +318,7 @@ def test_the_drift_check_compares_every_output_and_can_raise(flip, tmp_path, mon
 
 def test_the_cudnn_backend_gives_its_gradients(monkeypatch):
     fake = _fake_cudnn()
-    monkeypatch.setitem(sys.modules, ag.CUDNN_MODULE, fake)
+    monkeypatch.setitem(sys.modules, CUDNN_MODULE, fake)
     _, grads = _op(SMALL, backward_backend="cudnn", drift_check=False)
     q, kv, _, _, _, _ = _leaves(SMALL)
     for name, got, want in zip(("dq", "dkv", "d_attn_sink"), grads, fake.cudnn_backward(q, kv, *[None] * 6)):
@@ -323,15 +329,30 @@ def test_the_cudnn_backend_gives_its_gradients(monkeypatch):
                                           (_fake_cudnn(reason="cudnn-frontend is not installed"),
                                            "cudnn-frontend is not installed")])
 def test_cudnn_that_cannot_run_is_a_value_error_naming_backward_backend(module, says, monkeypatch):
-    monkeypatch.setitem(sys.modules, ag.CUDNN_MODULE, module)  # None: import fails, even where the file exists
+    monkeypatch.setitem(sys.modules, CUDNN_MODULE, module)  # None: import fails, even where the file exists
     q, kv, s, idx, _, scale = _leaves(SMALL)
     with pytest.raises(ValueError, match="backward_backend") as raised:
         sparse_mqa_attention(q, kv, s, idx, scale, d_v=SMALL.d_v, backward_backend="cudnn")
     assert says in str(raised.value)
 
 
+def test_a_peers_budget_goes_by_its_own_scratch_account(monkeypatch):
+    # contract.PEERS: a peer that gives scratch_bytes(problem) takes a budget at or above it; one
+    # that gives none refuses any budget, naming dkv_buf_bytes, before the forward runs.
+    fake = _fake_cudnn()
+    monkeypatch.setitem(sys.modules, CUDNN_MODULE, fake)
+    q, kv, s, idx, _, scale = _leaves(SMALL)
+    with pytest.raises(ValueError, match="dkv_buf_bytes: backward_backend 'cudnn' does not say"):
+        sparse_mqa_attention(q, kv, s, idx, scale, d_v=SMALL.d_v, backward_backend="cudnn", dkv_buf_bytes=1 << 30)
+    fake.cudnn_backward.scratch_bytes = lambda problem: 4096
+    with pytest.raises(ValueError, match="dkv_buf_bytes"):
+        sparse_mqa_attention(q, kv, s, idx, scale, d_v=SMALL.d_v, backward_backend="cudnn", dkv_buf_bytes=4095)
+    _op(SMALL, backward_backend="cudnn", dkv_buf_bytes=4096, drift_check=False)
+    assert fake.calls[-1]["dkv_buf_bytes"] == 4096 and not fake.calls[:-1]
+
+
 def test_the_environment_turns_the_drift_check_on(tmp_path, monkeypatch):
-    monkeypatch.setitem(sys.modules, ag.CUDNN_MODULE, _fake_cudnn("dkv"))
+    monkeypatch.setitem(sys.modules, CUDNN_MODULE, _fake_cudnn("dkv"))
     monkeypatch.setenv(ag.ENV_EVERY, "2")
     monkeypatch.setenv(ag.ENV_DIR, str(tmp_path))
     monkeypatch.setenv(ag.ENV_ON_DRIFT, "raise")
