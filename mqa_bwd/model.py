@@ -42,6 +42,10 @@ class TileBoundsError(BoundsError):
         super().__init__(f"{kernel}: {tensor} {axis} {row} is outside [{first}, {extent})")
 
 
+#: Slots one wgmma step (k16) adds into dQ's accumulator.
+DQ_STEP = 16
+
+
 def _check_rows(kernel, tensor, t: torch.Tensor, axis: int, first: int, end: int, axis_name="row"):
     """The kernel touches indices [first, end) of axis ``axis`` of ``t``."""
     extent = t.shape[axis]
@@ -255,7 +259,11 @@ class ModelLauncher(Launcher):
             dp = torch.einsum("rhd,rjd->rhj", dof, kv_t[..., :Dv])
             ds = p * (dp - delta_r) * float(sm_scale)
             p_b, ds_b = _bf16(p), _bf16(ds)  # the kernel's P_s and dS_s
-            acc_dq += torch.einsum("rhj,rjd->rhd", ds_b, kv_t)
+            # dQ as the kernels' wgmma chains add it: DQ_STEP slots at a time into one fp32
+            # accumulator, in slot order, whatever the block size (so the 32-slot and the wide
+            # tile's 64-slot blocks give the same bits: zero heads appended change nothing).
+            for k0 in range(0, BS, DQ_STEP):
+                acc_dq += torch.einsum("rhj,rjd->rhd", ds_b[..., k0 : k0 + DQ_STEP], kv_t[:, k0 : k0 + DQ_STEP])
             contrib = torch.einsum("rhj,rhd->rjd", ds_b, qf)
             contrib[..., :Dv] += torch.einsum("rhj,rhd->rjd", p_b, dof)
             contrib_all[:, t * BS : (t + 1) * BS] = contrib
