@@ -35,13 +35,12 @@ the tests).
 """
 
 import dataclasses
-import importlib
 import json
 import math
 import statistics
 from typing import Callable
 
-from .contract import BACKENDS, GPU_BACKENDS, OUTPUT_NAMES, PEERS, Instruments, peer
+from .contract import BACKENDS, GPU_BACKENDS, OUTPUT_NAMES, PEERS, Instruments, peer, peer_function
 
 SHAPES = {
     "dsv32": [dict(B=1, S=4096, S_kv=8192, H=64, L=2048), dict(B=1, S=4096, S_kv=8192, H=128, L=2048)],
@@ -425,16 +424,6 @@ def oracle_errors(args, outputs: dict, budget_bytes=REFERENCE_BLOCK_BYTES) -> di
 # ---------------------------------------------------------------------------
 # Backends, one shape's measurement, the table
 # ---------------------------------------------------------------------------
-
-
-def peer_function(backend: str) -> Callable | None:
-    """The SPEC-signature function of the peer that ``backend`` names (contract.PEERS), or None
-    for one of ours. ImportError when its module does not import."""
-    spec = PEERS.get(backend)
-    if spec is None:
-        return None
-    module, _, name = spec.partition(":")
-    return getattr(importlib.import_module(module), name)
 
 
 def backend_unavailable(backend: str) -> str | None:

@@ -50,16 +50,24 @@ def backend_device(backend: str | None, cuda_available: Callable[[], bool] | Non
     return "cpu"
 
 
+def peer_function(word: str) -> Callable | None:
+    """The SPEC-signature function of the peer PEERS names ``word``, or None for a word it does
+    not name (one of our backends). ImportError when its module does not import."""
+    spec = PEERS.get(word)
+    if spec is None:
+        return None
+    module, _, name = spec.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
 def peer(word: str) -> tuple:
     """(function, reason) of the peer PEERS names ``word``: its SPEC-signature function (None where
     its module does not import) and why it cannot run here (None where it can): the import's
     error, or the function's own ``backend_unavailable(None)``."""
-    spec = PEERS[word]
-    module, _, name = spec.partition(":")
     try:
-        function = getattr(importlib.import_module(module), name)
+        function = peer_function(word)
     except ImportError as err:
-        return None, f"{spec} does not import: {err!r}"
+        return None, f"{PEERS[word]} does not import: {err!r}"
     ask = getattr(function, "backend_unavailable", None)
     return function, ask(None) if callable(ask) else None
 
