@@ -140,14 +140,6 @@ def global_slots(token_indices, problem):
 STEPS = dataclasses.replace(wrapper.STEPS, kernel_lse=kernel_lse, global_slots=global_slots)
 
 
-def prepared_call(args, launcher, steps):
-    """bench.prepared_wrapper_call with the wrapper's steps given."""
-    import functools
-
-    plan = wrapper.validate(*args, None, None, launcher, steps=steps, design=launcher.deterministic)
-    return functools.partial(wrapper.run, plan, *args, launcher, steps)
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="dsv32,fleet")
@@ -161,7 +153,8 @@ def main():
         calls = {}
         for design, deterministic in (("det", True), ("control", False)):
             for steps_name, steps in (("torch steps", wrapper.STEPS), ("kernel steps", STEPS)):
-                calls[f"{design}, {steps_name}"] = prepared_call(args, launch.TileLangLauncher(deterministic), steps)
+                calls[f"{design}, {steps_name}"] = bench.prepared_wrapper_call(args, launch.TileLangLauncher(deterministic),
+                                                                               steps)
         same = bench.same_bits(calls["det, torch steps"](), calls["det, kernel steps"]())
         times = bench.time_interleaved(calls, warmup=2, repeats=a.repeats)
         print(f"{bench.describe(shape)}: slot layouts equal {same_slots}; deterministic outputs equal {same}")

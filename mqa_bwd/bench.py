@@ -208,17 +208,19 @@ def _event_time(fn) -> float:
     return start.elapsed_time(end)
 
 
-def prepared_wrapper_call(args, launcher):
+def prepared_wrapper_call(args, launcher, steps=None):
     """One whole wrapper call on ``args`` (production_inputs' tuple) with ``launcher``, as
     a no-argument callable returning (dq, dkv, d_attn_sink); validated here, once, so
     that timing the callable leaves validation out. An A/B of two launchers (or of two
-    packages, benchmarks/package_ab.py) passes each its own launcher."""
+    packages, benchmarks/package_ab.py) passes each its own launcher; of two sets of the
+    wrapper's steps (wrapper.Steps; None: wrapper.STEPS), each its own ``steps``."""
     import functools
 
     from . import wrapper
 
-    plan = wrapper.validate(*args, None, None, launcher, design=launcher.deterministic)
-    return functools.partial(wrapper.run, plan, *args, launcher)
+    steps = wrapper.STEPS if steps is None else steps
+    plan = wrapper.validate(*args, None, None, launcher, steps=steps, design=launcher.deterministic)
+    return functools.partial(wrapper.run, plan, *args, launcher, steps)
 
 
 def timed_wrapper_call(args, launcher) -> tuple:
