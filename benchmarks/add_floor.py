@@ -91,8 +91,9 @@ def time_floor(shape: dict, repeats: int) -> None:
     from mqa_bwd.bench import production_inputs, time_interleaved
 
     args = production_inputs(**shape)
-    problem = wrapper.validate(*args, None, None, launch.TileLangLauncher(True), design=True)
-    slots = wrapper.global_slots(args[6], problem)  # as the main kernel reads them
+    launcher = launch.TileLangLauncher(True)
+    problem = wrapper.validate(*args, None, None, launcher, design=True)
+    slots = wrapper.global_slots(args[6], problem, launcher)  # as the main kernel reads them
     nkv, d_k = problem.B * problem.S_kv, problem.d_k
     kernels = {v: K.compile_program(adds_program(v, d_k)) for v in VARIANTS}
     acc = {"u64": torch.zeros((nkv, d_k), dtype=torch.int64, device="cuda"),

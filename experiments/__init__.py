@@ -1,6 +1,6 @@
-"""Variants kept only to time against the product, each self-contained (not imported by mqa_bwd):
+"""Variants kept only to time against the product, each self-contained (not imported by mqa_bwd).
 
-  host_steps.py   the wrapper's kernel_lse and global_slots steps as TileLang kernels, through
-                  the replaceable wrapper.Steps (python -m experiments.host_steps; its test:
-                  python -m pytest -m experiments experiments/test_host_steps.py)
+None is kept now: the last one, the wrapper's layout steps as kernels, became the product's
+(mqa_bwd.kernels.prologue); git history holds the others. A new one lives here with its
+test under the ``experiments`` marker (``python -m pytest -m experiments experiments/``).
 """

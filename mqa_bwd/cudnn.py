@@ -43,7 +43,8 @@ import torch
 
 from . import edge
 from .contract import Domain
-from .wrapper import caller_order, global_slots, require_budget, torch_inputs, validate
+from . import layout
+from .wrapper import require_budget, torch_inputs, validate
 
 MODULE = "cudnn.deepseek_sparse_attention.sparse_attention_backward"
 FUNCTION = "sparse_attention_backward_wrapper"
@@ -112,9 +113,11 @@ def _function():
 
 def global_indices(token_indices: torch.Tensor, problem) -> torch.Tensor:
     """[B,S,L] any integer -> [B*S, L] int32: b*S_kv + index where 0 <= index < S_kv, else -1,
-    in the caller's order: our wrapper's slot layout (wrapper.global_slots, which tests
-    validity in int64 before the batch offset), without its padding to the slot block."""
-    return global_slots(token_indices, problem, order=caller_order)[:, : problem.L].contiguous()
+    in the caller's order: our slot layout's keys (layout.slot_keys, which tests validity
+    before the batch offset) with invalid slots -1, without the sort and the padding."""
+    nkv = problem.B * problem.S_kv
+    keys = layout.slot_keys(token_indices.reshape(problem.rows, problem.L), 0, problem.S, problem.S_kv, nkv)
+    return torch.where(keys == nkv, -1, keys).contiguous()
 
 
 #: cuDNN's kernels load rows by TMA and 16-byte copies: a view at an odd offset is copied.

@@ -17,6 +17,7 @@ import torch
 
 from . import fixed_point
 from . import kernels as K
+from . import layout
 from .contract import Instruments
 
 
@@ -81,6 +82,25 @@ class Launcher:
         """Raise ValueError for widths this launcher cannot build."""
 
     # Kernels: see mqa_bwd.kernels for the contract of each.
+    def kernel_lse(self, lse, sink, lse2, sink2):
+        """lse2 [R, H] and sink2 [H] f32 from lse and sink: the kernels' base-2, sink-inclusive
+        lse, poisoned where the input is bad (layout.lse_base2). Here the reference."""
+        self.launched("kernel_lse")
+        want_lse2, want_sink2 = layout.lse_base2(lse, sink)
+        lse2.copy_(want_lse2)
+        sink2.copy_(want_sink2)
+
+    def slot_keys(self, indices, keys, row0, S, S_kv, nkv):
+        """keys [n, L] int32: the sort keys of the indices [n, L] (int32 or int64) of query rows
+        row0 .. row0 + n (layout.slot_keys). Here the reference."""
+        self.launched("slot_keys")
+        keys.copy_(layout.slot_keys(indices, row0, S, S_kv, nkv))
+
+    def place_slots(self, ordered, slots, nkv):
+        """slots [n, Lp] int32 from the ordered keys [n, L] (layout.place_slots). Here the reference."""
+        self.launched("place_slots")
+        layout.place_slots(ordered, slots, nkv)
+
     def delta(self, out, grad_out, lse2, sink2, delta, dsink_rows, q=None, peak_q=None, peak_do=None):
         """Delta and DSinkRows; with q (the fixed-point design), also peak_q and peak_do
         [R, H] int32: fixed_point.magnitude_bits of q and grad_out (max |x| as bf16 bits)."""
@@ -151,6 +171,21 @@ class TileLangLauncher(Launcher):
                 f"query: width Dk={d_k} with Dv={d_v} cannot be built by the TileLang kernel; "
                 f"supported (Dk, Dv): {list(K.GPU_WIDTHS)}"
             )
+
+    def kernel_lse(self, lse, sink, lse2, sink2):
+        kernel = K.compiled(K.KernelConfig("kernel_lse"))
+        self.launched("kernel_lse")
+        kernel(lse, sink, lse2, sink2)
+
+    def slot_keys(self, indices, keys, row0, S, S_kv, nkv):
+        kernel = K.compiled(K.KernelConfig("slot_keys", (str(indices.dtype).removeprefix("torch."),)))
+        self.launched("slot_keys")
+        kernel(indices, keys, int(row0), int(S), int(S_kv), int(nkv))
+
+    def place_slots(self, ordered, slots, nkv):
+        kernel = K.compiled(K.KernelConfig("place_slots"))
+        self.launched("place_slots")
+        kernel(ordered, slots, int(nkv))
 
     def delta(self, out, grad_out, lse2, sink2, delta, dsink_rows, q=None, peak_q=None, peak_do=None):
         self.launched("delta")

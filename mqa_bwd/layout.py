@@ -1,6 +1,18 @@
-"""Per-head arithmetic shared by the wrapper and the CPU tile model (below both)."""
+"""Layout arithmetic shared by the wrapper, the launchers' references and the CPU tile model (below them).
+
+- ``per_head``: a per-head function with the same arithmetic whatever H is;
+- ``lse_base2``: the kernels' lse convention and its bad-input rule;
+- ``slot_keys`` and ``place_slots``: the slot layout's two steps around the sort.
+
+The TileLang launcher runs the last three as kernels (mqa_bwd.kernels.prologue) with the
+same results; these are their definitions.
+"""
+
+import math
 
 import torch
+
+from .kernels.config import LOG2E
 
 
 def per_head(fn, rows: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
@@ -15,3 +27,51 @@ def per_head(fn, rows: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
     if rows.device.type != "cpu":
         return fn(rows, heads.view(1, -1))
     return torch.stack([fn(rows[:, h].contiguous(), heads[h]) for h in range(rows.shape[1])], dim=1)
+
+
+def lse_base2(lse: torch.Tensor, sink: torch.Tensor) -> tuple:
+    """The kernels' convention, base 2 and sink-inclusive, from the padded [R, Hp] lse
+    and [Hp] sink: (Lse2 = logaddexp(lse, sink) * log2(e) per head, Sink2 = sink * log2(e)).
+
+    A row with no valid slot (lse = -inf) has zero gradients, the sink's too:
+    Lse2 = +inf there makes both P and p_sink exactly 0, with or without a
+    sink, and never NaN.
+
+    Bad input is poisoned here, on the device (checking it on the host would
+    cost a synchronisation the caller did not ask for): Lse2[r, h] is NaN where
+    lse[r, h] is NaN or +inf, and in every row of head h where sink[h] is NaN or
+    +inf (-inf lse included). The kernels then carry the NaN into every output
+    the (row, head) reaches: its P and dS are NaN, so its dq is NaN in every
+    column where the row has a valid slot, its d_sink row is NaN (so is
+    d_attn_sink[h]), its dKV contributions are NaN (the atomic control's kv rows
+    that its valid slots name), and its NaN softmax mass flags the row, so the
+    fixed design returns its whole batch element's dKV as NaN. docs/SPEC.md, "Bad input".
+    """
+    lse2 = per_head(lambda lse_h, sink_h: torch.logaddexp(lse_h, sink_h) * LOG2E, lse, sink)
+    lse2 = torch.where(lse == -math.inf, math.inf, lse2)
+    # x < inf is false for NaN and +inf only (-inf and every finite value compare below it).
+    sound = (lse < math.inf) & (sink < math.inf).view(1, -1)
+    return torch.where(sound, lse2, math.nan).contiguous(), (sink * LOG2E).contiguous()
+
+
+def slot_keys(indices: torch.Tensor, row0: int, S: int, S_kv: int, nkv: int) -> torch.Tensor:
+    """[n, L] indices of the query rows row0 .. row0 + n (any integer dtype) -> [n, L] int32
+    sort keys: b * S_kv + index where 0 <= index < S_kv (b = row // S, the row's batch
+    element), else ``nkv`` = B * S_kv, above every valid row, so that invalid slots sort
+    last. B * S_kv < 2**31 (validated): every key fits int32. int32 indices are compared as
+    they are, any other dtype in int64."""
+    work = torch.int32 if indices.dtype == torch.int32 else torch.int64
+    idx = indices.to(work)
+    valid = (idx >= 0) & (idx < S_kv)
+    if nkv > S_kv:  # B > 1; an invalid slot's sum may overflow here: where() drops it
+        batch = torch.arange(row0, row0 + idx.shape[0], device=idx.device, dtype=work) // S
+        idx = idx + (batch * S_kv).view(-1, 1)
+    return torch.where(valid, idx, nkv).to(torch.int32)
+
+
+def place_slots(ordered: torch.Tensor, slots: torch.Tensor, nkv: int) -> None:
+    """slots [n, Lp] int32 from the ordered keys [n, L]: a key's kv row, -1 for an invalid
+    slot (key ``nkv``) and for the padding columns L .. Lp."""
+    L = ordered.shape[1]
+    slots[:, :L] = torch.where(ordered == nkv, -1, ordered)
+    slots[:, L:] = -1

@@ -71,19 +71,19 @@ def _pad_heads_unfilled(x, padded, value, launcher):
     return y
 
 
-def _lse_natural(lse, sink):
+def _lse_natural(lse, sink, launcher):
     # The log2(e) factor forgotten: the natural-log values reach the base-2 kernel.
-    lse2, sink2 = wrapper.STEPS.kernel_lse(lse, sink)
+    lse2, sink2 = wrapper.STEPS.kernel_lse(lse, sink, launcher)
     return lse2 / LOG2E, sink2 / LOG2E
 
 
-def _lse_without_sink(lse, sink):
+def _lse_without_sink(lse, sink, launcher):
     # lse handed over sink-exclusive (logaddexp with -inf is lse exactly); the sink itself as usual.
-    lse2 = wrapper.STEPS.kernel_lse(lse, torch.full_like(sink, float("-inf")))[0]
-    return lse2, wrapper.STEPS.kernel_lse(lse, sink)[1]
+    lse2 = wrapper.STEPS.kernel_lse(lse, torch.full_like(sink, float("-inf")), launcher)[0]
+    return lse2, wrapper.STEPS.kernel_lse(lse, sink, launcher)[1]
 
 
-def _lse_unpoisoned(lse, sink):
+def _lse_unpoisoned(lse, sink, launcher):
     # The rule before SPEC's "Bad input": -inf lse mapped to +inf, nothing poisoned,
     # so a +inf lse gives zero gradients and a +inf sink a NaN d_attn_sink only.
     lse2 = per_head(lambda lse_h, sink_h: torch.logaddexp(lse_h, sink_h) * LOG2E, lse, sink)
@@ -91,7 +91,7 @@ def _lse_unpoisoned(lse, sink):
     return lse2, (sink * LOG2E).contiguous()
 
 
-def _minus_one_only_slots(token_indices, p):
+def _minus_one_only_slots(token_indices, p, launcher):
     idx = token_indices.to(torch.int64)
     base = (torch.arange(p.B, device=idx.device, dtype=torch.int64) * p.S_kv).view(p.B, 1, 1)
     nkv = p.B * p.S_kv  # sorts last, as the wrapper's invalid slots do

@@ -30,7 +30,7 @@ copies of q, out and grad_out when H is not a multiple of the group width:
 ``dkv_buf_bytes`` below that sum is refused (nothing here is chunked).
 
 A NaN or +inf lse or sink is poisoned on the device, never checked on the
-host (``kernel_lse``; docs/SPEC.md, "Bad input").
+host (``layout.lse_base2``; docs/SPEC.md, "Bad input").
 
 The steps a test may replace (a mutant, the #1784 reproduction) are the fields
 of ``Steps``; ``backward(..., steps=...)`` runs with them, and the public
@@ -49,7 +49,6 @@ from . import fixed_point
 from . import kernels as K
 from . import launch as L
 from .contract import BACKENDS, BLOCK_H_CHOICES
-from .layout import per_head
 
 PAD_SINK = -1e30
 INT32_MAX = 2**31 - 1
@@ -113,8 +112,8 @@ class Problem:
 
         For contiguous inputs (torch's reshape copies a non-contiguous one). Not in
         it: what does not grow with S (the dKV accumulator, per-kv-row scales and
-        marks, per-head vectors) and the transient temporaries of the torch ops that
-        build the slot layout (bounded by INDEX_STEP slots) and Lse2 (elementwise)."""
+        marks, per-head vectors) and the sort's temporaries (bounded by INDEX_STEP
+        slots, as the slot layout's sort keys are)."""
         R, H, Hp, Lp = self.rows, self.H, self.padded_heads, self.padded_slots
         padded = Hp != H
         f32 = i32 = 4
@@ -126,6 +125,7 @@ class Problem:
             parts["lse, heads padded"] = R * Hp * f32
         parts["Lse2"] = R * Hp * f32
         parts["slot layout"] = R * Lp * i32
+        parts["slot sort keys"] = min(R, max(1, INDEX_STEP // self.L)) * self.L * i32  # one step's
         parts["Delta"] = R * Hp * f32
         parts["d_sink rows"] = R * Hp * f32
         if deterministic:
@@ -361,30 +361,13 @@ def pad_heads(x: torch.Tensor, padded: int, value: float, launcher) -> torch.Ten
     return y
 
 
-def kernel_lse(lse: torch.Tensor, sink: torch.Tensor) -> tuple:
-    """The kernels' convention, base 2 and sink-inclusive, from the padded [R, Hp] lse
-    and [Hp] sink: (Lse2 = logaddexp(lse, sink) * log2(e) per head, Sink2 = sink * log2(e)).
-
-    A row with no valid slot (lse = -inf) has zero gradients, the sink's too:
-    Lse2 = +inf there makes both P and p_sink exactly 0, with or without a
-    sink, and never NaN.
-
-    Bad input is poisoned here, on the device (checking it on the host would
-    cost a synchronisation the caller did not ask for): Lse2[r, h] is NaN where
-    lse[r, h] is NaN or +inf, and in every row of head h where sink[h] is NaN or
-    +inf (-inf lse included). The kernels then carry the NaN into every output
-    the (row, head) reaches: its P and dS are NaN, so its dq is NaN in every
-    column where the row has a valid slot, its d_sink row is NaN (so is
-    d_attn_sink[h]), its dKV contributions are NaN (the atomic control's kv rows
-    that its valid slots name), and its NaN softmax mass flags the row, so the
-    fixed design returns its whole batch element's dKV as NaN. docs/SPEC.md, "Bad input".
-    """
-    lse2 = per_head(lambda lse_h, sink_h: torch.logaddexp(lse_h, sink_h) * K.LOG2E, lse, sink)
-    lse2 = torch.where(lse == -math.inf, math.inf, lse2)
-    # x < inf is false for NaN and +inf only (-inf and every finite value compare below it).
-    sound = (lse < math.inf) & (sink < math.inf).view(1, -1)
-    lse2 = torch.where(sound, lse2, math.nan).contiguous()
-    return lse2, (sink * K.LOG2E).contiguous()
+def kernel_lse(lse: torch.Tensor, sink: torch.Tensor, launcher: L.Launcher) -> tuple:
+    """(Lse2 [R, Hp], Sink2 [Hp]): the kernels' convention, base 2 and sink-inclusive, from the
+    padded lse and sink, by the launcher (layout.lse_base2 defines it, and how bad input is
+    poisoned there, on the device)."""
+    lse2, sink2 = launcher.empty(tuple(lse.shape), torch.float32), launcher.empty(tuple(sink.shape), torch.float32)
+    launcher.kernel_lse(lse.contiguous(), sink.contiguous(), lse2, sink2)
+    return lse2, sink2
 
 
 #: The slot layout is built this many slots at a time, so its temporaries
@@ -407,30 +390,25 @@ def caller_order(rows: torch.Tensor) -> torch.Tensor:
     return rows
 
 
-def global_slots(token_indices: torch.Tensor, problem: "Problem", order: Callable = canonical_order) -> torch.Tensor:
+def global_slots(token_indices: torch.Tensor, problem: "Problem", launcher: L.Launcher,
+                 order: Callable = canonical_order) -> torch.Tensor:
     """[B,S,L] any integer -> [R, Lp] int32: b*S_kv + index when 0 <= index < S_kv, else -1,
-    each row's slots in ``order`` (the canonical order; caller_order keeps the caller's)."""
+    each row's slots in ``order`` (the canonical order; caller_order keeps the caller's):
+    the launcher's slot keys (layout.slot_keys), ordered, then placed (layout.place_slots),
+    at most INDEX_STEP slots at a time."""
     p = problem
     flat = token_indices.reshape(p.rows, p.L)
-    nkv = p.B * p.S_kv  # above every valid global row: invalid slots sort last
-    # B*S_kv < 2**31 (validated), so every valid global row, and nkv, fit int32: int32
-    # indices are used as they are; any other dtype is compared in int64 first.
-    work = torch.int32 if flat.dtype == torch.int32 else torch.int64
+    nkv = p.B * p.S_kv
     step = max(1, INDEX_STEP // p.L)  # rows per step, at least one
-    whole = 0 < p.rows <= step and p.padded_slots == p.L  # one step, no padding: no copy
-    slots = None if whole else torch.full((p.rows, p.padded_slots), -1, dtype=torch.int32, device=flat.device)
+    slots = launcher.empty((p.rows, p.padded_slots), torch.int32)
+    keys = launcher.empty((min(step, p.rows), p.L), torch.int32)
     for r0 in range(0, p.rows, step):
-        rows = slice(r0, min(p.rows, r0 + step))
-        idx = flat[rows].to(work)
-        valid = (idx >= 0) & (idx < p.S_kv)
-        if p.B > 1:  # invalid slots may overflow here: where() drops them
-            batch = torch.arange(rows.start, rows.stop, device=idx.device, dtype=work) // p.S
-            idx = idx + (batch * p.S_kv).view(-1, 1)
-        ordered = order(torch.where(valid, idx, nkv).to(torch.int32))
-        placed = torch.where(ordered == nkv, -1, ordered)
-        if whole:
-            return placed
-        slots[rows, : p.L] = placed
+        r1 = min(p.rows, r0 + step)
+        part = flat[r0:r1]
+        if part.dtype not in (torch.int32, torch.int64):  # the dtypes slot_keys is built for
+            part = part.to(torch.int64)
+        launcher.slot_keys(part.contiguous(), keys[: r1 - r0], r0, p.S, p.S_kv, nkv)
+        launcher.place_slots(order(keys[: r1 - r0]), slots[r0:r1], nkv)
     return slots
 
 
@@ -442,9 +420,9 @@ class Steps:
              dkv_buf_bytes, launcher, steps, framework, *, design) -> Problem
     require_dtype(name, t, dtype, framework)      ValueError unless t.dtype == dtype
     pad_heads(x, padded, value, launcher) -> x    [R, H, ...] -> [R, padded, ...]
-    kernel_lse(lse, sink) -> (lse2, sink2)        base 2, sink-inclusive (padded tensors)
-    global_slots(token_indices, problem) -> slots [R, Lp] int32 global kv rows or -1,
-                                                  each row in the canonical order
+    kernel_lse(lse, sink, launcher) -> (lse2, sink2)   base 2, sink-inclusive (padded tensors)
+    global_slots(token_indices, problem, launcher) -> slots [R, Lp] int32 global kv rows
+                                                  or -1, each row in the canonical order
     """
 
     validate: Callable
@@ -475,9 +453,9 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
         sink = attn_sink.to(f32)
     sink_p = steps.pad_heads(sink.reshape(1, p.H), Hp, PAD_SINK, launcher).reshape(Hp)
 
-    lse2, sink2 = steps.kernel_lse(lse_p, sink_p)
+    lse2, sink2 = steps.kernel_lse(lse_p, sink_p, launcher)
     kv2 = kv.reshape(NKV, p.d_k).contiguous()
-    slots = steps.global_slots(token_indices, p)
+    slots = steps.global_slots(token_indices, p, launcher)
 
     delta = launcher.empty((R, Hp), f32)
     dsink_rows = launcher.empty((R, Hp), f32)

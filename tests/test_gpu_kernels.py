@@ -5,6 +5,7 @@ Run on the H200 with: ``pytest -m gpu tests/test_gpu_kernels.py``.
 """
 
 import itertools
+import math
 
 import numpy as np
 import pytest
@@ -197,6 +198,60 @@ def test_slot_marks_match_the_model_inside_guard_bands():
     assert torch.equal(marks["model"][1], marks["tilelang"][1])
     assert 0 < int(marks["tilelang"][0].sum()) < NKV // 2
     assert marks["tilelang"][1][7:10].tolist() == [0, 0, 0] and int(marks["tilelang"][1].sum()) == R - 3
+
+
+@pytest.mark.parametrize("B,S,S_kv,L,dtype", [(1, 64, 128, 64, torch.int32), (3, 5, 70, 37, torch.int64),
+                                              (2, 7, 40, 129, torch.int32), (2, 4, 33, 8, torch.int16)])
+@pytest.mark.parametrize("step_rows", [None, 3])
+def test_slot_layout_kernels_give_the_models_slots_inside_guard_bands(B, S, S_kv, L, dtype, step_rows, monkeypatch):
+    # slot_keys and place_slots around the sort (wrapper.global_slots) against the reference
+    # steps (layout.py, the model's): every invalid kind, duplicates, padding, B > 1, indices
+    # of each dtype the kernels read and one they do not (int16, converted first), one step
+    # and several (a step's row0 sets its batch offsets).
+    case = Case(B=B, S=S, S_kv=S_kv, H=16, L=L, invalid=INVALID_KINDS, hole_rate=0.3, duplicates=True, seed=L)
+    info = torch.iinfo(dtype)
+    idx = torch.from_numpy(case.indices()).to(torch.int64).clamp(info.min, info.max).to(dtype)
+    if step_rows:
+        monkeypatch.setattr(wrapper, "INDEX_STEP", step_rows * L)
+    p = wrapper.Problem(B=B, S=S, S_kv=S_kv, H=16, L=L, d_k=64, d_v=32, block_h=16, dkv_buf_bytes=None)
+    got = {}
+    for name, device in (("model", "cpu"), ("tilelang", "cuda")):
+        guards = GuardBands()
+        launcher = ModelLauncher(instruments=guards.instruments()) if name == "model" else launch.TileLangLauncher(
+            instruments=guards.instruments())
+        slots = wrapper.global_slots(idx.to(device), p, launcher)
+        assert not guards.violations(), f"{name}: {guards.violations()}"
+        got[name] = slots.cpu()
+    assert bitwise_difference("slots", got["tilelang"], got["model"]) is None
+    assert 0 < int((got["model"] >= 0).sum()) < got["model"].numel() and bool((got["model"][:, L:] == -1).all())
+
+
+def test_kernel_lse_keeps_the_poisoning_rule_and_the_values():
+    # The Lse2 kernel against the reference (layout.lse_base2): the same NaN and inf
+    # positions (the bad-input rule), finite values within a few fp32 ulps of torch's
+    # logaddexp (the kernel's exp and log1p are not torch's), Sink2 bit for bit.
+    g = torch.Generator().manual_seed(0)
+    lse = torch.randn((300, 40), generator=g) * 5
+    sink = torch.randn((40,), generator=g)
+    lse[0, :4] = torch.tensor([-math.inf, math.inf, math.nan, 0.0])
+    sink[5], sink[6], sink[7] = math.nan, math.inf, -math.inf
+    got = {}
+    for name, launcher, device in (("model", ModelLauncher(), "cpu"), ("tilelang", launch.TileLangLauncher(), "cuda")):
+        lse2, sink2 = wrapper.kernel_lse(lse.to(device), sink.to(device), launcher)
+        got[name] = lse2.cpu(), sink2.cpu()
+    (have, have_sink), (want, want_sink) = got["tilelang"], got["model"]
+    assert bool(torch.isnan(want[:, 5:7]).all()) and float(want[0, 0]) == math.inf  # the rule, in the reference
+    nan_at = (torch.isnan(have) != torch.isnan(want)).nonzero().tolist()
+    assert not nan_at, f"NaN in one of the two at (row, head) {nan_at[:8]}"
+    inf_at = (torch.isinf(have) != torch.isinf(want)).nonzero().tolist()
+    assert not inf_at, f"inf in one of the two at (row, head) {inf_at[:8]}"
+    finite = torch.isfinite(want)
+    error = float((have - want)[finite].abs().max())
+    assert error <= 4e-6 * float(want[finite].abs().max()), f"largest difference {error}"
+    # NaN bits are the device's own (a GPU's arithmetic NaN is canonical): NaN where the reference has it.
+    assert torch.equal(torch.isnan(have_sink), torch.isnan(want_sink)), (have_sink, want_sink)
+    sound = ~torch.isnan(want_sink)
+    assert bitwise_difference("sink2", have_sink[sound], want_sink[sound]) is None
 
 
 @pytest.mark.parametrize("R,H", [(1, 16), (31, 40), (4099, 64), (8192, 128)])

@@ -96,17 +96,17 @@ def test_the_slot_layout_is_one_order_for_every_order_of_a_rows_slots():
     case = Case(B=2, S=5, S_kv=40, H=16, L=37, invalid=INVALID_KINDS, hole_rate=0.3, duplicates=True, seed=3)
     idx = torch.from_numpy(case.indices())
     p = wrapper.Problem(B=2, S=5, S_kv=40, H=16, L=37, d_k=64, d_v=32, block_h=16, dkv_buf_bytes=None)
-    slots = wrapper.global_slots(idx, p)
+    slots = wrapper.global_slots(idx, p, ModelLauncher())
     g = torch.Generator().manual_seed(0)
     shuffled = torch.gather(idx, -1, torch.argsort(torch.rand(idx.shape, generator=g), dim=-1))
-    assert torch.equal(wrapper.global_slots(shuffled, p), slots)
+    assert torch.equal(wrapper.global_slots(shuffled, p, ModelLauncher()), slots)
     valid = slots[:, : p.L] >= 0
     assert bool((valid[:, 1:] <= valid[:, :-1]).all()), "an invalid slot before a valid one"
     keys = torch.where(valid, slots[:, : p.L], torch.iinfo(torch.int32).max)
     assert bool((keys[:, 1:] >= keys[:, :-1]).all())
     assert bool((slots[:, p.L :] == -1).all())
     # The caller's order stays available as the identity (the mutant that keeps it).
-    kept = wrapper.global_slots(shuffled, p, order=wrapper.caller_order)
+    kept = wrapper.global_slots(shuffled, p, ModelLauncher(), order=wrapper.caller_order)
     assert not torch.equal(kept, slots)
 
 
@@ -141,7 +141,7 @@ def test_the_slot_layout_matches_one_written_by_hand(monkeypatch, B, S, L, dtype
     if step_rows:
         monkeypatch.setattr(wrapper, "INDEX_STEP", step_rows * L)
     p = wrapper.Problem(B=B, S=S, S_kv=S_kv, H=16, L=L, d_k=64, d_v=32, block_h=16, dkv_buf_bytes=None)
-    slots = wrapper.global_slots(idx, p)
+    slots = wrapper.global_slots(idx, p, ModelLauncher())
     assert slots.dtype == torch.int32 and slots.shape == (B * S, p.padded_slots)
     assert np.array_equal(slots.numpy(), _slots_by_hand(idx.numpy(), S_kv, p.padded_slots))
 
@@ -598,10 +598,10 @@ def test_the_poisoning_is_computed_on_the_device_in_kernel_lse():
     # launcher (the GPU's kernels take the same Lse2). Both +inf and NaN, lse and sink.
     lse = torch.tensor([[0.5, math.nan, math.inf, -math.inf], [1.0, 2.0, -math.inf, -math.inf]])
     sink = torch.tensor([0.0, -math.inf, -1e30, math.nan])
-    lse2, _ = wrapper.kernel_lse(lse, sink)
+    lse2, _ = wrapper.kernel_lse(lse, sink, ModelLauncher())
     assert torch.isnan(lse2).tolist() == [[False, True, True, True], [False, False, False, True]]
     assert lse2[1, 2].item() == math.inf  # -inf lse, finite sink: no valid slot
-    lse2, _ = wrapper.kernel_lse(lse[:, :3], torch.tensor([0.0, math.inf, 1.0]))
+    lse2, _ = wrapper.kernel_lse(lse[:, :3], torch.tensor([0.0, math.inf, 1.0]), ModelLauncher())
     assert torch.isnan(lse2[:, 1]).all() and not torch.isnan(lse2[0, 0])
 
 
@@ -720,17 +720,23 @@ def test_validate_holds_the_budget_to_the_design_it_is_given():
 
 
 def test_the_scratch_of_the_fixed_design_at_the_production_shape():
-    # dsv32 H=64: the slots (4096 x 2048 int32); Lse2, Delta, the d_sink rows, two
-    # peaks and the allowance per (row, head); the row marks and flags per row.
+    # dsv32 H=64: the slots and their sort keys (4096 x 2048 int32 each: 4096 rows are one
+    # INDEX_STEP); Lse2, Delta, the d_sink rows, two peaks and the allowance per (row, head);
+    # the row marks and flags per row.
     R, H, Lp = 4096, 64, 2048
-    assert mqa_bwd.scratch_bytes(1, R, 8192, H, 2048, 576, 512) == R * Lp * 4 + R * H * 4 * 6 + R * 4 * 2
+    slots_and_keys = 2 * R * Lp * 4
+    assert mqa_bwd.scratch_bytes(1, R, 8192, H, 2048, 576, 512) == slots_and_keys + R * H * 4 * 6 + R * 4 * 2
     # H = 8 pads to 16 heads: copies of q, out and grad_out, and of lse, the
     # allowance and dq over 16 heads (the allowance also over the real 8).
     Hp = 16
     assert mqa_bwd.scratch_bytes(1, R, 8192, 8, 2048, 576, 512) == (
-        R * Lp * 4 + R * Hp * 4 * 7 + R * 8 * 4 + R * 4 * 2 + R * Hp * (576 * 2 + 512 * 2 * 2 + 576 * 2))
+        slots_and_keys + R * Hp * 4 * 7 + R * 8 * 4 + R * 4 * 2 + R * Hp * (576 * 2 + 512 * 2 * 2 + 576 * 2))
     # The atomic control keeps no peaks, allowance, marks or flags.
-    assert mqa_bwd.scratch_bytes(1, R, 8192, H, 2048, 576, 512, backend="tilelang-atomic") == R * Lp * 4 + R * H * 4 * 3
+    assert mqa_bwd.scratch_bytes(1, R, 8192, H, 2048, 576, 512, backend="tilelang-atomic") == (
+        slots_and_keys + R * H * 4 * 3)
+    # Past one step, the keys stop growing with S.
+    assert (mqa_bwd.scratch_bytes(1, 4 * R, 8192, H, 2048, 576, 512, backend="tilelang-atomic")
+            == 4 * R * Lp * 4 + 2 * R * Lp * 4 + 4 * R * H * 4 * 3)
 
 
 @pytest.mark.parametrize("kw,argument", [

@@ -29,6 +29,8 @@ Modules, by what they build
                        LiveRow[r] = 1 for every row with a valid slot; plan: the fixed-point
                        plan's row scales and mass allowances (fixed_point.plan's float64
                        operations), in three stages
+  prologue.py          kernel_lse (Lse2, Sink2), slot_keys and place_slots (the slot layout around
+                       torch's sort): the wrapper's layout steps (mqa_bwd.layout defines them)
   reductions.py        dsink_reduce (DSink[h] over the rows in a fixed order: 64 strided row
                        groups, then their sums), fixed_to_bf16 (the fixed-point accumulator ->
                        bf16 dKV, NaN when poisoned), lanes_to_bf16 (the same with the lanes
@@ -40,10 +42,11 @@ Modules, by what they build
 from .config import _tl  # noqa: F401  (the benchmarks build probes with it)
 from .device_functions import GATHER_SOURCE  # noqa: F401
 from .config import (ACCUMULATE, BLOCK_SLOTS, CLUSTER_SIZES, GPU_WIDTHS, LANE_LIMIT, LANES_GAIN, LOG2E, MASS_LIMIT,
-                     TILE_HEADS, WIDE_HEADS, WIDE_SLOTS, KernelConfig, MainConfig, gpu_configs, lanes_redo, main_config,
-                     main_launches, main_tile_heads, next_power_of_2)
+                     SLOT_INDEX_DTYPES, TILE_HEADS, WIDE_HEADS, WIDE_SLOTS, KernelConfig, MainConfig, gpu_configs,
+                     lanes_redo, main_config, main_launches, main_tile_heads, next_power_of_2)
 from .delta import delta_program
 from .main_bwd import main_bwd_program
+from .prologue import kernel_lse_program, place_slots_program, slot_keys_program
 from .plan import MARK_THREADS, MAX_SLOTS_PER_ROW, PLAN_SLOTS, PLAN_THREADS, mark_slots_program, plan_program
 from .reductions import cast_bf16_program, dsink_reduce_program, fixed_to_bf16_program, lanes_to_bf16_program
 from .wide import wide_program

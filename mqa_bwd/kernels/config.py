@@ -167,7 +167,8 @@ class KernelConfig:
     """One of the small kernels: ``kind`` and the builder's arguments.
 
     kinds: "delta" (d_v), "delta_max" (d_k, d_v), "mark_slots" (), "plan" (stage),
-    "dsink_reduce" (), "cast_bf16" (cols), "fixed_to_bf16" (cols), "lanes_to_bf16" (cols).
+    "dsink_reduce" (), "cast_bf16" (cols), "fixed_to_bf16" (cols), "lanes_to_bf16" (cols),
+    "kernel_lse" (), "slot_keys" (index dtype: "int32" or "int64"), "place_slots" ().
     """
 
     kind: str
@@ -180,13 +181,16 @@ class KernelConfig:
 
 
 SMALL_KINDS = {"delta": 1, "delta_max": 2, "mark_slots": 0, "plan": 1, "dsink_reduce": 0, "cast_bf16": 1,
-               "fixed_to_bf16": 1, "lanes_to_bf16": 1}
+               "fixed_to_bf16": 1, "lanes_to_bf16": 1, "kernel_lse": 0, "slot_keys": 1, "place_slots": 0}
+#: The index dtypes slot_keys is built for; the wrapper converts any other to int64.
+SLOT_INDEX_DTYPES = ("int32", "int64")
 
 
 def gpu_configs(widths=GPU_WIDTHS, group_widths=(16, 32)):
     """Every kernel configuration the wrapper can launch for these widths, each once."""
     configs = [KernelConfig("dsink_reduce"), *(KernelConfig("plan", (stage,)) for stage in ("terms", "peaks", "scales")),
-               KernelConfig("mark_slots")]
+               KernelConfig("mark_slots"), KernelConfig("kernel_lse"), KernelConfig("place_slots"),
+               *(KernelConfig("slot_keys", (dtype,)) for dtype in SLOT_INDEX_DTYPES)]
     for d_k, d_v in widths:
         configs += [KernelConfig("delta", (d_v,)), KernelConfig("delta_max", (d_k, d_v)), KernelConfig("cast_bf16", (d_k,)),
                     KernelConfig("fixed_to_bf16", (d_k,)), KernelConfig("lanes_to_bf16", (d_k,))]
