@@ -1,12 +1,13 @@
 """How long the host takes to enqueue one backward call, and where (GPU).
 
-    python benchmarks/host_overhead.py [--H 64] [--S 4096] [--S_kv 8192] [--L 2048] [--timeline]
+    python benchmarks/host_overhead.py [--H 64] [--S 4096] [--S_kv 8192] [--L 2048] [--timeline] [--profile-launch 15]
 
 A call's time as the bench measures it (events around wrapper.run) includes the
 GPU's idle time while the host is still enqueuing what comes before the main
 kernel: the kernels before it are short, so the GPU waits for the host. It prints
-first what one launch costs the host, by kind (a torch op, TileLang kernels), then,
-per design (deterministic default, atomic control), on an idle GPU:
+first what one launch costs the host, by kind (a torch op, TileLang kernels through
+the launcher and called directly; with --profile-launch, the functions a direct launch
+spends that time in), then, per design (deterministic default, atomic control), on an idle GPU:
 
 - enqueue: host wall time of wrapper.run, without synchronising;
 - to main: host time until the first main_bwd launch has been enqueued;
@@ -21,11 +22,14 @@ per design (deterministic default, atomic control), on an idle GPU:
 """
 
 import argparse
+import cProfile
+import pstats
 import time
 
 import torch
 
 from mqa_bwd import bench, launch
+from mqa_bwd import kernels as K
 
 
 class HostClock(launch.TileLangLauncher):
@@ -78,19 +82,22 @@ def print_timeline(call, width: int) -> None:
             print(f"  {start - t0:9.1f} us  {length:8.1f}  {where:<4} {name[:width]}")
 
 
-def print_launch_costs(calls: int = 200) -> None:
+def print_launch_costs(calls: int = 200, profile_top: int = 0) -> None:
     """Host microseconds a launch of each kind costs, alone: a torch elementwise op and two
-    TileLang kernels through the launcher (dsink_reduce, 2 tensors; fixed_to_bf16, 3), on tiny
-    tensors, so that the GPU is never the limit."""
+    TileLang kernels through the launcher (dsink_reduce, 2 tensors; fixed_to_bf16, 3) and the
+    second without it, on tiny tensors, so that the GPU is never the limit; with ``profile_top``,
+    the functions where a direct launch spends its host time."""
     x = torch.zeros((64, 64), device="cuda")
     out = torch.empty((64,), device="cuda")
     tilelang = launch.TileLangLauncher(True)
     acc, scale, dst = (torch.zeros((16, 576), dtype=torch.int64, device="cuda"), torch.ones(16, device="cuda"),
                        torch.empty((16, 576), dtype=torch.bfloat16, device="cuda"))
+    kernel = K.compiled(K.KernelConfig("fixed_to_bf16", (576,)))
     kinds = {
         "torch add": lambda: torch.add(x, 1.0, out=x),
         "TileLang dsink_reduce (2 tensors)": lambda: tilelang.dsink_reduce(x, out),
         "TileLang fixed_to_bf16 (3 tensors)": lambda: tilelang.fixed_to_bf16(acc, scale, dst),
+        "the same kernel, called directly": lambda: kernel(acc, scale, dst),
     }
     for name, fn in kinds.items():
         for _ in range(10):
@@ -102,6 +109,15 @@ def print_launch_costs(calls: int = 200) -> None:
         t1 = time.perf_counter()
         torch.cuda.synchronize()
         print(f"   {name:<36} {(t1 - t0) / calls * 1e6:7.1f} us a launch on the host")
+    if profile_top:
+        print(f"   where a direct launch's host time goes ({calls} launches, cProfile, by own time):")
+        profiler = cProfile.Profile()
+        profiler.enable()
+        for _ in range(calls):
+            kernel(acc, scale, dst)
+        profiler.disable()
+        torch.cuda.synchronize()
+        pstats.Stats(profiler).sort_stats("tottime").print_stats(profile_top)
 
 
 def main():
@@ -109,9 +125,11 @@ def main():
     bench.add_shape_arguments(parser, repeats=None)
     parser.add_argument("--top", type=int, default=70, help="characters of each name")
     parser.add_argument("--timeline", action="store_true", help="also print a profiled call's timeline")
+    parser.add_argument("--profile-launch", type=int, default=0, metavar="N",
+                        help="also print the N functions where a TileLang launch spends most host time")
     a = parser.parse_args()
     print("== launch costs")
-    print_launch_costs()
+    print_launch_costs(profile_top=a.profile_launch)
     args = bench.production_inputs(a.B, a.S, a.S_kv, a.H, a.L)
     print(f"B={a.B} S={a.S} S_kv={a.S_kv} H={a.H} L={a.L}")
     for label, deterministic in (("deterministic", True), ("atomic", False)):
