@@ -1,6 +1,6 @@
 """What one backward's main kernel asks of the L2: ncu's L2 counters, design beside design (GPU, ncu).
 
-    python benchmarks/l2_counters.py [--designs fixed,atomic,cudnn] [--H 64] [--out DIR]
+    python benchmarks/l2_counters.py [--designs fixed,atomic,cudnn] [--H 64] [--indices indexer] [--out DIR]
 
 Both main kernels are bound by the L2 (ncu_stalls.py's speed-of-light section), where the
 KV gather and the dKV adds meet. This says which of the L2's units is the limit and what
@@ -65,7 +65,7 @@ def listed_counters() -> tuple:
 def profile(design: str, counters: tuple, a) -> list[dict]:
     calls = 3
     program = [sys.executable, os.path.join(HERE, "one_call.py"), "--design", design, "--calls", str(calls)]
-    for key in ("B", "S", "S_kv", "H", "L"):
+    for key in ("B", "S", "S_kv", "H", "L", "indices"):
         program += [f"--{key}", str(getattr(a, key))]
     metrics = ",".join((f"breakdown:{THROUGHPUT}", THROUGHPUT) + counters)
     if design == "cudnn":
@@ -103,11 +103,12 @@ def print_rows(design: str, rows: list[dict], counters: tuple, top: int) -> None
 
 def main():
     sys.path.insert(0, os.path.dirname(HERE))
-    from mqa_bwd.bench import add_shape_arguments
+    from mqa_bwd.bench import INDEX_PATTERNS, add_shape_arguments
 
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--designs", default="fixed,atomic")
     add_shape_arguments(parser, repeats=None)
+    parser.add_argument("--indices", choices=INDEX_PATTERNS, default="uniform", help="the top-k index pattern")
     parser.add_argument("--out", default=os.environ.get("OUT", "/tmp/l2_counters"))
     parser.add_argument("--top", type=int, default=6, help="breakdown entries to print")
     a = parser.parse_args()

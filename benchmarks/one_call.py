@@ -17,7 +17,7 @@ import argparse
 import torch
 
 from mqa_bwd import launch, wrapper
-from mqa_bwd.bench import add_shape_arguments, production_inputs
+from mqa_bwd.bench import INDEX_PATTERNS, add_shape_arguments, production_inputs
 
 
 def main():
@@ -26,8 +26,9 @@ def main():
                         help="fixed: the deterministic default; atomic: the control; cudnn: cuDNN-frontend's DSA backward")
     add_shape_arguments(parser, repeats=None)
     parser.add_argument("--calls", type=int, default=2)
+    parser.add_argument("--indices", choices=INDEX_PATTERNS, default="uniform", help="the top-k index pattern")
     a = parser.parse_args()
-    args = production_inputs(a.B, a.S, a.S_kv, a.H, a.L)
+    args = production_inputs(a.B, a.S, a.S_kv, a.H, a.L, indices=a.indices)
     if a.design == "cudnn":
         from mqa_bwd.cudnn import cudnn_backward
 

@@ -58,6 +58,13 @@ DEFAULT_BACKENDS = BENCH_BACKENDS
 ADMISSIBLE_ERROR_RATIO = 1.1
 #: Device memory one block of the float64 reference may take.
 REFERENCE_BLOCK_BYTES = 1 << 30
+#: How the bench draws each query row's top-k indices (production_inputs' ``indices``):
+#: "uniform", L independent uniform draws over the row's visible kv rows, the worst case for
+#: kv rows shared by neighbouring query rows; "indexer", the L best of one score per kv row
+#: plus per-row noise, as DSA's indexer picks them: distinct, and neighbouring rows' sets overlap.
+INDEX_PATTERNS = ("uniform", "indexer")
+#: The "indexer" pattern's per-row noise, in units of the shared score's spread.
+INDEXER_NOISE = 0.5
 
 
 @dataclasses.dataclass
@@ -89,10 +96,15 @@ class Row:
     #: whether the judged call redid its wide launches in int64 (a lanes bound failed; then
     #: its time is about twice the lanes'); None where the call has no lanes launch
     lanes_redone: bool | None = None
+    #: the pattern of the top-k indices (INDEX_PATTERNS) and the share of a row's valid slots
+    #: that the previous query row also names (index_overlap)
+    indices: str = "uniform"
+    index_overlap: float | None = None
 
     @property
     def shape(self) -> tuple:
-        return (self.B, self.S, self.S_kv, self.H, self.L, self.d_k, self.d_v)
+        """What rows are compared within (ratios, errors): the shape and the index pattern."""
+        return (self.B, self.S, self.S_kv, self.H, self.L, self.d_k, self.d_v, self.indices)
 
     def as_dict(self):
         return dataclasses.asdict(self)
@@ -160,22 +172,64 @@ def plan(named=(), given=(), sweep=None) -> list:
     return unique
 
 
-def production_inputs(B, S, S_kv, H, L, d_k=576, d_v=512, seed=0, device="cuda"):
-    """Random q, kv, grad_out, sink and causal top-k indices, built on the device,
-    with out and lse from the forward (so that every head's softmax mass is at
-    most 1, as in training: the fixed-point design checks it)."""
+def production_inputs(B, S, S_kv, H, L, d_k=576, d_v=512, seed=0, device="cuda", indices="uniform"):
+    """Random q, kv, grad_out, sink and causal top-k indices (``indices``: one of INDEX_PATTERNS),
+    built on the device, with out and lse from the forward (so that every head's softmax mass is
+    at most 1, as in training: the fixed-point design checks it)."""
     import torch
 
+    if indices not in INDEX_PATTERNS:
+        raise ValueError(f"indices: {indices!r} is none of {', '.join(INDEX_PATTERNS)}")
     g = torch.Generator(device=device).manual_seed(seed)
     q = torch.randn((B, S, H, d_k), device=device, generator=g).bfloat16()
     kv = torch.randn((B, S_kv, d_k), device=device, generator=g).bfloat16()
     grad_out = torch.randn((B, S, H, d_v), device=device, generator=g).bfloat16()
     sink = torch.randn((H,), device=device, generator=g)
-    visible = torch.arange(S, device=device) + (S_kv - S) + 1
-    idx = (torch.rand((B, S, L), device=device, generator=g) * visible.clamp(min=1).view(1, S, 1)).to(torch.int32)
+    visible = (torch.arange(S, device=device) + (S_kv - S) + 1).clamp(min=1)  # kv rows 0 .. visible - 1
+    if indices == "uniform":
+        idx = (torch.rand((B, S, L), device=device, generator=g) * visible.view(1, S, 1)).to(torch.int32)
+    else:
+        idx = indexer_top_k(B, S, S_kv, L, visible, g)
     sm_scale = d_k**-0.5
     out, lse = _forward(q, kv, idx, sink, sm_scale, d_v)
     return (q, kv, out, grad_out, lse, sink, idx, sm_scale)
+
+
+def indexer_top_k(B, S, S_kv, L, visible, generator, rows_per_step=256):
+    """[B, S, L] int32: each query row's L best visible kv rows by score[b, j] + noise[b, s, j]
+    (INDEXER_NOISE), best first, -1 in the slots past a row's visible count. One score per kv
+    row is what makes neighbouring rows pick the same rows, as a real indexer's do."""
+    import torch
+
+    device = visible.device
+    idx = torch.full((B, S, L), -1, dtype=torch.int32, device=device)
+    k = min(L, S_kv)
+    columns = torch.arange(S_kv, device=device)
+    for b in range(B):
+        shared = torch.randn((S_kv,), device=device, generator=generator)
+        for s0 in range(0, S, rows_per_step):
+            rows = slice(s0, min(S, s0 + rows_per_step))
+            noise = torch.randn((rows.stop - s0, S_kv), device=device, generator=generator)
+            score = (shared + INDEXER_NOISE * noise).masked_fill(columns >= visible[rows].view(-1, 1), -math.inf)
+            best, where = torch.topk(score, k, dim=1)
+            idx[b, rows, :k] = torch.where(best == -math.inf, -1, where).to(torch.int32)
+    return idx
+
+
+def index_overlap(idx) -> float:
+    """The share of the valid slots (index >= 0) of query rows 1 .. S - 1 whose kv row the
+    previous query row of the batch element also names: 0 for disjoint neighbours, 1 for equal."""
+    import torch
+
+    B, S, L = idx.shape
+    if S < 2:
+        return 0.0
+    ordered = idx.to(torch.int64).sort(dim=-1).values
+    previous, current = ordered[:, :-1].contiguous(), ordered[:, 1:].contiguous()
+    where = torch.searchsorted(previous, current).clamp(max=L - 1)
+    shared = (previous.gather(-1, where) == current) & (current >= 0)
+    valid = int((current >= 0).sum())
+    return float(shared.sum()) / valid if valid else 0.0
 
 
 def _forward(q, kv, idx, sink, sm_scale, d_v, rows_per_step=128):
@@ -188,8 +242,11 @@ def _forward(q, kv, idx, sink, sm_scale, d_v, rows_per_step=128):
     for b in range(B):
         for s0 in range(0, S, rows_per_step):
             rows = slice(s0, min(S, s0 + rows_per_step))
-            keys = kv[b][idx[b, rows].long()].float()  # [n, L, Dk]; every index here is valid
+            slots = idx[b, rows].long()
+            invalid = slots < 0  # the indexer pattern's slots past a row's visible kv rows
+            keys = kv[b][slots.clamp(min=0)].float()  # [n, L, Dk]
             logits = torch.einsum("nhd,nld->nhl", q[b, rows].float(), keys) * sm_scale
+            logits = logits.masked_fill(invalid.unsqueeze(1), -math.inf)
             lse_rows = torch.logsumexp(logits, dim=-1)
             p = torch.exp(logits - torch.logaddexp(lse_rows, sink.view(1, H)).unsqueeze(-1))
             out[b, rows] = torch.einsum("nhl,nld->nhd", p, keys[..., :d_v]).bfloat16()
@@ -525,10 +582,12 @@ def assess_outputs(args, outputs: dict, budget_bytes=REFERENCE_BLOCK_BYTES) -> d
     return qualities
 
 
-def measure(shape: dict, backends=GPU_BACKENDS, d_k=576, d_v=512, warmup=3, repeats=10, **call_kw) -> list:
+def measure(shape: dict, backends=GPU_BACKENDS, d_k=576, d_v=512, warmup=3, repeats=10, indices="uniform",
+            **call_kw) -> list:
     import torch
 
-    args = production_inputs(shape["B"], shape["S"], shape["S_kv"], shape["H"], shape["L"], d_k, d_v)
+    args = production_inputs(shape["B"], shape["S"], shape["S_kv"], shape["H"], shape["L"], d_k, d_v, indices=indices)
+    overlap = index_overlap(args[6])
     calls = {backend: backend_call(backend, args, call_kw) for backend in backends}
     times = time_interleaved(calls, warmup, repeats)
     # One more call each: its scratch, the outputs that are judged, and (ours) whether it redid
@@ -550,7 +609,7 @@ def measure(shape: dict, backends=GPU_BACKENDS, d_k=576, d_v=512, warmup=3, repe
                         scratch[backend] / 2**30, min(times[backend]), max(times[backend]), repeats,
                         rel_l2_vs_first=quality[backend].rel_l2_vs_first, error=quality[backend].error,
                         min_budget_gib=min_budget_gib(shape, d_k, d_v, backend, call_kw.get("block_h")),
-                        lanes_redone=redone[backend]))
+                        lanes_redone=redone[backend], indices=indices, index_overlap=overlap))
     del quality
     torch.cuda.empty_cache()
     return with_error_ratios(with_ratios(rows))
@@ -657,6 +716,7 @@ COLUMNS = [
     Column("S_kv", 5, lambda r: str(r.S_kv)),
     Column("H", 4, lambda r: str(r.H)),
     Column("L", 5, lambda r: str(r.L)),
+    Column("indices", 13, lambda r: r.indices + ("" if r.index_overlap is None else f" {r.index_overlap:.2f}")),
     Column("backend", 16, lambda r: r.backend),
     Column("ms", 9, lambda r: f"{r.ms:.3f}"),
     Column("TFLOP/s", 8, lambda r: f"{r.tflops:.1f}"),

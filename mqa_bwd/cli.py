@@ -161,8 +161,16 @@ shapes:
   --shape B=1,S=4096,S_kv=8192,H=32,L=2048   any shape (repeatable)
   --sweep H=16,32,64,128                     each shape at these H (or L=...)
 
+indices (--indices, each shape with each; the table shows the pattern and the
+share of a row's slots that the previous query row also names):
+  uniform   L independent uniform draws over the row's visible kv rows (default):
+            neighbouring rows share almost nothing, the worst case for reuse
+  indexer   the L best of one score per kv row plus per-row noise, as DSA's
+            indexer picks them: distinct, neighbouring rows share most
+
 examples:
   mqa-bwd bench --shapes dsv32,fleet --json bench.json
+  mqa-bwd bench --shapes dsv32 --indices uniform,indexer
   mqa-bwd bench --shapes fleet --sweep H=8,16,32,64,128 --plot time-vs-h.png
   mqa-bwd bench --from-json bench.json --plot time-vs-h.png     no GPU needed
 """
@@ -171,6 +179,17 @@ examples:
 # ---------------------------------------------------------------------------
 # Argument types
 # ---------------------------------------------------------------------------
+
+
+def parse_index_patterns(text: str) -> tuple:
+    """'uniform,indexer' -> ('uniform', 'indexer'): bench.INDEX_PATTERNS, each once."""
+    from .bench import INDEX_PATTERNS
+
+    patterns = tuple(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+    unknown = [p for p in patterns if p not in INDEX_PATTERNS]
+    if unknown or not patterns:
+        raise argparse.ArgumentTypeError(f"expected some of {', '.join(INDEX_PATTERNS)}, got {text!r}")
+    return patterns
 
 
 def parse_heads(text: str) -> tuple:
@@ -322,6 +341,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="comma-separated, of tilelang, tilelang-atomic, cudnn (default: all three, cudnn "
                        "skipped with its reason when not installed); the first is the reference for the "
                        "agreement column")
+    bench.add_argument("--indices", type=parse_index_patterns, default=("uniform",), metavar="P[,P]",
+                       help="top-k index patterns, each shape measured with each: uniform (default), indexer")
     bench.add_argument("--warmup", type=positive_int, default=3, help="untimed calls per backend (default 3)")
     bench.add_argument("--repeats", type=positive_int, default=10, help="timed calls per backend (default 10)")
     bench.add_argument("--block-h", type=int, choices=(16, 32), help="head-group width")
@@ -832,8 +853,10 @@ def cmd_bench(args) -> int:
                 print(f"{where}: skipped: {why}", file=sys.stderr)
         if not here:
             continue
-        print(f"measuring {shape} ...", file=sys.stderr, flush=True)
-        rows += bench.measure(shape, tuple(here), args.d_k, args.d_v, args.warmup, args.repeats, **call_kw)
+        for indices in args.indices:
+            print(f"measuring {shape}, {indices} indices ...", file=sys.stderr, flush=True)
+            rows += bench.measure(shape, tuple(here), args.d_k, args.d_v, args.warmup, args.repeats, indices,
+                                  **call_kw)
     print(bench.table(rows))
     if args.json:
         args.json.write_text(bench.to_json(rows, dict(bench.environment(), skipped=skipped)))

@@ -147,6 +147,58 @@ def _as_numpy(x):
     return x.numpy()
 
 
+def _visible(S, S_kv):
+    return torch.arange(S) + (S_kv - S) + 1
+
+
+@pytest.mark.parametrize("S, S_kv, L", [(40, 40, 16), (24, 64, 80), (1, 8, 3)])
+def test_indexer_indices_are_the_best_visible_rows_each_once(S, S_kv, L):
+    idx = bench.production_inputs(1, S, S_kv, 2, L, d_k=16, d_v=8, seed=5, device="cpu", indices="indexer")[6]
+    assert idx.shape == (1, S, L) and idx.dtype == torch.int32
+    for s, visible in enumerate(_visible(S, S_kv).tolist()):
+        row = idx[0, s]
+        valid = row[row >= 0]
+        assert len(valid) == min(L, visible), f"row {s}: {len(valid)} valid slots, {min(L, visible)} visible"
+        assert bool((row[len(valid):] == -1).all()), f"row {s}: -1 only after the valid slots"
+        assert int(valid.max()) < visible and len(set(valid.tolist())) == len(valid), f"row {s}"
+
+
+def test_indexer_rows_share_their_kv_rows_where_uniform_ones_do_not():
+    g = torch.Generator().manual_seed(0)
+    S, S_kv, L = 64, 2048, 256
+    visible = _visible(S, S_kv)
+    uniform = (torch.rand((1, S, L), generator=g) * visible.view(1, S, 1)).to(torch.int32)
+    indexer = bench.indexer_top_k(1, S, S_kv, L, visible, g)
+    # Uniform draws share about L / visible of their slots with the previous row (1/8 here).
+    assert bench.index_overlap(uniform) < 0.2 < 0.5 < bench.index_overlap(indexer)
+
+
+def test_index_overlap_counts_the_previous_rows_kv_rows():
+    rows = torch.tensor([[[0, 1, 2, 3], [3, 2, 9, -1], [9, 8, 7, 6]], [[5, 6, 7, 8], [5, 6, 7, 8], [-1, -1, -1, 0]]])
+    # batch 0: row 1 shares 3 and 2 of its 3 valid slots, row 2 shares 9 of 4; batch 1: 4 of 4, 0 of 1.
+    assert bench.index_overlap(rows) == pytest.approx((2 + 1 + 4 + 0) / (3 + 4 + 4 + 1))
+    assert bench.index_overlap(rows[:, :1]) == 0.0
+
+
+def test_the_forward_of_the_indexer_pattern_leaves_its_invalid_slots_out():
+    args = bench.production_inputs(1, 6, 6, 2, 4, d_k=16, d_v=8, seed=1, device="cpu", indices="indexer")
+    q, kv, out, lse, idx = args[0], args[1], args[2], args[4], args[6]
+    assert int((idx[0, 0] < 0).sum()) == 3  # row 0 sees one kv row
+    logits = (q[0, 0].float() @ kv[0, 0].float()) * args[7]  # [H]: its one valid slot
+    torch.testing.assert_close(lse[0, 0], logits)
+    with pytest.raises(ValueError, match="indices: 'zipf' is none of uniform, indexer"):
+        bench.production_inputs(1, 6, 6, 2, 4, device="cpu", indices="zipf")
+
+
+def test_rows_of_two_index_patterns_are_compared_within_their_pattern():
+    make = lambda backend, ms, indices: bench.Row(1, 64, 128, 16, 32, 576, 512, backend, ms, 1.0, 0.5,
+                                                  indices=indices, index_overlap=0.5)
+    rows = bench.with_ratios([make("tilelang", 6.0, "uniform"), make("tilelang-atomic", 4.0, "uniform"),
+                              make("tilelang", 9.0, "indexer"), make("tilelang-atomic", 3.0, "indexer")])
+    assert [r.det_over_atomic for r in rows] == [1.5, None, 3.0, None]
+    assert "indexer 0.50" in bench.table(rows).splitlines()[3]
+
+
 def test_error_ratio_edges():
     assert bench.error_ratio(2e-3, 1e-3) == 2.0
     assert bench.error_ratio(0.0, 0.0) == 1.0 and bench.error_ratio(1e-9, 0.0) == math.inf

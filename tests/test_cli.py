@@ -196,7 +196,8 @@ def _real_suite_missing() -> str | None:
     (["promote"], ["regressions", "replays first", "<property>-<hash>.json"]),
     (["repro"], ["--runs", "capture", "--against", "bitwise", "first run and element", "oracle"]),
     (["fuzz"], ["CUDA_VISIBLE_DEVICES", "--minutes", "crash-*.safetensors", "mqa-bwd repro FILE"]),
-    (["bench"], ["dsv32", "fleet", "--shape", "--sweep", "--plot", "det/atomic", "CUDA-event"]),
+    (["bench"], ["dsv32", "fleet", "--shape", "--sweep", "--plot", "det/atomic", "CUDA-event", "--indices",
+                 "indexer"]),
 ])
 def test_help_teaches_each_command(capsys, argv, phrases):
     with pytest.raises(SystemExit) as done:
@@ -217,12 +218,18 @@ def test_help_teaches_each_command(capsys, argv, phrases):
     (["check", "--backend", "cuda"], "--backend"),
     (["repro", "x.json", "--runs", "0"], "--runs"),
     (["repro", "x.json", "--block-h", "8"], "--block-h"),
+    (["bench", "--indices", "zipf"], "--indices"),
+    (["bench", "--indices", ","], "--indices"),
 ])
 def test_bad_arguments_are_usage_errors_naming_the_option(capsys, argv, option):
     with pytest.raises(SystemExit) as done:
         cli.main(argv)
     assert done.value.code == 2
     assert f"argument {option}" in capsys.readouterr().err
+
+
+def test_index_patterns_are_parsed_in_order_each_once():
+    assert cli.parse_index_patterns("indexer, uniform,indexer") == ("indexer", "uniform")
 
 
 def test_parse_heads_accepts_a_range_or_one_count():
