@@ -1,6 +1,18 @@
-"""Variants kept only to time against the product, each self-contained (not imported by mqa_bwd).
+"""Variants kept only to time against the product (not imported by mqa_bwd).
 
-None is kept now: the last one, the wrapper's layout steps as kernels, became the product's
-(mqa_bwd.kernels.prologue); git history holds the others. A new one lives here with its
-test under the ``experiments`` marker (``python -m pytest -m experiments experiments/``).
+  full_line_control.patch   the atomic control's wide-tile adds as whole 128-byte lines, as
+                            cuDNN's SM90 backward adds: an accumulator in line order
+                            (config.line_order_column), a row-pair swap of one 16-column group
+                            a line, so that a warp's red.v4.f32 covers 4 rows x 128 bytes, and
+                            the 32-head kernel and the cast in the same order. Faster, but its
+                            kernel spills (docs/performance-log.md, 2026-12-03). Time it as
+                            another revision of the package:
+
+        git archive HEAD mqa_bwd | tar -x -C /tmp/variant
+        patch -d /tmp/variant -p1 < experiments/full_line_control.patch
+        python benchmarks/package_ab.py --against /tmp/variant/mqa_bwd --shapes dsv32,fleet
+
+git history holds the others (the wrapper's layout steps as kernels became the product's,
+mqa_bwd.kernels.prologue). A Python variant lives here with its test under the
+``experiments`` marker (``python -m pytest -m experiments experiments/``).
 """
