@@ -795,7 +795,7 @@ def plot(rows, path, axis=None) -> str:
     others = [k for k in ("B", "S", "S_kv", "H", "L") if k != axis]
     lines = {}
     for r in rows:
-        rest = ", ".join(f"{k}={getattr(r, k)}" for k in others)
+        rest = ", ".join(f"{k}={getattr(r, k)}" for k in others) + ("" if r.indices == "uniform" else f", {r.indices}")
         lines.setdefault(f"{r.backend} ({rest})", []).append((getattr(r, axis), r.ms))
     fig, ax = plt.subplots(figsize=(8, 5))
     for label, points in sorted(lines.items()):
