@@ -113,11 +113,13 @@ def _function():
 
 def global_indices(token_indices: torch.Tensor, problem) -> torch.Tensor:
     """[B,S,L] any integer -> [B*S, L] int32: b*S_kv + index where 0 <= index < S_kv, else -1,
-    in the caller's order: our slot layout's keys (layout.slot_keys, which tests validity
-    before the batch offset) with invalid slots -1, without the sort and the padding."""
+    in the caller's order: our slot layout's two steps (layout.slot_keys, which tests validity
+    before the batch offset, and layout.place_slots), without the sort and the padding."""
     nkv = problem.B * problem.S_kv
     keys = layout.slot_keys(token_indices.reshape(problem.rows, problem.L), 0, problem.S, problem.S_kv, nkv)
-    return torch.where(keys == nkv, -1, keys).contiguous()
+    indices = torch.empty_like(keys)
+    layout.place_slots(keys, indices, nkv)
+    return indices
 
 
 #: cuDNN's kernels load rows by TMA and 16-byte copies: a view at an odd offset is copied.

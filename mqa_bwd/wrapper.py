@@ -404,11 +404,11 @@ def global_slots(token_indices: torch.Tensor, problem: "Problem", launcher: L.La
     keys = launcher.empty((min(step, p.rows), p.L), torch.int32)
     for r0 in range(0, p.rows, step):
         r1 = min(p.rows, r0 + step)
-        part = flat[r0:r1]
-        if part.dtype not in (torch.int32, torch.int64):  # the dtypes slot_keys is built for
+        part, step_keys = flat[r0:r1], keys[: r1 - r0]
+        if str(part.dtype).removeprefix("torch.") not in K.SLOT_INDEX_DTYPES:
             part = part.to(torch.int64)
-        launcher.slot_keys(part.contiguous(), keys[: r1 - r0], r0, p.S, p.S_kv, nkv)
-        launcher.place_slots(order(keys[: r1 - r0]), slots[r0:r1], nkv)
+        launcher.slot_keys(part.contiguous(), step_keys, r0, p.S, p.S_kv, nkv)
+        launcher.place_slots(order(step_keys), slots[r0:r1], nkv)
     return slots
 
 

@@ -720,8 +720,8 @@ def test_validate_holds_the_budget_to_the_design_it_is_given():
 
 
 def test_the_scratch_of_the_fixed_design_at_the_production_shape():
-    # dsv32 H=64: the slots and their sort keys (4096 x 2048 int32 each: 4096 rows are one
-    # INDEX_STEP); Lse2, Delta, the d_sink rows, two peaks and the allowance per (row, head);
+    # dsv32 H=64: the slots and their sort keys (4096 x 2048 int32 each: the 4096 rows fit in
+    # one INDEX_STEP of 8192); Lse2, Delta, the d_sink rows, two peaks and the allowance per (row, head);
     # the row marks and flags per row.
     R, H, Lp = 4096, 64, 2048
     slots_and_keys = 2 * R * Lp * 4
