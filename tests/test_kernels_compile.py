@@ -109,6 +109,8 @@ def branch_at(source: str, head: str, start: int = 0) -> tuple:
 WARPGROUP_0, WARPGROUP_1 = "if (((int)threadIdx.x) < 128)", "if (128 <= ((int)threadIdx.x))"
 #: A named barrier in generated CUDA: (kind, id, thread count).
 NAMED_BARRIER = re.compile(r"(__sync_thread_partial|__named_barrier_arrive)\((\d+), (\d+)\)")
+#: The wide tile's own barrier of one warpgroup (128 threads): its id.
+WARPGROUP_BARRIER = re.compile(r"ws_bar_sync_wg\((\d+)\)")
 #: One side of a wide-tile handoff: (kind, the mbarriers' offset, mbarrier, the wait's parity or "").
 HANDOFF = re.compile(r"mqa_handoff_(wait|arrive)\(\(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\), (\d+)(?:, ([^;]*))?\);")
 
@@ -136,7 +138,7 @@ def test_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
         assert "__syncthreads" not in body, f"{_id(config)}: __syncthreads inside {name}'s branch"
         wide = [m for m in NAMED_BARRIER.findall(body) if m[2] != str(W.WARPGROUP)]
         assert not wide, f"{_id(config)}: barriers of more than one warpgroup inside {name}'s branch: {wide}"
-        own = {m[1] for m in NAMED_BARRIER.findall(body)} | ({"1"} if "ws_bar_sync_wg(1)" in body else set())
+        own = {m[1] for m in NAMED_BARRIER.findall(body)} | set(WARPGROUP_BARRIER.findall(body))
         own_barriers.append(own)
     # 128 arrivals from both warpgroups on one id would complete a barrier meant for one.
     assert not own_barriers[0] & own_barriers[1], f"{_id(config)}: both warpgroups sync on {own_barriers[0] & own_barriers[1]}"
@@ -227,6 +229,20 @@ def test_main_kernel_fits_in_shared_memory(config):
     offsets = [int(o) for o in SMEM_OFFSET.findall(kernel.get_kernel_source())]
     assert offsets and max(offsets) < smem, f"{_id(config)}: {smem} bytes parsed, buffers up to {max(offsets, default=0)}"
     assert smem <= SM90_MAX_DYNAMIC_SMEM, f"{_id(config)}: {smem} bytes of shared memory > {SM90_MAX_DYNAMIC_SMEM}"
+
+
+SHARED_BUFFER = re.compile(r"void\* (\w+) = \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\);")
+
+
+@pytest.mark.parametrize("config", WIDE_CONFIGS, ids=_id)
+def test_wide_tile_buffers_do_not_share_shared_memory(config):
+    # Every buffer of the warp-specialised tile lives through the whole slot loop, but TileLang's
+    # planner reads the warpgroups' branches as one sequence: a buffer touched only through calls
+    # in warpgroup 1's branch it placed on delta_s and lse_s, which warpgroup 0 still reads, and
+    # dq came back wrong on the H200 (docs/performance-log.md, 2026-12-03, eighth session).
+    buffers = SHARED_BUFFER.findall(K.compiled(config).get_kernel_source())
+    offsets = collections.Counter(offset for _, offset in buffers)
+    assert buffers and max(offsets.values()) == 1, f"{_id(config)}: buffers at one offset: {buffers}"
 
 
 EXPECT_TX = re.compile(r"mqa_mbar_expect\([^;]*?, 0, (\d+)\);")
