@@ -13,6 +13,7 @@ import math
 import re
 
 import pytest
+import torch
 
 pytest.importorskip("tilelang")
 
@@ -235,7 +236,6 @@ def test_main_kernel_fits_in_shared_memory(config):
 #: A shared buffer's place in the generated CUDA, and its allocation in the TileLang program.
 SHARED_BUFFER = re.compile(r"void\* (\w+) = \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ (\d+)\)\);")
 SHARED_ALLOCATION = re.compile(r'(\w+) = T\.\w*alloc_buffer\(\(([\d, ]+)\)(?:, "(\w+)")?, scope="shared\.dyn"\)')
-DTYPE_BYTES = {"float32": 4, "int32": 4, "uint32": 4, "bfloat16": 2, "int64": 8, "uint64": 8}
 
 
 @pytest.mark.parametrize("config", WIDE_CONFIGS, ids=_id)
@@ -244,7 +244,7 @@ def test_wide_tile_buffers_do_not_share_shared_memory(config):
     # planner reads the warpgroups' branches as one sequence: a buffer touched only through calls
     # in warpgroup 1's branch it placed on delta_s and lse_s, which warpgroup 0 still reads, and
     # dq came back wrong on the H200 (docs/performance-log.md, 2026-12-03, eighth session).
-    sizes = {name: math.prod(int(d) for d in shape.split(",") if d.strip()) * DTYPE_BYTES[dtype or "float32"]
+    sizes = {name: math.prod(int(d) for d in shape.split(",") if d.strip()) * getattr(torch, dtype or "float32").itemsize
              for name, shape, dtype in SHARED_ALLOCATION.findall(K.program_of(config).script())}
     placed = sorted((int(offset), name) for name, offset in SHARED_BUFFER.findall(K.compiled(config).get_kernel_source()))
     # (a buffer the kernel never touches, the control's scales, gets no place)
