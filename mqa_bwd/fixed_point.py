@@ -66,8 +66,9 @@ everything else is evaluated in float64 with elementwise operations, so the scal
 the same bits on every run, whatever the chunking or the device's scheduling.
 
 The lanes (the wide tile's deterministic design, kernels/wide.py). Half the bytes
-of int64 adds: two consecutive columns share one 64-bit word as two signed 32-bit
-lanes, ``lo + 2**32 * hi`` with ``lo`` sign-extended, and the words are added mod
+of int64 adds: two columns share one 64-bit word as two signed 32-bit lanes (columns
+q and q + 8 of each 16, LANE_GROUP: the pair one thread of the kernel holds),
+``lo + 2**32 * hi`` with ``lo`` sign-extended, and the words are added mod
 2**64. Their sum is ``sum(lo) + 2**32 * sum(hi)`` mod 2**64 whatever the order
 and however the partial sums wrapped, so each lane decodes exactly
 (``decode_lane_words``) when its final sum lies in [-2**31, 2**31). The plan's
@@ -75,8 +76,9 @@ proof bounds partial sums at 2**61, far above real sums, so every launch of the
 design, lanes or int64, adds at one lower scale, ``lanes_scale`` = the plan's
 times 2**(LANES_GAIN - 30) (partial sums then stay below 2**48 in int64), and
 each call proves the lanes' fit: each kv row's Bound sums, over its slots'
-contributions, the ceiling of the largest |scaled value| among that contribution's columns (a NaN
-counts as 2**40: it fails). Bound < LANE_LIMIT = 2**31 bounds every column's
+contributions, the ceiling of the largest |scaled value| among that contribution's columns,
+rounded up to a bf16 first (the kernel keeps two such peaks a register; a NaN or inf counts as
+2**40: it fails). Bound < LANE_LIMIT = 2**31 bounds every column's
 final |sum| below 2**31. Where every row's bound holds, the decoded lanes join
 the int64 accumulator; where any fails, the wide launches are redone with int64
 adds of the same integers. Both give the same integer sums, so a call's bits do
@@ -96,7 +98,7 @@ import torch
 # that the kernels import nothing from here: every partial sum of a kv row's
 # column stays at or below 2**(PARTIAL_SUM_BITS + 1); 2**k must be a normal
 # float32 in the kernel, and 2**-k in the final division.
-from .kernels.config import FP32_MAX_EXPONENT, LANE_LIMIT, LANES_GAIN, MASS_LIMIT, PARTIAL_SUM_BITS  # noqa: F401
+from .kernels.config import FP32_MAX_EXPONENT, LANE_GROUP, LANE_LIMIT, LANES_GAIN, MASS_LIMIT, PARTIAL_SUM_BITS  # noqa: F401
 
 #: fp32 intermediates of the kernel must stay below this (float32 max is ~2**128).
 FP32_SAFE = 2.0**100
@@ -232,10 +234,12 @@ def check_lanes_gain(gain) -> int:
 
 def decode_lane_words(words: torch.Tensor) -> torch.Tensor:
     """[N, C / 2] int64 words (lo + 2**32 hi, summed mod 2**64) -> [N, C] int64 lane sums;
-    exact wherever each lane's final sum fits 32 signed bits."""
+    exact wherever each lane's final sum fits 32 signed bits. Word g * LANE_GROUP / 2 + q holds
+    columns g * LANE_GROUP + q (lo) and g * LANE_GROUP + LANE_GROUP / 2 + q (hi)."""
+    n, half = words.shape[0], LANE_GROUP // 2
     lo = (words << 32) >> 32  # arithmetic shifts: the low lane, sign-extended
     hi = (words - lo) >> 32
-    return torch.stack((lo, hi), dim=-1).reshape(words.shape[0], -1)
+    return torch.stack((lo.view(n, -1, half), hi.view(n, -1, half)), dim=2).reshape(n, -1)
 
 
 def lanes_failed(bound: torch.Tensor) -> torch.Tensor:

@@ -29,6 +29,7 @@ from . import kernels as K
 from .fixed_point import magnitude_bits
 from .contract import BoundsError
 from .kernels.reductions import DSINK_GROUPS
+from .kernels.config import LANE_GROUP
 from .kernels.wide import BOUND_CAP
 from .launch import Launcher
 from .layout import per_head
@@ -92,19 +93,29 @@ def float_to_int32_rn(x: np.ndarray) -> np.ndarray:
 
 
 def lane_words(ints: np.ndarray) -> np.ndarray:
-    """[n, C] lane integers -> [n, C / 2] uint64 words lo + 2**32 hi, lo sign-extended (mod 2**64)."""
-    lo = ints[:, 0::2].astype(np.int64).view(np.uint64)
-    hi = ints[:, 1::2].astype(np.int64).view(np.uint64)
+    """[n, C] lane integers -> [n, C / 2] uint64 words lo + 2**32 hi, lo sign-extended (mod 2**64),
+    in the kernel's layout (fixed_point.decode_lane_words): of each LANE_GROUP columns, word q
+    pairs column q with column q + LANE_GROUP / 2."""
+    n, half = ints.shape[0], LANE_GROUP // 2
+    grouped = ints.astype(np.int64).reshape(n, -1, 2, half)
+    lo = grouped[:, :, 0].reshape(n, -1).view(np.uint64)
+    hi = grouped[:, :, 1].reshape(n, -1).view(np.uint64)
     return lo + (hi << np.uint64(32))
 
 
 def contribution_bounds(scaled: np.ndarray) -> np.ndarray:
-    """What each contribution (a row of ``scaled``) adds to its kv row's Bound: min(ceil(max |x|),
-    2**40), 2**40 where any x is NaN (int64)."""
+    """What each contribution (a row of ``scaled``, fp32) adds to its kv row's Bound, as the
+    kernel forms it (wide.py, ws_add_bounds): max |x| over the columns rounded up to a bf16 (the
+    upper half of its bits plus 0xffff), then min(ceil, 2**40); 2**40 where that bf16 is inf or
+    NaN, as for any NaN x (int64)."""
     with np.errstate(invalid="ignore"):
-        peak = np.abs(scaled).max(axis=1)
-    peak = np.where(np.isnan(peak), np.inf, peak).astype(np.float32)
-    return np.minimum(np.ceil(peak), np.float32(BOUND_CAP)).astype(np.int64)
+        peak = np.abs(scaled.astype(np.float32)).max(axis=1)
+    peak = np.where(np.isnan(peak), np.float32(np.nan), peak).astype(np.float32)
+    up = (peak.view(np.uint32).astype(np.uint64) + 0xFFFF) >> 16  # NaN's bits give 0x7fc0 or more
+    value = (up.astype(np.uint32) << 16).view(np.float32)
+    with np.errstate(invalid="ignore", over="ignore"):
+        bound = np.minimum(np.ceil(value), np.float32(BOUND_CAP))
+    return np.where(up >= 0x7F80, BOUND_CAP, bound).astype(np.int64)
 
 
 class ModelLauncher(Launcher):
@@ -283,10 +294,9 @@ class ModelLauncher(Launcher):
     def _lanes_add(words: torch.Tensor, bound: torch.Tensor, rows: torch.Tensor, contrib: torch.Tensor,
                    row_scale: torch.Tensor):
         """The wide tile's lanes (kernels/wide.py): each contribution x = c * RowScale[row] (fp32,
-        exact) as cvt.rni.s32.f32 (half to even, saturating, NaN -> 0), two consecutive columns
-        one word lo + 2**32 hi (lo sign-extended) added mod 2**64; Bound[row] grows by
-        min(ceil(max |x| over the columns), 2**40), 2**40 for a NaN: one bound add a slot, as the
-        kernel's (a slot lies in one block)."""
+        exact) as cvt.rni.s32.f32 (half to even, saturating, NaN -> 0), two columns one word
+        lo + 2**32 hi (lo sign-extended; lane_words' layout) added mod 2**64; Bound[row] grows by
+        contribution_bounds: one bound add a slot, as the kernel's (a slot lies in one block)."""
         if rows.numel() == 0:
             return
         scaled = (contrib * row_scale[rows].view(-1, 1)).numpy()  # fp32, exact: a power of two

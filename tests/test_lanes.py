@@ -13,7 +13,7 @@ from properties.case import ALL_INVALID_KINDS, Case, to_framework
 from lanes_redo import ForcedRedo
 
 
-def _cancelling_terms(seed, n=5, columns=8, terms=64):
+def _cancelling_terms(seed, n=5, columns=32, terms=64):
     """Lane integers whose partial sums leave 32 bits while each column's final sum fits."""
     g = np.random.default_rng(seed)
     x = g.integers(-2**30, 2**30, (terms, n, columns))
@@ -44,18 +44,36 @@ def test_the_conversion_is_the_kernels_and_a_nan_fails_the_bound():
     assert float_to_int32_rn(x).tolist() == [[0, 2, -2, 2**31 - 1, -2**31, 0, 7, -8]]
     assert contribution_bounds(x).tolist() == [BOUND_CAP]
     assert contribution_bounds(np.array([[1.2, -3.5]], dtype=np.float32)).tolist() == [4]
+    # The kernel keeps a peak as a bf16 rounded up (two a register): 256.5 -> 258, not 257. An
+    # inf, or a finite peak whose bf16 rounds up to inf, fails like a NaN; zero adds nothing.
+    assert contribution_bounds(np.array([[256.5, -1.0], [0.0, 0.0]], dtype=np.float32)).tolist() == [258, 0]
+    assert contribution_bounds(np.array([[np.inf], [3.4e38], [2.0**39]], dtype=np.float32)).tolist() == [BOUND_CAP, BOUND_CAP, 2**39]
+
+
+def test_a_word_holds_columns_q_and_q_plus_8_of_each_16():
+    # The wide tile's thread holds columns c and c + 8 of a slot, so that is a word's pair
+    # (config.LANE_GROUP); the cast kernel and the decode must agree with the kernel on it.
+    ints = np.arange(32).reshape(1, 32) - 16
+    words = lane_words(ints)
+    half = kernels.LANE_GROUP // 2
+    want = [int(np.int64(ints[0, 16 * (w // half) + w % half]).astype(np.uint64))
+            + (int(np.int64(ints[0, 16 * (w // half) + half + w % half]).astype(np.uint64)) << 32) for w in range(16)]
+    assert [int(w) for w in words[0]] == [w % 2**64 for w in want]
+    assert fixed_point.decode_lane_words(torch.from_numpy(words.view(np.int64))).tolist() == ints.tolist()
 
 
 def test_joined_lanes_are_the_decoded_sums_unless_the_call_failed():
-    words = torch.from_numpy(lane_words(np.array([[3, -5, -2**31, 2**31 - 1]])).view(np.int64))
-    for failed, want in ((0, [3, -5, -2**31, 2**31 - 1]), (1, [0, 0, 0, 0])):
-        acc = torch.full((1, 4), 7, dtype=torch.int64)
+    values = np.array([3, -5, -2**31, 2**31 - 1] * 4).reshape(1, 16)
+    words = torch.from_numpy(lane_words(values).view(np.int64))
+    for failed, want in ((0, values[0].tolist()), (1, [0] * 16)):
+        acc = torch.full((1, 16), 7, dtype=torch.int64)
         fixed_point.join_lanes(acc, words, torch.tensor([failed], dtype=torch.int32))
         assert acc.tolist() == [[7 + v for v in want]]
-    many = torch.from_numpy(lane_words(np.arange(-6, 6).reshape(3, 4) * 2**28).view(np.int64))
-    acc = torch.zeros((3, 4), dtype=torch.int64)
-    fixed_point.join_lanes(acc, many, torch.tensor([0], dtype=torch.int32), step_words=2)  # a row at a time
-    assert acc.tolist() == (np.arange(-6, 6).reshape(3, 4) * 2**28).tolist()
+    many_values = np.arange(-24, 24).reshape(3, 16) * 2**26
+    many = torch.from_numpy(lane_words(many_values).view(np.int64))
+    acc = torch.zeros((3, 16), dtype=torch.int64)
+    fixed_point.join_lanes(acc, many, torch.tensor([0], dtype=torch.int32), step_words=8)  # a row at a time
+    assert acc.tolist() == many_values.tolist()
     assert fixed_point.lanes_failed(torch.tensor([0, kernels.LANE_LIMIT - 1])).tolist() == [0]
     assert fixed_point.lanes_failed(torch.tensor([0, kernels.LANE_LIMIT])).tolist() == [1]
 

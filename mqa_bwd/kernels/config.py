@@ -45,6 +45,10 @@ LANES_GAIN = 16
 #: A lane decodes exactly when its column's final sum fits 32 signed bits; a kv
 #: row's Bound (the sum of the ceilings of its contributions' largest |scaled value|) proves it below this.
 LANE_LIMIT = 2**31
+#: The lanes' word layout: of each LANE_GROUP columns of a kv row, word q (0 <= q < LANE_GROUP / 2)
+#: holds column q in its low lane and column q + LANE_GROUP / 2 in its high lane, the two columns
+#: one thread of the wide tile's transposed dKV chunk holds for one slot (kernels/wide.py).
+LANE_GROUP = 16
 #: The head tile of the one-CTA design that runs two 32-head groups as one.
 WIDE_HEADS = 64
 #: Head tiles main_bwd builds: 16 and 32 (one group each), 64 (the wide tile).

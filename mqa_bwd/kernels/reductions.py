@@ -1,6 +1,6 @@
 """Reductions and casts: d_sink over the rows, the fixed-point accumulator (and the lanes) and fp32 to bf16."""
 
-from .config import _tl
+from .config import LANE_GROUP, _tl
 
 
 #: dsink_reduce's row groups: group g sums rows g, g + DSINK_GROUPS, ... in increasing order.
@@ -72,13 +72,14 @@ def fixed_to_bf16_program(cols: int, block_rows: int = 16, threads: int = 128):
 
 def lanes_to_bf16_program(cols: int, block_rows: int = 16, threads: int = 128):
     """fixed_to_bf16 of Acc plus the decoded lanes: Dst[k, c] = bf16(fp32(fp64(Acc[k, c] + lane[k, c]) /
-    RowScale[k])), lane[k, c] the lane c % 2 of Words[k, c // 2] (fixed_point.decode_lane_words)
+    RowScale[k])), lane[k, c] column c's lane of Words[k] (fixed_point.decode_lane_words: with
+    G = LANE_GROUP, word (c // G) * G / 2 + c % (G / 2), the high lane where c % G >= G / 2)
     where Failed[0] == 0, else 0 (Acc then holds the int64 redo's sums): join and cast in one pass."""
     tilelang, T = _tl()
     N = T.dynamic("N")
-    C = cols
-    if C % 2:
-        raise ValueError(f"cols: {C} (the lanes pair columns: even)")
+    C, G = cols, LANE_GROUP
+    if C % G:
+        raise ValueError(f"cols: {C} (the lanes pair columns within groups of {G}: a multiple of {G})")
 
     @T.prim_func
     def lanes_to_bf16(
@@ -92,9 +93,9 @@ def lanes_to_bf16_program(cols: int, block_rows: int = 16, threads: int = 128):
             for i, c in T.Parallel(block_rows, C):
                 k = bx * block_rows + i
                 if k < N:
-                    word = Words[k, c // 2]
+                    word = Words[k, (c // G) * (G // 2) + c % (G // 2)]
                     lo = T.cast(T.cast(word, "int32"), "int64")  # the low lane, sign-extended
-                    lane = T.if_then_else(c % 2 == 0, lo, T.shift_right(word - lo, T.int64(32)))
+                    lane = T.if_then_else(c % G < G // 2, lo, T.shift_right(word - lo, T.int64(32)))
                     total = Acc[k, c] + T.if_then_else(Failed[0] == 0, lane, T.int64(0))
                     value = T.cast(total, "float64") / T.cast(RowScale[k], "float64")
                     Dst[k, c] = T.cast(T.cast(value, "float32"), "bfloat16")

@@ -10,26 +10,34 @@ Why this shape:
 - No dKV staging in shared memory: a dKV chunk (64 slots x 64 columns) goes from its
   accumulator straight to the global adds. The staging's bytes are what let a 64-slot KV
   tile fit beside the 64-head Q and dO.
+- The deterministic launches form a chunk transposed (columns x slots), so that the 8 lanes of
+  a warp holding one slot hold 8 consecutive columns: an integer add instruction then covers 4
+  kv rows x 64 contiguous bytes, where the slots-x-columns accumulator gives 8 rows x 32 bytes.
+  That halves the L2's reduction requests with no exchange between lanes, and leaves the L2
+  room for the adds of more warps than warpgroup 1's.
 - The warpgroups have roles:
-    warpgroup 0: gathers KV, forms S and dP, then P and dS (written to shared memory), and
-                 dQ[:, :DQ_SPLIT];
-    warpgroup 1: dQ[:, DQ_SPLIT:] and the block's dKV, chunk by chunk, with its adds.
+    warpgroup 0: gathers KV, forms S and dP, then P and dS (written to shared memory),
+                 dQ[:, :DQ_SPLIT], and the block's last WG0_CHUNKS dKV chunks with their adds;
+    warpgroup 1: dQ[:, DQ_SPLIT:] and the block's other dKV chunks, one at a time, with their adds.
   Warpgroup 0 gathers block t + 1 and forms its scores while warpgroup 1 still forms and
-  adds block t's dKV (which reads Q, dO, P and dS, never KV).
+  adds block t's dKV (which reads Q, dO, P and dS, never KV). One warp a scheduler issuing
+  adds is latency-bound, so warpgroup 1's chunk chain set the pace while warpgroup 0 waited
+  for it; its chunks in warpgroup 0 shorten that chain (docs/performance-log.md).
 - One KV stage refilled in two parts: columns [0, DQ_SPLIT), which only warpgroup 0's dQ GEMM
   reads, right after that GEMM; the rest once warpgroup 1's dQ GEMMs have read them
   (KV_FREE). S and dP start on the first part while the second lands: warpgroup 0's serial
   gather is otherwise the kernel's critical path.
 
 How a CTA adds dKV (config.accumulate):
-  "lanes"   (deterministic) two consecutive columns a 64-bit word of two signed 32-bit lanes,
-            lo + 2^32 hi, added mod 2^64 with red.global.add.u64 into DKV [NKV, Dk / 2]: a
-            lane's sum is exact whatever the order as long as its final value fits 32 bits,
-            however its partial sums wrapped. RowScale is the plan's scale lowered, as for
-            every deterministic launch (fixed_point.lanes_scale); Bound[kv row] gains, per (slot, block), the ceiling
-            of the largest |scaled value| among that slot's contributions, so Bound < 2^31
-            proves every lane of the row decodes exactly. The host (wrapper.run) reruns the
-            launch in "fixed" where a bound failed.
+  "lanes"   (deterministic) two columns a 64-bit word of two signed 32-bit lanes, lo + 2^32 hi
+            (columns q and q + 8 of each 16: config.LANE_GROUP), added mod 2^64 with
+            red.global.add.u64 into DKV [NKV, Dk / 2]: a lane's sum is exact whatever the
+            order as long as its final value fits 32 bits, however its partial sums wrapped.
+            RowScale is the plan's scale lowered, as for every deterministic launch
+            (fixed_point.lanes_scale); Bound[kv row] gains, per (slot, block), the ceiling of
+            the largest |scaled value| among that slot's contributions (rounded up to a bf16),
+            so Bound < 2^31 proves every lane of the row decodes exactly. The host
+            (wrapper.run) reruns the launch in "fixed" where a bound failed.
   "fixed"   int64 fixed point at the same scale, one word a column (the lanes design's redo):
             every CTA ends at once unless Gate[0] != 0, so the redo launches on every call
             without a host sync.
@@ -38,7 +46,9 @@ How a CTA adds dKV (config.accumulate):
 Handoffs are mbarriers, one phase a block (named barriers are racecheck's blind spot):
 PDS_READY (warpgroup 0's 128 threads arrive: P, dS, the block's slots and scales are in
 shared memory), KV_FREE and PDS_FREE (warpgroup 1's 128 arrive: its last read of KV_s, of
-P_s and dS_s). Slots and scales are double-buffered by block parity: warpgroup 1 still adds
+P_s and dS_s), and for the lanes PEAKS_READY (warpgroup 0's 128: its chunks' slot maxima are
+in; warpgroup 1 waits for it before PDS_FREE). Slots and scales (one {kv row, scale} pair a slot, so that an add reads two
+slots' in one 16-byte load) are double-buffered by block parity: warpgroup 1 still adds
 block t while warpgroup 0 lays out block t + 1.
 """
 
@@ -52,7 +62,19 @@ CHUNK = 64
 #: dQ columns [0, DQ_SPLIT) belong to warpgroup 0, the rest to warpgroup 1.
 DQ_SPLIT = 256
 WARPGROUP = 128
-PDS_READY, KV_FREE, PDS_FREE = 0, 1, 2
+#: dKV chunks [n - WG0_CHUNKS, n) of a block are formed and added by warpgroup 0, after its dQ
+#: GEMM: warpgroup 1's chunk chain is the kernel's critical path, and warpgroup 0 would otherwise
+#: wait for it (PDS_FREE). Two balance the warpgroups at Dk = 576 (docs/performance-log.md).
+WG0_CHUNKS = 2
+PDS_READY, KV_FREE, PDS_FREE, PEAKS_READY = 0, 1, 2, 3
+#: Named barriers of one warpgroup (128 threads): warpgroup 0's after each KV gather, warpgroup 1's
+#: around the lanes' bounds.
+GATHER_BARRIER, BOUNDS_BARRIER = 1, 2
+#: The lanes' block maxima in shared memory: warpgroup 1's, 64 slots a warp, two a 32-bit word;
+#: then warpgroup 0's, one word a slot by block parity (it stages block t + 1's while warpgroup 1
+#: may still read block t's).
+PEAK_WORDS = WARPGROUP // 32 * WIDE_SLOTS // 2
+WG0_PEAK_WORDS = 2 * WIDE_SLOTS
 #: What a kv row's Bound grows by at most for one contribution: anything larger (or NaN) fails.
 BOUND_CAP = 2**40
 
@@ -67,13 +89,18 @@ __device__ __forceinline__ void ws_cp_async_wait_one() { asm volatile("cp.async.
 __device__ __forceinline__ void ws_bars_init(void* bars) {
   mqa_handoff_init(bars, 128, 128);
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(mqa_handoff_bar(bars, 2)), "r"(128) : "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(mqa_handoff_bar(bars, 3)), "r"(128) : "memory");
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 // Predicated adds, not a branch around each: with no branch between them, ptxas interleaves a
 // chunk's independent convert-and-add chains (one warp a scheduler has nothing else to run).
-__device__ __forceinline__ void ws_red_u64_if(unsigned long long* p, unsigned long long v, bool ok) {
-  asm volatile("{\n .reg .pred q;\n setp.ne.u32 q, %2, 0;\n @q red.global.add.u64 [%0], %1;\n}"
-               :: "l"(p), "l"(v), "r"(static_cast<unsigned>(ok)) : "memory");
+// The integer add's address is row_base + kv * row_bytes, one mad.wide: where ok is false the add
+// is skipped, and kv is never an address.
+__device__ __forceinline__ void ws_red_u64_if(const void* row_base, int kv, unsigned row_bytes, unsigned long long v,
+                                              bool ok) {
+  asm volatile("{\n .reg .pred q;\n .reg .b64 a;\n setp.ne.u32 q, %3, 0;\n mad.wide.u32 a, %1, %2, %0;\n"
+               " @q red.global.add.u64 [a], %4;\n}"
+               :: "l"(row_base), "r"(kv), "r"(row_bytes), "r"(static_cast<unsigned>(ok)), "l"(v) : "memory");
 }
 __device__ __forceinline__ void ws_red_f32x4_if(float* p, float a, float b, float c, float d, bool ok) {
   asm volatile("{\n .reg .pred q;\n setp.ne.u32 q, %5, 0;\n @q red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n}"
@@ -86,23 +113,35 @@ __device__ __forceinline__ float ws_max_nan(float a, float b) {
   return r;
 }
 
-// The adds of one 64 x 64 dKV chunk from a warpgroup's wgmma accumulator. Thread t of the
-// warpgroup holds, in acc[2i] and acc[2i + 1], row 16 (t / 32) + 8 (i % 2) + (t % 32) / 4 and
-// columns 8 (i / 2) + 2 (t % 4) + {0, 1} (TileLang's m64n64 C layout). dkv comes const:
-// TileLang sees no store to it through these calls.
-
-// The control: red.v4.f32, four columns a lane, as cuDNN adds. Of each 16-column group a lane
-// holds pairs A (8-column block 2m) and B (block 2m + 1); partners k and k ^ 1 swap one pair,
-// so even k adds A_k A_k+1 (columns 16m + 2k .. + 3) and odd k adds B_k-1 B_k (columns
-// 16m + 6 + 2k .. + 3): a quad covers 64 bytes a row.
-__device__ __forceinline__ void ws_add_chunk_atomic(const float* acc, const void* dkv, const int* slots, int col0,
+// t through an opaque move: what the adds derive from the thread index (their column's address)
+// is then formed at each call, not hoisted out of the slot loop as one 64-bit register a chunk
+// (spills at Dk = 576).
+__device__ __forceinline__ int ws_opaque(int t) {
+  int r;
+  asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(t));
+  return r;
+}
+// The slots of a block sit in shared memory as pairs {kv row, row scale's bits}: slots 2i, 2i + 1
+// are one 16-byte load.
+__device__ __forceinline__ int4 ws_slot_pair(const void* info, int slot) {
+  return static_cast<const int4*>(info)[slot / 2];
+}
+// The control adds a 64 x 64 dKV chunk (slots x columns) from a warpgroup's wgmma accumulator.
+// Thread t of the warpgroup holds, in acc[2i] and acc[2i + 1], row 16 (t / 32) + 8 (i % 2) +
+// (t % 32) / 4 and columns 8 (i / 2) + 2 (t % 4) + {0, 1} (TileLang's m64n64 C layout). dkv
+// comes const: TileLang sees no store to it through these calls.
+// red.v4.f32, four columns a lane, as cuDNN adds. Of each 16-column group a lane holds pairs A
+// (8-column block 2m) and B (block 2m + 1); partners k and k ^ 1 swap one pair, so even k adds
+// A_k A_k+1 (columns 16m + 2k .. + 3) and odd k adds B_k-1 B_k (columns 16m + 6 + 2k .. + 3): a
+// quad covers 64 bytes a row.
+__device__ __forceinline__ void ws_add_chunk_atomic(const float* acc, const void* dkv, const void* slot_info, int col0,
                                                     int ld, int nkv, int t) {
   const int lane = t & 31, warp = t >> 5, k = lane & 3;
   const bool odd = k & 1;
   #pragma unroll
   for (int half = 0; half < 2; ++half) {
     const int row = 16 * warp + 8 * half + (lane >> 2);
-    const int kv = slots[row];
+    const int kv = static_cast<const int*>(slot_info)[2 * row];
     const bool ok = kv >= 0 && kv < nkv;
     float* base = const_cast<float*>(static_cast<const float*>(dkv)) + (long long)(ok ? kv : 0) * ld + col0;
     #pragma unroll
@@ -116,71 +155,117 @@ __device__ __forceinline__ void ws_add_chunk_atomic(const float* acc, const void
     }
   }
 }
-// The int64 redo: by four shuffles a lane of a quad gets columns k and 4 + k of each 8-column
-// block (k = t % 4), so each red.u64 instruction adds 32 contiguous bytes a row, whole sectors.
-__device__ __forceinline__ void ws_add_chunk_fixed(const float* acc, const void* dkv, const int* slots,
-                                                   const float* scales, int col0, int ld, int nkv, int t) {
-  const int lane = t & 31, warp = t >> 5, k = lane & 3, quad = lane & ~3;
+
+// The deterministic launches add a transposed chunk, 64 columns x 64 slots: thread t holds, in
+// acc[2i + e], column col0 + 16 (t / 32) + 8 (i % 2) + (t % 32) / 4 of slot 8 (i / 2) + 2 (t % 4)
+// + e. So the 8 lanes of a warp that share t % 4 hold 8 consecutive columns of the same slots,
+// and one add instruction covers 4 kv rows x 64 contiguous bytes: half the L2 requests of the
+// slots-by-columns chunk, whose instruction covers 8 rows x 32 bytes, with no exchange.
+
+// The int64 redo: one word a column, at the lanes' scale (the same integers).
+__device__ __forceinline__ void ws_add_chunk_fixed(const float* acc, const void* dkv, const void* slot_info, int col0,
+                                                   int ld, int nkv, int thread) {
+  const int t = ws_opaque(thread), lane = t & 31, warp = t >> 5, k = lane & 3;
+  const unsigned long long* base = static_cast<const unsigned long long*>(dkv) + col0 + 16 * warp + (lane >> 2);
+  int4 next = ws_slot_pair(slot_info, 2 * k);
   #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = 16 * warp + 8 * half + (lane >> 2);
-    const int kv = slots[row];
-    const float scale = scales[row];
-    const bool ok = kv >= 0 && kv < nkv;
-    unsigned long long* base = const_cast<unsigned long long*>(static_cast<const unsigned long long*>(dkv))
-                               + (long long)(ok ? kv : 0) * ld + col0;
+  for (int n8 = 0; n8 < 8; ++n8) {
+    const int4 pair = next;
+    if (n8 < 7) next = ws_slot_pair(slot_info, 8 * (n8 + 1) + 2 * k);  // a pair ahead: its latency under this one
     #pragma unroll
-    for (int n8 = 0; n8 < 8; ++n8) {
-      const float v0 = acc[2 * (2 * n8 + half)], v1 = acc[2 * (2 * n8 + half) + 1];
-      const float a = __shfl_sync(0xffffffffu, v0, quad + (k >> 1)), b = __shfl_sync(0xffffffffu, v1, quad + (k >> 1));
-      const float c = __shfl_sync(0xffffffffu, v0, quad + 2 + (k >> 1)), d = __shfl_sync(0xffffffffu, v1, quad + 2 + (k >> 1));
-      const float lo = (k & 1) ? b : a, hi = (k & 1) ? d : c;
-      ws_red_u64_if(base + 8 * n8 + k, static_cast<unsigned long long>(__float2ll_rn(lo * scale)), ok);
-      ws_red_u64_if(base + 8 * n8 + 4 + k, static_cast<unsigned long long>(__float2ll_rn(hi * scale)), ok);
+    for (int e = 0; e < 2; ++e) {
+      const int kv = e ? pair.z : pair.x;
+      const float scale = __int_as_float(e ? pair.w : pair.y);
+      const bool ok = static_cast<unsigned>(kv) < static_cast<unsigned>(nkv);
+      ws_red_u64_if(base, kv, 8 * ld, static_cast<unsigned long long>(__float2ll_rn(acc[2 * (2 * n8) + e] * scale)), ok);
+      ws_red_u64_if(base + 8, kv, 8 * ld, static_cast<unsigned long long>(__float2ll_rn(acc[2 * (2 * n8 + 1) + e] * scale)), ok);
     }
+    __syncwarp();  // keeps ptxas from hoisting every pair's slot load to the top of the chunk (spills)
   }
 }
-// The lanes design: a lane's two consecutive columns go as one word lo + 2^32 hi, cvt.rni.s32 of
-// each (round half to even, saturating, NaN -> 0); a quad's four words are one whole sector a
-// row. peak[h] keeps the largest |scaled value| of this thread's row h over the block's chunks
-// (NaN if any is); ws_add_bounds adds each row's quad maximum to its kv row's Bound.
-__device__ __forceinline__ void ws_add_chunk_lanes(const float* acc, const void* words, const int* slots,
-                                                   const float* scales, int col0, int ld, int nkv, int t,
-                                                   float* peak) {
+// The lanes: a lane's two columns c and c + 8 of one slot go as one word lo + 2^32 hi (word 8 g + q
+// of a kv row holds columns 16 g + q and 16 g + 8 + q: config.LANE_GROUP), cvt.rni.s32
+// of each (round half to even, saturating, NaN -> 0). peak[n8] keeps, for this thread's slots
+// 8 n8 + 2 (t % 4) + {0, 1}, the largest |scaled value| over the block's chunks as the upper 16
+// bits of its float bits plus 0xffff (a bf16 rounded up: two slots a register; a NaN or inf gives
+// 0x7f80 or more); ws_add_bounds takes the maximum over the warpgroup.
+__device__ __forceinline__ void ws_add_chunk_lanes(const float* acc, const void* words, const void* slot_info, int col0,
+                                                   int ld, int nkv, int thread, unsigned* peak) {
+  const int t = ws_opaque(thread), lane = t & 31, warp = t >> 5, k = lane & 3;
+  const unsigned long long* base = static_cast<const unsigned long long*>(words) + col0 / 2 + 8 * warp + (lane >> 2);
+  int4 next = ws_slot_pair(slot_info, 2 * k);
+  #pragma unroll
+  for (int n8 = 0; n8 < 8; ++n8) {
+    const int4 pair = next;
+    if (n8 < 7) next = ws_slot_pair(slot_info, 8 * (n8 + 1) + 2 * k);  // a pair ahead: its latency under this one
+    const float s0 = __int_as_float(pair.y), s1 = __int_as_float(pair.w);
+    const float x00 = acc[4 * n8] * s0, x01 = acc[4 * n8 + 2] * s0;      // slot e = 0: columns c, c + 8
+    const float x10 = acc[4 * n8 + 1] * s1, x11 = acc[4 * n8 + 3] * s1;  // slot e = 1
+    const unsigned up0 = __float_as_uint(ws_max_nan(fabsf(x00), fabsf(x01))) + 0xffffu;
+    const unsigned up1 = __float_as_uint(ws_max_nan(fabsf(x10), fabsf(x11))) + 0xffffu;
+    peak[n8] = __vmaxu2(peak[n8], __byte_perm(up0, up1, 0x7632));
+    // lo sign-extended: the words' sum is sum(lo) + 2^32 sum(hi) mod 2^64 (fixed_point.decode_lane_words).
+    const long long lo0 = __float2int_rn(x00), hi0 = __float2int_rn(x01);
+    const long long lo1 = __float2int_rn(x10), hi1 = __float2int_rn(x11);
+    // A peak is at most 0x80008000, so this test always holds: it makes the adds wait for the
+    // peak, where ptxas would sink the peak to the block's end and keep (spill) the scaled values.
+    const bool live = peak[n8] != 0xffffffffu;
+    const bool ok0 = static_cast<unsigned>(pair.x) < static_cast<unsigned>(nkv) && live;
+    const bool ok1 = static_cast<unsigned>(pair.z) < static_cast<unsigned>(nkv) && live;
+    ws_red_u64_if(base, pair.x, 4 * ld, static_cast<unsigned long long>(lo0) + (static_cast<unsigned long long>(hi0) << 32), ok0);
+    ws_red_u64_if(base, pair.z, 4 * ld, static_cast<unsigned long long>(lo1) + (static_cast<unsigned long long>(hi1) << 32), ok1);
+    __syncwarp();  // keeps ptxas from hoisting every pair's slot load to the top of the chunk (spills)
+  }
+}
+// The block's bounds. The 8 lanes of a warp that share t % 4 hold the same slots: shuffles give
+// each warp's maxima. ws_stage_peaks stores warpgroup 1's to its peak buffer (64 slots a warp, two
+// a word as in peak), between two of its barriers (BOUNDS_BARRIER; the first keeps its stores from
+// the previous block's loads). ws_merge_peaks takes warpgroup 0's into one word a slot with shared
+// atomicMax (the block's words zero: ws_add_bounds clears them), before it arrives on PEAKS_READY.
+__device__ __forceinline__ unsigned ws_warp_max(unsigned m) {
+  m = __vmaxu2(m, __shfl_xor_sync(0xffffffffu, m, 4));
+  m = __vmaxu2(m, __shfl_xor_sync(0xffffffffu, m, 8));
+  return __vmaxu2(m, __shfl_xor_sync(0xffffffffu, m, 16));
+}
+__device__ __forceinline__ void ws_stage_peaks(unsigned* peak, void* peak_buf, int t) {
   const int lane = t & 31, warp = t >> 5, k = lane & 3;
   #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    const int row = 16 * warp + 8 * half + (lane >> 2);
-    const int kv = slots[row];
-    const float scale = scales[row];
-    const bool ok = kv >= 0 && kv < nkv;
-    unsigned long long* base = const_cast<unsigned long long*>(static_cast<const unsigned long long*>(words))
-                               + (long long)(ok ? kv : 0) * (ld / 2) + col0 / 2;
-    #pragma unroll
-    for (int n8 = 0; n8 < 8; ++n8) {
-      const float x0 = acc[2 * (2 * n8 + half)] * scale, x1 = acc[2 * (2 * n8 + half) + 1] * scale;
-      peak[half] = ws_max_nan(peak[half], ws_max_nan(fabsf(x0), fabsf(x1)));
-      // lo sign-extended: the words' sum is sum(lo) + 2^32 sum(hi) mod 2^64 (fixed_point.decode_lane_words).
-      const long long lo = __float2int_rn(x0), hi = __float2int_rn(x1);
-      ws_red_u64_if(base + 4 * n8 + k, static_cast<unsigned long long>(lo) + (static_cast<unsigned long long>(hi) << 32), ok);
-    }
+  for (int n8 = 0; n8 < 8; ++n8) {
+    const unsigned m = ws_warp_max(peak[n8]);
+    if ((lane >> 2) == 0) static_cast<unsigned*>(peak_buf)[32 * warp + 4 * n8 + k] = m;  // slots 8 n8 + 2 k + {0, 1}
+    peak[n8] = 0u;  // the next block's peaks start here
   }
 }
-// Bound[kv] += min(ceil(peak), 2^40) for each of the thread's two rows (the quad's maximum; fminf
-// maps a NaN peak to 2^40), then the peaks restart for the next block.
-__device__ __forceinline__ void ws_add_bounds(float* peak, const void* bound, const int* slots, int nkv, int t) {
-  const int lane = t & 31, warp = t >> 5;
+__device__ __forceinline__ void ws_merge_peaks(unsigned* peak, void* slot_peaks, int t) {
+  const int lane = t & 31, k = lane & 3;
+  unsigned* words = static_cast<unsigned*>(slot_peaks);
   #pragma unroll
-  for (int half = 0; half < 2; ++half) {
-    float m = peak[half];
-    m = ws_max_nan(m, __shfl_xor_sync(0xffffffffu, m, 1));
-    m = ws_max_nan(m, __shfl_xor_sync(0xffffffffu, m, 2));
-    const int kv = slots[16 * warp + 8 * half + (lane >> 2)];
-    if ((lane & 3) == 0 && kv >= 0 && kv < nkv)
-      atomicAdd(const_cast<unsigned long long*>(static_cast<const unsigned long long*>(bound)) + kv,
-                static_cast<unsigned long long>(fminf(ceilf(m), 1099511627776.0f)));
-    peak[half] = 0.0f;
+  for (int n8 = 0; n8 < 8; ++n8) {
+    const unsigned m = ws_warp_max(peak[n8]);
+    if ((lane >> 2) == 0) {
+      atomicMax(words + 8 * n8 + 2 * k, m & 0xffffu);
+      atomicMax(words + 8 * n8 + 2 * k + 1, m >> 16);
+    }
+    peak[n8] = 0u;
   }
+}
+// ws_add_bounds: Bound[kv] += min(ceil(m), 2^40) for each valid slot of the block, m its largest
+// |scaled value| over all columns (warpgroup 1's 4 warps' maxima and warpgroup 0's) rounded up to
+// a bf16; 2^40 where that is inf or NaN.
+__device__ __forceinline__ void ws_add_bounds(const void* peak_buf, void* slot_peaks, const void* bound,
+                                              const void* slot_info, int nkv, int t) {
+  if (t >= 64) return;
+  const unsigned* peaks_s = static_cast<const unsigned*>(peak_buf);
+  const int word = t / 2;
+  const unsigned m = __vmaxu2(__vmaxu2(peaks_s[word], peaks_s[32 + word]), __vmaxu2(peaks_s[64 + word], peaks_s[96 + word]));
+  unsigned* slot_peak = static_cast<unsigned*>(slot_peaks) + t;
+  const unsigned half = max((t & 1) ? (m >> 16) : (m & 0xffffu), *slot_peak);
+  *slot_peak = 0u;  // for warpgroup 0's block t + 2, which waits for this warpgroup's PDS_FREE of t + 1
+  const int kv = static_cast<const int*>(slot_info)[2 * t];
+  if (static_cast<unsigned>(kv) < static_cast<unsigned>(nkv))
+    atomicAdd(const_cast<unsigned long long*>(static_cast<const unsigned long long*>(bound)) + kv,
+              half >= 0x7f80u ? 1099511627776ull
+                              : static_cast<unsigned long long>(fminf(ceilf(__uint_as_float(half << 16)), 1099511627776.0f)));
 }
 """
 
@@ -200,13 +285,17 @@ def wide_program(config: MainConfig):
     dkv_dtype = f32 if accumulate == "atomic" else i64
     dkv_shape = (NKV, Dk // 2) if accumulate == "lanes" else (NKV, Dk)
     scaled = accumulate != "atomic"  # a row scale per slot, and the mass check
-    n1 = Dk // CHUNK  # warpgroup 1's chunks
+    transposed = scaled  # dKV chunks as columns x slots (WS_SOURCE says why)
+    chunks = Dk // CHUNK
+    n1 = chunks - WG0_CHUNKS  # warpgroup 1's chunks: [0, n1)
     value_chunks = Dv // CHUNK
     # Warpgroup 1's dQ columns in two wgmma-sized pieces (N at most 256, whole 64s):
     # 192 + 128 at Dk = 576, 192 + 64 at 512.
     w1 = min(192, Dk - DQ_SPLIT - CHUNK)
     w2 = Dk - DQ_SPLIT - w1
     c1, c2 = DQ_SPLIT, DQ_SPLIT + w1
+    if WG0_PEAK_WORDS != WARPGROUP:  # warpgroup 0 clears its slot maxima one word a thread
+        raise ValueError(f"WG0_PEAK_WORDS: {WG0_PEAK_WORDS}, not {WARPGROUP}")
     if w1 % CHUNK or not 0 < w2 <= 256:
         raise ValueError(f"config: d_k={Dk}: warpgroup 1's dQ columns do not split in two wgmma tiles")
 
@@ -224,27 +313,40 @@ def wide_program(config: MainConfig):
 
     @T.macro
     def dkv_chunk(Q_s, dO_s, dS_s, P_s, acc, c):
-        """dKV columns [c * CHUNK, (c + 1) * CHUNK) of the block into ``acc`` (slots x columns),
-        dS^T Q + P^T dO over the heads; issued, not waited for."""
+        """dKV columns [c * CHUNK, (c + 1) * CHUNK) of the block into ``acc``, dS^T Q + P^T dO over
+        the heads; issued, not waited for. The deterministic launches form it transposed
+        (columns x slots: Q^T dS + dO^T P), the layout their adds want (WS_SOURCE)."""
         T.clear(acc)
-        T.wgmma_gemm(dS_s, Q_s[0:H, c * CHUNK : (c + 1) * CHUNK], acc, transpose_A=True, clear_accum=True)
-        if c < value_chunks:
-            T.wgmma_gemm(P_s, dO_s[0:H, c * CHUNK : (c + 1) * CHUNK], acc, transpose_A=True)
+        if transposed:
+            T.wgmma_gemm(Q_s[0:H, c * CHUNK : (c + 1) * CHUNK], dS_s, acc, transpose_A=True, clear_accum=True)
+            if c < value_chunks:
+                T.wgmma_gemm(dO_s[0:H, c * CHUNK : (c + 1) * CHUNK], P_s, acc, transpose_A=True)
+        else:
+            T.wgmma_gemm(dS_s, Q_s[0:H, c * CHUNK : (c + 1) * CHUNK], acc, transpose_A=True, clear_accum=True)
+            if c < value_chunks:
+                T.wgmma_gemm(P_s, dO_s[0:H, c * CHUNK : (c + 1) * CHUNK], acc, transpose_A=True)
 
     @T.macro
-    def add_chunk(dKV, acc, slots_s, scales_s, c, p, NKV, peak, thread):
+    def add_chunk(dKV, acc, slot_info_s, c, p, NKV, peak, thread):
         """The global adds of chunk c's accumulator, for the block of parity p, by the warpgroup
         whose thread index (0..127) is ``thread``."""
+        info = T.address_of(slot_info_s[p * BS * 2])
         if accumulate == "lanes":
-            T.call_extern("handle", "ws_add_chunk_lanes", acc.data, dKV.data,
-                          T.address_of(slots_s[p * BS]), T.address_of(scales_s[p * BS]), c * CHUNK, Dk, NKV, thread,
-                          peak.data)
+            T.call_extern("handle", "ws_add_chunk_lanes", acc.data, dKV.data, info, c * CHUNK, Dk, NKV, thread, peak.data)
         elif accumulate == "atomic":
-            T.call_extern("handle", "ws_add_chunk_atomic", acc.data, dKV.data, T.address_of(slots_s[p * BS]), c * CHUNK,
-                          Dk, NKV, thread)
+            T.call_extern("handle", "ws_add_chunk_atomic", acc.data, dKV.data, info, c * CHUNK, Dk, NKV, thread)
         else:
-            T.call_extern("handle", "ws_add_chunk_fixed", acc.data, dKV.data, T.address_of(slots_s[p * BS]),
-                          T.address_of(scales_s[p * BS]), c * CHUNK, Dk, NKV, thread)
+            T.call_extern("handle", "ws_add_chunk_fixed", acc.data, dKV.data, info, c * CHUNK, Dk, NKV, thread)
+
+    @T.macro
+    def peaks_then_pds_free(bars, p):
+        """Warpgroup 1 frees P_s and dS_s; the lanes' first wait for warpgroup 0's maxima of the block.
+        Warpgroup 0 arrives on PEAKS_READY for block t + 1 once P_s is free of block t: had
+        warpgroup 1 not seen block t's phase complete by then, two phases would complete and its
+        wait on block t's parity would never return."""
+        if accumulate == "lanes":
+            T.call_extern("handle", "mqa_handoff_wait", bars.data, PEAKS_READY, p)
+        T.call_extern("handle", "mqa_handoff_arrive", bars.data, PDS_FREE)
 
     @T.prim_func
     def main_bwd(
@@ -273,9 +375,15 @@ def wide_program(config: MainConfig):
             dS_s = T.alloc_shared((H, BS), bf16)
             lse_s = T.alloc_shared((H,), f32)
             delta_s = T.alloc_shared((H,), f32)
-            slots_s = T.alloc_shared((2 * BS,), i32)  # block parity p at [p * BS, (p + 1) * BS)
-            scales_s = T.alloc_shared((2 * BS,), f32)
-            bars = T.alloc_shared((3,), "uint64")
+            # Slot j of the block of parity p: its kv row at [2 (p BS + j)], its row scale's bits next;
+            # then, for the lanes, the block maxima (PEAK_WORDS of warpgroup 1's, WG0_PEAK_WORDS of
+            # warpgroup 0's). One buffer: the peaks are only touched through calls, and TileLang gives
+            # a buffer it sees no access to the shared memory of another (it placed them on delta_s
+            # and lse_s).
+            peaks1 = 2 * BS * 2
+            peaks0 = peaks1 + PEAK_WORDS
+            slot_info_s = T.alloc_shared((peaks1 + (PEAK_WORDS + WG0_PEAK_WORDS if accumulate == "lanes" else 0),), i32)
+            bars = T.alloc_shared((4,), "uint64")
 
             acc_s = T.alloc_fragment((H, BS), f32)
             acc_dp = T.alloc_fragment((H, BS), f32)
@@ -284,9 +392,11 @@ def wide_program(config: MainConfig):
             acc_dq2 = T.alloc_fragment((H, w2), f32)
             acc_dkv = T.alloc_fragment((BS, CHUNK), f32)
             acc_dkv2 = T.alloc_fragment((BS, CHUNK), f32)
+            acc_dkv0 = T.alloc_fragment((BS, CHUNK), f32)  # warpgroup 0's chunks, in its scores' registers
             if scaled:
                 mass_row = T.alloc_fragment((H,), f32)
-            peak = T.alloc_local((2,), f32)  # warpgroup 1's lanes bound of this thread's two rows
+            peak = T.alloc_local((BS // 8,), "uint32")  # warpgroup 1's lanes bound of this thread's 16 slots
+            peak0 = T.alloc_local((BS // 8,), "uint32")  # warpgroup 0's
             tid = T.get_thread_binding()
             h0 = head_base
 
@@ -304,6 +414,10 @@ def wide_program(config: MainConfig):
 
             with T.ws(0):
                 T.clear(acc_dq0)
+                for i in T.serial(BS // 8):
+                    peak0[i] = T.cast(0, "uint32")
+                if accumulate == "lanes":  # its slot maxima start at zero (ws_merge_peaks), one word a thread
+                    T.call_extern("handle", "mqa_st_shared_i32", slot_info_s.data, peaks0 + tid, 0)
                 if scaled:
                     T.clear(mass_row)
                 for t in T.serial(NB):
@@ -314,9 +428,9 @@ def wide_program(config: MainConfig):
                     # reads parity p only after PDS_READY of this block.
                     if tid < BS:
                         row = Indices[r, t * BS + tid]
-                        T.call_extern("handle", "mqa_st_shared_i32", slots_s.data, p * BS + tid, row)
+                        T.call_extern("handle", "mqa_st_shared_i32", slot_info_s.data, 2 * (p * BS + tid), row)
                         if scaled:
-                            T.call_extern("handle", "mqa_st_shared_f32", scales_s.data, p * BS + tid,
+                            T.call_extern("handle", "mqa_st_shared_f32", slot_info_s.data, 2 * (p * BS + tid) + 1,
                                           T.if_then_else((row >= 0) and (row < NKV), RowScale[T.max(T.min(row, NKV - 1), 0)],
                                                          T.cast(0, f32)))
                     if t == 0:
@@ -328,7 +442,7 @@ def wide_program(config: MainConfig):
                         T.call_extern("handle", "mqa_cp_async_commit")
                         T.call_extern("handle", "ws_cp_async_wait_one")
                     T.call_extern("handle", "ws_fence_proxy_async")
-                    T.call_extern("handle", "ws_bar_sync_wg", 1)
+                    T.call_extern("handle", "ws_bar_sync_wg", GATHER_BARRIER)
 
                     # S = Q KV^T and dP = dO V^T, both 64 x 64 over the heads; the first
                     # columns' GEMMs while the rest of the gather lands.
@@ -339,14 +453,14 @@ def wide_program(config: MainConfig):
                     if t > 0:
                         T.call_extern("handle", "mqa_cp_async_wait_all")
                         T.call_extern("handle", "ws_fence_proxy_async")
-                        T.call_extern("handle", "ws_bar_sync_wg", 1)
+                        T.call_extern("handle", "ws_bar_sync_wg", GATHER_BARRIER)
                     T.wgmma_gemm(Q_s[0:H, DQ_SPLIT:Dk], KV_s[0:BS, DQ_SPLIT:Dk], acc_s, transpose_B=True)
                     T.wgmma_gemm(dO_s[0:H, DQ_SPLIT:Dv], KV_s[0:BS, DQ_SPLIT:Dv], acc_dp, transpose_B=True)
                     T.wait_wgmma(0)
                     T.warpgroup_fence_operand(acc_s, num_regs=H * BS // WARPGROUP)
                     T.warpgroup_fence_operand(acc_dp, num_regs=H * BS // WARPGROUP)
-                    for h, j in T.Parallel(H, BS):  # slots_s[p] was stored before the barrier above
-                        row_j = slots_s[p * BS + j]
+                    for h, j in T.Parallel(H, BS):  # parity p's slots were stored before the barrier above
+                        row_j = slot_info_s[2 * (p * BS + j)]
                         acc_s[h, j] = T.if_then_else((row_j >= 0) and (row_j < NKV),
                                                      T.exp2(acc_s[h, j] * scale_log2 - lse_s[h]), T.cast(0, f32))
                     if scaled:
@@ -359,14 +473,26 @@ def wide_program(config: MainConfig):
                     T.copy(acc_dp, dS_s)
                     T.call_extern("handle", "ws_fence_proxy_async")
                     T.call_extern("handle", "mqa_handoff_arrive", bars.data, PDS_READY)
-                    # dQ[:, :DQ_SPLIT] += dS KV (this warpgroup's columns).
+                    # dQ[:, :DQ_SPLIT] += dS KV (this warpgroup's columns), and the first of its dKV chunks.
                     T.wgmma_gemm(dS_s, KV_s[0:BS, 0:DQ_SPLIT], acc_dq0)
+                    dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv0, n1)
                     T.wait_wgmma(0)
                     T.warpgroup_fence_operand(acc_dq0, num_regs=H * DQ_SPLIT // WARPGROUP)
+                    T.warpgroup_fence_operand(acc_dkv0, num_regs=BS * CHUNK // WARPGROUP)
                     # Only this warpgroup reads KV_s[:, :DQ_SPLIT]: refill it now.
                     if t + 1 < NB:
                         gather_columns(KV_s, KV, Indices, r, t + 1, 0, DQ_SPLIT, NKV, tid)
                         T.call_extern("handle", "mqa_cp_async_commit")
+                    # Its dKV chunks' adds go out while the gather lands.
+                    for c in T.unroll(n1, chunks):
+                        if c > n1:
+                            dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv0, c)
+                            T.wait_wgmma(0)
+                            T.warpgroup_fence_operand(acc_dkv0, num_regs=BS * CHUNK // WARPGROUP)
+                        add_chunk(dKV, acc_dkv0, slot_info_s, c, p, NKV, peak0, tid)
+                    if accumulate == "lanes":  # its maxima, for warpgroup 1's bounds of the block
+                        T.call_extern("handle", "ws_merge_peaks", peak0.data, T.address_of(slot_info_s[peaks0 + p * BS]), tid)
+                        T.call_extern("handle", "mqa_handoff_arrive", bars.data, PEAKS_READY)
                 if scaled:
                     for h in T.Parallel(H):
                         if (mass_row[h] > Allowance[r, h0 + h]) or T.isnan(mass_row[h]):
@@ -376,8 +502,8 @@ def wide_program(config: MainConfig):
             with T.ws(1):
                 T.clear(acc_dq1)
                 T.clear(acc_dq2)
-                for i in T.serial(2):
-                    peak[i] = T.cast(0, f32)
+                for i in T.serial(BS // 8):
+                    peak[i] = T.cast(0, "uint32")
                 for t in T.serial(NB):
                     p = t % 2
                     T.call_extern("handle", "mqa_handoff_wait", bars.data, PDS_READY, p)
@@ -392,24 +518,36 @@ def wide_program(config: MainConfig):
                     dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv, 0)
                     T.wait_wgmma(0)
                     T.warpgroup_fence_operand(acc_dkv, num_regs=BS * CHUNK // WARPGROUP)
-                    for pair in T.unroll(n1 // 2):  # chunk c is in acc_dkv, c + 1 goes to acc_dkv2
+                    for pair in T.unroll((n1 - 1) // 2):  # chunk c is in acc_dkv, c + 1 goes to acc_dkv2
                         c = 2 * pair
                         dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv2, c + 1)
-                        add_chunk(dKV, acc_dkv, slots_s, scales_s, c, p, NKV, peak, T.get_thread_binding() - WARPGROUP)
+                        add_chunk(dKV, acc_dkv, slot_info_s, c, p, NKV, peak, T.get_thread_binding() - WARPGROUP)
                         T.wait_wgmma(0)
                         T.warpgroup_fence_operand(acc_dkv2, num_regs=BS * CHUNK // WARPGROUP)
-                        if c + 2 < n1:
-                            dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv, c + 2)
-                        add_chunk(dKV, acc_dkv2, slots_s, scales_s, c + 1, p, NKV, peak, T.get_thread_binding() - WARPGROUP)
+                        dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv, c + 2)
+                        add_chunk(dKV, acc_dkv2, slot_info_s, c + 1, p, NKV, peak, T.get_thread_binding() - WARPGROUP)
                         T.wait_wgmma(0)
                         T.warpgroup_fence_operand(acc_dkv, num_regs=BS * CHUNK // WARPGROUP)
-                    # Every GEMM of the block has been waited for: P_s and dS_s are free.
-                    T.call_extern("handle", "mqa_handoff_arrive", bars.data, PDS_FREE)
-                    if n1 % 2:
-                        add_chunk(dKV, acc_dkv, slots_s, scales_s, n1 - 1, p, NKV, peak, T.get_thread_binding() - WARPGROUP)
-                    if accumulate == "lanes":  # the block's bounds, one add a (slot, row)
-                        T.call_extern("handle", "ws_add_bounds", peak.data, Bound.data, T.address_of(slots_s[p * BS]),
-                                      NKV, T.get_thread_binding() - WARPGROUP)
+                    # Every GEMM of the block has been waited for once the last chunk's is: then P_s
+                    # and dS_s are free, and that chunk's adds go out after the handoff.
+                    if n1 % 2 == 0:  # chunk n1 - 2 is in acc_dkv, n1 - 1 goes to acc_dkv2
+                        dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv2, n1 - 1)
+                        add_chunk(dKV, acc_dkv, slot_info_s, n1 - 2, p, NKV, peak, T.get_thread_binding() - WARPGROUP)
+                        T.wait_wgmma(0)
+                        T.warpgroup_fence_operand(acc_dkv2, num_regs=BS * CHUNK // WARPGROUP)
+                        peaks_then_pds_free(bars, p)
+                        add_chunk(dKV, acc_dkv2, slot_info_s, n1 - 1, p, NKV, peak, T.get_thread_binding() - WARPGROUP)
+                    else:  # chunk n1 - 1 is in acc_dkv
+                        peaks_then_pds_free(bars, p)
+                        add_chunk(dKV, acc_dkv, slot_info_s, n1 - 1, p, NKV, peak, T.get_thread_binding() - WARPGROUP)
+                    if accumulate == "lanes":  # the block's bounds, one add a slot
+                        T.call_extern("handle", "ws_bar_sync_wg", BOUNDS_BARRIER)
+                        T.call_extern("handle", "ws_stage_peaks", peak.data, T.address_of(slot_info_s[peaks1]),
+                                      T.get_thread_binding() - WARPGROUP)
+                        T.call_extern("handle", "ws_bar_sync_wg", BOUNDS_BARRIER)
+                        T.call_extern("handle", "ws_add_bounds", T.address_of(slot_info_s[peaks1]),
+                                      T.address_of(slot_info_s[peaks0 + p * BS]), Bound.data,
+                                      T.address_of(slot_info_s[p * BS * 2]), NKV, T.get_thread_binding() - WARPGROUP)
                 T.copy(acc_dq1, dQ[r, h0 : h0 + H, c1 : c1 + w1])
                 T.copy(acc_dq2, dQ[r, h0 : h0 + H, c2 : c2 + w2])
 
