@@ -188,7 +188,7 @@ __device__ __forceinline__ void ws_add_chunk_fixed(const float* acc, const void*
 // of each (round half to even, saturating, NaN -> 0). peak[n8] keeps, for this thread's slots
 // 8 n8 + 2 (t % 4) + {0, 1}, the largest |scaled value| over the block's chunks as the upper 16
 // bits of its float bits plus 0xffff (a bf16 rounded up: two slots a register; a NaN or inf gives
-// 0x7f80 or more); ws_add_bounds takes the maximum over the warpgroup.
+// 0x7f80 or more); ws_add_bounds takes the maximum over both warpgroups' warps.
 __device__ __forceinline__ void ws_add_chunk_lanes(const float* acc, const void* words, const void* slot_info, int col0,
                                                    int ld, int nkv, int thread, unsigned* peak) {
   const int t = ws_opaque(thread), lane = t & 31, warp = t >> 5, k = lane & 3;
