@@ -55,9 +55,9 @@ def test_a_word_holds_columns_q_and_q_plus_8_of_each_16():
     # (config.LANE_GROUP); the cast kernel and the decode must agree with the kernel on it.
     ints = np.arange(32).reshape(1, 32) - 16
     words = lane_words(ints)
-    half = kernels.LANE_GROUP // 2
-    want = [int(np.int64(ints[0, 16 * (w // half) + w % half]).astype(np.uint64))
-            + (int(np.int64(ints[0, 16 * (w // half) + half + w % half]).astype(np.uint64)) << 32) for w in range(16)]
+    group, half = kernels.LANE_GROUP, kernels.LANE_GROUP // 2
+    want = [int(np.int64(ints[0, group * (w // half) + w % half]).astype(np.uint64))
+            + (int(np.int64(ints[0, group * (w // half) + half + w % half]).astype(np.uint64)) << 32) for w in range(16)]
     assert [int(w) for w in words[0]] == [w % 2**64 for w in want]
     assert fixed_point.decode_lane_words(torch.from_numpy(words.view(np.int64))).tolist() == ints.tolist()
 

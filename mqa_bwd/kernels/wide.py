@@ -47,9 +47,9 @@ Handoffs are mbarriers, one phase a block (named barriers are racecheck's blind 
 PDS_READY (warpgroup 0's 128 threads arrive: P, dS, the block's slots and scales are in
 shared memory), KV_FREE and PDS_FREE (warpgroup 1's 128 arrive: its last read of KV_s, of
 P_s and dS_s), and for the lanes PEAKS_READY (warpgroup 0's 128: its chunks' slot maxima are
-in; warpgroup 1 waits for it before PDS_FREE). Slots and scales (one {kv row, scale} pair a slot, so that an add reads two
-slots' in one 16-byte load) are double-buffered by block parity: warpgroup 1 still adds
-block t while warpgroup 0 lays out block t + 1.
+in; warpgroup 1 waits for it before PDS_FREE). Slots and scales (one {kv row, scale} pair a
+slot, so that an add reads two slots' in one 16-byte load) are double-buffered by block
+parity: warpgroup 1 still adds block t while warpgroup 0 lays out block t + 1.
 """
 
 from .config import LOG2E, WIDE_SLOTS, MainConfig, _tl
