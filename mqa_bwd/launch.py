@@ -13,6 +13,8 @@ set and counts "allocations", "launches" and "launch:<kernel>" in it, so that
 a test can prove that a rejected call launched and allocated nothing.
 """
 
+import dataclasses
+
 import torch
 
 from . import fixed_point
@@ -154,13 +156,21 @@ class Launcher:
 
 
 class TileLangLauncher(Launcher):
-    """Launches the compiled TileLang kernels on the current CUDA device."""
+    """Launches the compiled TileLang kernels on the current CUDA device.
+
+    wide_tile: MainConfig fields the wide tile's launches take in place of their defaults, e.g.
+    {"wg0_chunks": 3}: two variants of a kernel are two configurations, timed side by side
+    (benchmarks/config_ab.py)."""
 
     name = "tilelang"
 
     def __init__(self, deterministic: bool = True, device=None, instruments: Instruments | None = None,
-                 lanes_gain: int | None = None):
+                 lanes_gain: int | None = None, wide_tile: dict | None = None):
         super().__init__(instruments, lanes_gain)
+        self.wide_tile = dict(wide_tile or {})
+        fields = {f.name for f in dataclasses.fields(K.MainConfig)} - {"heads", "d_k", "d_v", "accumulate", "cluster"}
+        if not set(self.wide_tile) <= fields:
+            raise ValueError(f"wide_tile: {sorted(set(self.wide_tile) - fields)} are not the wide tile's fields {sorted(fields)}")
         self.deterministic = deterministic
         self.name = "tilelang" if deterministic else "tilelang-atomic"
         self.device = torch.device(device if device is not None else "cuda")
@@ -197,6 +207,8 @@ class TileLangLauncher(Launcher):
 
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, config, sm_scale, heads=None, head_base=0,
                  row_scale=None, allowance=None, flag=None, bound=None, gate=None):
+        if config.wide and self.wide_tile:
+            config = dataclasses.replace(config, **self.wide_tile)
         kernel = K.compiled(config)
         if row_scale is None:  # the atomic kernel never touches them; the signature is shared
             row_scale = torch.empty((kv.shape[0],), dtype=torch.float32, device=kv.device)

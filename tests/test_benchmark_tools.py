@@ -192,6 +192,17 @@ def test_package_ab_imports_another_copy_of_the_package_beside_this_one(tmp_path
         tool.load_package(str(tmp_path))
 
 
+def test_config_ab_compiles_each_value_for_every_wide_launch():
+    # Each value must time the kernels the wrapper launches (lanes, their int64 redo and the
+    # control, at every width), differing only in the field: the default value, the product's own.
+    variants = _tool("config_ab").wide_variants("wg0_chunks", [kernels.WIDE_WG0_CHUNKS, 3])
+    product = [c for c in kernels.gpu_configs() if isinstance(c, kernels.MainConfig) and c.wide]
+    assert [c for c in variants if c.wg0_chunks == kernels.WIDE_WG0_CHUNKS] == product
+    assert {(c.d_k, c.d_v, c.accumulate) for c in variants if c.wg0_chunks == 3} == {
+        (d_k, d_v, accumulate) for d_k, d_v in kernels.GPU_WIDTHS for accumulate in ("lanes", "fixed", "atomic")}
+    assert len(variants) == 2 * len(product)
+
+
 def test_call_trace_sums_kernels_per_call(capsys):
     # Device microseconds of two calls: per-call ms, launches per call, most
     # time first; names past the cut are summed as one kernel.

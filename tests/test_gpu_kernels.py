@@ -165,6 +165,20 @@ def test_lanes_kernel_gives_the_int64_kernels_bits(shape, gain, redone):
         assert bitwise_difference(name, x, y) is None, bitwise_difference(name, x, y)
 
 
+@pytest.mark.parametrize("wg0_chunks", [1, 3])
+@pytest.mark.parametrize("gain,redone", [(None, 0), (30, 1)])
+def test_wide_tile_split_of_dkv_chunks_leaves_the_bits(wg0_chunks, gain, redone):
+    # Which warpgroup adds a dKV chunk is a configuration (MainConfig.wg0_chunks): integer adds
+    # commute, so every split must give the default's bits, in the lanes and in their int64 redo.
+    args = production_inputs(B=2, S=128, S_kv=512, H=128, L=320)
+    default = launch.TileLangLauncher(lanes_gain=gain)
+    split = launch.TileLangLauncher(lanes_gain=gain, wide_tile={"wg0_chunks": wg0_chunks})
+    want, got = wrapper.backward_with(default, *args), wrapper.backward_with(split, *args)
+    assert int(default.lanes_redone) == int(split.lanes_redone) == redone
+    for name, x, y in zip(("dq", "dkv", "d_attn_sink"), got, want):
+        assert bitwise_difference(name, x, y) is None, bitwise_difference(name, x, y)
+
+
 @pytest.mark.determinism
 @pytest.mark.parametrize("extra", [0, 1, 1 << 30])
 def test_budget_invariance_on_gpu(extra):

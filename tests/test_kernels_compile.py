@@ -33,7 +33,8 @@ def _kind(config):
 def _id(config):
     if isinstance(config, K.MainConfig):
         return f"main_bwd-{config.heads}-{config.d_k}-{config.d_v}-{config.accumulate}" + (
-            f"-{config.cluster}" if config.cluster > 1 else "")
+            f"-{config.cluster}" if config.cluster > 1 else "") + (
+            f"-wg0_{config.wg0_chunks}" if config.wide and config.wg0_chunks != K.WIDE_WG0_CHUNKS else "")
     return "-".join(str(c) for c in (config.kind,) + config.args)
 
 
@@ -96,7 +97,14 @@ def test_pairs_of_32_head_groups_run_as_one_wide_cta():
         K.MainConfig(16, 576, 512, "atomic", 2)  # no atomic cluster
 
 
+def test_wide_tile_split_leaves_warpgroup_1_a_chunk():
+    with pytest.raises(ValueError, match="^config: wg0_chunks=9 leaves warpgroup 1 none"):
+        K.wide_program(K.MainConfig(K.WIDE_HEADS, 576, 512, "lanes", wg0_chunks=9))
+
+
 WIDE_CONFIGS = [c for c in MAIN_CONFIGS if c.wide]
+#: The split of dKV chunks between the warpgroups is a configuration: another split keeps the handoffs.
+OTHER_SPLIT = K.MainConfig(K.WIDE_HEADS, 576, 512, "lanes", wg0_chunks=3)
 
 
 def branch_at(source: str, head: str, start: int = 0) -> tuple:
@@ -124,7 +132,7 @@ WGMMA_WAIT = "tl::wait_wgmma<0>();"
 CHUNK_ADDS = {"lanes": "ws_add_chunk_lanes(", "fixed": "ws_add_chunk_fixed(", "atomic": "ws_add_chunk_atomic("}
 
 
-@pytest.mark.parametrize("config", WIDE_CONFIGS, ids=_id)
+@pytest.mark.parametrize("config", WIDE_CONFIGS + [OTHER_SPLIT], ids=_id)
 def test_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
     # The warp-specialised tile: each warpgroup runs in a branch of its own and they hand
     # over through three mbarriers, one phase a block. A barrier of all the CTA's threads
@@ -168,12 +176,12 @@ def test_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
     assert f"buf_dyn_shmem + {offsets.pop()}" in source[init:init + 80] and not offsets
     assert source.rindex("if (((int)threadIdx.x) == 0)", 0, init) > source.rfind("}", 0, init)
     assert init < source.index("__syncthreads();", init) < source.index(WARPGROUP_0), f"{_id(config)}: setup order"
-    # The dKV adds, a 64-column chunk at a time: warpgroup 0's last WG0_CHUNKS at one site;
+    # The dKV adds, a 64-column chunk at a time: warpgroup 0's last wg0_chunks at one site;
     # warpgroup 1's two sites in the loop over pairs of chunks, and the last one or two after it
     # (an odd or even count). Each wgmma wait is followed by the fence of what it waited for
     # (without one, the compiler may read wgmma's registers before the wait).
     adds = CHUNK_ADDS[config.accumulate]
-    sites = 2 + 2 - (config.d_k // W.CHUNK - W.WG0_CHUNKS) % 2
+    sites = 2 + 2 - (config.d_k // W.CHUNK - config.wg0_chunks) % 2
     assert first.count(adds) == 1, f"{_id(config)}: {first.count(adds)} chunk add sites in warpgroup 0"
     assert second.count(adds) == sites, f"{_id(config)}: {second.count(adds)} chunk add sites in warpgroup 1"
     for part in source.split(WGMMA_WAIT)[1:]:

@@ -11,7 +11,7 @@ import torch
 
 import mqa_bwd
 from mqa_bwd.contract import OUTPUT_NAMES, SPEC_ARGS
-from mqa_bwd import kernels, wrapper
+from mqa_bwd import kernels, launch, wrapper
 from mqa_bwd.contract import Instruments
 from mqa_bwd.model import ModelLauncher, TileBoundsError
 from properties.case import INVALID_KINDS, SINKS, Case, expected, to_framework
@@ -460,11 +460,20 @@ def test_a_cluster_with_zero_heads_adds_the_bits_of_the_other_group_alone():
     ("heads", dict(heads=8)),
     ("accumulate", dict(heads=16, accumulate="shard")),
     ("d_v", dict(heads=16, d_v=48)),
+    ("wg0_chunks", dict(heads=16, wg0_chunks=2)),  # a field of the wide tile only
+    ("wg0_chunks", dict(heads=64, accumulate="lanes", wg0_chunks=0)),
 ])
 def test_main_configurations_are_validated_naming_the_field(field, kw):
     kw = {"d_k": 32, "d_v": 16, **kw}
     with pytest.raises(ValueError, match=rf"^{field}: "):
         kernels.MainConfig(**kw)
+
+
+def test_the_launcher_overrides_only_the_wide_tiles_own_fields():
+    # An A/B passes configurations: the wide tile's own fields, never the shape or the accumulation.
+    with pytest.raises(ValueError, match=r"^wide_tile: \['accumulate'\]"):
+        launch.TileLangLauncher(wide_tile={"accumulate": "atomic"})
+    assert launch.TileLangLauncher(wide_tile={"wg0_chunks": 3}).wide_tile == {"wg0_chunks": 3}
 
 
 def test_the_launch_policy_pairs_groups_where_a_pair_kernel_exists():

@@ -18,6 +18,13 @@ BLOCK_SLOTS = 32
 # The wide tile's slot block (wide.py). A call with a wide launch pads L to it,
 # every other call to BLOCK_SLOTS (MainConfig.slot_block).
 WIDE_SLOTS = 64
+#: Columns of dKV the wide tile forms and adds at once (one m64n64 accumulator).
+WIDE_CHUNK = 64
+#: The wide tile's dKV chunks of a block that warpgroup 0 forms and adds, after its dQ GEMM
+#: (MainConfig.wg0_chunks): warpgroup 1's chunk chain is the kernel's critical path, and
+#: warpgroup 0 would otherwise wait for it. Two balance the warpgroups at Dk = 576
+#: (docs/performance-log.md).
+WIDE_WG0_CHUNKS = 2
 
 # (Dk, Dv) the kernels are built and tested for on Hopper.
 GPU_WIDTHS = ((576, 512), (512, 512))
@@ -102,6 +109,7 @@ class MainConfig:
     d_v: int
     accumulate: str = "fixed"
     cluster: int = 1
+    wg0_chunks: int | None = None
 
     def __post_init__(self):
         _require("heads", self.heads in TILE_HEADS, self.heads, f"one of {TILE_HEADS}")
@@ -115,6 +123,13 @@ class MainConfig:
         _require("cluster", self.cluster in CLUSTER_SIZES, self.cluster, f"one of {CLUSTER_SIZES}")
         _require("cluster", self.cluster == 1 or (self.accumulate == "fixed" and self.heads == 16), self.cluster,
                  "a cluster of 2 is built for 16-head groups of the fixed accumulation; two 32-head groups run as one wide tile")
+        if not self.wide:
+            _require("wg0_chunks", self.wg0_chunks is None, self.wg0_chunks, "the wide tile's only")
+            return
+        if self.wg0_chunks is None:  # one value, one compile-cache key
+            object.__setattr__(self, "wg0_chunks", WIDE_WG0_CHUNKS)
+        # (below d_k / WIDE_CHUNK too: wide.wide_program checks it with the widths it builds for)
+        _require("wg0_chunks", isinstance(self.wg0_chunks, int) and self.wg0_chunks > 0, self.wg0_chunks, "a positive int")
 
     @property
     def wide(self) -> bool:

@@ -17,7 +17,7 @@ Why this shape:
   room for the adds of more warps than warpgroup 1's.
 - The warpgroups have roles:
     warpgroup 0: gathers KV, forms S and dP, then P and dS (written to shared memory),
-                 dQ[:, :DQ_SPLIT], and the block's last WG0_CHUNKS dKV chunks with their adds;
+                 dQ[:, :DQ_SPLIT], and the block's last wg0_chunks dKV chunks with their adds;
     warpgroup 1: dQ[:, DQ_SPLIT:] and the block's other dKV chunks, one at a time, with their adds.
   Warpgroup 0 gathers block t + 1 and forms its scores while warpgroup 1 still forms and
   adds block t's dKV (which reads Q, dO, P and dS, never KV). One warp a scheduler issuing
@@ -52,20 +52,15 @@ slot, so that an add reads two slots' in one 16-byte load) are double-buffered b
 parity: warpgroup 1 still adds block t while warpgroup 0 lays out block t + 1.
 """
 
-from .config import LOG2E, WIDE_SLOTS, MainConfig, _tl
+from .config import LOG2E, WIDE_CHUNK, WIDE_SLOTS, MainConfig, _tl
 from .device_functions import GATHER_SOURCE, HANDOFF_SOURCE
 
 #: Heads of the tile.
 HEADS = 64
-#: Columns of dKV a chunk (one m64n64 accumulator).
-CHUNK = 64
+CHUNK = WIDE_CHUNK
 #: dQ columns [0, DQ_SPLIT) belong to warpgroup 0, the rest to warpgroup 1.
 DQ_SPLIT = 256
 WARPGROUP = 128
-#: dKV chunks [n - WG0_CHUNKS, n) of a block are formed and added by warpgroup 0, after its dQ
-#: GEMM: warpgroup 1's chunk chain is the kernel's critical path, and warpgroup 0 would otherwise
-#: wait for it (PDS_FREE). Two balance the warpgroups at Dk = 576 (docs/performance-log.md).
-WG0_CHUNKS = 2
 PDS_READY, KV_FREE, PDS_FREE, PEAKS_READY = 0, 1, 2, 3
 #: Named barriers of one warpgroup (128 threads): warpgroup 0's after each KV gather, warpgroup 1's
 #: around the lanes' bounds.
@@ -287,7 +282,7 @@ def wide_program(config: MainConfig):
     scaled = accumulate != "atomic"  # a row scale per slot, and the mass check
     transposed = scaled  # dKV chunks as columns x slots (WS_SOURCE says why)
     chunks = Dk // CHUNK
-    n1 = chunks - WG0_CHUNKS  # warpgroup 1's chunks: [0, n1)
+    n1 = chunks - config.wg0_chunks  # warpgroup 1's chunks: [0, n1); warpgroup 0's: [n1, chunks)
     value_chunks = Dv // CHUNK
     # Warpgroup 1's dQ columns in two wgmma-sized pieces (N at most 256, whole 64s):
     # 192 + 128 at Dk = 576, 192 + 64 at 512.
@@ -296,6 +291,8 @@ def wide_program(config: MainConfig):
     c1, c2 = DQ_SPLIT, DQ_SPLIT + w1
     if WG0_PEAK_WORDS != WARPGROUP:  # warpgroup 0 clears its slot maxima one word a thread
         raise ValueError(f"WG0_PEAK_WORDS: {WG0_PEAK_WORDS}, not {WARPGROUP}")
+    if not n1 > 0:
+        raise ValueError(f"config: wg0_chunks={config.wg0_chunks} leaves warpgroup 1 none of the {chunks} dKV chunks of d_k={Dk}")
     if w1 % CHUNK or not 0 < w2 <= 256:
         raise ValueError(f"config: d_k={Dk}: warpgroup 1's dQ columns do not split in two wgmma tiles")
 
