@@ -13,17 +13,9 @@
         patch -d /tmp/variant -p1 < experiments/full_line_control.patch
         python benchmarks/package_ab.py --against /tmp/variant/mqa_bwd --shapes dsv32,fleet
 
-  wg0_overlap.patch         warpgroup 0's two dKV chunks in two accumulators, the second chunk's
-                            GEMMs under the first's adds (the product forms and adds them in
-                            turn). Compiled, spills as the product (12 bytes, lanes at Dk = 576),
-                            passes the CPU suite's structure tests; not yet run on a GPU
-                            (docs/performance-log.md, ninth session). Time it as another revision:
-
-        git archive HEAD mqa_bwd | tar -x -C /tmp/variant
-        cd /tmp/variant && git init -q && git apply --include='mqa_bwd/*' <repo>/experiments/wg0_overlap.patch
-
 git history holds the others (the wrapper's layout steps as kernels became the product's,
 mqa_bwd.kernels.prologue; transposed_lanes.patch, the dKV chunks formed transposed, became the
-product's wide tile with warpgroup 0's chunks, and is at 02bb267). A Python variant lives here
+product's wide tile with warpgroup 0's chunks, and is at 02bb267; wg0_overlap.patch, measured no
+faster, is at 4727d9b). A Python variant lives here
 with its test under the ``experiments`` marker (``python -m pytest -m experiments experiments/``).
 """

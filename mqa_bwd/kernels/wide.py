@@ -37,11 +37,15 @@ How a CTA adds dKV (config.accumulate):
             (fixed_point.lanes_scale); Bound[kv row] gains, per (slot, block), the ceiling of
             the largest |scaled value| among that slot's contributions (rounded up to a bf16),
             so Bound < 2^31 proves every lane of the row decodes exactly. The host
-            (wrapper.run) reruns the launch in "fixed" where a bound failed.
+            (wrapper.run) reruns the launch in "fixed" where a bound failed. Every slot of a
+            block adds, with no branch: an invalid one adds 0 to a valid row (ws_lanes_slot_row).
   "fixed"   int64 fixed point at the same scale, one word a column (the lanes design's redo):
             every CTA ends at once unless Gate[0] != 0, so the redo launches on every call
             without a host sync.
   "atomic"  fp32 red.global.add.v4.f32 (the control).
+
+A CTA walks its row's blocks up to the last one with a valid slot (ws_live_blocks): the wrapper
+sorts a row's valid slots first, so a causal prefix row skips its empty tail.
 
 Handoffs are mbarriers, one phase a block (named barriers are racecheck's blind spot):
 PDS_READY (warpgroup 0's 128 threads arrive: P, dS, the block's slots and scales are in
@@ -87,15 +91,36 @@ __device__ __forceinline__ void ws_bars_init(void* bars) {
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(mqa_handoff_bar(bars, 3)), "r"(128) : "memory");
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
-// Predicated adds, not a branch around each: with no branch between them, ptxas interleaves a
-// chunk's independent convert-and-add chains (one warp a scheduler has nothing else to run).
-// The integer add's address is row_base + kv * row_bytes, one mad.wide: where ok is false the add
-// is skipped, and kv is never an address.
+// An add's address is row_base + kv * row_bytes, one mad.wide. Where ok is false the add is
+// skipped, and kv is never an address: ptxas puts a branch around each predicated red (three
+// instructions an add), which the lanes avoid (ws_red_u64).
 __device__ __forceinline__ void ws_red_u64_if(const void* row_base, int kv, unsigned row_bytes, unsigned long long v,
                                               bool ok) {
   asm volatile("{\n .reg .pred q;\n .reg .b64 a;\n setp.ne.u32 q, %3, 0;\n mad.wide.u32 a, %1, %2, %0;\n"
                " @q red.global.add.u64 [a], %4;\n}"
                :: "l"(row_base), "r"(kv), "r"(row_bytes), "r"(static_cast<unsigned>(ok)), "l"(v) : "memory");
+}
+__device__ __forceinline__ void ws_red_u64(const void* row_base, unsigned kv, unsigned row_bytes, unsigned long long v) {
+  asm volatile("{\n .reg .b64 a;\n mad.wide.u32 a, %1, %2, %0;\n red.global.add.u64 [a], %3;\n}"
+               :: "l"(row_base), "r"(kv), "r"(row_bytes), "l"(v) : "memory");
+}
+// The lanes' slot rows: a valid row as it is; an invalid slot (index outside [0, nkv)) as the valid
+// row spread % nkv with the sign bit set. Every other reader tests a row for [0, nkv), so the sign
+// bit keeps it invalid; the lanes add to the row without the bit, unconditionally: an invalid
+// slot's scale is 0, so its words are 0 (cvt.rni of a NaN, from 0 * inf, is 0 too), and spreading
+// the rows keeps those adds of 0 off one address.
+__device__ __forceinline__ int ws_lanes_slot_row(int row, int nkv, int spread) {
+  return static_cast<unsigned>(row) < static_cast<unsigned>(nkv) ? row : static_cast<int>(0x80000000u | static_cast<unsigned>(spread % nkv));
+}
+// The blocks of the row up to the last one with a valid slot, into *blocks (zero before; atomicMax
+// of every thread's): the blocks after it add nothing, and the wrapper sorts a row's valid slots
+// first, so the rows of a causal prefix skip their empty tail.
+__device__ __forceinline__ void ws_live_blocks(const int* slots, int lp, int nkv, void* blocks, int t, int threads,
+                                               int block_slots) {
+  unsigned live = 0;
+  for (int j = t; j < lp; j += threads)
+    if (static_cast<unsigned>(slots[j]) < static_cast<unsigned>(nkv)) live = j / block_slots + 1;
+  if (live) atomicMax(static_cast<unsigned*>(blocks), live);
 }
 __device__ __forceinline__ void ws_red_f32x4_if(float* p, float a, float b, float c, float d, bool ok) {
   asm volatile("{\n .reg .pred q;\n setp.ne.u32 q, %5, 0;\n @q red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n}"
@@ -185,7 +210,7 @@ __device__ __forceinline__ void ws_add_chunk_fixed(const float* acc, const void*
 // bits of its float bits plus 0xffff (a bf16 rounded up: two slots a register; a NaN or inf gives
 // 0x7f80 or more); ws_add_bounds takes the maximum over both warpgroups' warps.
 __device__ __forceinline__ void ws_add_chunk_lanes(const float* acc, const void* words, const void* slot_info, int col0,
-                                                   int ld, int nkv, int thread, unsigned* peak) {
+                                                   int ld, int thread, unsigned* peak) {
   const int t = ws_opaque(thread), lane = t & 31, warp = t >> 5, k = lane & 3;
   const unsigned long long* base = static_cast<const unsigned long long*>(words) + col0 / 2 + 8 * warp + (lane >> 2);
   int4 next = ws_slot_pair(slot_info, 2 * k);
@@ -202,13 +227,14 @@ __device__ __forceinline__ void ws_add_chunk_lanes(const float* acc, const void*
     // lo sign-extended: the words' sum is sum(lo) + 2^32 sum(hi) mod 2^64 (fixed_point.decode_lane_words).
     const long long lo0 = __float2int_rn(x00), hi0 = __float2int_rn(x01);
     const long long lo1 = __float2int_rn(x10), hi1 = __float2int_rn(x11);
-    // A peak is at most 0x80008000, so this test always holds: it makes the adds wait for the
-    // peak, where ptxas would sink the peak to the block's end and keep (spill) the scaled values.
-    const bool live = peak[n8] != 0xffffffffu;
-    const bool ok0 = static_cast<unsigned>(pair.x) < static_cast<unsigned>(nkv) && live;
-    const bool ok1 = static_cast<unsigned>(pair.z) < static_cast<unsigned>(nkv) && live;
-    ws_red_u64_if(base, pair.x, 4 * ld, static_cast<unsigned long long>(lo0) + (static_cast<unsigned long long>(hi0) << 32), ok0);
-    ws_red_u64_if(base, pair.z, 4 * ld, static_cast<unsigned long long>(lo1) + (static_cast<unsigned long long>(hi1) << 32), ok1);
+    // Every slot adds (ws_lanes_slot_row): an invalid one 0, to a valid row. A peak is at most
+    // 0x80008000, so `stale` is 0: it makes the adds wait for the peak, where ptxas would sink the
+    // peak to the block's end and keep (spill) the scaled values.
+    const unsigned stale = peak[n8] == 0xffffffffu;
+    const unsigned kv0 = (static_cast<unsigned>(pair.x) & 0x7fffffffu) | stale;
+    const unsigned kv1 = (static_cast<unsigned>(pair.z) & 0x7fffffffu) | stale;
+    ws_red_u64(base, kv0, 4 * ld, static_cast<unsigned long long>(lo0) + (static_cast<unsigned long long>(hi0) << 32));
+    ws_red_u64(base, kv1, 4 * ld, static_cast<unsigned long long>(lo1) + (static_cast<unsigned long long>(hi1) << 32));
     __syncwarp();  // keeps ptxas from hoisting every pair's slot load to the top of the chunk (spills)
   }
 }
@@ -329,7 +355,7 @@ def wide_program(config: MainConfig):
         whose thread index (0..127) is ``thread``."""
         info = T.address_of(slot_info_s[p * BS * 2])
         if accumulate == "lanes":
-            T.call_extern("handle", "ws_add_chunk_lanes", acc.data, dKV.data, info, c * CHUNK, Dk, NKV, thread, peak.data)
+            T.call_extern("handle", "ws_add_chunk_lanes", acc.data, dKV.data, info, c * CHUNK, Dk, thread, peak.data)
         elif accumulate == "atomic":
             T.call_extern("handle", "ws_add_chunk_atomic", acc.data, dKV.data, info, c * CHUNK, Dk, NKV, thread)
         else:
@@ -394,6 +420,7 @@ def wide_program(config: MainConfig):
                 mass_row = T.alloc_fragment((H,), f32)
             peak = T.alloc_local((BS // 8,), "uint32")  # warpgroup 1's lanes bound of this thread's 16 slots
             peak0 = T.alloc_local((BS // 8,), "uint32")  # warpgroup 0's
+            live_blocks = T.alloc_local((1,), i32)
             tid = T.get_thread_binding()
             h0 = head_base
 
@@ -405,9 +432,17 @@ def wide_program(config: MainConfig):
             for h in T.Parallel(H):
                 lse_s[h] = Lse2[r, h0 + h]
                 delta_s[h] = Delta[r, h0 + h]
+            # The blocks up to the row's last valid slot (ws_live_blocks), counted in the word of
+            # parity 1's first slot, which block 1 is the first to write.
+            live_word = 2 * BS
             if tid == 0:
                 T.call_extern("handle", "ws_bars_init", bars.data)
+                T.call_extern("handle", "mqa_st_shared_i32", slot_info_s.data, live_word, 0)
             T.sync_threads()
+            T.call_extern("handle", "ws_live_blocks", T.address_of(Indices[r, 0]), Lp, NKV,
+                          T.address_of(slot_info_s[live_word]), tid, 2 * WARPGROUP, BS)
+            T.sync_threads()
+            live_blocks[0] = slot_info_s[live_word]
 
             with T.ws(0):
                 T.clear(acc_dq0)
@@ -417,7 +452,7 @@ def wide_program(config: MainConfig):
                     T.call_extern("handle", "mqa_st_shared_i32", slot_info_s.data, peaks0 + tid, 0)
                 if scaled:
                     T.clear(mass_row)
-                for t in T.serial(NB):
+                for t in T.serial(live_blocks[0]):
                     p = t % 2
                     if t > 0:  # warpgroup 1's dQ GEMMs of block t - 1 have read KV_s
                         T.call_extern("handle", "mqa_handoff_wait", bars.data, KV_FREE, (t - 1) % 2)
@@ -425,7 +460,11 @@ def wide_program(config: MainConfig):
                     # reads parity p only after PDS_READY of this block.
                     if tid < BS:
                         row = Indices[r, t * BS + tid]
-                        T.call_extern("handle", "mqa_st_shared_i32", slot_info_s.data, 2 * (p * BS + tid), row)
+                        if accumulate == "lanes":  # an invalid slot as a valid row, sign bit set
+                            T.call_extern("handle", "mqa_st_shared_i32", slot_info_s.data, 2 * (p * BS + tid),
+                                          T.call_extern("int32", "ws_lanes_slot_row", row, NKV, (r % NKV) + tid))
+                        else:
+                            T.call_extern("handle", "mqa_st_shared_i32", slot_info_s.data, 2 * (p * BS + tid), row)
                         if scaled:
                             T.call_extern("handle", "mqa_st_shared_f32", slot_info_s.data, 2 * (p * BS + tid) + 1,
                                           T.if_then_else((row >= 0) and (row < NKV), RowScale[T.max(T.min(row, NKV - 1), 0)],
@@ -477,7 +516,7 @@ def wide_program(config: MainConfig):
                     T.warpgroup_fence_operand(acc_dq0, num_regs=H * DQ_SPLIT // WARPGROUP)
                     T.warpgroup_fence_operand(acc_dkv0, num_regs=BS * CHUNK // WARPGROUP)
                     # Only this warpgroup reads KV_s[:, :DQ_SPLIT]: refill it now.
-                    if t + 1 < NB:
+                    if t + 1 < live_blocks[0]:
                         gather_columns(KV_s, KV, Indices, r, t + 1, 0, DQ_SPLIT, NKV, tid)
                         T.call_extern("handle", "mqa_cp_async_commit")
                     # Its dKV chunks' adds go out while the gather lands.
@@ -501,7 +540,7 @@ def wide_program(config: MainConfig):
                 T.clear(acc_dq2)
                 for i in T.serial(BS // 8):
                     peak[i] = T.cast(0, "uint32")
-                for t in T.serial(NB):
+                for t in T.serial(live_blocks[0]):
                     p = t % 2
                     T.call_extern("handle", "mqa_handoff_wait", bars.data, PDS_READY, p)
                     T.wgmma_gemm(dS_s, KV_s[0:BS, c1 : c1 + w1], acc_dq1)
