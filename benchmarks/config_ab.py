@@ -13,7 +13,6 @@ have the first value's bits (they must: integer adds commute).
 import argparse
 import dataclasses
 import os
-import statistics
 
 from mqa_bwd import bench, launch
 from mqa_bwd import kernels as K
@@ -47,12 +46,8 @@ def main():
                 calls[name] = bench.prepared_wrapper_call(args, launcher)
         reference = calls[f"fixed, {a.field}={values[0]}"]()
         same = {v: bench.same_bits(reference, calls[f"fixed, {a.field}={v}"]()) for v in values[1:]}
-        times = bench.time_interleaved(calls, warmup=2, repeats=a.repeats)
-        control = statistics.median(times[f"atomic, {a.field}={values[0]}"])
         print(f"{shape}: fixed bits equal to {a.field}={values[0]}'s: {same}")
-        for name, t in times.items():
-            m = statistics.median(t)
-            print(f"   {name:<24} median {m:7.3f} ms  min {min(t):7.3f}  /atomic {m / control:.3f}")
+        print("\n".join(bench.interleaved_report(calls, f"atomic, {a.field}={values[0]}", a.repeats)))
 
 
 if __name__ == "__main__":

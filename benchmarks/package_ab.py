@@ -16,7 +16,6 @@ ratio to this tree's control, and whether the two deterministic calls give the s
 import argparse
 import importlib.util
 import os
-import statistics
 import sys
 
 from mqa_bwd import bench, launch
@@ -55,12 +54,8 @@ def main():
             "atomic, --against": other_bench.prepared_wrapper_call(args, other_launch.TileLangLauncher(False)),
         }
         same = bench.same_bits(calls["fixed, this tree"](), calls["fixed, --against"]())
-        times = bench.time_interleaved(calls, warmup=2, repeats=a.repeats)
-        control = statistics.median(times["atomic, this tree"])
         print(f"{shape}: fixed bits equal across the versions: {same}")
-        for name, t in times.items():
-            m = statistics.median(t)
-            print(f"   {name:<19} median {m:7.3f} ms  min {min(t):7.3f}  /atomic {m / control:.3f}")
+        print("\n".join(bench.interleaved_report(calls, "atomic, this tree", a.repeats)))
 
 
 if __name__ == "__main__":

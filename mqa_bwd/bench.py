@@ -349,6 +349,16 @@ def time_interleaved(calls: dict, warmup=3, repeats=10) -> dict:
     return times
 
 
+def interleaved_report(calls: dict, control: str, repeats: int) -> list:
+    """time_interleaved's medians and minima of ``calls`` (two warm-up calls each), one line a
+    call, with each median's ratio to the median of ``calls[control]``."""
+    times = time_interleaved(calls, warmup=2, repeats=repeats)
+    reference = statistics.median(times[control])
+    width = max(map(len, times))
+    return [f"   {name:<{width}} median {statistics.median(t):7.3f} ms  min {min(t):7.3f}  "
+            f"/atomic {statistics.median(t) / reference:.3f}" for name, t in times.items()]
+
+
 def scratch_and_outputs(fn) -> tuple:
     """(the peak memory allocated during one call beyond what existed before it and its
     outputs, the outputs)."""

@@ -203,6 +203,16 @@ def test_config_ab_compiles_each_value_for_every_wide_launch():
     assert len(variants) == 2 * len(product)
 
 
+def test_interleaved_report_sets_each_median_against_the_controls(monkeypatch):
+    from mqa_bwd import bench
+
+    times = {"fixed, this tree": [2.0, 4.0, 3.0], "atomic, this tree": [2.0, 1.0, 3.0]}
+    monkeypatch.setattr(bench, "time_interleaved", lambda calls, warmup, repeats: times)
+    lines = bench.interleaved_report(dict.fromkeys(times), "atomic, this tree", 3)
+    assert lines[0].endswith("fixed, this tree  median   3.000 ms  min   2.000  /atomic 1.500"), lines
+    assert lines[1].endswith("median   2.000 ms  min   1.000  /atomic 1.000"), lines
+
+
 def test_call_trace_sums_kernels_per_call(capsys):
     # Device microseconds of two calls: per-call ms, launches per call, most
     # time first; names past the cut are summed as one kernel.
