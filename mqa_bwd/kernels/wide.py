@@ -301,7 +301,6 @@ def wide_program(config: MainConfig):
     tilelang, T = _tl()
     R, HQ, NKV, Lp = T.dynamic("R"), T.dynamic("HQ"), T.dynamic("NKV"), T.dynamic("Lp")
     BS, H = WIDE_SLOTS, HEADS
-    NB = Lp // BS
     f32, bf16, i32, i64 = "float32", "bfloat16", "int32", "int64"
     dkv_dtype = f32 if accumulate == "atomic" else i64
     dkv_shape = (NKV, Dk // 2) if accumulate == "lanes" else (NKV, Dk)
