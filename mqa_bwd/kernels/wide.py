@@ -107,8 +107,8 @@ __device__ __forceinline__ void ws_red_u64(const void* row_base, unsigned kv, un
 // The lanes' slot rows: a valid row as it is; an invalid slot (index outside [0, nkv)) as the valid
 // row spread % nkv with the sign bit set. Every other reader tests a row for [0, nkv), so the sign
 // bit keeps it invalid; the lanes add to the row without the bit, unconditionally: an invalid
-// slot's scale is 0, so its words are 0 (cvt.rni of a NaN, from 0 * inf, is 0 too), and spreading
-// the rows keeps those adds of 0 off one address.
+// slot's scale is 0, so its words are 0 (cvt.rni of a NaN, from 0 * inf, is 0 too: SASS F2I.NTZ),
+// and spreading the rows keeps those adds of 0 off one address.
 __device__ __forceinline__ int ws_lanes_slot_row(int row, int nkv, int spread) {
   return static_cast<unsigned>(row) < static_cast<unsigned>(nkv) ? row : static_cast<int>(0x80000000u | static_cast<unsigned>(spread % nkv));
 }
