@@ -110,7 +110,6 @@ def contribution_bounds(scaled: np.ndarray) -> np.ndarray:
     NaN, as for any NaN x (int64)."""
     with np.errstate(invalid="ignore"):
         peak = np.abs(scaled.astype(np.float32)).max(axis=1)
-    peak = np.where(np.isnan(peak), np.float32(np.nan), peak).astype(np.float32)
     up = (peak.view(np.uint32).astype(np.uint64) + 0xFFFF) >> 16  # NaN's bits give 0x7fc0 or more
     value = (up.astype(np.uint32) << 16).view(np.float32)
     with np.errstate(invalid="ignore", over="ignore"):

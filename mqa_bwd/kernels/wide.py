@@ -421,6 +421,7 @@ def wide_program(config: MainConfig):
             peak0 = T.alloc_local((BS // 8,), "uint32")  # warpgroup 0's
             live_blocks = T.alloc_local((1,), i32)
             tid = T.get_thread_binding()
+            tid1 = tid - WARPGROUP  # a thread's index in warpgroup 1
             h0 = head_base
 
             T.import_source(GATHER_SOURCE + HANDOFF_SOURCE + WS_SOURCE)
@@ -556,33 +557,33 @@ def wide_program(config: MainConfig):
                     for pair in T.unroll((n1 - 1) // 2):  # chunk c is in acc_dkv, c + 1 goes to acc_dkv2
                         c = 2 * pair
                         dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv2, c + 1)
-                        add_chunk(dKV, acc_dkv, slot_info_s, c, p, NKV, peak, T.get_thread_binding() - WARPGROUP)
+                        add_chunk(dKV, acc_dkv, slot_info_s, c, p, NKV, peak, tid1)
                         T.wait_wgmma(0)
                         T.warpgroup_fence_operand(acc_dkv2, num_regs=BS * CHUNK // WARPGROUP)
                         dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv, c + 2)
-                        add_chunk(dKV, acc_dkv2, slot_info_s, c + 1, p, NKV, peak, T.get_thread_binding() - WARPGROUP)
+                        add_chunk(dKV, acc_dkv2, slot_info_s, c + 1, p, NKV, peak, tid1)
                         T.wait_wgmma(0)
                         T.warpgroup_fence_operand(acc_dkv, num_regs=BS * CHUNK // WARPGROUP)
                     # Every GEMM of the block has been waited for once the last chunk's is: then P_s
                     # and dS_s are free, and that chunk's adds go out after the handoff.
                     if n1 % 2 == 0:  # chunk n1 - 2 is in acc_dkv, n1 - 1 goes to acc_dkv2
                         dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv2, n1 - 1)
-                        add_chunk(dKV, acc_dkv, slot_info_s, n1 - 2, p, NKV, peak, T.get_thread_binding() - WARPGROUP)
+                        add_chunk(dKV, acc_dkv, slot_info_s, n1 - 2, p, NKV, peak, tid1)
                         T.wait_wgmma(0)
                         T.warpgroup_fence_operand(acc_dkv2, num_regs=BS * CHUNK // WARPGROUP)
                         peaks_then_pds_free(bars, p)
-                        add_chunk(dKV, acc_dkv2, slot_info_s, n1 - 1, p, NKV, peak, T.get_thread_binding() - WARPGROUP)
+                        add_chunk(dKV, acc_dkv2, slot_info_s, n1 - 1, p, NKV, peak, tid1)
                     else:  # chunk n1 - 1 is in acc_dkv
                         peaks_then_pds_free(bars, p)
-                        add_chunk(dKV, acc_dkv, slot_info_s, n1 - 1, p, NKV, peak, T.get_thread_binding() - WARPGROUP)
+                        add_chunk(dKV, acc_dkv, slot_info_s, n1 - 1, p, NKV, peak, tid1)
                     if accumulate == "lanes":  # the block's bounds, one add a slot
                         T.call_extern("handle", "ws_bar_sync_wg", BOUNDS_BARRIER)
                         T.call_extern("handle", "ws_stage_peaks", peak.data, T.address_of(slot_info_s[peaks1]),
-                                      T.get_thread_binding() - WARPGROUP)
+                                      tid1)
                         T.call_extern("handle", "ws_bar_sync_wg", BOUNDS_BARRIER)
                         T.call_extern("handle", "ws_add_bounds", T.address_of(slot_info_s[peaks1]),
                                       T.address_of(slot_info_s[peaks0 + p * BS]), Bound.data,
-                                      T.address_of(slot_info_s[p * BS * 2]), NKV, T.get_thread_binding() - WARPGROUP)
+                                      T.address_of(slot_info_s[p * BS * 2]), NKV, tid1)
                 T.copy(acc_dq1, dQ[r, h0 : h0 + H, c1 : c1 + w1])
                 T.copy(acc_dq2, dQ[r, h0 : h0 + H, c2 : c2 + w2])
 
