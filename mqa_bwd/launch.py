@@ -171,6 +171,14 @@ class TileLangLauncher(Launcher):
         fields = {f.name for f in dataclasses.fields(K.MainConfig)} - {"heads", "d_k", "d_v", "accumulate", "cluster"}
         if not set(self.wide_tile) <= fields:
             raise ValueError(f"wide_tile: {sorted(set(self.wide_tile) - fields)} are not the wide tile's fields {sorted(fields)}")
+        for d_k, d_v in K.GPU_WIDTHS:  # every wide launch it can make, checked here rather than at the first one
+            try:
+                config = dataclasses.replace(K.MainConfig(K.WIDE_HEADS, d_k, d_v, "lanes"), **self.wide_tile)
+            except ValueError as e:
+                raise ValueError(f"wide_tile: {e}") from None
+            if not config.wg0_chunks < d_k // K.WIDE_CHUNK:
+                raise ValueError(f"wide_tile: wg0_chunks={config.wg0_chunks} leaves warpgroup 1 none of the "
+                                 f"{d_k // K.WIDE_CHUNK} dKV chunks at d_k={d_k}")
         self.deterministic = deterministic
         self.name = "tilelang" if deterministic else "tilelang-atomic"
         self.device = torch.device(device if device is not None else "cuda")

@@ -473,6 +473,11 @@ def test_the_launcher_overrides_only_the_wide_tiles_own_fields():
     # An A/B passes configurations: the wide tile's own fields, never the shape or the accumulation.
     with pytest.raises(ValueError, match=r"^wide_tile: \['accumulate'\]"):
         launch.TileLangLauncher(wide_tile={"accumulate": "atomic"})
+    # A value no wide launch could build is refused when the launcher is made, not at its first launch.
+    with pytest.raises(ValueError, match=r"^wide_tile: wg0_chunks: 0 "):
+        launch.TileLangLauncher(wide_tile={"wg0_chunks": 0})
+    with pytest.raises(ValueError, match=r"^wide_tile: wg0_chunks=8 leaves warpgroup 1 none of the 8 dKV chunks at d_k=512"):
+        launch.TileLangLauncher(wide_tile={"wg0_chunks": 8})
     assert launch.TileLangLauncher(wide_tile={"wg0_chunks": 3}).wide_tile == {"wg0_chunks": 3}
 
 
