@@ -13,20 +13,10 @@
         patch -d /tmp/variant -p1 < experiments/full_line_control.patch
         python benchmarks/package_ab.py --against /tmp/variant/mqa_bwd --shapes dsv32,fleet
 
-  lanes_word.patch          the lanes' 64-bit word built as its two 32-bit halves (one add a
-                            word, where ptxas forms the 64-bit sum with a move and an add with
-                            carry): 144 fewer SASS instructions in the Dk = 576 lanes kernel
-                            (6936 to 6792), spills 8 bytes to 4; passes the CPU suite's compile
-                            and structure tests; not yet run on a GPU (docs/performance-log.md,
-                            tenth session). Time it as another revision:
-
-        git archive HEAD mqa_bwd | tar -x -C /tmp/variant
-        cd /tmp/variant && git init -q && git apply --include='mqa_bwd/*' <repo>/experiments/lanes_word.patch
-        python benchmarks/package_ab.py --against /tmp/variant/mqa_bwd --shapes dsv32,fleet
-
 git history holds the others (the wrapper's layout steps as kernels became the product's,
 mqa_bwd.kernels.prologue; transposed_lanes.patch, the dKV chunks formed transposed, became the
 product's wide tile with warpgroup 0's chunks, and is at 02bb267; wg0_overlap.patch, measured no
-faster, is at 4727d9b). A Python variant lives here
+faster, is at 4727d9b; lanes_word.patch, the lanes' word from its halves, became the product's
+ws_lane_word). A Python variant lives here
 with its test under the ``experiments`` marker (``python -m pytest -m experiments experiments/``).
 """

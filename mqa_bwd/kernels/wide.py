@@ -203,6 +203,13 @@ __device__ __forceinline__ void ws_add_chunk_fixed(const float* acc, const void*
     __syncwarp();  // keeps ptxas from hoisting every pair's slot load to the top of the chunk (spills)
   }
 }
+// The word lo + 2^32 hi mod 2^64 with lo sign-extended, built as its two halves {lo, hi + (lo >> 31)}:
+// one add, where ptxas forms the 64-bit sum lo + 2^32 hi with an add and an add with carry.
+__device__ __forceinline__ unsigned long long ws_lane_word(int lo, int hi) {
+  unsigned long long word;
+  asm("mov.b64 %0, {%1, %2};" : "=l"(word) : "r"(lo), "r"(static_cast<unsigned>(hi) + static_cast<unsigned>(lo >> 31)));
+  return word;
+}
 // The lanes: a lane's two columns c and c + 8 of one slot go as one word lo + 2^32 hi (word 8 g + q
 // of a kv row holds columns 16 g + q and 16 g + 8 + q: config.LANE_GROUP), cvt.rni.s32
 // of each (round half to even, saturating, NaN -> 0). peak[n8] keeps, for this thread's slots
@@ -225,16 +232,16 @@ __device__ __forceinline__ void ws_add_chunk_lanes(const float* acc, const void*
     const unsigned up1 = __float_as_uint(ws_max_nan(fabsf(x10), fabsf(x11))) + 0xffffu;
     peak[n8] = __vmaxu2(peak[n8], __byte_perm(up0, up1, 0x7632));
     // lo sign-extended: the words' sum is sum(lo) + 2^32 sum(hi) mod 2^64 (fixed_point.decode_lane_words).
-    const long long lo0 = __float2int_rn(x00), hi0 = __float2int_rn(x01);
-    const long long lo1 = __float2int_rn(x10), hi1 = __float2int_rn(x11);
+    const int lo0 = __float2int_rn(x00), hi0 = __float2int_rn(x01);
+    const int lo1 = __float2int_rn(x10), hi1 = __float2int_rn(x11);
     // Every slot adds (ws_lanes_slot_row): an invalid one 0, to a valid row. A peak is at most
     // 0x80008000, so `stale` is 0: it makes the adds wait for the peak, where ptxas would sink the
     // peak to the block's end and keep (spill) the scaled values.
     const unsigned stale = peak[n8] == 0xffffffffu;
     const unsigned kv0 = (static_cast<unsigned>(pair.x) & 0x7fffffffu) | stale;
     const unsigned kv1 = (static_cast<unsigned>(pair.z) & 0x7fffffffu) | stale;
-    ws_red_u64(base, kv0, 4 * ld, static_cast<unsigned long long>(lo0) + (static_cast<unsigned long long>(hi0) << 32));
-    ws_red_u64(base, kv1, 4 * ld, static_cast<unsigned long long>(lo1) + (static_cast<unsigned long long>(hi1) << 32));
+    ws_red_u64(base, kv0, 4 * ld, ws_lane_word(lo0, hi0));
+    ws_red_u64(base, kv1, 4 * ld, ws_lane_word(lo1, hi1));
     __syncwarp();  // keeps ptxas from hoisting every pair's slot load to the top of the chunk (spills)
   }
 }
