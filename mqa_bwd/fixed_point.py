@@ -76,9 +76,9 @@ proof bounds partial sums at 2**61, far above real sums, so every launch of the
 design, lanes or int64, adds at one lower scale, ``lanes_scale`` = the plan's
 times 2**(LANES_GAIN - 30) (partial sums then stay below 2**48 in int64), and
 each call proves the lanes' fit: each kv row's Bound sums, over its slots'
-contributions, the ceiling of the largest |scaled value| among that contribution's columns,
-rounded up to a bf16 first (the kernel keeps two such peaks a register; a NaN or inf counts as
-2**40: it fails). Bound < LANE_LIMIT = 2**31 bounds every column's
+contributions, a ceiling of the largest |scaled value| among that contribution's columns: the
+bf16 one step above its upper 16 bits (the kernel keeps two such peaks a register; a NaN or inf
+counts as 2**40: it fails). Bound < LANE_LIMIT = 2**31 bounds every column's
 final |sum| below 2**31. Where every row's bound holds, the decoded lanes join
 the int64 accumulator; where any fails, the wide launches are redone with int64
 adds of the same integers. Both give the same integer sums, so a call's bits do

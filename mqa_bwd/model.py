@@ -105,16 +105,17 @@ def lane_words(ints: np.ndarray) -> np.ndarray:
 
 def contribution_bounds(scaled: np.ndarray) -> np.ndarray:
     """What each contribution (a row of ``scaled``, fp32) adds to its kv row's Bound, as the
-    kernel forms it (wide.py, ws_add_bounds): max |x| over the columns rounded up to a bf16 (the
-    upper half of its bits plus 0xffff), then min(ceil, 2**40); 2**40 where that bf16 is inf or
-    NaN, as for any NaN x (int64)."""
+    kernel forms it (wide.py, ws_add_bounds): h, the upper 16 bits of max |x| over the columns,
+    bounds max |x| by the bf16 one step above it, so min(ceil(bf16 h + 1), 2**40); 2**40 where
+    h + 1 is inf or NaN (as for any NaN x), 0 where h is 0 (int64)."""
     with np.errstate(invalid="ignore"):
         peak = np.abs(scaled.astype(np.float32)).max(axis=1)
-    up = (peak.view(np.uint32).astype(np.uint64) + 0xFFFF) >> 16  # NaN's bits give 0x7fc0 or more
-    value = (up.astype(np.uint32) << 16).view(np.float32)
+    high = peak.view(np.uint32) >> np.uint32(16)  # NaN's bits give 0x7fc0 or more
+    value = ((high + np.uint32(1)) << np.uint32(16)).view(np.float32)
     with np.errstate(invalid="ignore", over="ignore"):
         bound = np.minimum(np.ceil(value), np.float32(BOUND_CAP))
-    return np.where(up >= 0x7F80, BOUND_CAP, bound).astype(np.int64)
+    bound = np.where(high + 1 >= 0x7F80, BOUND_CAP, bound)
+    return np.where(high == 0, 0, bound).astype(np.int64)
 
 
 class ModelLauncher(Launcher):

@@ -192,6 +192,8 @@ def problem_of(B, S, S_kv, H, L, d_k, d_v, block_h, dkv_buf_bytes) -> "Problem":
         raise ValueError(f"token_indices: B*S*L = {problem.rows * problem.padded_slots} slots exceed int32 addressing")
     if B * S_kv > INT32_MAX:
         raise ValueError(f"kv: B*S_kv = {B * S_kv} rows exceed int32 addressing")
+    if B * S_kv * d_k > K.LANES_ADDRESSABLE:
+        raise ValueError(f"kv: B*S_kv*d_k = {B * S_kv * d_k} exceeds {K.LANES_ADDRESSABLE}, the lanes' 32-bit row offsets")
     return problem
 
 

@@ -44,10 +44,13 @@ def test_the_conversion_is_the_kernels_and_a_nan_fails_the_bound():
     assert float_to_int32_rn(x).tolist() == [[0, 2, -2, 2**31 - 1, -2**31, 0, 7, -8]]
     assert contribution_bounds(x).tolist() == [BOUND_CAP]
     assert contribution_bounds(np.array([[1.2, -3.5]], dtype=np.float32)).tolist() == [4]
-    # The kernel keeps a peak as a bf16 rounded up (two a register): 256.5 -> 258, not 257. An
-    # inf, or a finite peak whose bf16 rounds up to inf, fails like a NaN; zero adds nothing.
-    assert contribution_bounds(np.array([[256.5, -1.0], [0.0, 0.0]], dtype=np.float32)).tolist() == [258, 0]
-    assert contribution_bounds(np.array([[np.inf], [3.4e38], [2.0**39]], dtype=np.float32)).tolist() == [BOUND_CAP, BOUND_CAP, 2**39]
+    # The kernel keeps a peak as its upper 16 bits (two a register) and bounds it by the next bf16
+    # up: 256.5 -> 258, not 257, and an exact bf16 gets its step too (1.0 -> 2, 2**39 -> 2**39 +
+    # 2**32). An inf, or a finite peak whose next bf16 is inf, fails like a NaN. Zero adds
+    # nothing, and neither does a peak below 2**-133 (upper bits 0: it rounds to 0); one at or above does.
+    assert contribution_bounds(np.array([[256.5, -1.0], [0.0, 0.0], [1.0, 0.5]], dtype=np.float32)).tolist() == [258, 0, 2]
+    assert contribution_bounds(np.array([[np.inf], [3.4e38], [2.0**39]], dtype=np.float32)).tolist() == [BOUND_CAP, BOUND_CAP, 2**39 + 2**32]
+    assert contribution_bounds(np.array([[2.0**-134], [2.0**-133]], dtype=np.float32)).tolist() == [0, 1]
 
 
 def test_a_word_holds_columns_q_and_q_plus_8_of_each_16():

@@ -378,6 +378,19 @@ def test_top_k_past_the_kernels_slot_limit_is_rejected_before_any_launch():
     assert not instruments.counts
 
 
+@pytest.mark.parametrize("dims,message", [
+    # The lanes' u32 row offsets in 16-byte units (wide.py): d_k / 4 units a row.
+    (dict(S_kv=kernels.LANES_ADDRESSABLE // 576 + 1), r"^kv: B\*S_kv\*d_k = \d+ exceeds 17179869184"),
+    (dict(B=2, S_kv=kernels.LANES_ADDRESSABLE // 1152 + 1), r"^kv: B\*S_kv\*d_k = \d+ exceeds"),
+    (dict(S_kv=2**31), r"^kv: B\*S_kv = \d+ rows exceed int32 addressing"),
+])
+def test_dimensions_past_the_kernels_addressing_are_rejected_from_the_shapes_alone(dims, message):
+    shape = dict(B=1, S=1, S_kv=1, H=64, L=1, d_k=576, d_v=512, block_h=None, dkv_buf_bytes=None) | dims
+    with pytest.raises(ValueError, match=message):
+        wrapper.problem_of(**shape)
+    wrapper.problem_of(**(shape | dict(S_kv=kernels.LANES_ADDRESSABLE // (576 * shape["B"]))))  # the largest that fits
+
+
 @pytest.mark.parametrize("block_h", [0, 8, 48, 64, -16, 16.0, True, "16"])
 def test_illegal_block_h_is_rejected(block_h):
     instruments = Instruments()

@@ -52,6 +52,9 @@ LANES_GAIN = 16
 #: A lane decodes exactly when its column's final sum fits 32 signed bits; a kv
 #: row's Bound (the sum of the ceilings of its contributions' largest |scaled value|) proves it below this.
 LANE_LIMIT = 2**31
+#: The lanes address a slot's kv row by its offset in 16-byte units, an unsigned 32-bit value
+#: (kernels/wide.py, ws_lanes_store_slot): a row is d_k / 4 units, so B * S_kv * d_k stays within this.
+LANES_ADDRESSABLE = 2**34
 #: The lanes' word layout: of each LANE_GROUP columns of a kv row, word q (0 <= q < LANE_GROUP / 2)
 #: holds column q in its low lane and column q + LANE_GROUP / 2 in its high lane, the two columns
 #: one thread of the wide tile's transposed dKV chunk holds for one slot (kernels/wide.py).

@@ -34,11 +34,12 @@ How a CTA adds dKV (config.accumulate):
             red.global.add.u64 into DKV [NKV, Dk / 2]: a lane's sum is exact whatever the
             order as long as its final value fits 32 bits, however its partial sums wrapped.
             RowScale is the plan's scale lowered, as for every deterministic launch
-            (fixed_point.lanes_scale); Bound[kv row] gains, per (slot, block), the ceiling of
-            the largest |scaled value| among that slot's contributions (rounded up to a bf16),
-            so Bound < 2^31 proves every lane of the row decodes exactly. The host
-            (wrapper.run) reruns the launch in "fixed" where a bound failed. Every slot of a
-            block adds, with no branch: an invalid one adds 0 to a valid row (ws_lanes_slot_row).
+            (fixed_point.lanes_scale); Bound[kv row] gains, per (slot, block), a ceiling of
+            the largest |scaled value| among that slot's contributions (from its upper 16 bits:
+            ws_add_bounds), so Bound < 2^31 proves every lane of the row decodes exactly. The
+            host (wrapper.run) reruns the launch in "fixed" where a bound failed. A slot holds
+            its row's offset in the words, so an add's address is a shift-add; every slot of a
+            block adds, with no branch: an invalid one adds 0 to a valid row (ws_lanes_store_slot).
   "fixed"   int64 fixed point at the same scale, one word a column (the lanes design's redo):
             every CTA ends at once unless Gate[0] != 0, so the redo launches on every call
             without a host sync.
@@ -93,24 +94,33 @@ __device__ __forceinline__ void ws_bars_init(void* bars) {
 }
 // An add's address is row_base + kv * row_bytes, one mad.wide. Where ok is false the add is
 // skipped, and kv is never an address: ptxas puts a branch around each predicated red (three
-// instructions an add), which the lanes avoid (ws_red_u64).
+// instructions an add), which the lanes avoid (ws_red_u64_at).
 __device__ __forceinline__ void ws_red_u64_if(const void* row_base, int kv, unsigned row_bytes, unsigned long long v,
                                               bool ok) {
   asm volatile("{\n .reg .pred q;\n .reg .b64 a;\n setp.ne.u32 q, %3, 0;\n mad.wide.u32 a, %1, %2, %0;\n"
                " @q red.global.add.u64 [a], %4;\n}"
                :: "l"(row_base), "r"(kv), "r"(row_bytes), "r"(static_cast<unsigned>(ok)), "l"(v) : "memory");
 }
-__device__ __forceinline__ void ws_red_u64(const void* row_base, unsigned kv, unsigned row_bytes, unsigned long long v) {
-  asm volatile("{\n .reg .b64 a;\n mad.wide.u32 a, %1, %2, %0;\n red.global.add.u64 [a], %3;\n}"
-               :: "l"(row_base), "r"(kv), "r"(row_bytes), "l"(v) : "memory");
+// The lanes' add at base + 16 unit: a shift-add and its carry (LEA, LEA.HI.X), where a row index
+// times the row's bytes took a multiply and a 64-bit add.
+__device__ __forceinline__ void ws_red_u64_at(const void* base, unsigned unit, unsigned long long v) {
+  asm volatile("{\n .reg .b64 a, o;\n cvt.u64.u32 o, %1;\n shl.b64 o, o, 4;\n add.s64 a, %0, o;\n"
+               " red.global.add.u64 [a], %2;\n}" :: "l"(base), "r"(unit), "l"(v) : "memory");
 }
-// The lanes' slot rows: a valid row as it is; an invalid slot (index outside [0, nkv)) as the valid
-// row spread % nkv with the sign bit set. Every other reader tests a row for [0, nkv), so the sign
-// bit keeps it invalid; the lanes add to the row without the bit, unconditionally: an invalid
-// slot's scale is 0, so its words are 0 (cvt.rni of a NaN, from 0 * inf, is 0 too: SASS F2I.NTZ),
-// and spreading the rows keeps those adds of 0 off one address.
-__device__ __forceinline__ int ws_lanes_slot_row(int row, int nkv, int spread) {
-  return static_cast<unsigned>(row) < static_cast<unsigned>(nkv) ? row : static_cast<int>(0x80000000u | static_cast<unsigned>(spread % nkv));
+// The lanes' slot i, as a pair {its row's offset in the words, in 16-byte units (row_units a row);
+// its row scale's bits}. An invalid slot (index outside [0, nkv)) gets the valid row spread % nkv
+// and the scale -0.0 (WS_LANES_INVALID), which no row has (a row scale is 2^k or NaN): the scale
+// marks it invalid for every reader, and the lanes add its words, which are 0, to that row
+// unconditionally (cvt.rni of -0.0, or of a NaN from 0 * inf, is 0: SASS F2I.NTZ). Spreading the
+// rows keeps those adds of 0 off one address.
+#define WS_LANES_INVALID (-2147483647 - 1)
+__device__ __forceinline__ bool ws_lanes_valid(int scale_bits) { return scale_bits != WS_LANES_INVALID; }
+__device__ __forceinline__ void ws_lanes_store_slot(void* info, int i, int row, int nkv, int spread, unsigned row_units,
+                                                    const float* row_scale) {
+  const bool ok = static_cast<unsigned>(row) < static_cast<unsigned>(nkv);
+  volatile int* slot = static_cast<volatile int*>(info) + 2 * i;
+  slot[0] = static_cast<int>(static_cast<unsigned>(ok ? row : spread % nkv) * row_units);
+  slot[1] = ok ? __float_as_int(row_scale[row]) : WS_LANES_INVALID;
 }
 // The blocks of the row up to the last one with a valid slot, into *blocks (zero before; atomicMax
 // of every thread's): the blocks after it add nothing, and the wrapper sorts a row's valid slots
@@ -213,35 +223,35 @@ __device__ __forceinline__ unsigned long long ws_lane_word(int lo, int hi) {
 // The lanes: a lane's two columns c and c + 8 of one slot go as one word lo + 2^32 hi (word 8 g + q
 // of a kv row holds columns 16 g + q and 16 g + 8 + q: config.LANE_GROUP), cvt.rni.s32
 // of each (round half to even, saturating, NaN -> 0). peak[n8] keeps, for this thread's slots
-// 8 n8 + 2 (t % 4) + {0, 1}, the largest |scaled value| over the block's chunks as the upper 16
-// bits of its float bits plus 0xffff (a bf16 rounded up: two slots a register; a NaN or inf gives
-// 0x7f80 or more); ws_add_bounds takes the maximum over both warpgroups' warps.
+// 8 n8 + 2 (t % 4) + {0, 1}, the upper 16 bits of the largest |scaled value|'s float bits over the
+// block's chunks (two slots a register; an inf or NaN gives 0x7f80 or more, never 0x8000: a NaN
+// from max.NaN is 0x7fffffff); ws_add_bounds takes the maximum over both warpgroups' warps.
 __device__ __forceinline__ void ws_add_chunk_lanes(const float* acc, const void* words, const void* slot_info, int col0,
-                                                   int ld, int thread, unsigned* peak) {
+                                                   int thread, unsigned* peak) {
   const int t = ws_opaque(thread), lane = t & 31, warp = t >> 5, k = lane & 3;
   const unsigned long long* base = static_cast<const unsigned long long*>(words) + col0 / 2 + 8 * warp + (lane >> 2);
   int4 next = ws_slot_pair(slot_info, 2 * k);
   #pragma unroll
   for (int n8 = 0; n8 < 8; ++n8) {
     const int4 pair = next;
-    if (n8 < 7) next = ws_slot_pair(slot_info, 8 * (n8 + 1) + 2 * k);  // a pair ahead: its latency under this one
     const float s0 = __int_as_float(pair.y), s1 = __int_as_float(pair.w);
     const float x00 = acc[4 * n8] * s0, x01 = acc[4 * n8 + 2] * s0;      // slot e = 0: columns c, c + 8
     const float x10 = acc[4 * n8 + 1] * s1, x11 = acc[4 * n8 + 3] * s1;  // slot e = 1
-    const unsigned up0 = __float_as_uint(ws_max_nan(fabsf(x00), fabsf(x01))) + 0xffffu;
-    const unsigned up1 = __float_as_uint(ws_max_nan(fabsf(x10), fabsf(x11))) + 0xffffu;
-    peak[n8] = __vmaxu2(peak[n8], __byte_perm(up0, up1, 0x7632));
+    const unsigned m0 = __float_as_uint(ws_max_nan(fabsf(x00), fabsf(x01)));
+    const unsigned m1 = __float_as_uint(ws_max_nan(fabsf(x10), fabsf(x11)));
+    peak[n8] = __vmaxu2(peak[n8], __byte_perm(m0, m1, 0x7632));
+    // A peak's halves are at most 0x7fff, so `stale` is 0: it makes the next pair's load, and the
+    // last pair's adds, wait for the peak, where ptxas would sink the peak to the block's end and
+    // keep (spill) the scaled values.
+    const unsigned stale = peak[n8] >> 31;
+    if (n8 < 7) next = ws_slot_pair(slot_info, 8 * (n8 + 1) + 2 * k + 2 * stale);  // a pair ahead: its latency under this one
     // lo sign-extended: the words' sum is sum(lo) + 2^32 sum(hi) mod 2^64 (fixed_point.decode_lane_words).
     const int lo0 = __float2int_rn(x00), hi0 = __float2int_rn(x01);
     const int lo1 = __float2int_rn(x10), hi1 = __float2int_rn(x11);
-    // Every slot adds (ws_lanes_slot_row): an invalid one 0, to a valid row. A peak is at most
-    // 0x80008000, so `stale` is 0: it makes the adds wait for the peak, where ptxas would sink the
-    // peak to the block's end and keep (spill) the scaled values.
-    const unsigned stale = peak[n8] == 0xffffffffu;
-    const unsigned kv0 = (static_cast<unsigned>(pair.x) & 0x7fffffffu) | stale;
-    const unsigned kv1 = (static_cast<unsigned>(pair.z) & 0x7fffffffu) | stale;
-    ws_red_u64(base, kv0, 4 * ld, ws_lane_word(lo0, hi0));
-    ws_red_u64(base, kv1, 4 * ld, ws_lane_word(lo1, hi1));
+    // Every slot adds (ws_lanes_store_slot): an invalid one 0, to a valid row.
+    const unsigned last = n8 == 7 ? stale : 0u;
+    ws_red_u64_at(base, static_cast<unsigned>(pair.x) | last, ws_lane_word(lo0, hi0));
+    ws_red_u64_at(base, static_cast<unsigned>(pair.z) | last, ws_lane_word(lo1, hi1));
     __syncwarp();  // keeps ptxas from hoisting every pair's slot load to the top of the chunk (spills)
   }
 }
@@ -277,11 +287,12 @@ __device__ __forceinline__ void ws_merge_peaks(unsigned* peak, void* slot_peaks,
     peak[n8] = 0u;
   }
 }
-// ws_add_bounds: Bound[kv] += min(ceil(m), 2^40) for each valid slot of the block, m its largest
-// |scaled value| over all columns (warpgroup 1's 4 warps' maxima and warpgroup 0's) rounded up to
-// a bf16; 2^40 where that is inf or NaN.
+// ws_add_bounds: Bound[kv] += the bound of each valid slot's contribution in the block, from h, the
+// upper 16 bits of its largest |scaled value| over all columns (warpgroup 1's 4 warps' maxima and
+// warpgroup 0's): that value is below the bf16 one step above h, so min(ceil(bf16 h + 1), 2^40);
+// 2^40 where h + 1 is inf or NaN; 0 where h is 0 (every value below 2^-133, which rounds to 0).
 __device__ __forceinline__ void ws_add_bounds(const void* peak_buf, void* slot_peaks, const void* bound,
-                                              const void* slot_info, int nkv, int t) {
+                                              const void* slot_info, unsigned row_units, int t) {
   if (t >= 64) return;
   const unsigned* peaks_s = static_cast<const unsigned*>(peak_buf);
   const int word = t / 2;
@@ -289,11 +300,11 @@ __device__ __forceinline__ void ws_add_bounds(const void* peak_buf, void* slot_p
   unsigned* slot_peak = static_cast<unsigned*>(slot_peaks) + t;
   const unsigned half = max((t & 1) ? (m >> 16) : (m & 0xffffu), *slot_peak);
   *slot_peak = 0u;  // for warpgroup 0's block t + 2, which waits for this warpgroup's PDS_FREE of t + 1
-  const int kv = static_cast<const int*>(slot_info)[2 * t];
-  if (static_cast<unsigned>(kv) < static_cast<unsigned>(nkv))
-    atomicAdd(const_cast<unsigned long long*>(static_cast<const unsigned long long*>(bound)) + kv,
-              half >= 0x7f80u ? 1099511627776ull
-                              : static_cast<unsigned long long>(fminf(ceilf(__uint_as_float(half << 16)), 1099511627776.0f)));
+  const int* slot = static_cast<const int*>(slot_info) + 2 * t;
+  if (slot[1] != WS_LANES_INVALID && half != 0u)
+    atomicAdd(const_cast<unsigned long long*>(static_cast<const unsigned long long*>(bound)) + static_cast<unsigned>(slot[0]) / row_units,
+              half + 1u >= 0x7f80u ? 1099511627776ull
+                                   : static_cast<unsigned long long>(fminf(ceilf(__uint_as_float((half + 1u) << 16)), 1099511627776.0f)));
 }
 """
 
@@ -328,6 +339,16 @@ def wide_program(config: MainConfig):
     if w1 % CHUNK or not 0 < w2 <= 256:
         raise ValueError(f"config: d_k={Dk}: warpgroup 1's dQ columns do not split in two wgmma tiles")
 
+    ROW_UNITS = Dk // 4  # a kv row of the lanes' words in 16-byte units (ws_lanes_store_slot)
+
+    def slot_valid(slot_info_s, p, j, NKV):
+        """Whether slot j of the block of parity p names a kv row: the lanes mark an invalid slot
+        by its scale (ws_lanes_store_slot), the others keep the row index."""
+        if accumulate == "lanes":
+            return T.call_extern("bool", "ws_lanes_valid", slot_info_s[2 * (p * BS + j) + 1])
+        row_j = slot_info_s[2 * (p * BS + j)]
+        return T.And(row_j >= 0, row_j < NKV)
+
     @T.macro
     def gather_columns(KV_s, KV, Indices, r, t, col0, col1, NKV, tid):
         """cp.async of KV columns [col0, col1) of block t's rows into KV_s: 8 threads a row, each
@@ -361,7 +382,7 @@ def wide_program(config: MainConfig):
         whose thread index (0..127) is ``thread``."""
         info = T.address_of(slot_info_s[p * BS * 2])
         if accumulate == "lanes":
-            T.call_extern("handle", "ws_add_chunk_lanes", acc.data, dKV.data, info, c * CHUNK, Dk, thread, peak.data)
+            T.call_extern("handle", "ws_add_chunk_lanes", acc.data, dKV.data, info, c * CHUNK, thread, peak.data)
         elif accumulate == "atomic":
             T.call_extern("handle", "ws_add_chunk_atomic", acc.data, dKV.data, info, c * CHUNK, Dk, NKV, thread)
         else:
@@ -467,12 +488,12 @@ def wide_program(config: MainConfig):
                     # reads parity p only after PDS_READY of this block.
                     if tid < BS:
                         row = Indices[r, t * BS + tid]
-                        if accumulate == "lanes":  # an invalid slot as a valid row, sign bit set
-                            T.call_extern("handle", "mqa_st_shared_i32", slot_info_s.data, 2 * (p * BS + tid),
-                                          T.call_extern("int32", "ws_lanes_slot_row", row, NKV, (r % NKV) + tid))
+                        if accumulate == "lanes":  # its row's offset in the words; invalid: scale -0.0
+                            T.call_extern("handle", "ws_lanes_store_slot", slot_info_s.data, p * BS + tid, row, NKV,
+                                          (r % NKV) + tid, ROW_UNITS, RowScale.data)
                         else:
                             T.call_extern("handle", "mqa_st_shared_i32", slot_info_s.data, 2 * (p * BS + tid), row)
-                        if scaled:
+                        if scaled and accumulate != "lanes":
                             T.call_extern("handle", "mqa_st_shared_f32", slot_info_s.data, 2 * (p * BS + tid) + 1,
                                           T.if_then_else((row >= 0) and (row < NKV), RowScale[T.max(T.min(row, NKV - 1), 0)],
                                                          T.cast(0, f32)))
@@ -503,8 +524,7 @@ def wide_program(config: MainConfig):
                     T.warpgroup_fence_operand(acc_s, num_regs=H * BS // WARPGROUP)
                     T.warpgroup_fence_operand(acc_dp, num_regs=H * BS // WARPGROUP)
                     for h, j in T.Parallel(H, BS):  # parity p's slots were stored before the barrier above
-                        row_j = slot_info_s[2 * (p * BS + j)]
-                        acc_s[h, j] = T.if_then_else((row_j >= 0) and (row_j < NKV),
+                        acc_s[h, j] = T.if_then_else(slot_valid(slot_info_s, p, j, NKV),
                                                      T.exp2(acc_s[h, j] * scale_log2 - lse_s[h]), T.cast(0, f32))
                     if scaled:
                         T.reduce_sum(acc_s, mass_row, dim=1, clear=False)
@@ -590,7 +610,7 @@ def wide_program(config: MainConfig):
                         T.call_extern("handle", "ws_bar_sync_wg", BOUNDS_BARRIER)
                         T.call_extern("handle", "ws_add_bounds", T.address_of(slot_info_s[peaks1]),
                                       T.address_of(slot_info_s[peaks0 + p * BS]), Bound.data,
-                                      T.address_of(slot_info_s[p * BS * 2]), NKV, tid1)
+                                      T.address_of(slot_info_s[p * BS * 2]), ROW_UNITS, tid1)
                 T.copy(acc_dq1, dQ[r, h0 : h0 + H, c1 : c1 + w1])
                 T.copy(acc_dq2, dQ[r, h0 : h0 + H, c2 : c2 + w2])
 
