@@ -5,12 +5,12 @@ this tree's kernels are two configurations (mqa_bwd.kernels.MainConfig), not
 two revisions.
 
     git archive <commit> mqa_bwd | tar -x -C /tmp/other     # where git is (not on the device)
-    python benchmarks/package_ab.py --against /tmp/other/mqa_bwd [--shapes dsv32,fleet] [--repeats 12]
+    python benchmarks/package_ab.py --against /tmp/other/mqa_bwd [--against ...] [--shapes dsv32,fleet] [--repeats 12]
 
-The other package is imported under a name of its own, so both run in one
-process: per shape, both versions' deterministic calls and atomic controls,
+Each other package is imported under a name of its own, so all run in one
+process: per shape, every version's deterministic call and atomic control,
 interleaved (bench.time_interleaved), with medians, minima and the
-ratio to this tree's control, and whether the two deterministic calls give the same bits.
+ratio to this tree's control, and whether each deterministic call gives this tree's bits.
 """
 
 import argparse
@@ -38,23 +38,28 @@ def load_package(path: str, name: str = OTHER):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--against", required=True, help="a copy of another version's mqa_bwd/ directory")
+    parser.add_argument("--against", required=True, action="append",
+                        help="a copy of another version's mqa_bwd/ directory (repeat it for several)")
     parser.add_argument("--shapes", default="dsv32,fleet")
     parser.add_argument("--repeats", type=int, default=12)
     a = parser.parse_args()
-    load_package(os.path.abspath(a.against))
-    other_bench = importlib.import_module(f"{OTHER}.bench")
-    other_launch = importlib.import_module(f"{OTHER}.launch")
+    others = []
+    for i, path in enumerate(a.against):
+        name = OTHER if len(a.against) == 1 else f"{OTHER}{i}"
+        load_package(os.path.abspath(path), name)
+        others.append((path if len(a.against) > 1 else "--against",
+                       importlib.import_module(f"{name}.bench"), importlib.import_module(f"{name}.launch")))
     for shape in [s for name in a.shapes.split(",") for s in bench.SHAPES[name]]:
         args = bench.production_inputs(**shape)
-        calls = {
-            "fixed, this tree": bench.prepared_wrapper_call(args, launch.TileLangLauncher(True)),
-            "fixed, --against": other_bench.prepared_wrapper_call(args, other_launch.TileLangLauncher(True)),
-            "atomic, this tree": bench.prepared_wrapper_call(args, launch.TileLangLauncher(False)),
-            "atomic, --against": other_bench.prepared_wrapper_call(args, other_launch.TileLangLauncher(False)),
-        }
-        same = bench.same_bits(calls["fixed, this tree"](), calls["fixed, --against"]())
-        print(f"{shape}: fixed bits equal across the versions: {same}")
+        calls = {"fixed, this tree": bench.prepared_wrapper_call(args, launch.TileLangLauncher(True))}
+        for label, other_bench, other_launch in others:
+            calls[f"fixed, {label}"] = other_bench.prepared_wrapper_call(args, other_launch.TileLangLauncher(True))
+        calls["atomic, this tree"] = bench.prepared_wrapper_call(args, launch.TileLangLauncher(False))
+        for label, other_bench, other_launch in others:
+            calls[f"atomic, {label}"] = other_bench.prepared_wrapper_call(args, other_launch.TileLangLauncher(False))
+        mine = calls["fixed, this tree"]()
+        for label, _, _ in others:
+            print(f"{shape}: fixed bits equal, this tree and {label}: {bench.same_bits(mine, calls[f'fixed, {label}']())}")
         print("\n".join(bench.interleaved_report(calls, "atomic, this tree", a.repeats)))
 
 
