@@ -13,18 +13,21 @@
         patch -d /tmp/variant -p1 < experiments/full_line_control.patch
         python benchmarks/package_ab.py --against /tmp/variant/mqa_bwd --shapes dsv32,fleet
 
-  no_bounds.patch           ablations of the lanes kernel at 2d0ce1d, to say where the
+  no_bounds.patch           ablations of the wide tile at 2d0ce1d, to say where the
   no_adds.patch             deterministic kernel's time goes (docs/performance-log.md, eleventh
-                            session): no_bounds drops the peaks and the bounds (the same bits,
-                            Bound stays 0), no_adds turns each red.global.add.u64 into a store
-                            that is never taken (wrong dKV; the conversions stay). Time both
-                            against the product in one process:
+  control_no_adds.patch     session): no_bounds drops the lanes' peaks and bounds (the same
+                            bits, Bound stays 0); no_adds turns each red.global.add.u64 into a
+                            store that is never taken (wrong dKV; the conversions stay);
+                            control_no_adds predicates the control's red.v4.f32 on a NaN no
+                            accumulator holds (wrong dKV; the shuffles stay). Time them against
+                            the product in one process:
 
-        for p in no_bounds no_adds; do
-          git archive 2d0ce1d mqa_bwd | tar -x -C /tmp/$p
+        for p in no_bounds no_adds control_no_adds; do
+          mkdir -p /tmp/$p && git archive 2d0ce1d mqa_bwd | tar -x -C /tmp/$p
           (cd /tmp/$p && git init -q && git apply --include='mqa_bwd/*' <repo>/experiments/$p.patch)
         done
-        python benchmarks/package_ab.py --against /tmp/no_bounds/mqa_bwd --against /tmp/no_adds/mqa_bwd --shapes dsv32
+        python benchmarks/package_ab.py --against /tmp/no_bounds/mqa_bwd --against /tmp/no_adds/mqa_bwd \
+            --against /tmp/control_no_adds/mqa_bwd --shapes dsv32
 
 git history holds the others (the wrapper's layout steps as kernels became the product's,
 mqa_bwd.kernels.prologue; transposed_lanes.patch, the dKV chunks formed transposed, became the
