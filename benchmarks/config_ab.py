@@ -2,7 +2,8 @@
 wide tile at several values, each a configuration (TileLangLauncher(wide_tile=...)), no source
 rewritten (GPU only). Another revision is benchmarks/package_ab.py's job.
 
-    python benchmarks/config_ab.py --field wg0_chunks --values 2,3,4 [--shapes dsv32,fleet] [--repeats 8]
+    python benchmarks/config_ab.py --field wg0_chunks --values 2,3,4 [--shapes dsv32,fleet] [--shape B=..,S=..,S_kv=..,H=..,L=..]
+        [--indices indexer] [--repeats 8]
 
 Compiles every value's wide kernels first (in parallel), then per shape times each value's
 deterministic call and atomic control interleaved (bench.time_interleaved), and prints medians,
@@ -28,7 +29,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--field", default="wg0_chunks", help="a field of kernels.MainConfig the wide tile owns")
     parser.add_argument("--values", required=True, help="comma-separated ints; the first is the reference")
-    parser.add_argument("--shapes", default="dsv32")
+    parser.add_argument("--shapes", default="dsv32", help="named shape sets (bench.SHAPES), comma-separated")
+    parser.add_argument("--shape", action="append", default=[], metavar="B=..,S=..,S_kv=..,H=..,L=..",
+                        help="a shape of its own (repeat it), measured after the named sets")
+    parser.add_argument("--indices", choices=bench.INDEX_PATTERNS, default="uniform")
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     a = parser.parse_args()
@@ -36,8 +40,9 @@ def main():
     for value in values:  # a ValueError naming the field, before anything compiles
         launch.TileLangLauncher(wide_tile={a.field: value})
     K.precompile(wide_variants(a.field, values), a.workers)
-    for shape in [s for name in a.shapes.split(",") for s in bench.SHAPES[name]]:
-        args = bench.production_inputs(**shape)
+    shapes = bench.plan([name for name in a.shapes.split(",") if name], [bench.parse_shape(t) for t in a.shape])
+    for shape in shapes:
+        args = bench.production_inputs(**shape, indices=a.indices)
         calls = {}
         for value in values:
             for deterministic in (True, False):

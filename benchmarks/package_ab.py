@@ -5,7 +5,8 @@ this tree's kernels are two configurations (mqa_bwd.kernels.MainConfig), not
 two revisions.
 
     git archive <commit> mqa_bwd | tar -x -C /tmp/other     # where git is (not on the device)
-    python benchmarks/package_ab.py --against /tmp/other/mqa_bwd [--against ...] [--shapes dsv32,fleet] [--repeats 12]
+    python benchmarks/package_ab.py --against /tmp/other/mqa_bwd [--against ...] [--shapes dsv32,fleet]
+        [--shape B=1,S=4096,S_kv=4096,H=64,L=2048 --indices indexer] [--repeats 12]
 
 Each other package is imported under a name of its own, so all run in one
 process: per shape, every version's deterministic call and atomic control,
@@ -40,7 +41,10 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--against", required=True, action="append",
                         help="a copy of another version's mqa_bwd/ directory (repeat it for several)")
-    parser.add_argument("--shapes", default="dsv32,fleet")
+    parser.add_argument("--shapes", default="dsv32,fleet", help="named shape sets (bench.SHAPES), comma-separated")
+    parser.add_argument("--shape", action="append", default=[], metavar="B=..,S=..,S_kv=..,H=..,L=..",
+                        help="a shape of its own (repeat it), measured after the named sets")
+    parser.add_argument("--indices", choices=bench.INDEX_PATTERNS, default="uniform")
     parser.add_argument("--repeats", type=int, default=12)
     a = parser.parse_args()
     others = []
@@ -49,8 +53,9 @@ def main():
         load_package(os.path.abspath(path), name)
         others.append((path if len(a.against) > 1 else "--against",
                        importlib.import_module(f"{name}.bench"), importlib.import_module(f"{name}.launch")))
-    for shape in [s for name in a.shapes.split(",") for s in bench.SHAPES[name]]:
-        args = bench.production_inputs(**shape)
+    shapes = bench.plan([name for name in a.shapes.split(",") if name], [bench.parse_shape(t) for t in a.shape])
+    for shape in shapes:
+        args = bench.production_inputs(**shape, indices=a.indices)
         calls = {"fixed, this tree": bench.prepared_wrapper_call(args, launch.TileLangLauncher(True))}
         for label, other_bench, other_launch in others:
             calls[f"fixed, {label}"] = other_bench.prepared_wrapper_call(args, other_launch.TileLangLauncher(True))
