@@ -29,6 +29,18 @@
         python benchmarks/package_ab.py --against /tmp/no_bounds/mqa_bwd --against /tmp/no_adds/mqa_bwd \
             --against /tmp/control_no_adds/mqa_bwd --shapes dsv32
 
+  peaks_scatter.patch       the lanes' per-block peaks reduced over a warp by a reduce-scatter
+                            (7 shuffles a thread where 24 were, one store or two shared
+                            atomicMax a lane where 4 lanes did 8 or 16): the same bits (a max
+                            is exact). Static SASS of the Dk = 576 lanes kernel 6360 to 6232
+                            instructions, one more word spilled (loaded once a block, so
+                            SPILL_BUDGET would need 16); the CPU compile and structure tests
+                            pass otherwise. Prepared at 920e5ca, not yet run on a GPU:
+
+        mkdir -p /tmp/scatter && git archive HEAD mqa_bwd | tar -x -C /tmp/scatter
+        (cd /tmp/scatter && git init -q && git apply --include='mqa_bwd/*' <repo>/experiments/peaks_scatter.patch)
+        python benchmarks/package_ab.py --against /tmp/scatter/mqa_bwd --shapes dsv32,fleet
+
 git history holds the others (the wrapper's layout steps as kernels became the product's,
 mqa_bwd.kernels.prologue; transposed_lanes.patch, the dKV chunks formed transposed, became the
 product's wide tile with warpgroup 0's chunks, and is at 02bb267; wg0_overlap.patch, measured no
