@@ -15,17 +15,27 @@ constant (no GEMM, no shared-memory partials). Variants:
   u32      one red.global.add.u32 per lane and column
   f32x4    red.global.add.v4.f32, four columns a lane: the control's add
            instruction; the control issues it once per head group
+  u64pair64  u64pair's words as the lanes kernel sends them: a warp instruction covers 4
+           rows x 64 bytes (8 lanes a row), where u64pair's covers 256 bytes of one row
+  f32x4_64 f32x4 as the wide control sends it: 8 rows x 64 bytes a warp instruction (a
+           quad a row), where f32x4's covers 512 bytes of one row
+  bulk256  u64pair's words from shared memory by TMA bulk reductions
+           (cp.reduce.async.bulk .add.u64), 256 bytes of a row each: the lanes' chunk
+           row, whole lines, no add instruction a lane
   f32x4 x2 the same kernel launched twice: the control's adds at H=64
   indices  the index loads and barriers alone
 
 Whatever the GEMMs cost, a design that issues these adds cannot be faster
 than their time here (they overlap the GEMMs at best), so the 3.7 ms the
 tensor cores need (issue 6) is out of reach while the floor is above it.
-Measured on the H200 at dsv32 (B=1, S=4096, S_kv=8192, L=2048): u64 10.20
+The 64-byte variants and bulk256 ask what whole 128-byte lines would save the lanes
+(docs/performance-log.md, eleventh session). Measured on the H200 at dsv32 (B=1, S=4096, S_kv=8192, L=2048): u64 10.20
 ms (3.8 TB/s of adds), f32x4 4.57, f32x4 x2 9.12, indices 0.06; fleet: 6.34,
 2.88, 5.74, 0.04. Another run at dsv32: u64 10.24, u64pair 5.40, u32 5.17,
 f32x4 4.61, f32x4 x2 9.11, indices 0.10: the L2 reduction time follows the
-bytes (3.6-4.2 TB/s), not the instruction's width.
+bytes (3.6-4.2 TB/s), not the instruction's width. Until 2026-12-04 f32x4 added
+only the first 512 of 576 columns (four 128-column instructions a row), so
+those f32x4 figures are of 8/9 of the bytes; it now adds them all.
 """
 
 import argparse
@@ -37,9 +47,28 @@ ADD_SOURCE = r"""
 __device__ __forceinline__ void mqa_red4_ones(void* dst) {
   asm volatile("red.global.add.v4.f32 [%0], {%1, %1, %1, %1};" :: "l"(dst), "f"(1.0f) : "memory");
 }
+__device__ __forceinline__ void mqa_red4_ones_if(void* dst, bool ok) {
+  if (ok) mqa_red4_ones(dst);
+}
+// Every word of a shared buffer of `words` 64-bit words set to `value` (before a barrier).
+__device__ __forceinline__ void mqa_fill_words(void* buf, int words, long long value, int t, int threads) {
+  for (int i = t; i < words; i += threads) static_cast<long long*>(buf)[i] = value;
+}
+// A TMA bulk reduction of `bytes` from shared src into global dst (.add.u64), in this thread's bulk group.
+__device__ __forceinline__ void mqa_bulk_add_u64(void* dst, const void* src, int bytes) {
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.u64 [%0], [%1], %2;"
+               :: "l"(dst), "r"(static_cast<unsigned>(__cvta_generic_to_shared(src))), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ void mqa_bulk_commit_and_wait() {
+  asm volatile("cp.async.bulk.commit_group;\n\tcp.async.bulk.wait_group 0;" ::: "memory");
+}
+// Shared stores become visible to the bulk copies (the async proxy).
+__device__ __forceinline__ void mqa_fence_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
 """
-VARIANTS = ("u64", "u64pair", "u32", "f32x4", "indices")
-DTYPES = {"f32x4": "float32", "u32": "int32"}  # the others add into int64
+VARIANTS = ("u64", "u64pair", "u32", "f32x4", "u64pair64", "f32x4_64", "bulk256", "indices")
+#: Bytes of one bulk256 reduction: 32 words, the lanes' row of a 64-column chunk.
+BULK_BYTES = 256
+DTYPES = {"f32x4": "float32", "f32x4_64": "float32", "u32": "int32"}  # the others add into int64
 
 
 def adds_program(variant: str, d_k: int = 576, slots: int = 32, threads: int = 256):
@@ -55,29 +84,57 @@ def adds_program(variant: str, d_k: int = 576, slots: int = 32, threads: int = 2
         with T.Kernel(R, threads=threads) as r:
             slot = T.alloc_shared((BS,), "int32")
             kv_row = T.alloc_local((1,), "int32")
-            warp = T.get_thread_binding() // 32
-            lane = T.get_thread_binding() % 32
+            tid = T.get_thread_binding()
+            warp = tid // 32
+            lane = tid % 32
             T.import_source(ADD_SOURCE)
+            if variant == "bulk256":  # the words one bulk reduction sends, the same for every row
+                staged = T.alloc_shared((BULK_BYTES // 8,), "int64")
+                T.call_extern("handle", "mqa_fill_words", staged.data, BULK_BYTES // 8, 1, tid, threads)
+                T.call_extern("handle", "mqa_fence_async_shared")
             for t in T.serial(Lp // BS):
                 for j in T.Parallel(BS):
                     slot[j] = Indices[r, t * BS + j]
                 T.sync_threads()
-                for s_i in T.serial(BS // n_warps):
-                    kv_row[0] = slot[warp + s_i * n_warps]
-                    if (kv_row[0] >= 0) and (kv_row[0] < NKV) and (variant != "indices"):
-                        if variant == "u64":
-                            for c in T.unroll(d_k // 32):
-                                T.atomic_add(dKV[kv_row[0], c * 32 + lane], T.cast(lane + 1, "int64"))
-                        elif variant == "u64pair":  # two columns a lane: the row's first d_k / 2 words
+                if variant == "u64pair64":  # a warp 4 slots at a time, 8 lanes a slot
+                    for s_i in T.serial(BS // (n_warps * 4)):
+                        kv_row[0] = slot[(s_i * n_warps + warp) * 4 + lane // 8]
+                        if (kv_row[0] >= 0) and (kv_row[0] < NKV):
+                            for c in T.unroll(d_k // 16):
+                                T.atomic_add(dKV[kv_row[0], c * 8 + lane % 8], T.cast(lane + 1, "int64"))
+                elif variant == "f32x4_64":  # warp w: 8 slots, a quad a slot, the columns' half w // 4
+                    kv_row[0] = slot[(warp % 4) * 8 + lane // 4]
+                    if (kv_row[0] >= 0) and (kv_row[0] < NKV):
+                        for c in T.unroll(d_k // 32):
+                            T.call_extern("handle", "mqa_red4_ones",
+                                          T.address_of(dKV[kv_row[0], (warp // 4) * (d_k // 2) + c * 16 + (lane % 4) * 4]))
+                elif variant == "bulk256":  # a thread a slot: its row's words, 256 bytes a reduction
+                    if tid < BS:
+                        kv_row[0] = slot[tid]
+                        if (kv_row[0] >= 0) and (kv_row[0] < NKV):
                             for c in T.unroll(d_k // 64):
-                                T.atomic_add(dKV[kv_row[0], c * 32 + lane], T.cast(lane + 1, "int64"))
-                        elif variant == "u32":
-                            for c in T.unroll(d_k // 32):
-                                T.atomic_add(dKV[kv_row[0], c * 32 + lane], T.cast(lane + 1, "int32"))
-                        else:
-                            for c in T.unroll(d_k // 128):
-                                T.call_extern("handle", "mqa_red4_ones", T.address_of(dKV[kv_row[0], c * 128 + lane * 4]))
+                                T.call_extern("handle", "mqa_bulk_add_u64", T.address_of(dKV[kv_row[0], c * (BULK_BYTES // 8)]),
+                                              staged.data, BULK_BYTES)
+                elif variant != "indices":  # a warp a slot
+                    for s_i in T.serial(BS // n_warps):
+                        kv_row[0] = slot[warp + s_i * n_warps]
+                        if (kv_row[0] >= 0) and (kv_row[0] < NKV):
+                            if variant == "u64":
+                                for c in T.unroll(d_k // 32):
+                                    T.atomic_add(dKV[kv_row[0], c * 32 + lane], T.cast(lane + 1, "int64"))
+                            elif variant == "u64pair":  # two columns a lane: the row's first d_k / 2 words
+                                for c in T.unroll(d_k // 64):
+                                    T.atomic_add(dKV[kv_row[0], c * 32 + lane], T.cast(lane + 1, "int64"))
+                            elif variant == "u32":
+                                for c in T.unroll(d_k // 32):
+                                    T.atomic_add(dKV[kv_row[0], c * 32 + lane], T.cast(lane + 1, "int32"))
+                            else:  # 128 columns an instruction: the last one's lanes past d_k add nothing
+                                for c in T.unroll(T.ceildiv(d_k, 128)):
+                                    T.call_extern("handle", "mqa_red4_ones_if", T.address_of(dKV[kv_row[0], c * 128 + lane * 4]),
+                                                  c * 128 + lane * 4 < d_k)
                 T.sync_threads()
+            if variant == "bulk256":  # the reductions have read shared memory before the CTA ends
+                T.call_extern("handle", "mqa_bulk_commit_and_wait")
 
     return adds
 
@@ -99,7 +156,8 @@ def time_floor(shape: dict, repeats: int) -> None:
     acc = {"u64": torch.zeros((nkv, d_k), dtype=torch.int64, device="cuda"),
            "u32": torch.zeros((nkv, d_k), dtype=torch.int32, device="cuda"),
            "f32x4": torch.zeros((nkv, d_k), dtype=torch.float32, device="cuda")}
-    acc["indices"] = acc["u64pair"] = acc["u64"]
+    acc["indices"] = acc["u64pair"] = acc["u64pair64"] = acc["bulk256"] = acc["u64"]
+    acc["f32x4_64"] = acc["f32x4"]
     calls = {v: functools.partial(kernels[v], slots, acc[v]) for v in VARIANTS}
     calls["f32x4 x2"] = lambda: (calls["f32x4"](), calls["f32x4"]())
     medians = {name: statistics.median(t) for name, t in time_interleaved(calls, warmup=2, repeats=repeats).items()}

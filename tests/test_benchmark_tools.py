@@ -62,16 +62,26 @@ def test_add_floor_kernels_issue_their_adds():
     # The floor is only a floor if each variant issues exactly its adds: the
     # 64-bit integer add (atom in PTX, a RED in SASS as in the main kernel;
     # u64pair issues half as many, two columns a word), the 32-bit one, the
-    # vector fp32 add, or none (index loads only).
+    # vector fp32 add, TMA bulk reductions, or none (index loads only).
     tool = _tool("add_floor")
-    found, counts = {}, {}
+    found, counts, bulk = {}, {}, {}
     for variant in tool.VARIANTS:
         source = kernels.compile_program(tool.adds_program(variant)).get_kernel_source()
-        adds = re.findall(r"\b(?:atom|red)\.[a-z0-9.]+", kernels.toolchain._nvcc_source(source, "-ptx", "compute_90a")[0])
+        ptx = kernels.toolchain._nvcc_source(source, "-ptx", "compute_90a")[0]
+        adds = re.findall(r"\b(?:atom|red)\.[a-z0-9.]+", ptx)
         found[variant], counts[variant] = sorted(set(adds)), len(adds)
+        bulk[variant] = len(re.findall(r"cp\.reduce\.async\.bulk\.global\.shared::cta\.bulk_group\.add\.u64", ptx))
     assert found == {"u64": ["atom.global.add.u64"], "u64pair": ["atom.global.add.u64"], "u32": ["atom.global.add.u32"],
-                     "f32x4": ["red.global.add.v4.f32"], "indices": []}, found
+                     "f32x4": ["red.global.add.v4.f32"], "u64pair64": ["atom.global.add.u64"],
+                     "f32x4_64": ["red.global.add.v4.f32"], "bulk256": [], "indices": []}, found
     assert counts["u64pair"] * 2 == counts["u64"], counts
+    # A warp's share of a block: u64pair64 sends u64pair's words (4 slots, 9 words a lane each)
+    # 4 rows an instruction; f32x4_64 half the columns of 8 slots, 16 a quad an instruction (nvcc
+    # may copy that loop); f32x4 a row in 5 instructions, the last one's lanes past 576 idle.
+    assert counts["u64pair64"] == counts["u64pair"] == 4 * 576 // 64, counts
+    assert counts["f32x4_64"] % (576 // 2 // 16) == 0 and counts["f32x4"] == 4 * 5, counts
+    # bulk256: 9 reductions of 256 bytes a row (nvcc may unroll the block loop around them).
+    assert bulk["bulk256"] and bulk["bulk256"] % (576 // 64) == 0 and not any(bulk[v] for v in tool.VARIANTS if v != "bulk256"), bulk
     with pytest.raises(ValueError, match="variant"):
         tool.adds_program("f64")
 
