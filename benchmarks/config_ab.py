@@ -51,7 +51,7 @@ def main():
                 calls[name] = bench.prepared_wrapper_call(args, launcher)
         reference = calls[f"fixed, {a.field}={values[0]}"]()
         same = {v: bench.same_bits(reference, calls[f"fixed, {a.field}={v}"]()) for v in values[1:]}
-        print(f"{shape}: fixed bits equal to {a.field}={values[0]}'s: {same}")
+        print(f"{shape}, {a.indices} indices: fixed bits equal to {a.field}={values[0]}'s: {same}")
         print("\n".join(bench.interleaved_report(calls, f"atomic, {a.field}={values[0]}", a.repeats)))
 
 

@@ -64,7 +64,8 @@ def main():
             calls[f"atomic, {label}"] = other_bench.prepared_wrapper_call(args, other_launch.TileLangLauncher(False))
         mine = calls["fixed, this tree"]()
         for label, _, _ in others:
-            print(f"{shape}: fixed bits equal, this tree and {label}: {bench.same_bits(mine, calls[f'fixed, {label}']())}")
+            print(f"{shape}, {a.indices} indices: fixed bits equal, this tree and {label}: "
+                  f"{bench.same_bits(mine, calls[f'fixed, {label}']())}")
         print("\n".join(bench.interleaved_report(calls, "atomic, this tree", a.repeats)))
 
 
