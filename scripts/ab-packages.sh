@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# Copies of the package for benchmarks/package_ab.py, built here (the GPU host has no git):
+# each argument is a patch of experiments/ applied to REV's mqa_bwd (REV defaults to HEAD),
+# or a bare revision (rev:COMMIT) taken whole. The copies land in .ab/<name>/mqa_bwd (carry .ab
+# in the device call); the script prints the device command that compiles each copy's kernels
+# in parallel and times them all together with package_ab.
+#   bash scripts/ab-packages.sh experiments/no_bounds.patch rev:4727d9b
+set -euo pipefail
+rev=${REV:-HEAD}
+[[ $# -gt 0 ]] || { echo "usage: [REV=commit] $0 experiments/NAME.patch | rev:COMMIT ..." >&2; exit 2; }
+mkdir -p .ab
+against=() names=()
+for item in "$@"; do
+  if [[ $item == rev:* ]]; then
+    name=${item#rev:} source=${item#rev:}
+  else
+    [[ -f $item ]] || { echo "$item: no such patch" >&2; exit 2; }
+    name=$(basename "$item" .patch) source=$rev
+  fi
+  rm -rf ".ab/$name" && mkdir -p ".ab/$name"
+  git archive "$source" mqa_bwd | tar -x -C ".ab/$name"
+  if [[ $item != rev:* ]]; then
+    # git apply outside a repository: a throwaway one, so that --include works as in a checkout.
+    (cd ".ab/$name" && git init -q && git apply --include='mqa_bwd/*' "$OLDPWD/$item" && rm -rf .git)
+  fi
+  against+=(--against ".ab/$name/mqa_bwd") names+=("$name")
+  if [[ $item == rev:* ]]; then echo "built .ab/$name/mqa_bwd: $source" >&2
+  else echo "built .ab/$name/mqa_bwd: $source with $item" >&2; fi
+done
+echo "bash scripts/gpu-run.sh 'for v in ${names[*]}; do PYTHONPATH=/tmp/site:\$PWD/.ab/\$v python3 -W ignore -m mqa_bwd.kernels --workers 16; done' 'python3 benchmarks/package_ab.py ${against[*]} --shapes dsv32,fleet'   # carry .gpu/tilelang.tar.xz and .ab"
