@@ -75,9 +75,12 @@ def adds_program(variant: str, d_k: int = 576, slots: int = 32, threads: int = 2
     """One CTA per query row issuing ``variant``'s adds for every valid slot of the row."""
     if variant not in VARIANTS:
         raise ValueError(f"variant: {variant!r} (one of {VARIANTS})")
+    if variant in ("u64pair64", "f32x4_64") and (slots, threads) != (32, 256):
+        raise ValueError(f"slots, threads: {variant} lays out 32 slots over 8 warps, got {slots}, {threads}")
     tilelang, T = K._tl()
     R, NKV, Lp = T.dynamic("R"), T.dynamic("NKV"), T.dynamic("Lp")
     BS, n_warps = slots, threads // 32
+    chunks = d_k // 64  # bulk256: a row's 64-column chunks, 256 bytes of words each
 
     @T.prim_func
     def adds(Indices: T.Tensor((R, Lp), "int32"), dKV: T.Tensor((NKV, d_k), DTYPES.get(variant, "int64"))):
@@ -108,12 +111,13 @@ def adds_program(variant: str, d_k: int = 576, slots: int = 32, threads: int = 2
                         for c in T.unroll(d_k // 32):
                             T.call_extern("handle", "mqa_red4_ones",
                                           T.address_of(dKV[kv_row[0], (warp // 4) * (d_k // 2) + c * 16 + (lane % 4) * 4]))
-                elif variant == "bulk256":  # a thread a slot: its row's words, 256 bytes a reduction
-                    if tid < BS:
-                        kv_row[0] = slot[tid]
-                        if (kv_row[0] >= 0) and (kv_row[0] < NKV):
-                            for c in T.unroll(d_k // 64):
-                                T.call_extern("handle", "mqa_bulk_add_u64", T.address_of(dKV[kv_row[0], c * (BULK_BYTES // 8)]),
+                elif variant == "bulk256":  # the block's (slot, chunk) reductions spread over every thread
+                    for i in T.serial(T.ceildiv(BS * chunks, threads)):
+                        if i * threads + tid < BS * chunks:
+                            kv_row[0] = slot[(i * threads + tid) // chunks]
+                            if (kv_row[0] >= 0) and (kv_row[0] < NKV):
+                                T.call_extern("handle", "mqa_bulk_add_u64",
+                                              T.address_of(dKV[kv_row[0], ((i * threads + tid) % chunks) * (BULK_BYTES // 8)]),
                                               staged.data, BULK_BYTES)
                 elif variant != "indices":  # a warp a slot
                     for s_i in T.serial(BS // n_warps):

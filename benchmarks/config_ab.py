@@ -29,7 +29,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--field", default="wg0_chunks", help="a field of kernels.MainConfig the wide tile owns")
     parser.add_argument("--values", required=True, help="comma-separated ints; the first is the reference")
-    parser.add_argument("--shapes", default="dsv32", help="named shape sets (bench.SHAPES), comma-separated")
+    parser.add_argument("--shapes", help="named shape sets (bench.SHAPES), comma-separated (default dsv32, or none "
+                                          "when --shape is given)")
     parser.add_argument("--shape", action="append", default=[], metavar="B=..,S=..,S_kv=..,H=..,L=..",
                         help="a shape of its own (repeat it), measured after the named sets")
     parser.add_argument("--indices", choices=bench.INDEX_PATTERNS, default="uniform")
@@ -39,8 +40,8 @@ def main():
     values = [int(v) for v in a.values.split(",")]
     for value in values:  # a ValueError naming the field, before anything compiles
         launch.TileLangLauncher(wide_tile={a.field: value})
+    shapes = bench.ab_shapes(a.shapes, a.shape, default="dsv32")  # a ValueError before anything compiles
     K.precompile(wide_variants(a.field, values), a.workers)
-    shapes = bench.plan([name for name in a.shapes.split(",") if name], [bench.parse_shape(t) for t in a.shape])
     for shape in shapes:
         args = bench.production_inputs(**shape, indices=a.indices)
         calls = {}

@@ -41,19 +41,22 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--against", required=True, action="append",
                         help="a copy of another version's mqa_bwd/ directory (repeat it for several)")
-    parser.add_argument("--shapes", default="dsv32,fleet", help="named shape sets (bench.SHAPES), comma-separated")
+    parser.add_argument("--shapes", help="named shape sets (bench.SHAPES), comma-separated (default dsv32,fleet, or none "
+                                          "when --shape is given)")
     parser.add_argument("--shape", action="append", default=[], metavar="B=..,S=..,S_kv=..,H=..,L=..",
                         help="a shape of its own (repeat it), measured after the named sets")
     parser.add_argument("--indices", choices=bench.INDEX_PATTERNS, default="uniform")
     parser.add_argument("--repeats", type=int, default=12)
     a = parser.parse_args()
+    if len({os.path.abspath(p) for p in a.against}) < len(a.against):
+        raise ValueError(f"--against: the same package twice in {a.against}")
+    shapes = bench.ab_shapes(a.shapes, a.shape, default="dsv32,fleet")  # a ValueError before anything loads
     others = []
     for i, path in enumerate(a.against):
         name = OTHER if len(a.against) == 1 else f"{OTHER}{i}"
         load_package(os.path.abspath(path), name)
         others.append((path if len(a.against) > 1 else "--against",
                        importlib.import_module(f"{name}.bench"), importlib.import_module(f"{name}.launch")))
-    shapes = bench.plan([name for name in a.shapes.split(",") if name], [bench.parse_shape(t) for t in a.shape])
     for shape in shapes:
         args = bench.production_inputs(**shape, indices=a.indices)
         calls = {"fixed, this tree": bench.prepared_wrapper_call(args, launch.TileLangLauncher(True))}

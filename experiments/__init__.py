@@ -19,15 +19,12 @@
                             bits, Bound stays 0); no_adds turns each red.global.add.u64 into a
                             store that is never taken (wrong dKV; the conversions stay);
                             control_no_adds predicates the control's red.v4.f32 on a NaN no
-                            accumulator holds (wrong dKV; the shuffles stay). Time them against
-                            the product in one process:
+                            accumulator holds (wrong dKV; the shuffles stay). Build the copies
+                            here (the GPU host has no git) and time them against the product in
+                            one process with the device command the script prints:
 
-        for p in no_bounds no_adds control_no_adds; do
-          mkdir -p /tmp/$p && git archive 2d0ce1d mqa_bwd | tar -x -C /tmp/$p
-          (cd /tmp/$p && git init -q && git apply --include='mqa_bwd/*' <repo>/experiments/$p.patch)
-        done
-        python benchmarks/package_ab.py --against /tmp/no_bounds/mqa_bwd --against /tmp/no_adds/mqa_bwd \
-            --against /tmp/control_no_adds/mqa_bwd --shapes dsv32
+        REV=2d0ce1d bash scripts/ab-packages.sh experiments/no_bounds.patch experiments/no_adds.patch \
+            experiments/control_no_adds.patch
 
   peaks_scatter.patch       the lanes' per-block peaks reduced over a warp by a reduce-scatter
                             (7 shuffles a thread where 24 were, one store or two shared
@@ -37,14 +34,11 @@
                             SPILL_BUDGET would need 16); the CPU compile and structure tests
                             pass otherwise. Prepared at 920e5ca, not yet run on a GPU:
 
-        mkdir -p /tmp/scatter && git archive HEAD mqa_bwd | tar -x -C /tmp/scatter
-        (cd /tmp/scatter && git init -q && git apply --include='mqa_bwd/*' <repo>/experiments/peaks_scatter.patch)
-        python benchmarks/package_ab.py --against /tmp/scatter/mqa_bwd --shapes dsv32,fleet
+        REV=920e5ca bash scripts/ab-packages.sh experiments/peaks_scatter.patch
 
 git history holds the others (the wrapper's layout steps as kernels became the product's,
 mqa_bwd.kernels.prologue; transposed_lanes.patch, the dKV chunks formed transposed, became the
 product's wide tile with warpgroup 0's chunks, and is at 02bb267; wg0_overlap.patch, measured no
-faster, is at 4727d9b; lanes_word.patch, the lanes' word from its halves, became the product's
-ws_lane_word). A Python variant lives here
-with its test under the ``experiments`` marker (``python -m pytest -m experiments experiments/``).
+faster, is at 4727d9b; lanes_word.patch, the lanes' word from its halves, is at e307457 and
+became the product's ws_lane_word).
 """

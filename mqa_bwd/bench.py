@@ -133,6 +133,15 @@ def parse_shape(text: str, option: str = "--shape") -> dict:
     return shape
 
 
+def ab_shapes(named, given=(), default: str = "dsv32") -> list:
+    """The shapes an A/B tool (benchmarks/package_ab.py, config_ab.py) times: the named sets
+    (``named``, comma-separated; None: ``default`` when no shape is given, else none), then the
+    given ones (parse_shape's form)."""
+    if named is None:
+        named = "" if given else default
+    return plan([name for name in named.split(",") if name], [parse_shape(text) for text in given])
+
+
 def describe(shape: dict) -> str:
     """{'B': 1, 'S': 4096, ...} -> 'B=1,S=4096,...' (parse_shape's form)."""
     return ",".join(f"{k}={shape[k]}" for k in SHAPE_KEYS)

@@ -192,9 +192,19 @@ def problem_of(B, S, S_kv, H, L, d_k, d_v, block_h, dkv_buf_bytes) -> "Problem":
         raise ValueError(f"token_indices: B*S*L = {problem.rows * problem.padded_slots} slots exceed int32 addressing")
     if B * S_kv > INT32_MAX:
         raise ValueError(f"kv: B*S_kv = {B * S_kv} rows exceed int32 addressing")
-    if B * S_kv * d_k > K.LANES_ADDRESSABLE:
-        raise ValueError(f"kv: B*S_kv*d_k = {B * S_kv * d_k} exceeds {K.LANES_ADDRESSABLE}, the lanes' 32-bit row offsets")
     return problem
+
+
+def require_lanes_addressing(problem: "Problem", design) -> None:
+    """ValueError naming kv where a deterministic call (``design`` True) has wide launches, whose
+    lanes address a kv row by an unsigned 32-bit offset (kernels/wide.py), and B*S_kv*d_k exceeds
+    kernels.LANES_ADDRESSABLE. The atomic control and the 32-head kernels have no such limit."""
+    p = problem
+    if not design or not any(c.accumulate == "lanes" for _, c in K.main_launches(p.groups, p.group_width, p.d_k, p.d_v)):
+        return
+    if p.B * p.S_kv * p.d_k > K.LANES_ADDRESSABLE:
+        raise ValueError(f"kv: B*S_kv*d_k = {p.B * p.S_kv * p.d_k} exceeds {K.LANES_ADDRESSABLE}, what the deterministic "
+                         "wide tile's 32-bit row offsets address")
 
 
 # ---------------------------------------------------------------------------
@@ -325,6 +335,7 @@ def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, 
     launcher.check_widths(d_k, d_v)
 
     problem = problem_of(B, S, S_kv, H, L_, d_k, d_v, block_h, dkv_buf_bytes)
+    require_lanes_addressing(problem, design)
 
     _require_same_device(query, "query", (("out", out), ("grad_out", grad_out), ("lse", lse)), framework)
     device = query.device

@@ -8,23 +8,30 @@
 set -euo pipefail
 rev=${REV:-HEAD}
 [[ $# -gt 0 ]] || { echo "usage: [REV=commit] $0 experiments/NAME.patch | rev:COMMIT ..." >&2; exit 2; }
+items=()
+for item in "$@"; do  # patch paths as given, before moving to the repository's root
+  if [[ $item == rev:* ]]; then items+=("$item")
+  else [[ -f $item ]] || { echo "$item: no such patch" >&2; exit 2; }; items+=("$(realpath "$item")"); fi
+done
+cd "$(dirname "$(realpath "$0")")/.."
 mkdir -p .ab
 against=() names=()
-for item in "$@"; do
+for item in "${items[@]}"; do
   if [[ $item == rev:* ]]; then
     name=${item#rev:} source=${item#rev:}
   else
-    [[ -f $item ]] || { echo "$item: no such patch" >&2; exit 2; }
     name=$(basename "$item" .patch) source=$rev
   fi
   rm -rf ".ab/$name" && mkdir -p ".ab/$name"
   git archive "$source" mqa_bwd | tar -x -C ".ab/$name"
   if [[ $item != rev:* ]]; then
     # git apply outside a repository: a throwaway one, so that --include works as in a checkout.
-    (cd ".ab/$name" && git init -q && git apply --include='mqa_bwd/*' "$OLDPWD/$item" && rm -rf .git)
+    (cd ".ab/$name" && git init -q && git apply --include='mqa_bwd/*' "$item" && rm -rf .git)
   fi
   against+=(--against ".ab/$name/mqa_bwd") names+=("$name")
   if [[ $item == rev:* ]]; then echo "built .ab/$name/mqa_bwd: $source" >&2
   else echo "built .ab/$name/mqa_bwd: $source with $item" >&2; fi
 done
-echo "bash scripts/gpu-run.sh 'for v in ${names[*]}; do PYTHONPATH=/tmp/site:\$PWD/.ab/\$v python3 -W ignore -m mqa_bwd.kernels --workers 16; done' 'python3 benchmarks/package_ab.py ${against[*]} --shapes dsv32,fleet'   # carry .gpu/tilelang.tar.xz and .ab"
+# Each copy's kernels compile from inside its folder: python3 -m puts the working directory ahead
+# of PYTHONPATH, so from the root it would compile this tree's again.
+echo "bash scripts/gpu-run.sh 'for v in ${names[*]}; do (cd .ab/\$v && PYTHONPATH=/tmp/site python3 -W ignore -m mqa_bwd.kernels --workers 16); done' 'python3 benchmarks/package_ab.py ${against[*]} --shapes dsv32,fleet'   # carry .gpu/tilelang.tar.xz and .ab"

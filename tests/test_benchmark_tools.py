@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from mqa_bwd import kernels
+from mqa_bwd import bench, kernels
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 #: A SIMT global add or atomic in PTX (not the bulk unit's cp.reduce.async.bulk).
@@ -75,15 +75,18 @@ def test_add_floor_kernels_issue_their_adds():
                      "f32x4": ["red.global.add.v4.f32"], "u64pair64": ["atom.global.add.u64"],
                      "f32x4_64": ["red.global.add.v4.f32"], "bulk256": [], "indices": []}, found
     assert counts["u64pair"] * 2 == counts["u64"], counts
-    # A warp's share of a block: u64pair64 sends u64pair's words (4 slots, 9 words a lane each)
-    # 4 rows an instruction; f32x4_64 half the columns of 8 slots, 16 a quad an instruction (nvcc
-    # may copy that loop); f32x4 a row in 5 instructions, the last one's lanes past 576 idle.
+    # A warp's share of a block, 4 slots' 288 words each, in 36 instructions either way: u64pair
+    # a slot at a time (32 words an instruction), u64pair64 4 slots at a time (8 words each);
+    # f32x4_64 half the columns of 8 slots, 16 a quad an instruction (nvcc may copy that loop);
+    # f32x4 a row in 5 instructions, the last one's lanes past 576 idle.
     assert counts["u64pair64"] == counts["u64pair"] == 4 * 576 // 64, counts
     assert counts["f32x4_64"] % (576 // 2 // 16) == 0 and counts["f32x4"] == 4 * 5, counts
-    # bulk256: 9 reductions of 256 bytes a row (nvcc may unroll the block loop around them).
-    assert bulk["bulk256"] and bulk["bulk256"] % (576 // 64) == 0 and not any(bulk[v] for v in tool.VARIANTS if v != "bulk256"), bulk
+    # bulk256 adds by TMA bulk reductions only (a block's 32 x 9 spread over its threads).
+    assert bulk["bulk256"] and not any(bulk[v] for v in tool.VARIANTS if v != "bulk256"), bulk
     with pytest.raises(ValueError, match="variant"):
         tool.adds_program("f64")
+    with pytest.raises(ValueError, match="^slots, threads"):
+        tool.adds_program("u64pair64", slots=64)
 
 
 def test_fence_probe_issues_reductions_then_each_fence():
@@ -200,6 +203,23 @@ def test_package_ab_imports_another_copy_of_the_package_beside_this_one(tmp_path
             del sys.modules[name]
     with pytest.raises(ValueError, match="--against"):
         tool.load_package(str(tmp_path))
+
+
+def test_ab_tools_time_the_default_sets_unless_a_shape_of_their_own_is_given():
+    given = "B=1,S=4096,S_kv=4096,H=64,L=2048"
+    assert bench.ab_shapes(None, (), default="dsv32,fleet") == bench.SHAPES["dsv32"] + bench.SHAPES["fleet"]
+    assert bench.ab_shapes(None, (given,), default="dsv32,fleet") == [bench.parse_shape(given)]
+    assert bench.ab_shapes("fleet", (given,)) == bench.SHAPES["fleet"] + [bench.parse_shape(given)]
+    with pytest.raises(ValueError, match="--shapes"):
+        bench.ab_shapes("dsv33")
+
+
+def test_package_ab_refuses_one_package_twice_before_loading_any(monkeypatch, tmp_path):
+    tool = _tool("package_ab")
+    monkeypatch.setattr(tool, "load_package", lambda *a: pytest.fail("loaded a package"))
+    monkeypatch.setattr("sys.argv", ["package_ab.py", "--against", str(tmp_path), "--against", str(tmp_path) + "/"])
+    with pytest.raises(ValueError, match="^--against: the same package twice"):
+        tool.main()
 
 
 def test_config_ab_compiles_each_value_for_every_wide_launch():

@@ -378,17 +378,23 @@ def test_top_k_past_the_kernels_slot_limit_is_rejected_before_any_launch():
     assert not instruments.counts
 
 
-@pytest.mark.parametrize("dims,message", [
-    # The lanes' u32 row offsets in 16-byte units (wide.py): d_k / 4 units a row.
-    (dict(S_kv=kernels.LANES_ADDRESSABLE // 576 + 1), rf"^kv: B\*S_kv\*d_k = \d+ exceeds {kernels.LANES_ADDRESSABLE}\b"),
-    (dict(B=2, S_kv=kernels.LANES_ADDRESSABLE // 1152 + 1), r"^kv: B\*S_kv\*d_k = \d+ exceeds"),
-    (dict(S_kv=2**31), r"^kv: B\*S_kv = \d+ rows exceed int32 addressing"),
-])
-def test_dimensions_past_the_kernels_addressing_are_rejected_from_the_shapes_alone(dims, message):
+@pytest.mark.parametrize("dims", [dict(S_kv=kernels.LANES_ADDRESSABLE // 576 + 1), dict(B=2, S_kv=kernels.LANES_ADDRESSABLE // 1152 + 1)])
+def test_kv_past_the_lanes_row_offsets_is_rejected_where_the_lanes_run(dims):
+    # The deterministic wide tile addresses a kv row by an unsigned 32-bit offset in 16-byte units
+    # (d_k / 4 a row). Checked from the shapes alone: no tensor of that size is built.
     shape = dict(B=1, S=1, S_kv=1, H=64, L=1, d_k=576, d_v=512, block_h=None, dkv_buf_bytes=None) | dims
-    with pytest.raises(ValueError, match=message):
-        wrapper.problem_of(**shape)
-    wrapper.problem_of(**(shape | dict(S_kv=kernels.LANES_ADDRESSABLE // (576 * shape["B"]))))  # the largest that fits
+    big = wrapper.problem_of(**shape)
+    with pytest.raises(ValueError, match=rf"^kv: B\*S_kv\*d_k = \d+ exceeds {kernels.LANES_ADDRESSABLE}\b"):
+        wrapper.require_lanes_addressing(big, True)
+    wrapper.require_lanes_addressing(big, False)  # the atomic control adds fp32 by row index
+    wrapper.require_lanes_addressing(wrapper.problem_of(**(shape | dict(H=32))), True)  # no wide launch
+    largest = shape | dict(S_kv=kernels.LANES_ADDRESSABLE // (576 * shape["B"]))
+    wrapper.require_lanes_addressing(wrapper.problem_of(**largest), True)
+
+
+def test_kv_rows_past_int32_are_rejected_from_the_shapes_alone():
+    with pytest.raises(ValueError, match=r"^kv: B\*S_kv = \d+ rows exceed int32 addressing"):
+        wrapper.problem_of(B=1, S=1, S_kv=2**31, H=64, L=1, d_k=576, d_v=512, block_h=None, dkv_buf_bytes=None)
 
 
 @pytest.mark.parametrize("block_h", [0, 8, 48, 64, -16, 16.0, True, "16"])

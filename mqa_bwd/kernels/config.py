@@ -49,8 +49,9 @@ ACCUMULATE = ("fixed", "lanes", "atomic")
 #: At 16, dKV's error against float64 is the fp32 atomics' within 1.01x at the
 #: bench shapes, where no lane bound failed (docs/performance-log.md).
 LANES_GAIN = 16
-#: A lane decodes exactly when its column's final sum fits 32 signed bits; a kv
-#: row's Bound (the sum of the ceilings of its contributions' largest |scaled value|) proves it below this.
+#: A lane decodes exactly when its column's final sum fits 32 signed bits; a kv row's Bound (the
+#: sum, over its contributions, of a ceiling of the largest |scaled value|: kernels/wide.py,
+#: ws_add_bounds) proves it below this.
 LANE_LIMIT = 2**31
 #: The lanes address a slot's kv row by its offset in 16-byte units, an unsigned 32-bit value
 #: (kernels/wide.py, ws_lanes_store_slot): a row is d_k / 4 units, so B * S_kv * d_k stays within this.

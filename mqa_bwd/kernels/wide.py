@@ -53,8 +53,8 @@ PDS_READY (warpgroup 0's 128 threads arrive: P, dS, the block's slots and scales
 shared memory), KV_FREE and PDS_FREE (warpgroup 1's 128 arrive: its last read of KV_s, of
 P_s and dS_s), and for the lanes PEAKS_READY (warpgroup 0's 128: its chunks' slot maxima are
 in; warpgroup 1 waits for it before PDS_FREE). Slots and scales (one {kv row, scale} pair a
-slot, so that an add reads two slots' in one 16-byte load) are double-buffered by block
-parity: warpgroup 1 still adds block t while warpgroup 0 lays out block t + 1.
+slot, the lanes' {row offset, scale}, so that an add reads two slots' in one 16-byte load) are
+double-buffered by block parity: warpgroup 1 still adds block t while warpgroup 0 lays out block t + 1.
 """
 
 from .config import LOG2E, WIDE_CHUNK, WIDE_SLOTS, MainConfig, _tl
@@ -109,7 +109,7 @@ __device__ __forceinline__ void ws_red_u64_at(const void* base, unsigned unit, u
 }
 // The lanes' slot i, as a pair {its row's offset in the words, in 16-byte units (row_units a row);
 // its row scale's bits}. An invalid slot (index outside [0, nkv)) gets the valid row spread % nkv
-// and the scale -0.0 (WS_LANES_INVALID), which no row has (a row scale is 2^k or NaN): the scale
+// and the scale -0.0 (WS_LANES_INVALID), which no row has (a row scale is +0 or above, or NaN): the scale
 // marks it invalid for every reader, and the lanes add its words, which are 0, to that row
 // unconditionally (cvt.rni of -0.0, or of a NaN from 0 * inf, is 0: SASS F2I.NTZ). Spreading the
 // rows keeps those adds of 0 off one address.
@@ -151,8 +151,8 @@ __device__ __forceinline__ int ws_opaque(int t) {
   asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(t));
   return r;
 }
-// The slots of a block sit in shared memory as pairs {kv row, row scale's bits}: slots 2i, 2i + 1
-// are one 16-byte load.
+// The slots of a block sit in shared memory as pairs {kv row (the lanes: its offset in the words),
+// row scale's bits}: slots 2i, 2i + 1 are one 16-byte load.
 __device__ __forceinline__ int4 ws_slot_pair(const void* info, int slot) {
   return static_cast<const int4*>(info)[slot / 2];
 }
@@ -425,7 +425,8 @@ def wide_program(config: MainConfig):
             dS_s = T.alloc_shared((H, BS), bf16)
             lse_s = T.alloc_shared((H,), f32)
             delta_s = T.alloc_shared((H,), f32)
-            # Slot j of the block of parity p: its kv row at [2 (p BS + j)], its row scale's bits next;
+            # Slot j of the block of parity p: its kv row (the lanes: the row's offset in the words) at
+            # [2 (p BS + j)], its row scale's bits next;
             # then, for the lanes, the block maxima (PEAK_WORDS of warpgroup 1's, WG0_PEAK_WORDS of
             # warpgroup 0's). One buffer: the peaks are only touched through calls, and TileLang gives
             # a buffer it sees no access to the shared memory of another (it placed them on delta_s
