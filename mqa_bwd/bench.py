@@ -45,6 +45,9 @@ from .contract import BACKENDS, GPU_BACKENDS, OUTPUT_NAMES, PEERS, Instruments, 
 SHAPES = {
     "dsv32": [dict(B=1, S=4096, S_kv=8192, H=64, L=2048), dict(B=1, S=4096, S_kv=8192, H=128, L=2048)],
     "fleet": [dict(B=1, S=8192, S_kv=8192, H=64, L=640)],
+    # Training's causal self-attention (S = S_kv): with indexer indices the first L rows have an
+    # empty tail of slots, which the wide tile skips (issue 30's first shape).
+    "causal": [dict(B=1, S=4096, S_kv=4096, H=64, L=2048)],
 }
 SHAPE_KEYS = ("B", "S", "S_kv", "H", "L")
 #: Outputs of two backends that differ more than this (relative L2) do not compute the same thing.

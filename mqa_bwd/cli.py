@@ -158,6 +158,7 @@ rows, --plot a PNG of time against H or L.
 shapes:
   dsv32   B=1 S=4096 S_kv=8192 L=2048, H=64 and H=128  (default)
   fleet   B=1 S=8192 S_kv=8192 H=64 L=640
+  causal  B=1 S=4096 S_kv=4096 H=64 L=2048 (S = S_kv, as in training)
   --shape B=1,S=4096,S_kv=8192,H=32,L=2048   any shape (repeatable)
   --sweep H=16,32,64,128                     each shape at these H (or L=...)
 
@@ -331,7 +332,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench = sub.add_parser("bench", help="time deterministic vs atomic backward (GPU)",
                            description=BENCH_HELP, formatter_class=fmt)
     bench.add_argument("--shapes", action="append", default=[], metavar="SET[,SET]",
-                       help="named shape sets: dsv32, fleet (repeatable or comma-separated)")
+                       help="named shape sets: dsv32, fleet, causal (repeatable or comma-separated)")
     bench.add_argument("--shape", action="append", default=[], metavar="B=..,S=..,S_kv=..,H=..,L=..",
                        help="any shape (repeatable)")
     bench.add_argument("--sweep", metavar="H=v,.. | L=v,..", help="measure each shape at these H or L values")

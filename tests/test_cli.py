@@ -279,6 +279,7 @@ def test_bench_plans_named_given_and_swept_shapes():
     assert swept == [dict(B=1, S=8192, S_kv=8192, H=8, L=640), dict(B=1, S=8192, S_kv=8192, H=16, L=640),
                      dict(B=2, S=8, S_kv=16, H=8, L=32), dict(B=2, S=8, S_kv=16, H=16, L=32)]
     assert bench.plan(["fleet", "fleet"]) == bench.SHAPES["fleet"]  # duplicates measured once
+    assert [(s["S"], s["S_kv"], s["L"]) for s in bench.plan(["causal"])] == [(4096, 4096, 2048)]  # issue 30's first shape
 
 
 def test_bench_flop_count_reproduces_the_specs_reference_points():
