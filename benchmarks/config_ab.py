@@ -29,18 +29,14 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--field", default="wg0_chunks", help="a field of kernels.MainConfig the wide tile owns")
     parser.add_argument("--values", required=True, help="comma-separated ints; the first is the reference")
-    parser.add_argument("--shapes", help="named shape sets (bench.SHAPES), comma-separated (default dsv32, or none "
-                                          "when --shape is given)")
-    parser.add_argument("--shape", action="append", default=[], metavar="B=..,S=..,S_kv=..,H=..,L=..",
-                        help="a shape of its own (repeat it), measured after the named sets")
-    parser.add_argument("--indices", choices=bench.INDEX_PATTERNS, default="uniform")
+    bench.add_ab_shape_arguments(parser, default="dsv32")
     parser.add_argument("--repeats", type=int, default=8)
     parser.add_argument("--workers", type=int, default=os.cpu_count())
     a = parser.parse_args()
     values = [int(v) for v in a.values.split(",")]
     for value in values:  # a ValueError naming the field, before anything compiles
         launch.TileLangLauncher(wide_tile={a.field: value})
-    shapes = bench.ab_shapes(a.shapes, a.shape, default="dsv32")  # a ValueError before anything compiles
+    shapes = bench.ab_shapes(a.shapes, a.shape, a.default_shapes)  # a ValueError before anything compiles
     K.precompile(wide_variants(a.field, values), a.workers)
     for shape in shapes:
         args = bench.production_inputs(**shape, indices=a.indices)

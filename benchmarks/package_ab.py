@@ -41,16 +41,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--against", required=True, action="append",
                         help="a copy of another version's mqa_bwd/ directory (repeat it for several)")
-    parser.add_argument("--shapes", help="named shape sets (bench.SHAPES), comma-separated (default dsv32,fleet, or none "
-                                          "when --shape is given)")
-    parser.add_argument("--shape", action="append", default=[], metavar="B=..,S=..,S_kv=..,H=..,L=..",
-                        help="a shape of its own (repeat it), measured after the named sets")
-    parser.add_argument("--indices", choices=bench.INDEX_PATTERNS, default="uniform")
+    bench.add_ab_shape_arguments(parser, default="dsv32,fleet")
     parser.add_argument("--repeats", type=int, default=12)
     a = parser.parse_args()
     if len({os.path.abspath(p) for p in a.against}) < len(a.against):
         raise ValueError(f"--against: the same package twice in {a.against}")
-    shapes = bench.ab_shapes(a.shapes, a.shape, default="dsv32,fleet")  # a ValueError before anything loads
+    shapes = bench.ab_shapes(a.shapes, a.shape, a.default_shapes)  # a ValueError before anything loads
     others = []
     for i, path in enumerate(a.against):
         name = OTHER if len(a.against) == 1 else f"{OTHER}{i}"

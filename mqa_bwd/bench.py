@@ -136,6 +136,18 @@ def parse_shape(text: str, option: str = "--shape") -> dict:
     return shape
 
 
+def add_ab_shape_arguments(parser, default: str) -> None:
+    """The A/B tools' (benchmarks/package_ab.py, config_ab.py) shape options: --shapes (named
+    sets; ``default``, kept as default_shapes, when no --shape is given), --shape (repeatable)
+    and --indices, which ab_shapes and production_inputs read."""
+    parser.set_defaults(default_shapes=default)
+    parser.add_argument("--shapes", help=f"named shape sets (bench.SHAPES), comma-separated (default {default}, or none "
+                                         "when --shape is given)")
+    parser.add_argument("--shape", action="append", default=[], metavar="B=..,S=..,S_kv=..,H=..,L=..",
+                        help="a shape of its own (repeat it), measured after the named sets")
+    parser.add_argument("--indices", choices=INDEX_PATTERNS, default="uniform")
+
+
 def ab_shapes(named, given=(), default: str = "dsv32") -> list:
     """The shapes an A/B tool (benchmarks/package_ab.py, config_ab.py) times: the named sets
     (``named``, comma-separated; None: ``default`` when no shape is given, else none), then the
