@@ -36,6 +36,21 @@
 
         REV=920e5ca bash scripts/ab-packages.sh experiments/peaks_scatter.patch
 
+  exact_f32.patch           the wide tile's deterministic adds as integer-valued fp32, exact
+                            while every partial sum stays below 2^24 (per-row, per-warpgroup
+                            bounds), through red.v4.f32 four sectors a request (a permuted
+                            accumulator, a row-pair exchange); its int64 redo (fixed_rows); a
+                            fixed gain (wide_design="exact_f32") or a scale set from every 16th
+                            query row run first in lanes ("exact_sampled", heads a multiple of
+                            64); the control with the same adds ("atomic_lines"); and
+                            experiments/exact_f32/run.py, which times them beside the lanes and
+                            the control and checks bits, the int64 redo's bits and the error
+                            against float64 (docs/performance-log.md, twelfth session). It
+                            applies to 1f7a7ea's tree:
+
+        git apply experiments/exact_f32.patch
+        bash scripts/gpu-run.sh 'python3 -m experiments.exact_f32.run --shapes dsv32,fleet --gains 14,15'
+
 git history holds the others (the wrapper's layout steps as kernels became the product's,
 mqa_bwd.kernels.prologue; transposed_lanes.patch, the dKV chunks formed transposed, became the
 product's wide tile with warpgroup 0's chunks, and is at 02bb267; wg0_overlap.patch, measured no
