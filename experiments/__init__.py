@@ -26,16 +26,6 @@
         REV=2d0ce1d bash scripts/ab-packages.sh experiments/no_bounds.patch experiments/no_adds.patch \
             experiments/control_no_adds.patch
 
-  peaks_scatter.patch       the lanes' per-block peaks reduced over a warp by a reduce-scatter
-                            (7 shuffles a thread where 24 were, one store or two shared
-                            atomicMax a lane where 4 lanes did 8 or 16): the same bits (a max
-                            is exact). Static SASS of the Dk = 576 lanes kernel 6360 to 6232
-                            instructions, one more word spilled (loaded once a block, so
-                            SPILL_BUDGET would need 16); the CPU compile and structure tests
-                            pass otherwise. Prepared at 920e5ca, not yet run on a GPU:
-
-        REV=920e5ca bash scripts/ab-packages.sh experiments/peaks_scatter.patch
-
   exact_f32.patch           the wide tile's deterministic adds as integer-valued fp32, exact
                             while every partial sum stays below 2^24 (per-row, per-warpgroup
                             bounds), through red.v4.f32 four sectors a request (a permuted
@@ -55,5 +45,6 @@ git history holds the others (the wrapper's layout steps as kernels became the p
 mqa_bwd.kernels.prologue; transposed_lanes.patch, the dKV chunks formed transposed, became the
 product's wide tile with warpgroup 0's chunks, and is at 02bb267; wg0_overlap.patch, measured no
 faster, is at 4727d9b; lanes_word.patch, the lanes' word from its halves, is at e307457 and
-became the product's ws_lane_word).
+became the product's ws_lane_word; peaks_scatter.patch, the peaks' reduce-scatter, is at 954eb12
+and became the product's ws_peaks_scatter).
 """

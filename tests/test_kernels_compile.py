@@ -222,9 +222,10 @@ def test_main_kernel_does_not_spill_registers(config):
 #: Bytes of spills a kernel had when it was timed, per (heads, d_k, accumulate): the wide lanes
 #: tile's two warpgroups share one 255-register allocation; the transposed adds fit it only with
 #: ptxas's scheduling held in check (wide.py's ws_opaque, the adds' wait for the peak,
-#: __syncwarp). One word spills (4 bytes), a uniform value stored before the slot loops and loaded
-#: once a block by each warpgroup, and once more before warpgroup 1's loop (12 bytes of loads).
-SPILL_BUDGET = {(64, 576, "lanes"): 12}
+#: __syncwarp). Two words spill (8 bytes), uniform values stored before the slot loops and each
+#: loaded once a block or once a launch by a warpgroup (16 bytes of loads); the peaks'
+#: reduce-scatter that costs the second word is faster (docs/performance-log.md, twelfth session).
+SPILL_BUDGET = {(64, 576, "lanes"): 16}
 
 
 CP_ASYNC = re.compile(r"cp\.async\.(?:ca|cg)\.shared\.global\S*\s+\[[^\]]+\],\s*\[[^\]]+\],\s*\d+(?P<src_size>,\s*[^;]+)?;")

@@ -255,37 +255,42 @@ __device__ __forceinline__ void ws_add_chunk_lanes(const float* acc, const void*
     __syncwarp();  // keeps ptxas from hoisting every pair's slot load to the top of the chunk (spills)
   }
 }
-// The block's bounds. The 8 lanes of a warp that share t % 4 hold the same slots: shuffles give
-// each warp's maxima. ws_stage_peaks stores warpgroup 1's to its peak buffer (64 slots a warp, two
-// a word as in peak), between two of its barriers (BOUNDS_BARRIER; the first keeps its stores from
-// the previous block's loads). ws_merge_peaks takes warpgroup 0's into one word a slot with shared
-// atomicMax (the block's words zero: ws_add_bounds clears them), before it arrives on PEAKS_READY.
-__device__ __forceinline__ unsigned ws_warp_max(unsigned m) {
-  m = __vmaxu2(m, __shfl_xor_sync(0xffffffffu, m, 4));
-  m = __vmaxu2(m, __shfl_xor_sync(0xffffffffu, m, 8));
-  return __vmaxu2(m, __shfl_xor_sync(0xffffffffu, m, 16));
-}
-__device__ __forceinline__ void ws_stage_peaks(unsigned* peak, void* peak_buf, int t) {
-  const int lane = t & 31, warp = t >> 5, k = lane & 3;
+// The block's bounds. The 8 lanes of a warp that share t % 4 hold the same slots: a reduce-scatter
+// over them (ws_peaks_scatter) leaves lane l the warp's maxima of peak word (l / 4) % 8, so every
+// lane stores one word. ws_stage_peaks stores warpgroup 1's to its peak buffer (64 slots a warp,
+// two a word as in peak), between two of its barriers (BOUNDS_BARRIER; the first keeps its stores
+// from the previous block's loads). ws_merge_peaks takes warpgroup 0's into one word a slot with
+// shared atomicMax (the block's words zero: ws_add_bounds clears them), before it arrives on
+// PEAKS_READY.
+// Three exchanges, of 4, 2 and 1 words (lane bits 4, 3, 2): 7 shuffles where a full reduction
+// of each of the 8 words takes 24. A lane keeps the half its bit selects and sends the other.
+__device__ __forceinline__ unsigned ws_peaks_scatter(const unsigned* peak, int lane) {
+  const bool b4 = lane & 16, b3 = lane & 8, b2 = lane & 4;
+  unsigned v4[4], v2[2];
   #pragma unroll
-  for (int n8 = 0; n8 < 8; ++n8) {
-    const unsigned m = ws_warp_max(peak[n8]);
-    if ((lane >> 2) == 0) static_cast<unsigned*>(peak_buf)[32 * warp + 4 * n8 + k] = m;  // slots 8 n8 + 2 k + {0, 1}
-    peak[n8] = 0u;  // the next block's peaks start here
-  }
+  for (int i = 0; i < 4; ++i)  // words 4 b4 + i
+    v4[i] = __vmaxu2(b4 ? peak[4 + i] : peak[i], __shfl_xor_sync(0xffffffffu, b4 ? peak[i] : peak[4 + i], 16));
+  #pragma unroll
+  for (int i = 0; i < 2; ++i)  // words 4 b4 + 2 b3 + i
+    v2[i] = __vmaxu2(b3 ? v4[2 + i] : v4[i], __shfl_xor_sync(0xffffffffu, b3 ? v4[i] : v4[2 + i], 8));
+  return __vmaxu2(b2 ? v2[1] : v2[0], __shfl_xor_sync(0xffffffffu, b2 ? v2[0] : v2[1], 4));  // word 4 b4 + 2 b3 + b2
+}
+// Lane l's word is that of slots 8 n8 + 2 k + {0, 1}, n8 = l / 4 and k = l % 4: word 4 n8 + k = l of
+// the warp's 32.
+__device__ __forceinline__ void ws_stage_peaks(unsigned* peak, void* peak_buf, int t) {
+  const int lane = t & 31, warp = t >> 5;
+  static_cast<unsigned*>(peak_buf)[32 * warp + lane] = ws_peaks_scatter(peak, lane);
+  #pragma unroll
+  for (int i = 0; i < 8; ++i) peak[i] = 0u;  // the next block's peaks start here
 }
 __device__ __forceinline__ void ws_merge_peaks(unsigned* peak, void* slot_peaks, int t) {
-  const int lane = t & 31, k = lane & 3;
-  unsigned* words = static_cast<unsigned*>(slot_peaks);
+  const int lane = t & 31;
+  unsigned* words = static_cast<unsigned*>(slot_peaks);  // one a slot: slots 2 l and 2 l + 1
+  const unsigned m = ws_peaks_scatter(peak, lane);
+  atomicMax(words + 2 * lane, m & 0xffffu);
+  atomicMax(words + 2 * lane + 1, m >> 16);
   #pragma unroll
-  for (int n8 = 0; n8 < 8; ++n8) {
-    const unsigned m = ws_warp_max(peak[n8]);
-    if ((lane >> 2) == 0) {
-      atomicMax(words + 8 * n8 + 2 * k, m & 0xffffu);
-      atomicMax(words + 8 * n8 + 2 * k + 1, m >> 16);
-    }
-    peak[n8] = 0u;
-  }
+  for (int i = 0; i < 8; ++i) peak[i] = 0u;
 }
 // ws_add_bounds: Bound[kv] += the bound of each valid slot's contribution in the block, from h, the
 // upper 16 bits of its largest |scaled value| over all columns (warpgroup 1's 4 warps' maxima and
