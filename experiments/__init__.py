@@ -26,6 +26,14 @@
         REV=2d0ce1d bash scripts/ab-packages.sh experiments/no_bounds.patch experiments/no_adds.patch \
             experiments/control_no_adds.patch
 
+  warp_bounds.patch         the lanes' Bound as one word per kv row and warp (a warp's columns are
+                            its own), each lane adding its two slots' bounds after the peaks'
+                            reduce-scatter: no shared staging, no named barriers, no PEAKS_READY
+                            handoff. The same bits, 4-5 % slower (16 bytes spilled where 8 were;
+                            docs/performance-log.md, twelfth session). On f18eca3:
+
+        REV=f18eca3 bash scripts/ab-packages.sh experiments/warp_bounds.patch
+
   exact_f32.patch           the wide tile's deterministic adds as integer-valued fp32, exact
                             while every partial sum stays below 2^24 (per-row, per-warpgroup
                             bounds), through red.v4.f32 four sectors a request (a permuted
