@@ -47,7 +47,7 @@
                             applies to 1f7a7ea's tree:
 
         git apply experiments/exact_f32.patch
-        bash scripts/gpu-run.sh 'python3 -m experiments.exact_f32.run --shapes dsv32,fleet --gains 14,15'
+        bash scripts/gpu-run.sh 'python3 -m experiments.exact_f32.run --shapes dsv32,fleet --gains 14,15 --temperatures 1,4'
 
 git history holds the others (the wrapper's layout steps as kernels became the product's,
 mqa_bwd.kernels.prologue; transposed_lanes.patch, the dKV chunks formed transposed, became the
