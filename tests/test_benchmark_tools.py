@@ -439,3 +439,27 @@ def test_every_benchmark_script_parses_its_arguments_here(script):
     path = pathlib.Path(__file__).parent.parent / "benchmarks" / script
     done = subprocess.run([sys.executable, str(path), "--help"], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0 and "usage" in done.stdout.lower(), done.stderr[-2000:]
+
+
+def test_sample_scale_study_flags_redos_and_prices_rounding():
+    # Rows whose Bound outside the sample is 15 times the sample's: the prototype's rule (the
+    # sample's largest times 16, put at 2**23) leaves every row below 2**24, and a rule that gives
+    # a row the sample never reached the finest scale must flag a redo. The error model is
+    # n q^2 / 12 per element: one rounding of a unit quantum in one element of a unit-norm dkv
+    # adds sqrt(1 / 12).
+    import math
+
+    import torch
+
+    study = _tool("sample_scales")
+    assert math.isclose(study.added_error(torch.ones(1), torch.ones(1), 1.0, 1), math.sqrt(1 / 12))
+    sample = torch.tensor([1.0, 2.0, 0.0, 4.0], dtype=torch.float64)
+    case = {"bound": 16 * sample, "bound0": sample, "bound8": sample, "counts": torch.tensor([32, 32, 32, 32]),
+            "counts0": torch.tensor([2, 2, 0, 2]), "counts8": torch.tensor([2, 2, 0, 2]),
+            "plan_scale": torch.full((4,), 2.0**40, dtype=torch.float64), "heads": 64}
+    case["bound"][2] = 8.0  # a row only the rows outside the sample reach
+    found = study.rules(case)
+    scale, largest, every = found["element, max x16 -> 2^23.0"]
+    assert not every and largest < 24 and math.isclose(largest, math.log2(15 * 4 * float(scale[0])))
+    assert found["row, x16 -> 2^23.0"][1] < 24  # the unreached row takes the element's scale
+    assert found["every row, fixed gain 16 (measured)"][1] == math.log2(16 * 4 * 2.0**26)
