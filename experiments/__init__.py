@@ -40,14 +40,18 @@
                             accumulator, a row-pair exchange); its int64 redo (fixed_rows); a
                             fixed gain (wide_design="exact_f32") or a scale set from every 16th
                             query row run first in lanes ("exact_sampled", heads a multiple of
-                            64); the control with the same adds ("atomic_lines"); and
-                            experiments/exact_f32/run.py, which times them beside the lanes and
-                            the control and checks bits, the int64 redo's bits and the error
-                            against float64 (docs/performance-log.md, twelfth session). It
-                            applies to 1f7a7ea's tree:
+                            64), the sample's largest Bound times 16 put at 2^23.7 by a factor
+                            that is not a power of two, the sums joined in float64; the control
+                            with the same adds ("atomic_lines"); and experiments/exact_f32/run.py,
+                            which times them beside the lanes and the control and checks bits,
+                            the int64 redo's bits and the error against float64
+                            (docs/performance-log.md, twelfth session). Measured at 1f7a7ea with
+                            a power-of-two sample scale; rebased on 6b96443 with the unrounded
+                            scale, compiled, not yet run:
 
         git apply experiments/exact_f32.patch
-        bash scripts/gpu-run.sh 'python3 -m experiments.exact_f32.run --shapes dsv32,fleet --gains 14,15 --temperatures 1,4'
+        bash scripts/gpu-run.sh 'python3 -m experiments.exact_f32.run --shapes dsv32,fleet --temperatures 1,4' \
+            'python3 -m experiments.exact_f32.run --shapes causal --indices indexer'
 
 git history holds the others (the wrapper's layout steps as kernels became the product's,
 mqa_bwd.kernels.prologue; transposed_lanes.patch, the dKV chunks formed transposed, became the
