@@ -26,6 +26,19 @@
         REV=2d0ce1d bash scripts/ab-packages.sh experiments/no_bounds.patch experiments/no_adds.patch \
             experiments/control_no_adds.patch
 
+  no_mass.patch             ablations of the deterministic wide tile at 5d20d52, to split the
+  no_convert.patch          1 ms or so by which the deterministic call without adds trails the
+  no_scale_load.patch       control without adds (docs/performance-log.md, twelfth session):
+  control_transposed.patch  no_mass drops the softmax-mass sums (the check never fires);
+                            no_convert moves the float bits where cvt.rni.s32 rounded them
+                            (wrong dKV); no_scale_load gives every slot the scale 1.0 (wrong
+                            dKV); control_transposed forms the control's dKV chunks transposed,
+                            as the lanes do, and adds them unchanged (wrong dKV). Compiled (the
+                            same registers and spills as the product), not yet run:
+
+        REV=5d20d52 bash scripts/ab-packages.sh experiments/no_mass.patch experiments/no_convert.patch \
+            experiments/no_scale_load.patch experiments/control_transposed.patch
+
   warp_bounds.patch         the lanes' Bound as one word per kv row and warp (a warp's columns are
                             its own), each lane adding its two slots' bounds after the peaks'
                             reduce-scatter: no shared staging, no named barriers, no PEAKS_READY
