@@ -242,12 +242,8 @@ def blocked_case(S: int, S_kv: int, H: int, L: int, seed: int = 0, device: str =
     contribution_blocks gives a block of query rows at a time (production shapes fit a GPU).
     ``temperature`` scales q before the forward (out and lse follow): above 1 concentrates P,
     as trained attention does, where the plan (every P at most 1) cannot tell."""
-    from mqa_bwd.bench import _forward
-
-    q, kv, out, grad_out, lse, sink, idx, sm_scale = production_inputs(1, S, S_kv, H, L, seed=seed, device=device)
-    if temperature != 1.0:
-        q = (q.float() * temperature).bfloat16()
-        out, lse = _forward(q, kv, idx, sink, sm_scale, D_V)
+    q, kv, out, grad_out, lse, sink, idx, sm_scale = production_inputs(1, S, S_kv, H, L, seed=seed, device=device,
+                                                                       temperature=temperature)
     delta = (out[0].double() * grad_out[0].double()).sum(-1).float()
     plan = plan_scales(q, kv, grad_out, delta, idx[0].long().reshape(-1), sm_scale, D_V).double()
     return (q, kv, out, grad_out, lse, sink, idx, sm_scale), plan

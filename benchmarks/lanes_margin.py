@@ -32,15 +32,6 @@ class BoundRecorder(launch.TileLangLauncher):
         super().main_bwd(*args, bound=bound, **kw)
 
 
-def inputs_at_temperature(shape: dict, temperature: float):
-    """production_inputs at ``shape``, with q scaled by ``temperature`` before the forward."""
-    q, kv, out, grad_out, lse, sink, idx, sm_scale = bench.production_inputs(**shape)
-    if temperature != 1:
-        q = (q.float() * temperature).bfloat16()
-        out, lse = bench._forward(q, kv, idx, sink, sm_scale, grad_out.shape[-1])
-    return (q, kv, out, grad_out, lse, sink, idx, sm_scale)
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", default="dsv32,fleet")
@@ -50,7 +41,7 @@ def main():
     gains = [int(g) for g in a.gains.split(",")]
     for shape in [s for name in a.shapes.split(",") for s in bench.SHAPES[name]]:
         for temperature in [float(t) for t in a.temperatures.split(",")]:
-            args = inputs_at_temperature(shape, temperature)
+            args = bench.production_inputs(**shape, temperature=temperature)
             outputs = {"atomic": wrapper.backward_with(launch.TileLangLauncher(False), *args)}
             found = {}
             for gain in gains:

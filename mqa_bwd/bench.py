@@ -196,10 +196,11 @@ def plan(named=(), given=(), sweep=None) -> list:
     return unique
 
 
-def production_inputs(B, S, S_kv, H, L, d_k=576, d_v=512, seed=0, device="cuda", indices="uniform"):
+def production_inputs(B, S, S_kv, H, L, d_k=576, d_v=512, seed=0, device="cuda", indices="uniform", temperature=1.0):
     """Random q, kv, grad_out, sink and causal top-k indices (``indices``: one of INDEX_PATTERNS),
     built on the device, with out and lse from the forward (so that every head's softmax mass is
-    at most 1, as in training: the fixed-point design checks it)."""
+    at most 1, as in training: the fixed-point design checks it). ``temperature`` scales q (in
+    bf16) before the forward: above 1 it concentrates P, as trained attention's is."""
     import torch
 
     if indices not in INDEX_PATTERNS:
@@ -209,6 +210,8 @@ def production_inputs(B, S, S_kv, H, L, d_k=576, d_v=512, seed=0, device="cuda",
     kv = torch.randn((B, S_kv, d_k), device=device, generator=g).bfloat16()
     grad_out = torch.randn((B, S, H, d_v), device=device, generator=g).bfloat16()
     sink = torch.randn((H,), device=device, generator=g)
+    if temperature != 1:  # after every draw, so that the other inputs stay the same
+        q = (q.float() * temperature).bfloat16()
     visible = (torch.arange(S, device=device) + (S_kv - S) + 1).clamp(min=1)  # kv rows 0 .. visible - 1
     if indices == "uniform":
         idx = (torch.rand((B, S, L), device=device, generator=g) * visible.view(1, S, 1)).to(torch.int32)

@@ -190,6 +190,20 @@ def test_the_forward_of_the_indexer_pattern_leaves_its_invalid_slots_out():
         bench.production_inputs(1, 6, 6, 2, 4, device="cpu", indices="zipf")
 
 
+def test_a_temperature_scales_q_before_the_forward_and_leaves_the_rest():
+    # q times T in bf16, then the forward on that q: the same kv, indices and grad_out, an lse
+    # that is the scaled scores', and a softmax mass still at most 1.
+    plain = bench.production_inputs(1, 6, 8, 2, 4, d_k=16, d_v=8, seed=2, device="cpu")
+    hot = bench.production_inputs(1, 6, 8, 2, 4, d_k=16, d_v=8, seed=2, device="cpu", temperature=4.0)
+    torch.testing.assert_close(hot[0], (plain[0].float() * 4).bfloat16(), rtol=0, atol=0)
+    for i in (1, 3, 5, 6):
+        torch.testing.assert_close(hot[i], plain[i], rtol=0, atol=0)
+    again = bench._forward(hot[0], hot[1], hot[6], hot[5], hot[7], 8)
+    torch.testing.assert_close(hot[2], again[0], rtol=0, atol=0)
+    torch.testing.assert_close(hot[4], again[1], rtol=0, atol=0)
+    assert not torch.equal(hot[4], plain[4])
+
+
 def test_rows_of_two_index_patterns_are_compared_within_their_pattern():
     make = lambda backend, ms, indices: bench.Row(1, 64, 128, 16, 32, 576, 512, backend, ms, 1.0, 0.5,
                                                   indices=indices, index_overlap=0.5)

@@ -462,4 +462,4 @@ def test_sample_scale_study_flags_redos_and_prices_rounding():
     scale, largest, every = found["element, max x16 -> 2^23.0"]
     assert not every and largest < 24 and math.isclose(largest, math.log2(15 * 4 * float(scale[0])))
     assert found["row, x16 -> 2^23.0"][1] < 24  # the unreached row takes the element's scale
-    assert found["every row, fixed gain 16 (measured)"][1] == math.log2(16 * 4 * 2.0**26)
+    assert found["every row, fixed gain 16"][1] == math.log2(16 * 4 * 2.0**26)
