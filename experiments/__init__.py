@@ -59,7 +59,7 @@
                             which times them beside the lanes and the control and checks bits,
                             the int64 redo's bits and the error against float64
                             (docs/performance-log.md, twelfth session). Measured at 1f7a7ea with
-                            a power-of-two sample scale; rebased on 6b96443 with the unrounded
+                            a power-of-two sample scale; rebased on a34d6e9 with the unrounded
                             scale, compiled, not yet run:
 
         git apply experiments/exact_f32.patch
