@@ -1,24 +1,33 @@
 """How long the host takes to enqueue one backward call, and where (GPU).
 
     python benchmarks/host_overhead.py [--H 64] [--S 4096] [--S_kv 8192] [--L 2048] [--timeline] [--profile-launch 15]
+        [--profile-call 30]
 
 A call's time as the bench measures it (events around wrapper.run) includes the
 GPU's idle time while the host is still enqueuing what comes before the main
 kernel: the kernels before it are short, so the GPU waits for the host. It prints
 first what one launch costs the host, by kind (a torch op, TileLang kernels through
 the launcher and called directly; with --profile-launch, the functions a direct launch
-spends that time in), then, per design (deterministic default, atomic control), on an idle GPU:
+spends that time in), then what each step of a public call before the wrapper's own work
+costs the host (the edge, the launcher, validation), then, per design (deterministic default,
+atomic control), on an idle GPU:
 
 - enqueue: host wall time of wrapper.run, without synchronising;
 - to main: host time until the first main_bwd launch has been enqueued;
 - GPU: event time of the call (what the bench reports);
+- queued: event time a call of 10 calls enqueued back to back, so that the host runs ahead
+  and the GPU never waits for it (the GPU's own pace; the difference from GPU is what the
+  host's enqueuing costs a call timed alone);
+- public: event time of the public function's call (validation and the edge included),
+  alone, as ``mqa-bwd bench`` times it;
 - the launcher's methods of the last call: when each starts, how long it takes
   on the host, and the host time since the previous one (the wrapper's own
   Python and torch ops);
 - with --timeline, one call's timeline from the torch profiler: every host op and runtime
   call (cudaLaunchKernel, synchronisations, ...) and every GPU kernel, with its
   start relative to the call's and its duration, in microseconds: where the
-  host spends the time the GPU waits.
+  host spends the time the GPU waits;
+- with --profile-call N, the N functions where a public call spends most host time (cProfile).
 """
 
 import argparse
@@ -56,7 +65,7 @@ def _timed(name):
     return method
 
 
-for _name in ("empty", "zeros", "delta", "main_bwd", "dsink_reduce", "mark_slots", "plan", "cast_bf16", "fixed_to_bf16"):
+for _name in ("empty", "zeros", "kernel_lse", "sorted_slots", "delta", "main_bwd", "dsink_reduce", "mark_slots", "plan", "cast_bf16", "fixed_to_bf16"):
     setattr(HostClock, _name, _timed(_name))
 
 
@@ -120,6 +129,49 @@ def print_launch_costs(calls: int = 200, profile_top: int = 0) -> None:
         pstats.Stats(profiler).sort_stats("tottime").print_stats(profile_top)
 
 
+def print_front_costs(args, calls: int = 200) -> None:
+    """Host microseconds of each step a public call takes before the wrapper's run (the
+    edge, the launcher, validation), and of the whole call without and with them."""
+    from mqa_bwd import wrapper
+    from mqa_bwd.backends import get_launcher
+
+    launcher = launch.TileLangLauncher(True)
+    framework, tensors = wrapper.torch_inputs(*args[:7])
+    problem = wrapper.validate(*tensors, args[7], None, None, launcher, framework=framework, design=True)
+    steps = {
+        "torch_inputs (the edge)": lambda: wrapper.torch_inputs(*args[:7]),
+        "get_launcher": lambda: get_launcher("tilelang", tensors[0].device),
+        "validate": lambda: wrapper.validate(*tensors, args[7], None, None, launcher, framework=framework, design=True),
+        "run (enqueue, no validation)": lambda: wrapper.run(problem, *tensors, args[7], launcher),
+        "public call (enqueue)": lambda: wrapper.mqa_latent_sparse_bwd(*args),
+    }
+    for name, fn in steps.items():
+        n = calls if name.startswith(("torch", "get", "validate")) else 10
+        for _ in range(3):
+            fn()
+        torch.cuda.synchronize()
+        total = 0.0
+        for _ in range(n):
+            t0 = time.perf_counter()
+            fn()
+            total += time.perf_counter() - t0
+            if n == 10:
+                torch.cuda.synchronize()
+        print(f"   {name:<36} {total / n * 1e6:7.1f} us on the host")
+
+
+def queued_time(call, calls: int) -> float:
+    """Event ms a call of ``calls`` calls enqueued back to back (one synchronisation at the end)."""
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(calls):
+        call()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / calls
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench.add_shape_arguments(parser, repeats=None)
@@ -127,11 +179,15 @@ def main():
     parser.add_argument("--timeline", action="store_true", help="also print a profiled call's timeline")
     parser.add_argument("--profile-launch", type=int, default=0, metavar="N",
                         help="also print the N functions where a TileLang launch spends most host time")
+    parser.add_argument("--profile-call", type=int, default=0, metavar="N",
+                        help="also print the N functions where a public call spends most host time")
     a = parser.parse_args()
     print("== launch costs")
     print_launch_costs(profile_top=a.profile_launch)
     args = bench.production_inputs(a.B, a.S, a.S_kv, a.H, a.L)
     print(f"B={a.B} S={a.S} S_kv={a.S_kv} H={a.H} L={a.L}")
+    print("== a public call's steps (deterministic)")
+    print_front_costs(args)
     for label, deterministic in (("deterministic", True), ("atomic", False)):
         launcher = HostClock(deterministic)
         call = bench.prepared_wrapper_call(args, launcher)
@@ -151,17 +207,31 @@ def main():
             enqueue.append((t1 - t0) * 1e3)
             to_main.append((launcher.first_main - t0) * 1e3)
             gpu.append(start_event.elapsed_time(end_event))
+        marks = list(launcher.marks)
         med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
+        queued = [queued_time(call, 10) for _ in range(5)]
+        public = bench.backend_call("tilelang" if deterministic else "tilelang-atomic", args)
+        alone = [queued_time(public, 1) for _ in range(10)]
         print(f"== {label}: enqueue {med(enqueue):.3f} ms, to the first main launch {med(to_main):.3f} ms, "
-              f"call (events) {med(gpu):.3f} ms")
+              f"call (events) {med(gpu):.3f} ms, queued {med(queued):.3f} ms a call, public call {med(alone):.3f} ms")
         print("   the last call's launcher methods (us from the call's start: start, length; then the host time")
         print("   since the previous method ended, spent in the wrapper's own code and torch ops):")
         previous = t0
-        for name, start, end in launcher.marks:
+        for name, start, end in marks:
             print(f"   {(start - t0) * 1e6:8.1f} {(end - start) * 1e6:7.1f}  {name:<14} after {(start - previous) * 1e6:7.1f}")
             previous = end
         if a.timeline:
             print_timeline(call, a.top)
+        if a.profile_call:
+            print("   where a public call's host time goes (20 calls, cProfile; by own time, then cumulative):")
+            profiler = cProfile.Profile()
+            for _ in range(20):
+                torch.cuda.synchronize()
+                profiler.enable()
+                public()
+                profiler.disable()
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(a.profile_call)
+            pstats.Stats(profiler).sort_stats("cumulative").print_stats(a.profile_call)
 
 
 if __name__ == "__main__":
