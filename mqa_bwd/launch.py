@@ -14,6 +14,7 @@ a test can prove that a rejected call launched and allocated nothing.
 """
 
 import dataclasses
+import functools
 
 import torch
 
@@ -103,6 +104,15 @@ class Launcher:
         self.launched("place_slots")
         layout.place_slots(ordered, slots, nkv)
 
+    def sorted_slots(self, indices, slots, row0, S, S_kv, nkv):
+        """slots [n, Lp] int32 of the query rows row0 .. row0 + n from their indices [n, L] (int32
+        or int64, Lp <= kernels.SORT_CAPACITY): slot_keys, each row sorted ascending
+        (wrapper.canonical_order) and place_slots in one step, with no keys in memory. Here the
+        reference."""
+        self.launched("sorted_slots")
+        keys = layout.slot_keys(indices, row0, S, S_kv, nkv)
+        layout.place_slots(torch.sort(keys, dim=1).values, slots, nkv)
+
     def delta(self, out, grad_out, lse2, sink2, delta, dsink_rows, q=None, peak_q=None, peak_do=None):
         """Delta and DSinkRows; with q (the fixed-point design), also peak_q and peak_do
         [R, H] int32: fixed_point.magnitude_bits of q and grad_out (max |x| as bf16 bits)."""
@@ -155,6 +165,13 @@ class Launcher:
         self.fixed_to_bf16(acc, row_scale, dst)
 
 
+@functools.lru_cache(maxsize=None)
+def _gate_open(device: torch.device) -> torch.Tensor:
+    """A [1] int32 one on ``device``: the Gate of a wide launch that always runs (kernels read it,
+    never write it), made once rather than a launch on every call."""
+    return torch.ones((1,), dtype=torch.int32).to(device)  # a blocking copy: ready for every stream
+
+
 class TileLangLauncher(Launcher):
     """Launches the compiled TileLang kernels on the current CUDA device.
 
@@ -171,7 +188,9 @@ class TileLangLauncher(Launcher):
         fields = {f.name for f in dataclasses.fields(K.MainConfig)} - {"heads", "d_k", "d_v", "accumulate", "cluster"}
         if not set(self.wide_tile) <= fields:
             raise ValueError(f"wide_tile: {sorted(set(self.wide_tile) - fields)} are not the wide tile's fields {sorted(fields)}")
-        for d_k, d_v in K.GPU_WIDTHS:  # every wide launch it can make, checked here rather than at the first one
+        # Every wide launch it can make, checked here rather than at the first one (the defaults
+        # are valid by construction: every public call builds a launcher, on the host's critical path).
+        for d_k, d_v in K.GPU_WIDTHS if self.wide_tile else ():
             try:
                 config = dataclasses.replace(K.MainConfig(K.WIDE_HEADS, d_k, d_v, "lanes"), **self.wide_tile)
             except ValueError as e:
@@ -191,26 +210,31 @@ class TileLangLauncher(Launcher):
             )
 
     def kernel_lse(self, lse, sink, lse2, sink2):
-        kernel = K.compiled(K.KernelConfig("kernel_lse"))
+        kernel = K.small_kernel("kernel_lse")
         self.launched("kernel_lse")
         kernel(lse, sink, lse2, sink2)
 
     def slot_keys(self, indices, keys, row0, S, S_kv, nkv):
-        kernel = K.compiled(K.KernelConfig("slot_keys", (str(indices.dtype).removeprefix("torch."),)))
+        kernel = K.small_kernel("slot_keys", str(indices.dtype).removeprefix("torch."))
         self.launched("slot_keys")
         kernel(indices, keys, int(row0), int(S), int(S_kv), int(nkv))
 
     def place_slots(self, ordered, slots, nkv):
-        kernel = K.compiled(K.KernelConfig("place_slots"))
+        kernel = K.small_kernel("place_slots")
         self.launched("place_slots")
         kernel(ordered, slots, int(nkv))
+
+    def sorted_slots(self, indices, slots, row0, S, S_kv, nkv):
+        kernel = K.small_kernel("sorted_slots", str(indices.dtype).removeprefix("torch."))
+        self.launched("sorted_slots")
+        kernel(indices, slots, int(row0), int(S), int(S_kv), int(nkv), int(nkv).bit_length())
 
     def delta(self, out, grad_out, lse2, sink2, delta, dsink_rows, q=None, peak_q=None, peak_do=None):
         self.launched("delta")
         if q is None:
-            K.compiled(K.KernelConfig("delta", (out.shape[2],)))(out, grad_out, lse2, sink2, delta, dsink_rows)
+            K.small_kernel("delta", out.shape[2])(out, grad_out, lse2, sink2, delta, dsink_rows)
         else:
-            K.compiled(K.KernelConfig("delta_max", (q.shape[2], out.shape[2])))(
+            K.small_kernel("delta_max", q.shape[2], out.shape[2])(
                 out, grad_out, lse2, sink2, delta, dsink_rows, q, peak_q, peak_do)
 
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, config, sm_scale, heads=None, head_base=0,
@@ -226,7 +250,7 @@ class TileLangLauncher(Launcher):
             if bound is None:
                 bound = torch.empty((kv.shape[0],), dtype=torch.int64, device=kv.device)
             if gate is None:
-                gate = torch.ones((1,), dtype=torch.int32, device=kv.device)
+                gate = _gate_open(kv.device)
             last = (bound, gate)
         else:
             # The narrow kernels' last two arguments (shard_base, n_shards) are unused by the kept
@@ -237,7 +261,7 @@ class TileLangLauncher(Launcher):
                int(head_base), *last)
 
     def dsink_reduce(self, dsink_rows, dsink):
-        kernel = K.compiled(K.KernelConfig("dsink_reduce"))
+        kernel = K.small_kernel("dsink_reduce")
         self.launched("dsink_reduce")
         kernel(dsink_rows, dsink)
 
@@ -254,27 +278,27 @@ class TileLangLauncher(Launcher):
         row_scale = self.empty((NKV,), torch.float32)
         inputs = (peak_q, peak_do, delta, live_row, mv, referenced, peaks)
         self.launched("plan")
-        K.compiled(K.KernelConfig("plan", ("terms",)))(*inputs, S, H, S_kv, scale * d_v, scale)
-        K.compiled(K.KernelConfig("plan", ("peaks",)))(*inputs, allowance, S, H, S_kv, d_v, scale * d_v, scale, fixed_point.MASS_LIMIT)
-        K.compiled(K.KernelConfig("plan", ("scales",)))(mv, referenced, peaks, row_scale, S_kv, d_v, fixed_point.MASS_LIMIT, fixed_point.FP32_SAFE)
+        K.small_kernel("plan", "terms")(*inputs, S, H, S_kv, scale * d_v, scale)
+        K.small_kernel("plan", "peaks")(*inputs, allowance, S, H, S_kv, d_v, scale * d_v, scale, fixed_point.MASS_LIMIT)
+        K.small_kernel("plan", "scales")(mv, referenced, peaks, row_scale, S_kv, d_v, fixed_point.MASS_LIMIT, fixed_point.FP32_SAFE)
         return row_scale, allowance
 
     def mark_slots(self, slots, referenced, live_row):
-        kernel = K.compiled(K.KernelConfig("mark_slots"))
+        kernel = K.small_kernel("mark_slots")
         self.launched("mark_slots")
         kernel(slots, referenced, live_row)
 
     def cast_bf16(self, src, dst):
-        kernel = K.compiled(K.KernelConfig("cast_bf16", (src.shape[1],)))
+        kernel = K.small_kernel("cast_bf16", src.shape[1])
         self.launched("cast_bf16")
         kernel(src, dst)
 
     def fixed_to_bf16(self, acc, row_scale, dst):
-        kernel = K.compiled(K.KernelConfig("fixed_to_bf16", (acc.shape[1],)))
+        kernel = K.small_kernel("fixed_to_bf16", acc.shape[1])
         self.launched("fixed_to_bf16")
         kernel(acc, row_scale, dst)
 
     def lanes_to_bf16(self, acc, words, failed, row_scale, dst):
-        kernel = K.compiled(K.KernelConfig("lanes_to_bf16", (acc.shape[1],)))
+        kernel = K.small_kernel("lanes_to_bf16", acc.shape[1])
         self.launched("lanes_to_bf16")
         kernel(acc, words, failed, row_scale, dst)

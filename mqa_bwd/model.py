@@ -317,6 +317,15 @@ class ModelLauncher(Launcher):
         for i in order:
             acc_np[rows_np[i]] += vals_np[i]
 
+    # -- slot layout ---------------------------------------------------------------
+    def sorted_slots(self, indices, slots, row0, S, S_kv, nkv):
+        # One CTA holds SORT_CAPACITY keys: the kernel would leave a longer row's tail unwritten.
+        if not indices.shape[1] <= slots.shape[1] <= K.SORT_CAPACITY:
+            raise TileBoundsError("sorted_slots", f"Slots (a row of {slots.shape[1]} for {indices.shape[1]} indices)",
+                                  slots.shape[1], K.SORT_CAPACITY, "slot")
+        _shape_is("sorted_slots", "Slots", slots, (indices.shape[0], slots.shape[1]))
+        super().sorted_slots(indices, slots, row0, S, S_kv, nkv)
+
     # -- slot marks --------------------------------------------------------------
     def mark_slots(self, slots, referenced, live_row):
         self.launched("mark_slots")

@@ -95,6 +95,12 @@ class Problem:
         return -(-self.L // self.slot_block) * self.slot_block
 
     @property
+    def sorts_in_one_step(self) -> bool:
+        """Whether a row's slots fit one CTA of the kernel that builds the canonical slot layout
+        in one launch (kernels.SORT_CAPACITY): then no sort keys are kept (global_slots)."""
+        return self.padded_slots <= K.SORT_CAPACITY
+
+    @property
     def rows(self) -> int:
         return self.B * self.S
 
@@ -113,7 +119,7 @@ class Problem:
         For contiguous inputs (torch's reshape copies a non-contiguous one). Not in
         it: what does not grow with S (the dKV accumulator, per-kv-row scales and
         marks, per-head vectors) and the sort's temporaries (bounded by INDEX_STEP
-        slots, as the slot layout's sort keys are)."""
+        slots, as the slot layout's sort keys are where it keeps them)."""
         R, H, Hp, Lp = self.rows, self.H, self.padded_heads, self.padded_slots
         padded = Hp != H
         f32 = i32 = 4
@@ -125,7 +131,8 @@ class Problem:
             parts["lse, heads padded"] = R * Hp * f32
         parts["Lse2"] = R * Hp * f32
         parts["slot layout"] = R * Lp * i32
-        parts["slot sort keys"] = min(R, max(1, INDEX_STEP // self.L)) * self.L * i32  # one step's
+        if not self.sorts_in_one_step:
+            parts["slot sort keys"] = min(R, max(1, INDEX_STEP // self.L)) * self.L * i32  # one step's
         parts["Delta"] = R * Hp * f32
         parts["d_sink rows"] = R * Hp * f32
         if deterministic:
@@ -408,18 +415,24 @@ def global_slots(token_indices: torch.Tensor, problem: "Problem", launcher: L.La
     """[B,S,L] any integer -> [R, Lp] int32: b*S_kv + index when 0 <= index < S_kv, else -1,
     each row's slots in ``order`` (the canonical order; caller_order keeps the caller's):
     the launcher's slot keys (layout.slot_keys), ordered, then placed (layout.place_slots),
-    at most INDEX_STEP slots at a time."""
+    at most INDEX_STEP slots at a time; in the canonical order, where a row fits one CTA of
+    the kernel that fuses the three (Problem.sorts_in_one_step), that kernel's launch a step."""
     p = problem
     flat = token_indices.reshape(p.rows, p.L)
     nkv = p.B * p.S_kv
     step = max(1, INDEX_STEP // p.L)  # rows per step, at least one
+    fused = order is canonical_order and p.sorts_in_one_step
     slots = launcher.empty((p.rows, p.padded_slots), torch.int32)
-    keys = launcher.empty((min(step, p.rows), p.L), torch.int32)
+    keys = None if fused else launcher.empty((min(step, p.rows), p.L), torch.int32)
     for r0 in range(0, p.rows, step):
         r1 = min(p.rows, r0 + step)
-        part, step_keys = flat[r0:r1], keys[: r1 - r0]
+        part = flat[r0:r1]
         if str(part.dtype).removeprefix("torch.") not in K.SLOT_INDEX_DTYPES:
             part = part.to(torch.int64)
+        if fused:
+            launcher.sorted_slots(part.contiguous(), slots[r0:r1], r0, p.S, p.S_kv, nkv)
+            continue
+        step_keys = keys[: r1 - r0]
         launcher.slot_keys(part.contiguous(), step_keys, r0, p.S, p.S_kv, nkv)
         launcher.place_slots(order(step_keys), slots[r0:r1], nkv)
     return slots
@@ -500,12 +513,14 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
         # Padding heads (q = dO = 0) contribute nothing: no limit on their mass.
         allowance = steps.pad_heads(allowance, Hp, math.inf, launcher)
         row_flags = launcher.zeros((R,), torch.int32)
-        dkv_fixed = launcher.zeros((NKV, p.d_k), torch.int64)
+        lanes = [(g, config) for g, config in launches if config.accumulate == "lanes"]
+        # Where every launch adds in lanes, the int64 accumulator is only the redo's: zeroed behind
+        # the lanes launches, off the host's path to the first one.
+        dkv_fixed = None if len(lanes) == len(launches) else launcher.zeros((NKV, p.d_k), torch.int64)
         # One scale for every launch, lanes or int64, so that a contribution is the same
         # integer whichever kernel adds it (fixed_point, "The lanes").
         row_scale = fixed_point.lanes_scale(row_scale, launcher.lanes_gain)
         common = dict(sm_scale=sm_scale, heads=bh, row_scale=row_scale, allowance=allowance, flag=row_flags)
-        lanes = [(g, config) for g, config in launches if config.accumulate == "lanes"]
         words = bound = None
         if lanes:  # the wide tile's words and per-row bounds
             words = launcher.zeros((NKV, p.d_k // 2), torch.int64)
@@ -515,6 +530,8 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
             launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, words if in_lanes else dkv_fixed, config=config,
                               head_base=g * bh, bound=bound if in_lanes else None, **common)
         if lanes:
+            if dkv_fixed is None:
+                dkv_fixed = launcher.zeros((NKV, p.d_k), torch.int64)
             # The redo launches on every call and does nothing unless a bound failed (no host
             # synchronisation): then it adds the same integers in int64 and the lanes are
             # dropped, else the lanes join dkv_fixed (in the cast below). Both give the same

@@ -216,13 +216,15 @@ def test_slot_marks_match_the_model_inside_guard_bands():
 
 
 @pytest.mark.parametrize("B,S,S_kv,L,dtype", [(1, 64, 128, 64, torch.int32), (3, 5, 70, 37, torch.int64),
-                                              (2, 7, 40, 129, torch.int32), (2, 4, 33, 8, torch.int16)])
+                                              (2, 7, 40, 129, torch.int32), (2, 4, 33, 8, torch.int16),
+                                              (2, 3, 3000, 2048, torch.int64), (1, 3, 5000, 2100, torch.int32)])
 @pytest.mark.parametrize("step_rows", [None, 3])
 def test_slot_layout_kernels_give_the_models_slots_inside_guard_bands(B, S, S_kv, L, dtype, step_rows, monkeypatch):
-    # slot_keys and place_slots around the sort (wrapper.global_slots) against the reference
-    # steps (layout.py, the model's): every invalid kind, duplicates, padding, B > 1, indices
-    # of each dtype the kernels read and one they do not (int16, converted first), one step
-    # and several (a step's row0 sets its batch offsets).
+    # The slot layout (wrapper.global_slots) against the reference steps (layout.py, the
+    # model's): sorted_slots for rows of up to SORT_CAPACITY slots (2048: full), slot_keys and
+    # place_slots around torch's sort for longer ones (2100); every invalid kind, duplicates,
+    # padding, B > 1, indices of each dtype the kernels read and one they do not (int16,
+    # converted first), one step and several (a step's row0 sets its batch offsets).
     case = Case(B=B, S=S, S_kv=S_kv, H=16, L=L, invalid=INVALID_KINDS, hole_rate=0.3, duplicates=True, seed=L)
     info = torch.iinfo(dtype)
     idx = torch.from_numpy(case.indices()).to(torch.int64).clamp(info.min, info.max).to(dtype)

@@ -90,6 +90,35 @@ def test_index_layout_in_bounded_steps_changes_no_bit(monkeypatch, step):
         assert bitwise_difference(name, b, a) is None
 
 
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.int16])
+@pytest.mark.parametrize("step_rows", [None, 3])
+def test_the_one_step_slot_layout_is_the_three_steps(dtype, step_rows, monkeypatch):
+    # Rows that fit one CTA of the fused kernel take one launch a step (sorted_slots) and keep
+    # no sort keys; the result is slot_keys, the canonical sort and place_slots' (the path a
+    # caller's order, or a longer row, takes). Every invalid kind, duplicates, B > 1, indices
+    # the kernels read and one they do not (int16, converted a step at a time).
+    case = Case(B=2, S=7, S_kv=40, H=16, L=37, invalid=INVALID_KINDS, hole_rate=0.3, duplicates=True, seed=5)
+    info = torch.iinfo(dtype)
+    idx = torch.from_numpy(case.indices()).to(torch.int64).clamp(info.min, info.max).to(dtype)
+    if step_rows:
+        monkeypatch.setattr(wrapper, "INDEX_STEP", step_rows * 37)
+    p = wrapper.Problem(B=2, S=7, S_kv=40, H=16, L=37, d_k=64, d_v=32, block_h=16, dkv_buf_bytes=None)
+    assert p.sorts_in_one_step and "slot sort keys" not in p.scratch()
+    fused_counts, steps_counts = Instruments(), Instruments()
+    fused = wrapper.global_slots(idx, p, ModelLauncher(instruments=fused_counts))
+    three = wrapper.global_slots(idx, p, ModelLauncher(instruments=steps_counts),
+                                 order=lambda keys: wrapper.canonical_order(keys))
+    assert bitwise_difference("slots", fused, three) is None
+    launches = -(-p.rows // (step_rows or p.rows))
+    assert fused_counts.counts["launch:sorted_slots"] == launches and "launch:slot_keys" not in fused_counts.counts
+    assert fused_counts.counts["allocations"] == 1 and steps_counts.counts["allocations"] == 2  # the keys
+    assert steps_counts.counts["launch:slot_keys"] == launches
+    # The model holds the kernel to its tile: a row longer than one CTA sorts is refused.
+    long_row = torch.zeros((2, kernels.SORT_CAPACITY + 64), dtype=torch.int32)
+    with pytest.raises(TileBoundsError, match="^sorted_slots: Slots"):
+        ModelLauncher().sorted_slots(long_row[:, :40], long_row, 0, 7, 40, 80)
+
+
 def test_the_slot_layout_is_one_order_for_every_order_of_a_rows_slots():
     # Ascending global kv rows, invalid slots (every kind, now -1) last: a permutation of a
     # row's indices, duplicates and invalid ones included, gives the same layout.
@@ -753,23 +782,26 @@ def test_validate_holds_the_budget_to_the_design_it_is_given():
 
 
 def test_the_scratch_of_the_fixed_design_at_the_production_shape():
-    # dsv32 H=64: the slots and their sort keys (4096 x 2048 int32 each: the 4096 rows fit in
-    # one INDEX_STEP of 8192); Lse2, Delta, the d_sink rows, two peaks and the allowance per (row, head);
-    # the row marks and flags per row.
+    # dsv32 H=64: the slots (4096 x 2048 int32; a row of 2048 slots is sorted in one CTA, so no
+    # sort keys are kept); Lse2, Delta, the d_sink rows, two peaks and the allowance per (row,
+    # head); the row marks and flags per row.
     R, H, Lp = 4096, 64, 2048
-    slots_and_keys = 2 * R * Lp * 4
-    assert mqa_bwd.scratch_bytes(1, R, 8192, H, 2048, 576, 512) == slots_and_keys + R * H * 4 * 6 + R * 4 * 2
+    slots = R * Lp * 4
+    assert mqa_bwd.scratch_bytes(1, R, 8192, H, 2048, 576, 512) == slots + R * H * 4 * 6 + R * 4 * 2
     # H = 8 pads to 16 heads: copies of q, out and grad_out, and of lse, the
     # allowance and dq over 16 heads (the allowance also over the real 8).
     Hp = 16
     assert mqa_bwd.scratch_bytes(1, R, 8192, 8, 2048, 576, 512) == (
-        slots_and_keys + R * Hp * 4 * 7 + R * 8 * 4 + R * 4 * 2 + R * Hp * (576 * 2 + 512 * 2 * 2 + 576 * 2))
+        slots + R * Hp * 4 * 7 + R * 8 * 4 + R * 4 * 2 + R * Hp * (576 * 2 + 512 * 2 * 2 + 576 * 2))
     # The atomic control keeps no peaks, allowance, marks or flags.
-    assert mqa_bwd.scratch_bytes(1, R, 8192, H, 2048, 576, 512, backend="tilelang-atomic") == (
-        slots_and_keys + R * H * 4 * 3)
-    # Past one step, the keys stop growing with S.
-    assert (mqa_bwd.scratch_bytes(1, 4 * R, 8192, H, 2048, 576, 512, backend="tilelang-atomic")
-            == 4 * R * Lp * 4 + 2 * R * Lp * 4 + 4 * R * H * 4 * 3)
+    assert mqa_bwd.scratch_bytes(1, R, 8192, H, 2048, 576, 512, backend="tilelang-atomic") == slots + R * H * 4 * 3
+    # Rows longer than a CTA sorts keep one INDEX_STEP of sort keys (4096 rows of 4096 slots),
+    # which stop growing with S past one step.
+    long_row = 4096
+    assert kernels.SORT_CAPACITY < long_row
+    for rows in (R, 4 * R):
+        assert mqa_bwd.scratch_bytes(1, rows, 8192, H, long_row, 576, 512, backend="tilelang-atomic") == (
+            rows * long_row * 4 + R * long_row * 4 + rows * H * 4 * 3)
 
 
 @pytest.mark.parametrize("kw,argument", [

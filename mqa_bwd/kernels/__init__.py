@@ -30,12 +30,13 @@ Modules, by what they build
                        plan's row scales and mass allowances (fixed_point.plan's float64
                        operations), in three stages
   prologue.py          kernel_lse (Lse2, Sink2), slot_keys and place_slots (the slot layout around
-                       torch's sort): the wrapper's layout steps (mqa_bwd.layout defines them)
+                       torch's sort), sorted_slots (all three in one CTA a row, for rows of at most
+                       SORT_CAPACITY slots): the wrapper's layout steps (mqa_bwd.layout defines them)
   reductions.py        dsink_reduce (DSink[h] over the rows in a fixed order: 64 strided row
                        groups, then their sums), fixed_to_bf16 (the fixed-point accumulator ->
                        bf16 dKV, NaN when poisoned), lanes_to_bf16 (the same with the lanes
                        joined), cast_bf16
-  toolchain.py         the compile cache (compiled(config)), nvcc, ptx_of, ptxas_info,
+  toolchain.py         the compile cache (compiled(config), small_kernel(kind, *args)), nvcc, ptx_of, ptxas_info,
                        dynamic_shared_bytes, precompile
 """
 
@@ -46,9 +47,9 @@ from .config import (ACCUMULATE, BLOCK_SLOTS, CLUSTER_SIZES, GPU_WIDTHS, LANE_GR
                      lanes_redo, main_config, main_launches, main_tile_heads, next_power_of_2)
 from .delta import delta_program
 from .main_bwd import main_bwd_program
-from .prologue import kernel_lse_program, place_slots_program, slot_keys_program
+from .prologue import SORT_CAPACITY, kernel_lse_program, place_slots_program, slot_keys_program, sorted_slots_program
 from .plan import MARK_THREADS, MAX_SLOTS_PER_ROW, PLAN_SLOTS, PLAN_THREADS, mark_slots_program, plan_program
 from .reductions import cast_bf16_program, dsink_reduce_program, fixed_to_bf16_program, lanes_to_bf16_program
 from .wide import wide_program
 from .toolchain import (SM90A, compile_program, compiled, cuda_tool, dynamic_shared_bytes, nvcc_path, precompile,
-                        program_of, ptx_of, ptxas_info, ptxas_info_of_source, require_nvcc)
+                        program_of, ptx_of, ptxas_info, ptxas_info_of_source, require_nvcc, small_kernel)

@@ -10,6 +10,7 @@ fixed-point plan and the wrapper can import it cheaply.
 """
 
 import dataclasses
+import functools
 
 LOG2E = 1.4426950408889634
 
@@ -166,19 +167,22 @@ def main_config(heads: int, d_k: int, d_v: int, deterministic: bool = True, clus
     return MainConfig(tile, d_k, d_v, accumulate, cluster)
 
 
-def main_launches(groups: int, heads: int, d_k: int, d_v: int, deterministic: bool = True) -> list:
-    """[(first group, MainConfig)] covering ``groups`` head groups of ``heads`` heads:
+@functools.lru_cache(maxsize=256)
+def main_launches(groups: int, heads: int, d_k: int, d_v: int, deterministic: bool = True) -> tuple:
+    """((first group, MainConfig), ...) covering ``groups`` head groups of ``heads`` heads:
     pairs where a pair has a kernel (the fixed cluster of two 16-head groups, the wide
-    tile for 32-head groups of either accumulation), a single group for the rest."""
+    tile for 32-head groups of either accumulation), a single group for the rest.
+    Memoised: the wrapper asks for it several times a call, on the host's critical path."""
     pairs = main_tile_heads(heads) == 32 or (deterministic and main_tile_heads(heads) == 16)
     launches, g = [], 0
     while g < groups:
         size = 2 if pairs and groups - g >= 2 else 1
         launches.append((g, main_config(heads, d_k, d_v, deterministic, size)))
         g += size
-    return launches
+    return tuple(launches)
 
 
+@functools.lru_cache(maxsize=64)
 def lanes_redo(config: MainConfig) -> MainConfig:
     """The int64 launch that redoes a lanes launch where a bound failed (the same tile)."""
     _require("config", config.accumulate == "lanes", config, "a lanes launch")
@@ -191,7 +195,8 @@ class KernelConfig:
 
     kinds: "delta" (d_v), "delta_max" (d_k, d_v), "mark_slots" (), "plan" (stage),
     "dsink_reduce" (), "cast_bf16" (cols), "fixed_to_bf16" (cols), "lanes_to_bf16" (cols),
-    "kernel_lse" (), "slot_keys" (index dtype: "int32" or "int64"), "place_slots" ().
+    "kernel_lse" (), "slot_keys" (index dtype: "int32" or "int64"), "place_slots" (),
+    "sorted_slots" (index dtype).
     """
 
     kind: str
@@ -204,7 +209,8 @@ class KernelConfig:
 
 
 SMALL_KINDS = {"delta": 1, "delta_max": 2, "mark_slots": 0, "plan": 1, "dsink_reduce": 0, "cast_bf16": 1,
-               "fixed_to_bf16": 1, "lanes_to_bf16": 1, "kernel_lse": 0, "slot_keys": 1, "place_slots": 0}
+               "fixed_to_bf16": 1, "lanes_to_bf16": 1, "kernel_lse": 0, "slot_keys": 1, "place_slots": 0,
+               "sorted_slots": 1}
 #: The index dtypes slot_keys is built for; the wrapper converts any other to int64.
 SLOT_INDEX_DTYPES = ("int32", "int64")
 
@@ -213,7 +219,7 @@ def gpu_configs(widths=GPU_WIDTHS, group_widths=(16, 32)):
     """Every kernel configuration the wrapper can launch for these widths, each once."""
     configs = [KernelConfig("dsink_reduce"), *(KernelConfig("plan", (stage,)) for stage in ("terms", "peaks", "scales")),
                KernelConfig("mark_slots"), KernelConfig("kernel_lse"), KernelConfig("place_slots"),
-               *(KernelConfig("slot_keys", (dtype,)) for dtype in SLOT_INDEX_DTYPES)]
+               *(KernelConfig(kind, (dtype,)) for kind in ("slot_keys", "sorted_slots") for dtype in SLOT_INDEX_DTYPES)]
     for d_k, d_v in widths:
         configs += [KernelConfig("delta", (d_v,)), KernelConfig("delta_max", (d_k, d_v)), KernelConfig("cast_bf16", (d_k,)),
                     KernelConfig("fixed_to_bf16", (d_k,)), KernelConfig("lanes_to_bf16", (d_k,))]

@@ -1,6 +1,7 @@
 """The wrapper's layout steps before the first launch, as kernels: Lse2 and Sink2, and the slot
-layout's sort keys and placement (mqa_bwd.layout holds their definitions; the TileLang launcher
-runs these instead of some twenty torch ops, each of which costs the host a launch)."""
+layout: its sort keys and placement around torch's sort, or all three in one kernel where a row
+fits a CTA (sorted_slots). mqa_bwd.layout holds their definitions; the TileLang launcher runs these
+instead of some twenty torch ops, each of which costs the host a launch."""
 
 import math
 
@@ -77,3 +78,61 @@ def place_slots_program():
                         Slots[r, c] = Keys[r, c]
 
     return place_slots
+
+
+#: Threads and keys a thread of sorted_slots: one CTA sorts a row of up to SORT_CAPACITY slots.
+SORT_THREADS = 256
+SORT_ITEMS = 8
+SORT_CAPACITY = SORT_THREADS * SORT_ITEMS
+
+# One query row's slot layout in one CTA (slot_keys, the sort and place_slots fused): keys in
+# registers, striped over the threads (an input arrangement does not change a sort's output),
+# CUB's block radix sort over the bits below end_bit (every key is at most NKV < 2**end_bit),
+# then the sorted keys striped to the row's slots. The padding keys past L are NKV, as an
+# invalid slot's: they sort last and become -1.
+SORT_SOURCE = r"""
+#include <cub/block/block_radix_sort.cuh>
+template <typename Index>
+__device__ __forceinline__ void mqa_sorted_slots_row(const Index* indices, int* slots, int L, int Lp, int base,
+                                                     int S_kv, int nkv, int end_bit) {
+  using Sort = cub::BlockRadixSort<unsigned, %(threads)d, %(items)d>;
+  __shared__ typename Sort::TempStorage storage;
+  unsigned keys[%(items)d];
+#pragma unroll
+  for (int i = 0; i < %(items)d; ++i) {
+    const int j = i * %(threads)d + static_cast<int>(threadIdx.x);
+    unsigned key = static_cast<unsigned>(nkv);
+    if (j < L) {
+      const Index index = indices[j];
+      if (index >= 0 && index < static_cast<Index>(S_kv)) key = static_cast<unsigned>(static_cast<int>(index) + base);
+    }
+    keys[i] = key;
+  }
+  Sort(storage).SortBlockedToStriped(keys, 0, end_bit);
+#pragma unroll
+  for (int i = 0; i < %(items)d; ++i) {
+    const int j = i * %(threads)d + static_cast<int>(threadIdx.x);
+    if (j < Lp) slots[j] = keys[i] == static_cast<unsigned>(nkv) ? -1 : static_cast<int>(keys[i]);
+  }
+}
+""" % {"threads": SORT_THREADS, "items": SORT_ITEMS}
+
+
+def sorted_slots_program(index_dtype: str):
+    """Slots[r] = place_slots(sort(slot_keys(Indices[r]))) for the query rows row0 .. row0 + R of
+    at most SORT_CAPACITY slots (L <= Lp <= SORT_CAPACITY): the slot layout in the canonical
+    order (wrapper.canonical_order) in one launch, with no keys in memory. end_bit: NKV's bit
+    length."""
+    tilelang, T = _tl()
+    R, L, Lp = T.dynamic("R"), T.dynamic("L"), T.dynamic("Lp")
+    i32 = "int32"
+
+    @T.prim_func
+    def sorted_slots(Indices: T.Tensor((R, L), index_dtype), Slots: T.Tensor((R, Lp), i32), row0: T.int32, S: T.int32,
+                     S_kv: T.int32, NKV: T.int32, end_bit: T.int32):
+        with T.Kernel(R, threads=SORT_THREADS) as r:
+            T.import_source(SORT_SOURCE)
+            T.call_extern("handle", "mqa_sorted_slots_row", T.address_of(Indices[r, 0]), T.address_of(Slots[r, 0]), L, Lp,
+                          ((row0 + r) // S) * S_kv, S_kv, NKV, end_bit)
+
+    return sorted_slots

@@ -10,7 +10,7 @@ from .config import KernelConfig, MainConfig, _pass_configs, _tl, gpu_configs
 from .delta import delta_program
 from .main_bwd import main_bwd_program
 from .plan import mark_slots_program, plan_program
-from .prologue import kernel_lse_program, place_slots_program, slot_keys_program
+from .prologue import kernel_lse_program, place_slots_program, slot_keys_program, sorted_slots_program
 from .reductions import cast_bf16_program, dsink_reduce_program, fixed_to_bf16_program, lanes_to_bf16_program
 from .wide import wide_program
 
@@ -26,6 +26,13 @@ def compile_program(program, target=None):
 def compiled(config):
     """The compiled kernel of a configuration (a MainConfig or a KernelConfig), once per process."""
     return compile_program(program_of(config))
+
+
+@functools.lru_cache(maxsize=None)
+def small_kernel(kind: str, *args):
+    """compiled(KernelConfig(kind, args)), looked up without building the configuration: the
+    launcher asks for a small kernel at every launch, on the host's critical path."""
+    return compiled(KernelConfig(kind, args))
 
 
 def program_of(config):
@@ -46,6 +53,7 @@ def program_of(config):
         "kernel_lse": kernel_lse_program,
         "slot_keys": slot_keys_program,
         "place_slots": place_slots_program,
+        "sorted_slots": sorted_slots_program,
     }
     return builders[config.kind](*config.args)
 
