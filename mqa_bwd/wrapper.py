@@ -38,6 +38,7 @@ function with ``STEPS``.
 """
 
 import dataclasses
+import functools
 import math
 import numbers
 from typing import Callable
@@ -84,7 +85,7 @@ class Problem:
     def padded_heads(self) -> int:
         return self.groups * self.group_width
 
-    @property
+    @functools.cached_property  # asked for a dozen times a call, on the host's critical path
     def slot_block(self) -> int:
         """What the top-k is padded to: the largest slot block of the call's launches (both
         designs pair the same groups, so either's launches say it)."""
@@ -480,9 +481,8 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
     sink_p = steps.pad_heads(sink.reshape(1, p.H), Hp, PAD_SINK, launcher).reshape(Hp)
 
     lse2, sink2 = steps.kernel_lse(lse_p, sink_p, launcher)
-    kv2 = kv.reshape(NKV, p.d_k).contiguous()
-    slots = steps.global_slots(token_indices, p, launcher)
-
+    # The delta launch, the longest before the main one, goes first: the GPU works through it
+    # while the host lays out the slots and the plan.
     delta = launcher.empty((R, Hp), f32)
     dsink_rows = launcher.empty((R, Hp), f32)
     fixed = launcher.deterministic
@@ -491,6 +491,9 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
         launcher.delta(o, do, lse2, sink2, delta, dsink_rows, q, peak_q, peak_do)
     else:
         launcher.delta(o, do, lse2, sink2, delta, dsink_rows)
+
+    kv2 = kv.reshape(NKV, p.d_k).contiguous()
+    slots = steps.global_slots(token_indices, p, launcher)
 
     # Every launch reads its head groups in place (head_base): no per-group copies.
     dq = launcher.empty((R, Hp, p.d_k), torch.bfloat16)

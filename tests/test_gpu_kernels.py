@@ -191,12 +191,14 @@ def test_budget_invariance_on_gpu(extra):
         assert bitwise_difference(name, b, a) is None, f"{name} changed with the scratch budget"
 
 
-def test_slot_marks_match_the_model_inside_guard_bands():
+@pytest.mark.parametrize("Lp,NKV", [(160, 1 << 17), (2112, 1 << 22)])
+def test_slot_marks_match_the_model_inside_guard_bands(Lp, NKV):
     # The fixed-point plan's marks: which kv rows some valid slot names, which
-    # query rows have one. NKV far above the slot count leaves most rows
-    # unmarked; slots past either end mark nothing and write nothing.
+    # query rows have one (a CTA takes 1024 slots of a row: 160 are one partial
+    # chunk, 2112 two whole and a partial one). NKV far above the slot count leaves
+    # most rows unmarked; slots past either end mark nothing and write nothing.
     g = torch.Generator().manual_seed(3)
-    R, Lp, NKV = 300, 160, 1 << 17
+    R = 300
     slots = torch.randint(-3, NKV + 3, (R, Lp), generator=g, dtype=torch.int32)
     slots[7] = -1
     slots[8] = NKV + torch.arange(Lp, dtype=torch.int32) % 3  # only past the end

@@ -2,6 +2,7 @@
 shapes, budget invariance, the #1784 bug caught by the bounds-checked model,
 rejections before any launch, framework round trips."""
 
+import dataclasses
 import itertools
 import math
 
@@ -271,7 +272,7 @@ def _unpadded_call(inputs, H):
     t = {k: v for k, v in inputs.items()}
     launcher = ModelLauncher()
     p = wrapper.validate(*[t[k] for k in ARGS], 16, None, launcher, design=launcher.deterministic)
-    p = wrapper.Problem(**{**p.__dict__, "pad_heads": False})
+    p = dataclasses.replace(p, pad_heads=False)
     assert p.group_width == H
     return wrapper.run(p, *[t[k] for k in ARGS[:-1]], t["sm_scale"], launcher)
 

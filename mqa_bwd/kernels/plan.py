@@ -3,25 +3,29 @@
 from .config import FP32_MAX_EXPONENT, PARTIAL_SUM_BITS, _tl
 
 
-#: mark_slots' threads a CTA; its grid runs one CTA per query row and chunk of
-#: that many slots, and CUDA caps the chunks (grid y) at 65535: the longest
-#: padded top-k row the kernels take (the wrapper rejects longer ones).
+#: mark_slots' threads a CTA and slots a thread; its grid runs one CTA per query
+#: row and chunk of MARK_THREADS * MARK_ITEMS slots. CUDA caps the chunks (grid y)
+#: at 65535: the longest padded top-k row the kernels take (the wrapper rejects
+#: longer ones) stays the one-slot-a-thread kernel's limit, 65535 * MARK_THREADS.
 MARK_THREADS = 128
+MARK_ITEMS = 8
 MAX_SLOTS_PER_ROW = 65535 * MARK_THREADS
 
 
-def mark_slots_program(threads: int = MARK_THREADS):
+def mark_slots_program(threads: int = MARK_THREADS, items: int = MARK_ITEMS):
     """Referenced[k] = 1 for every kv row k a valid slot names; LiveRow[r] = 1 when row r has a valid slot.
 
     Both are zeroed by the caller. Every write stores 1, so writes of the same
     element by different threads agree: the result is the same on every run.
     One launch with plain stores: no host sync and no int64 index temporaries.
-    One thread per slot (grid R x ceil(Lp / threads)), so that every slot's
-    two dependent loads (its index, then its kv row's mark) are in flight at
-    once: a thread that looped over its row's slots waited on each pair in
-    turn (docs/performance-log.md). A kv row already marked is not stored again
-    (stores to one address from many threads serialize); LiveRow[r] is
-    stored by every thread with a valid slot, one transaction per warp.
+    A thread takes ``items`` slots of its row, strided by the CTA (coalesced),
+    and issues their loads together: the slots, then their kv rows' marks
+    (predicated, independent), then the stores. A thread that looped over its
+    row's slots waited on each dependent pair in turn, and one thread a slot
+    left the GPU scheduling tiny CTAs (docs/performance-log.md). A kv row
+    already marked is not stored again (stores to one address from many
+    threads serialize); LiveRow[r] is stored once by every thread with a valid
+    slot.
     """
     tilelang, T = _tl()
     R = T.dynamic("R")
@@ -31,15 +35,25 @@ def mark_slots_program(threads: int = MARK_THREADS):
 
     @T.prim_func
     def mark_slots(Slots: T.Tensor((R, Lp), i32), Referenced: T.Tensor((NKV,), i32), LiveRow: T.Tensor((R,), i32)):
-        with T.Kernel(R, T.ceildiv(Lp, threads), threads=threads) as (r, chunk):
-            k = T.alloc_local((1,), i32)
+        with T.Kernel(R, T.ceildiv(Lp, threads * items), threads=threads) as (r, chunk):
+            k = T.alloc_local((items,), i32)
+            marked = T.alloc_local((items,), i32)
+            live = T.alloc_local((1,), i32)
             tx = T.get_thread_binding()
-            if chunk * threads + tx < Lp:
-                k[0] = Slots[r, chunk * threads + tx]
-                if (k[0] >= 0) and (k[0] < NKV):
-                    LiveRow[r] = 1
-                    if Referenced[k[0]] == 0:
-                        Referenced[k[0]] = 1
+            for i in T.unroll(items):
+                c = (chunk * items + i) * threads + tx
+                k[i] = T.if_then_else(c < Lp, Slots[r, c], -1)
+            live[0] = 0
+            for i in T.unroll(items):
+                valid = (k[i] >= 0) and (k[i] < NKV)
+                marked[i] = T.if_then_else(valid, Referenced[k[i]], 1)
+                if valid:
+                    live[0] = 1
+            for i in T.unroll(items):
+                if marked[i] == 0:
+                    Referenced[k[i]] = 1
+            if live[0] != 0:
+                LiveRow[r] = 1
 
     return mark_slots
 
