@@ -143,6 +143,7 @@ def print_front_costs(args, calls: int = 200) -> None:
         "get_launcher": lambda: get_launcher("tilelang", tensors[0].device),
         "validate": lambda: wrapper.validate(*tensors, args[7], None, None, launcher, framework=framework, design=True),
         "run (enqueue, no validation)": lambda: wrapper.run(problem, *tensors, args[7], launcher),
+        "backward_with (validate, then run)": lambda: wrapper.backward_with(launcher, *tensors, args[7]),
         "public call (enqueue)": lambda: wrapper.mqa_latent_sparse_bwd(*args),
     }
     for name, fn in steps.items():

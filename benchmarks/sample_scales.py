@@ -4,7 +4,7 @@ then CPU).
     python benchmarks/sample_scales.py collect --out DIR [--cases dsv32:1,fleet:4,...]   # GPU
     python benchmarks/sample_scales.py analyze DIR                                       # CPU
 
-Exact fp32 sums (experiments/exact_f32.patch) need a scale per kv row that puts its Bound (the
+Exact fp32 sums (experiments/exact_f32.patch, at 231a86d) need a scale per kv row that puts its Bound (the
 sum over its contributions of each one's largest |scaled value|) just below 2**24: too low and
 dkv's error grows, too high and the call is redone. The bound is known only once the
 contributions are. ``collect`` runs, per case (shape and temperature T, q scaled by T before
