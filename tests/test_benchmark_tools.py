@@ -463,3 +463,16 @@ def test_sample_scale_study_flags_redos_and_prices_rounding():
     assert not every and largest < 24 and math.isclose(largest, math.log2(15 * 4 * float(scale[0])))
     assert found["row, x16 -> 2^23.0"][1] < 24  # the unreached row takes the element's scale
     assert found["every row, fixed gain 16"][1] == math.log2(16 * 4 * 2.0**26)
+
+
+def test_row_cost_fit_recovers_a_rows_cost_and_refuses_one_row_count():
+    # Calls of equal slot counts whose times grow by 0.1 us a row on top of 7 ms: the fit
+    # gives back both, from any spread of row counts; one row count cannot separate them.
+    fit = _tool("row_cost").fit_row_cost
+    rows = [16384, 8192, 4096]
+    per_row, rest = fit(rows, [7.0 + 1e-4 * s for s in rows])
+    assert per_row == pytest.approx(1e-4) and rest == pytest.approx(7.0)
+    noisy = [7.0 + 1e-4 * s + e for s, e in zip(rows, (0.002, -0.003, 0.001))]
+    assert fit(rows, noisy)[0] == pytest.approx(1e-4, rel=0.05)
+    with pytest.raises(ValueError, match="^rows"):
+        fit([4096, 4096], [7.1, 7.2])
