@@ -107,8 +107,8 @@ def test_the_one_step_slot_layout_is_the_three_steps(dtype, step_rows, monkeypat
     assert p.sorts_in_one_step and "slot sort keys" not in p.scratch()
     fused_counts, steps_counts = Instruments(), Instruments()
     fused = wrapper.global_slots(idx, p, ModelLauncher(instruments=fused_counts))
-    three = wrapper.global_slots(idx, p, ModelLauncher(instruments=steps_counts),
-                                 order=lambda keys: wrapper.canonical_order(keys))
+    three = wrapper.global_slots(idx, p, ModelLauncher(instruments=steps_counts),  # the same order, not the
+                                 order=lambda keys: wrapper.canonical_order(keys))  # function: three steps
     assert bitwise_difference("slots", fused, three) is None
     launches = -(-p.rows // (step_rows or p.rows))
     assert fused_counts.counts["launch:sorted_slots"] == launches and "launch:slot_keys" not in fused_counts.counts
