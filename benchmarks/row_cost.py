@@ -1,6 +1,6 @@
 """What a query row costs a backward call beside what its slots cost (GPU).
 
-    python benchmarks/row_cost.py [--slots 8388608] [--L 512,1024,2048] [--S_kv 8192] [--H 64]
+    python benchmarks/row_cost.py [--slots 8388608] [--L 512,1024,2048] [--S_kv N] [--H 64]
         [--backends tilelang,tilelang-atomic,cudnn] [--indices uniform] [--repeats 6]
 
 The main kernels give a query row one CTA: its prologue (Q and dO in), the gather that fills
@@ -10,10 +10,14 @@ so timing calls at S = slots / L for several L and fitting
 
     time = k + a * S
 
-separates a row's fixed cost (a, over the whole GPU; a times the SMs is what one row holds one
-SM for) from everything else (k: the slots' work, per-call kernels, the host). Printed per
-backend: the medians at each L, a in ns a row and in us of one SM, and the share of each
-call that the rows' fixed cost takes. Fleet (L = 640) has 3.2 times dsv32's rows per slot.
+separates what a row costs (a, over the whole GPU; a times the SMs is what one row holds one
+SM for) from everything else (k: the slots' work, per-call kernels, the host). a is the whole
+call's per-row cost: the main kernel's (its CTA's prologue, fill, drain and epilogue) and the
+other kernels' reads of a row's O, dO and Q (call_trace.py gives those apart). Every call keeps
+S_kv: by default the least with which every causal row sees at least L kv rows (S + L - 1 for
+the shortest L), so that no call's slots pile onto a few kv rows. Printed per backend: the
+medians at each L, a in ns a row and in us of one SM, and the share of each call that the
+rows take. Fleet (L = 640) has 3.2 times dsv32's rows per slot.
 """
 
 import argparse
@@ -34,7 +38,8 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--slots", type=int, default=4096 * 2048, help="(row, slot) pairs of every call")
     parser.add_argument("--L", default="512,1024,2048", help="top-k values; S = slots / L")
-    parser.add_argument("--S_kv", type=int, default=8192)
+    parser.add_argument("--S_kv", type=int, default=None,
+                        help="kv rows of every call (default: the least that gives every row L visible kv rows)")
     parser.add_argument("--H", type=int, default=64)
     parser.add_argument("--backends", default="tilelang,tilelang-atomic")
     parser.add_argument("--indices", default="uniform", choices=("uniform", "indexer"))
@@ -47,18 +52,23 @@ def main():
 
     from mqa_bwd import bench
 
-    backends, _ = bench.runnable_backends(bench.parse_backends(a.backends), asked=True)
     tops = [int(x) for x in a.L.split(",")]
+    least_kv = max(a.slots // L + L - 1 for L in tops)
+    S_kv = least_kv if a.S_kv is None else a.S_kv
+    if S_kv < least_kv:
+        parser.error(f"--S_kv {S_kv}: the causal rows of the shortest L would see fewer than L kv rows; "
+                     f"give at least {least_kv}")
+    backends, _ = bench.runnable_backends(bench.parse_backends(a.backends), asked=True)
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     medians = {backend: [] for backend in backends}
     rows = []
     for L in tops:
         S = a.slots // L
         rows.append(S)
-        args = bench.production_inputs(1, S, a.S_kv, a.H, L, indices=a.indices)
+        args = bench.production_inputs(1, S, S_kv, a.H, L, indices=a.indices)
         times = bench.time_interleaved({b: bench.backend_call(b, args) for b in backends}, repeats=a.repeats)
         line = ", ".join(f"{b} {statistics.median(times[b]):.3f}" for b in backends)
-        print(f"S={S} L={L} S_kv={a.S_kv} H={a.H}: {line} ms", flush=True)
+        print(f"S={S} L={L} S_kv={S_kv} H={a.H}: {line} ms", flush=True)
         for b in backends:
             medians[b].append(statistics.median(times[b]))
         del args, times

@@ -14,7 +14,6 @@ a test can prove that a rejected call launched and allocated nothing.
 """
 
 import dataclasses
-import functools
 
 import torch
 
@@ -165,11 +164,20 @@ class Launcher:
         self.fixed_to_bf16(acc, row_scale, dst)
 
 
-@functools.lru_cache(maxsize=None)
+_GATES_OPEN: dict = {}
+
+
 def _gate_open(device: torch.device) -> torch.Tensor:
     """A [1] int32 one on ``device``: the Gate of a wide launch that always runs (kernels read it,
-    never write it), made once rather than a launch on every call."""
-    return torch.ones((1,), dtype=torch.int32).to(device)  # a blocking copy: ready for every stream
+    never write it), made once rather than a launch on every call: by a blocking copy, so that it
+    is ready for every stream. While a CUDA graph is being captured that copy cannot run, and a
+    tensor made in the capture belongs to the graph's memory: that call gets one of its own."""
+    gate = _GATES_OPEN.get(device)
+    if gate is None:
+        if torch.cuda.is_current_stream_capturing():
+            return torch.ones((1,), dtype=torch.int32, device=device)
+        gate = _GATES_OPEN[device] = torch.ones((1,), dtype=torch.int32).to(device)
+    return gate
 
 
 class TileLangLauncher(Launcher):
@@ -225,6 +233,9 @@ class TileLangLauncher(Launcher):
         kernel(ordered, slots, int(nkv))
 
     def sorted_slots(self, indices, slots, row0, S, S_kv, nkv):
+        if not indices.shape[1] <= slots.shape[1] <= K.SORT_CAPACITY:  # a CTA would leave the tail unwritten
+            raise ValueError(f"slots: rows of {slots.shape[1]} slots for {indices.shape[1]} indices; sorted_slots "
+                             f"takes L <= Lp <= {K.SORT_CAPACITY}")
         kernel = K.small_kernel("sorted_slots", str(indices.dtype).removeprefix("torch."))
         self.launched("sorted_slots")
         kernel(indices, slots, int(row0), int(S), int(S_kv), int(nkv), int(nkv).bit_length())

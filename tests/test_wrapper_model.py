@@ -118,6 +118,9 @@ def test_the_one_step_slot_layout_is_the_three_steps(dtype, step_rows, monkeypat
     long_row = torch.zeros((2, kernels.SORT_CAPACITY + 64), dtype=torch.int32)
     with pytest.raises(TileBoundsError, match="^sorted_slots: Slots"):
         ModelLauncher().sorted_slots(long_row[:, :40], long_row, 0, 7, 40, 80)
+    # And the TileLang launcher, before it looks for the kernel.
+    with pytest.raises(ValueError, match=rf"^slots: rows of {kernels.SORT_CAPACITY + 64} slots for 40 indices"):
+        launch.TileLangLauncher().sorted_slots(long_row[:, :40], long_row, 0, 7, 40, 80)
 
 
 def test_the_slot_layout_is_one_order_for_every_order_of_a_rows_slots():
