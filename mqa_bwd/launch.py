@@ -105,12 +105,10 @@ class Launcher:
 
     def sorted_slots(self, indices, slots, row0, S, S_kv, nkv):
         """slots [n, Lp] int32 of the query rows row0 .. row0 + n from their indices [n, L] (int32
-        or int64, Lp <= kernels.SORT_CAPACITY): slot_keys, each row sorted ascending
-        (wrapper.canonical_order) and place_slots in one step, with no keys in memory. Here the
-        reference."""
+        or int64, Lp <= kernels.SORT_CAPACITY): slot_keys, canonical_order and place_slots in
+        one step, with no keys in memory. Here the reference (layout's three steps)."""
         self.launched("sorted_slots")
-        keys = layout.slot_keys(indices, row0, S, S_kv, nkv)
-        layout.place_slots(torch.sort(keys, dim=1).values, slots, nkv)
+        layout.place_slots(layout.canonical_order(layout.slot_keys(indices, row0, S, S_kv, nkv)), slots, nkv)
 
     def delta(self, out, grad_out, lse2, sink2, delta, dsink_rows, q=None, peak_q=None, peak_do=None):
         """Delta and DSinkRows; with q (the fixed-point design), also peak_q and peak_do

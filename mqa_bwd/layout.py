@@ -2,10 +2,11 @@
 
 - ``per_head``: a per-head function with the same arithmetic whatever H is;
 - ``lse_base2``: the kernels' lse convention and its bad-input rule;
-- ``slot_keys`` and ``place_slots``: the slot layout's two steps around the sort.
+- ``slot_keys``, ``canonical_order`` and ``place_slots``: the slot layout's steps.
 
-The TileLang launcher runs the last three as kernels (mqa_bwd.kernels.prologue) with the
-same results; these are their definitions.
+The TileLang launcher runs lse_base2 and the slot layout as kernels (mqa_bwd.kernels.prologue:
+the three slot steps in one where a row fits a CTA, else slot_keys and place_slots around
+torch's sort) with the same results; these are their definitions.
 """
 
 import math
@@ -67,6 +68,16 @@ def slot_keys(indices: torch.Tensor, row0: int, S: int, S_kv: int, nkv: int) -> 
         batch = torch.arange(row0, row0 + idx.shape[0], device=idx.device, dtype=work) // S
         idx = idx + (batch * S_kv).view(-1, 1)
     return torch.where(valid, idx, nkv).to(torch.int32)
+
+
+def canonical_order(rows: torch.Tensor) -> torch.Tensor:
+    """Each row of [n, L] global kv rows ascending (invalid slots, as the largest
+    value, last): one layout for every order of the same slots. The kernels sum
+    dQ over slot blocks in fp32, and the softmax mass the fixed-point plan
+    checks, in slot order; a top-k selector that places its picks with atomic
+    counters returns the same set in a different order on every run, and with
+    its slots sorted here those sums no longer see that order."""
+    return torch.sort(rows, dim=1).values
 
 
 def place_slots(ordered: torch.Tensor, slots: torch.Tensor, nkv: int) -> None:

@@ -49,6 +49,7 @@ from . import edge
 from . import fixed_point
 from . import kernels as K
 from . import launch as L
+from . import layout
 from .contract import BACKENDS, BLOCK_H_CHOICES
 
 PAD_SINK = -1e30
@@ -396,14 +397,9 @@ def kernel_lse(lse: torch.Tensor, sink: torch.Tensor, launcher: L.Launcher) -> t
 INDEX_STEP = 1 << 24
 
 
-def canonical_order(rows: torch.Tensor) -> torch.Tensor:
-    """Each row of [n, L] global kv rows ascending (invalid slots, as the largest
-    value, last): one layout for every order of the same slots. The kernels sum
-    dQ over slot blocks in fp32, and the softmax mass the fixed-point plan
-    checks, in slot order; a top-k selector that places its picks with atomic
-    counters returns the same set in a different order on every run, and with
-    its slots sorted here those sums no longer see that order."""
-    return torch.sort(rows, dim=1).values
+#: The order global_slots lays each row's slots out in (layout.canonical_order defines it; the
+#: launchers' one-step slot layout sorts to it too).
+canonical_order = layout.canonical_order
 
 
 def caller_order(rows: torch.Tensor) -> torch.Tensor:

@@ -121,7 +121,7 @@ __device__ __forceinline__ void mqa_sorted_slots_row(const Index* indices, int* 
 def sorted_slots_program(index_dtype: str):
     """Slots[r] = place_slots(sort(slot_keys(Indices[r]))) for the query rows row0 .. row0 + R of
     at most SORT_CAPACITY slots (L <= Lp <= SORT_CAPACITY): the slot layout in the canonical
-    order (wrapper.canonical_order) in one launch, with no keys in memory. end_bit: NKV's bit
+    order (layout.canonical_order) in one launch, with no keys in memory. end_bit: NKV's bit
     length."""
     tilelang, T = _tl()
     R, L, Lp = T.dynamic("R"), T.dynamic("L"), T.dynamic("Lp")
