@@ -34,27 +34,16 @@
 
         REV=f18eca3 bash scripts/ab-packages.sh experiments/warp_bounds.patch
 
-  early_gather.patch        the wide tile's gather of block 0 issued before Q and dO load (warpgroup
-                            0's threads), so that a row's pipeline fill overlaps its prologue; a
-                            row with no block waits for it before the CTA ends. Aimed at what a
-                            query row costs beside its slots (benchmarks/row_cost.py; fleet's
-                            short rows pay it 3.2 times as often a slot as dsv32's). Compiled (the
-                            lanes kernel's spill loads 16 -> 20 bytes, over SPILL_BUDGET), not yet
-                            run; first measure the row cost, then the patch, in one call:
-
-        REV=<head> bash scripts/ab-packages.sh experiments/early_gather.patch
-        bash scripts/gpu-run.sh 'python3 benchmarks/row_cost.py' \
-            '(cd .ab/early_gather && PYTHONPATH=/tmp/site python3 -W ignore -m mqa_bwd.kernels --workers 16)' \
-            'python3 benchmarks/package_ab.py --against .ab/early_gather/mqa_bwd --shapes dsv32,fleet'
-
 git history holds the others (the wrapper's layout steps as kernels became the product's,
-mqa_bwd.kernels.prologue; transposed_lanes.patch, the dKV chunks formed transposed, became the
-product's wide tile with warpgroup 0's chunks, and is at 02bb267; wg0_overlap.patch, measured no
-faster, is at 4727d9b; lanes_word.patch, the lanes' word from its halves, is at e307457 and
-became the product's ws_lane_word; peaks_scatter.patch, the peaks' reduce-scatter, is at 954eb12
-and became the product's ws_peaks_scatter; the ablations no_mass, no_convert, no_scale_load and
-control_transposed, each within 1 % of the product at dsv32 H=64 and fleet, and exact_f32.patch
-with its runner experiments/exact_f32/run.py, exact fp32 sums through red.v4.f32 with a scale set
-from a sample of rows, measured from 3.4 % faster than the lanes (dsv32 H=128) to 3.6 % slower
-(dsv32 H=64, q x 4), are at 231a86d: docs/performance-log.md, thirteenth session).
+mqa_bwd.kernels.prologue; early_gather.patch, block 0's gather beside the row's prologue, is at
+78bd4a7 and became the product's wide tile; transposed_lanes.patch, the dKV chunks formed
+transposed, became the product's wide tile with warpgroup 0's chunks, and is at 02bb267;
+wg0_overlap.patch, measured no faster, is at 4727d9b; lanes_word.patch, the lanes' word from its
+halves, is at e307457 and became the product's ws_lane_word; peaks_scatter.patch, the peaks'
+reduce-scatter, is at 954eb12 and became the product's ws_peaks_scatter; the ablations no_mass,
+no_convert, no_scale_load and control_transposed, each within 1 % of the product at dsv32 H=64
+and fleet, and exact_f32.patch with its runner experiments/exact_f32/run.py, exact fp32 sums
+through red.v4.f32 with a scale set from a sample of rows, measured from 3.4 % faster than the
+lanes (dsv32 H=128) to 3.6 % slower (dsv32 H=64, q x 4), are at 231a86d:
+docs/performance-log.md, thirteenth session).
 """

@@ -26,7 +26,8 @@ Why this shape:
 - One KV stage refilled in two parts: columns [0, DQ_SPLIT), which only warpgroup 0's dQ GEMM
   reads, right after that GEMM; the rest once warpgroup 1's dQ GEMMs have read them
   (KV_FREE). S and dP start on the first part while the second lands: warpgroup 0's serial
-  gather is otherwise the kernel's critical path.
+  gather is otherwise the kernel's critical path. A row's first block is gathered whole, by
+  warpgroup 0's threads before Q and dO load, so that it lands during the row's prologue.
 
 How a CTA adds dKV (config.accumulate):
   "lanes"   (deterministic) two columns a 64-bit word of two signed 32-bit lanes, lo + 2^32 hi
@@ -461,6 +462,11 @@ def wide_program(config: MainConfig):
             T.import_source(GATHER_SOURCE + HANDOFF_SOURCE + WS_SOURCE)
             if accumulate == "fixed":  # before any barrier: the whole CTA leaves
                 T.call_extern("handle", "ws_exit_unless", Gate.data)
+            # Block 0's gather goes out first, by warpgroup 0's threads as in its loop, so that it
+            # lands while Q and dO load: a row's pipeline fill overlaps its prologue.
+            if tid < WARPGROUP:
+                gather_columns(KV_s, KV, Indices, r, 0, 0, Dk, NKV, tid)
+                T.call_extern("handle", "mqa_cp_async_commit")
             T.copy(Q[r, h0 : h0 + H, 0:Dk], Q_s)
             T.copy(dO[r, h0 : h0 + H, 0:Dv], dO_s)
             for h in T.Parallel(H):
@@ -503,9 +509,7 @@ def wide_program(config: MainConfig):
                             T.call_extern("handle", "mqa_st_shared_f32", slot_info_s.data, 2 * (p * BS + tid) + 1,
                                           T.if_then_else((row >= 0) and (row < NKV), RowScale[T.max(T.min(row, NKV - 1), 0)],
                                                          T.cast(0, f32)))
-                    if t == 0:
-                        gather_columns(KV_s, KV, Indices, r, 0, 0, Dk, NKV, tid)
-                        T.call_extern("handle", "mqa_cp_async_commit")
+                    if t == 0:  # issued before the prologue
                         T.call_extern("handle", "mqa_cp_async_wait_all")
                     else:  # columns [0, DQ_SPLIT) went out after the previous block's dQ GEMM
                         gather_columns(KV_s, KV, Indices, r, t, DQ_SPLIT, Dk, NKV, tid)
@@ -562,6 +566,8 @@ def wide_program(config: MainConfig):
                     if accumulate == "lanes":  # its maxima, for warpgroup 1's bounds of the block
                         T.call_extern("handle", "ws_merge_peaks", peak0.data, T.address_of(slot_info_s[peaks0 + p * BS]), tid)
                         T.call_extern("handle", "mqa_handoff_arrive", bars.data, PEAKS_READY)
+                if live_blocks[0] == 0:  # no block ran: block 0's gather lands before the CTA ends
+                    T.call_extern("handle", "mqa_cp_async_wait_all")
                 if scaled:
                     for h in T.Parallel(H):
                         if (mass_row[h] > Allowance[r, h0 + h]) or T.isnan(mass_row[h]):
