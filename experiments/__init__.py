@@ -34,6 +34,16 @@
 
         REV=f18eca3 bash scripts/ab-packages.sh experiments/warp_bounds.patch
 
+  last_block_split.patch    MainConfig.wg0_last_chunks: in a row's last block, with no next block
+                            to gather and score, warpgroup 0 takes dKV chunks [chunks - k, chunks)
+                            and warpgroup 1 the rest, so that both drain the row together. The
+                            same bits; no faster at k = 4, 5, 6 than at 2 (today's split), and
+                            the lanes kernel spills 56 bytes (docs/performance-log.md, fourteenth
+                            session). On ca096cd, as configurations of one tree:
+
+        git apply experiments/last_block_split.patch
+        python benchmarks/config_ab.py --field wg0_last_chunks --values 2,4,5,6 --shapes dsv32,fleet
+
 git history holds the others (the wrapper's layout steps as kernels became the product's,
 mqa_bwd.kernels.prologue; early_gather.patch, block 0's gather beside the row's prologue, is at
 78bd4a7 and became the product's wide tile; transposed_lanes.patch, the dKV chunks formed
