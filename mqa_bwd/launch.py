@@ -110,9 +110,9 @@ class Launcher:
         self.launched("sorted_slots")
         layout.place_slots(layout.canonical_order(layout.slot_keys(indices, row0, S, S_kv, nkv)), slots, nkv)
 
-    def delta(self, out, grad_out, lse2, sink2, delta, dsink_rows, q=None, peak_q=None, peak_do=None):
-        """Delta and DSinkRows; with q (the fixed-point design), also peak_q and peak_do
-        [R, H] int32: fixed_point.magnitude_bits of q and grad_out (max |x| as bf16 bits)."""
+    def delta(self, out, grad_out, lse2, sink2, delta, dsink_rows, peak_do=None):
+        """Delta and DSinkRows; with peak_do (the fixed-point design), also peak_do [R, H] int32:
+        fixed_point.magnitude_bits of grad_out (max |dO| as bf16 bits)."""
         raise NotImplementedError
 
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, config, sm_scale, heads=None, head_base=0,
@@ -135,14 +135,17 @@ class Launcher:
     def dsink_reduce(self, dsink_rows, dsink):
         raise NotImplementedError
 
-    def mark_slots(self, slots, referenced, live_row):
+    def mark_slots(self, slots, referenced, live_row, q, peak_q):
+        """The fixed-point plan's marks (referenced [NKV] and live_row [R] int32, zeroed by the
+        caller: 1 where a valid slot names the kv row, and for a row with a valid slot) and its
+        maxima of q [R, HQ, Dk]: peak_q [R, HQ] int32, fixed_point.magnitude_bits of q."""
         raise NotImplementedError
 
     def plan(self, query, grad_out, delta, kv_v, referenced, live_row, sm_scale, peak_q, peak_do):
         """(row_scale [NKV] f32, allowance [R, H] f32): the fixed-point plan
         (fixed_point.plan) of the H = query.shape[2] real heads, from the delta
-        launch's Delta and maxima (delta, peak_q, peak_do [R, HQ], HQ >= H) and
-        the slot marks. Here in torch ops, the reference; a launcher may run it
+        launch's Delta and maxima of dO (delta, peak_do [R, HQ], HQ >= H) and the
+        slot marks and their maxima of q (peak_q [R, HQ]). Here in torch ops, the reference; a launcher may run it
         as kernels, with the same bits."""
         H = query.shape[2]
         return fixed_point.plan(query, grad_out, delta[:, :H], kv_v, referenced, live_row, sm_scale,
@@ -234,17 +237,16 @@ class TileLangLauncher(Launcher):
         if not indices.shape[1] <= slots.shape[1] <= K.SORT_CAPACITY:  # a CTA would leave the tail unwritten
             raise ValueError(f"slots: rows of {slots.shape[1]} slots for {indices.shape[1]} indices; sorted_slots "
                              f"takes L <= Lp <= {K.SORT_CAPACITY}")
-        kernel = K.small_kernel("sorted_slots", str(indices.dtype).removeprefix("torch."))
+        kernel = K.small_kernel("sorted_slots", str(indices.dtype).removeprefix("torch."), K.sort_items(slots.shape[1]))
         self.launched("sorted_slots")
         kernel(indices, slots, int(row0), int(S), int(S_kv), int(nkv), int(nkv).bit_length())
 
-    def delta(self, out, grad_out, lse2, sink2, delta, dsink_rows, q=None, peak_q=None, peak_do=None):
+    def delta(self, out, grad_out, lse2, sink2, delta, dsink_rows, peak_do=None):
         self.launched("delta")
-        if q is None:
+        if peak_do is None:
             K.small_kernel("delta", out.shape[2])(out, grad_out, lse2, sink2, delta, dsink_rows)
         else:
-            K.small_kernel("delta_max", q.shape[2], out.shape[2])(
-                out, grad_out, lse2, sink2, delta, dsink_rows, q, peak_q, peak_do)
+            K.small_kernel("delta_max", out.shape[2])(out, grad_out, lse2, sink2, delta, dsink_rows, peak_do)
 
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, config, sm_scale, heads=None, head_base=0,
                  row_scale=None, allowance=None, flag=None, bound=None, gate=None):
@@ -292,10 +294,10 @@ class TileLangLauncher(Launcher):
         K.small_kernel("plan", "scales")(mv, referenced, peaks, row_scale, S_kv, d_v, fixed_point.MASS_LIMIT, fixed_point.FP32_SAFE)
         return row_scale, allowance
 
-    def mark_slots(self, slots, referenced, live_row):
-        kernel = K.small_kernel("mark_slots")
+    def mark_slots(self, slots, referenced, live_row, q, peak_q):
+        kernel = K.small_kernel("mark_slots", q.shape[2])
         self.launched("mark_slots")
-        kernel(slots, referenced, live_row)
+        kernel(slots, referenced, live_row, q, peak_q)
 
     def cast_bf16(self, src, dst):
         kernel = K.small_kernel("cast_bf16", src.shape[1])

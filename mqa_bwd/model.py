@@ -132,7 +132,7 @@ class ModelLauncher(Launcher):
         self.device = torch.device("cpu")
 
     # -- delta -------------------------------------------------------------
-    def delta(self, out, grad_out, lse2, sink2, delta, dsink_rows, q=None, peak_q=None, peak_do=None):
+    def delta(self, out, grad_out, lse2, sink2, delta, dsink_rows, peak_do=None):
         self.launched("delta")
         R, H, Dv = out.shape
         for name, t in (("dO", grad_out),):
@@ -140,11 +140,8 @@ class ModelLauncher(Launcher):
         for name, t in (("Lse2", lse2), ("Delta", delta), ("DSinkRows", dsink_rows)):
             _shape_is("delta", name, t, (R, H))
         _shape_is("delta", "Sink2", sink2, (H,))
-        if q is not None:
-            _shape_is("delta", "Q", q, (R, H, q.shape[2]))
-            for name, t in (("PeakQ", peak_q), ("PeakDO", peak_do)):
-                _shape_is("delta", name, t, (R, H))
-            peak_q.copy_(magnitude_bits(q))
+        if peak_do is not None:
+            _shape_is("delta", "PeakDO", peak_do, (R, H))
             peak_do.copy_(magnitude_bits(grad_out))
         d = (out.to(torch.float32) * grad_out.to(torch.float32)).sum(-1)
         delta.copy_(d)
@@ -327,9 +324,12 @@ class ModelLauncher(Launcher):
         super().sorted_slots(indices, slots, row0, S, S_kv, nkv)
 
     # -- slot marks --------------------------------------------------------------
-    def mark_slots(self, slots, referenced, live_row):
+    def mark_slots(self, slots, referenced, live_row, q, peak_q):
         self.launched("mark_slots")
         _shape_is("mark_slots", "LiveRow", live_row, (slots.shape[0],))
+        _shape_is("mark_slots", "Q", q, (slots.shape[0], q.shape[1], q.shape[2]))
+        _shape_is("mark_slots", "PeakQ", peak_q, q.shape[:2])
+        peak_q.copy_(magnitude_bits(q))
         valid = (slots >= 0) & (slots < referenced.shape[0])
         referenced[slots[valid].long()] = 1
         live_row[valid.any(dim=1)] = 1

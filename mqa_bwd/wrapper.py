@@ -482,9 +482,9 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
     delta = launcher.empty((R, Hp), f32)
     dsink_rows = launcher.empty((R, Hp), f32)
     fixed = launcher.deterministic
-    if fixed:  # the same launch also reduces the maxima of |q| and |dO| the fixed-point plan needs
-        peak_q, peak_do = launcher.empty((R, Hp), torch.int32), launcher.empty((R, Hp), torch.int32)
-        launcher.delta(o, do, lse2, sink2, delta, dsink_rows, q, peak_q, peak_do)
+    if fixed:  # the same launch also reduces the maxima of |dO| the fixed-point plan needs
+        peak_do = launcher.empty((R, Hp), torch.int32)
+        launcher.delta(o, do, lse2, sink2, delta, dsink_rows, peak_do)
     else:
         launcher.delta(o, do, lse2, sink2, delta, dsink_rows)
 
@@ -506,7 +506,8 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
     else:
         referenced = launcher.zeros((NKV,), torch.int32)
         live_row = launcher.zeros((R,), torch.int32)
-        launcher.mark_slots(slots, referenced, live_row)
+        peak_q = launcher.empty((R, Hp), torch.int32)  # with the marks: their launch streams q too
+        launcher.mark_slots(slots, referenced, live_row, q, peak_q)
         row_scale, allowance = launcher.plan(query, grad_out, delta, kv2[:, : p.d_v], referenced, live_row, sm_scale,
                                              peak_q, peak_do)
         # Padding heads (q = dO = 0) contribute nothing: no limit on their mass.

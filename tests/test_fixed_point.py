@@ -74,7 +74,8 @@ def scales_for(host: dict) -> torch.Tensor:
     d_v = t["grad_out"].shape[-1]
     slots = kernel_slots(host)
     referenced, live_row = torch.zeros(kv.shape[0], dtype=torch.int32), torch.zeros(B * S, dtype=torch.int32)
-    ModelLauncher().mark_slots(slots, referenced, live_row)
+    q = t["query"].reshape(B * S, H, -1)
+    ModelLauncher().mark_slots(slots, referenced, live_row, q, torch.empty((B * S, H), dtype=torch.int32))
     scales, _ = fixed_point.plan(t["query"], t["grad_out"], delta, kv[:, :d_v], referenced, live_row, host["sm_scale"])
     return scales
 

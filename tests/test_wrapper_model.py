@@ -12,7 +12,7 @@ import torch
 
 import mqa_bwd
 from mqa_bwd.contract import OUTPUT_NAMES, SPEC_ARGS
-from mqa_bwd import kernels, launch, wrapper
+from mqa_bwd import fixed_point, kernels, launch, wrapper
 from mqa_bwd.contract import Instruments
 from mqa_bwd.model import ModelLauncher, TileBoundsError
 from properties.case import INVALID_KINDS, SINKS, Case, expected, to_framework
@@ -89,6 +89,22 @@ def test_index_layout_in_bounded_steps_changes_no_bit(monkeypatch, step):
     stepped = call_model(inputs)
     for name, a, b in zip(("dq", "dkv", "d_attn_sink"), whole, stepped):
         assert bitwise_difference(name, b, a) is None
+
+
+def test_a_rows_sort_takes_the_fewest_keys_a_thread_that_hold_it():
+    # sorted_slots is built for 2, 4 and 8 keys a thread (256 threads): a row of Lp slots takes
+    # the smallest build that holds Lp, fleet's 640 the 4-key one, dsv32's 2048 the 8-key one.
+    capacity = {items: kernels.config.SORT_THREADS * items for items in kernels.SORT_ITEM_COUNTS}
+    for padded in (1, 64, 512, 513, 640, 1024, 1025, 2047, 2048):
+        items = kernels.sort_items(padded)
+        assert capacity[items] >= padded, (padded, items)
+        assert all(capacity[fewer] < padded for fewer in kernels.SORT_ITEM_COUNTS if fewer < items), (padded, items)
+    assert kernels.sort_items(kernels.SORT_CAPACITY) == max(kernels.SORT_ITEM_COUNTS)
+    for padded in (0, kernels.SORT_CAPACITY + 1):
+        with pytest.raises(ValueError, match="^padded_slots: "):
+            kernels.sort_items(padded)
+    with pytest.raises(ValueError, match="^items: 3"):
+        kernels.sorted_slots_program("int32", 3)
 
 
 @pytest.mark.parametrize("dtype", [torch.int32, torch.int64, torch.int16])
@@ -230,11 +246,18 @@ def test_head_groups_are_read_in_place_not_copied(deterministic, H, block_h, exp
 def test_model_slot_marks():
     # mark_slots: kv rows some valid slot names; query rows with a valid slot.
     # Slots past either end (12 and 13 with 12 kv rows, -3) mark nothing.
+    # The same launch gives the plan max |q| of each (row, head) as bf16 bits.
     slots = torch.tensor([[0, 5, -1, 9], [-1, -1, -1, -1], [12, 13, 12, -3]], dtype=torch.int32)
     referenced, live_row = torch.zeros(12, dtype=torch.int32), torch.zeros(3, dtype=torch.int32)
-    ModelLauncher().mark_slots(slots, referenced, live_row)
+    q = torch.tensor([[[1.0, -3.0], [0.5, 0.25]], [[-2.0, float("nan")], [0.0, -0.0]], [[float("-inf"), 1.0], [7.0, -8.0]]],
+                     dtype=torch.bfloat16)
+    peak_q = torch.full((3, 2), -7, dtype=torch.int32)
+    ModelLauncher().mark_slots(slots, referenced, live_row, q, peak_q)
     assert torch.nonzero(referenced).reshape(-1).tolist() == [0, 5, 9]
     assert live_row.tolist() == [1, 0, 0]
+    got = fixed_point.bits_to_bf16(peak_q)
+    assert got[0].tolist() == [3.0, 0.5] and torch.isnan(got[1, 0]) and got[1, 1] == 0.0
+    assert got[2, 0] == float("inf") and got[2, 1] == 8.0
 
 
 @pytest.mark.parametrize("mode", ["fixed", "atomic"])

@@ -43,11 +43,11 @@ Modules, by what they build
 from .config import _tl  # noqa: F401  (the benchmarks build probes with it)
 from .device_functions import GATHER_SOURCE  # noqa: F401
 from .config import (ACCUMULATE, BLOCK_SLOTS, CLUSTER_SIZES, GPU_WIDTHS, LANE_GROUP, LANE_LIMIT, LANES_ADDRESSABLE, LANES_GAIN, LOG2E, MASS_LIMIT,
-                     SLOT_INDEX_DTYPES, TILE_HEADS, WIDE_CHUNK, WIDE_HEADS, WIDE_SLOTS, WIDE_WG0_CHUNKS, KernelConfig, MainConfig, gpu_configs,
-                     lanes_redo, main_config, main_launches, main_tile_heads, next_power_of_2)
+                     SLOT_INDEX_DTYPES, SORT_CAPACITY, SORT_ITEM_COUNTS, TILE_HEADS, WIDE_CHUNK, WIDE_HEADS, WIDE_SLOTS, WIDE_WG0_CHUNKS, KernelConfig, MainConfig, gpu_configs,
+                     lanes_redo, main_config, main_launches, main_tile_heads, next_power_of_2, sort_items)
 from .delta import delta_program
 from .main_bwd import main_bwd_program
-from .prologue import SORT_CAPACITY, kernel_lse_program, place_slots_program, slot_keys_program, sorted_slots_program
+from .prologue import kernel_lse_program, place_slots_program, slot_keys_program, sorted_slots_program
 from .plan import MARK_THREADS, MAX_SLOTS_PER_ROW, PLAN_SLOTS, PLAN_THREADS, mark_slots_program, plan_program
 from .reductions import cast_bf16_program, dsink_reduce_program, fixed_to_bf16_program, lanes_to_bf16_program
 from .wide import wide_program

@@ -189,14 +189,29 @@ def lanes_redo(config: MainConfig) -> MainConfig:
     return dataclasses.replace(config, accumulate="fixed")
 
 
+#: Threads of prologue.sorted_slots and the keys a thread can take: one CTA sorts a row of up to
+#: SORT_CAPACITY slots, built for each count of SORT_ITEM_COUNTS. A row's sort takes the fewest
+#: that hold it (sort_items): a radix sort's work grows with the keys it holds, padding included.
+SORT_THREADS = 256
+SORT_ITEM_COUNTS = (2, 4, 8)
+SORT_CAPACITY = SORT_THREADS * SORT_ITEM_COUNTS[-1]
+
+
+def sort_items(padded_slots: int) -> int:
+    """The keys a thread of sorted_slots takes for rows of ``padded_slots`` (at most SORT_CAPACITY)."""
+    if not 0 < padded_slots <= SORT_CAPACITY:
+        raise ValueError(f"padded_slots: {padded_slots}, not in [1, {SORT_CAPACITY}]")
+    return next(items for items in SORT_ITEM_COUNTS if SORT_THREADS * items >= padded_slots)
+
+
 @dataclasses.dataclass(frozen=True)
 class KernelConfig:
     """One of the small kernels: ``kind`` and the builder's arguments.
 
-    kinds: "delta" (d_v), "delta_max" (d_k, d_v), "mark_slots" (), "plan" (stage),
+    kinds: "delta" (d_v), "delta_max" (d_v), "mark_slots" (d_k), "plan" (stage),
     "dsink_reduce" (), "cast_bf16" (cols), "fixed_to_bf16" (cols), "lanes_to_bf16" (cols),
     "kernel_lse" (), "slot_keys" (index dtype: "int32" or "int64"), "place_slots" (),
-    "sorted_slots" (index dtype).
+    "sorted_slots" (index dtype, keys a thread: prologue.sort_items).
     """
 
     kind: str
@@ -208,9 +223,9 @@ class KernelConfig:
                  f"{SMALL_KINDS[self.kind]} values for {self.kind}")
 
 
-SMALL_KINDS = {"delta": 1, "delta_max": 2, "mark_slots": 0, "plan": 1, "dsink_reduce": 0, "cast_bf16": 1,
+SMALL_KINDS = {"delta": 1, "delta_max": 1, "mark_slots": 1, "plan": 1, "dsink_reduce": 0, "cast_bf16": 1,
                "fixed_to_bf16": 1, "lanes_to_bf16": 1, "kernel_lse": 0, "slot_keys": 1, "place_slots": 0,
-               "sorted_slots": 1}
+               "sorted_slots": 2}
 #: The index dtypes slot_keys is built for; the wrapper converts any other to int64.
 SLOT_INDEX_DTYPES = ("int32", "int64")
 
@@ -218,10 +233,12 @@ SLOT_INDEX_DTYPES = ("int32", "int64")
 def gpu_configs(widths=GPU_WIDTHS, group_widths=(16, 32)):
     """Every kernel configuration the wrapper can launch for these widths, each once."""
     configs = [KernelConfig("dsink_reduce"), *(KernelConfig("plan", (stage,)) for stage in ("terms", "peaks", "scales")),
-               KernelConfig("mark_slots"), KernelConfig("kernel_lse"), KernelConfig("place_slots"),
-               *(KernelConfig(kind, (dtype,)) for kind in ("slot_keys", "sorted_slots") for dtype in SLOT_INDEX_DTYPES)]
+               KernelConfig("kernel_lse"), KernelConfig("place_slots"),
+               *(KernelConfig("slot_keys", (dtype,)) for dtype in SLOT_INDEX_DTYPES),
+               *(KernelConfig("sorted_slots", (dtype, items)) for dtype in SLOT_INDEX_DTYPES for items in SORT_ITEM_COUNTS)]
     for d_k, d_v in widths:
-        configs += [KernelConfig("delta", (d_v,)), KernelConfig("delta_max", (d_k, d_v)), KernelConfig("cast_bf16", (d_k,)),
+        configs += [KernelConfig("delta", (d_v,)), KernelConfig("delta_max", (d_v,)), KernelConfig("mark_slots", (d_k,)),
+                    KernelConfig("cast_bf16", (d_k,)),
                     KernelConfig("fixed_to_bf16", (d_k,)), KernelConfig("lanes_to_bf16", (d_k,))]
         for heads in group_widths:
             for deterministic in (True, False):

@@ -1,4 +1,4 @@
-"""The Delta kernel: Delta = rowsum(O * dO), the sink rows, and the fixed-point plan's maxima."""
+"""The Delta kernel: Delta = rowsum(O * dO), the sink rows, and the fixed-point plan's maxima of dO."""
 
 from .config import LOG2E, _tl
 
@@ -6,26 +6,26 @@ DELTA_HEADS = 16
 PEAK_COLS = 32  # columns per step of the maxima: one warp per head row
 
 
-def delta_program(d_v: int, threads: int = 128, d_k: int = 0):
+def delta_program(d_v: int, threads: int = 128, peak_do: bool = False):
     """Delta[r, h] = <O[r, h], dO[r, h]>; DSinkRows[r, h] = -exp2(Sink2[h] - Lse2[r, h]) * Delta[r, h].
 
-    With d_k (the fixed-point design's variant) it also takes Q [R, H, d_k]
-    and writes the maxima its plan needs as bf16 bit patterns in int32:
-    PeakQ[r, h] = max_d bits(|Q[r, h, d]|), PeakDO[r, h] likewise for dO
-    (exact; a NaN pattern when an element is NaN): one launch instead of
-    separate reductions of Q and dO.
+    With peak_do (the fixed-point design's variant) it also writes the maximum
+    its plan needs of dO, which it reads anyway, as bf16 bit patterns in int32:
+    PeakDO[r, h] = max_d bits(|dO[r, h, d]|) (exact; a NaN pattern when an
+    element is NaN). The plan's maxima of q come with the slot marks
+    (plan.mark_slots_program), whose dependent loads hide q's stream.
 
     Grid (R, ceil(H / 16)); heads past H are masked, so any H is safe here.
     """
     tilelang, T = _tl()
     R = T.dynamic("R")
     H = T.dynamic("H")
-    Dv, Dk = d_v, d_k
+    Dv = d_v
     bh = DELTA_HEADS
     block_d = 64 if Dv % 64 == 0 else 16
     f32, bf16, i32 = "float32", "bfloat16", "int32"
-    if Dk and (Dk % PEAK_COLS or Dv % PEAK_COLS):
-        raise ValueError(f"delta with maxima: Dk={Dk} and Dv={Dv} must be multiples of {PEAK_COLS}")
+    if peak_do and Dv % PEAK_COLS:
+        raise ValueError(f"d_v: {Dv}, not a multiple of {PEAK_COLS} (the maxima's columns a step)")
 
     @T.macro
     def row_products(O, dO, acc, r, hb):
@@ -61,7 +61,7 @@ def delta_program(d_v: int, threads: int = 128, d_k: int = 0):
             if hb * bh + h < H:
                 Peak[r, hb * bh + h] = peak_row[h]
 
-    if Dk:
+    if peak_do:
         @T.prim_func
         def delta_max(
             O: T.Tensor((R, H, Dv), bf16),
@@ -70,8 +70,6 @@ def delta_program(d_v: int, threads: int = 128, d_k: int = 0):
             Sink2: T.Tensor((H,), f32),
             Delta: T.Tensor((R, H), f32),
             DSinkRows: T.Tensor((R, H), f32),
-            Q: T.Tensor((R, H, Dk), bf16),
-            PeakQ: T.Tensor((R, H), i32),
             PeakDO: T.Tensor((R, H), i32),
         ):
             with T.Kernel(R, T.ceildiv(H, bh), threads=threads) as (r, hb):
@@ -82,7 +80,6 @@ def delta_program(d_v: int, threads: int = 128, d_k: int = 0):
                 row_products(O, dO, acc, r, hb)
                 write_delta(Lse2, Sink2, Delta, DSinkRows, acc, row, r, hb)
                 magnitude_peak(dO, Dv, PeakDO, peak, peak_row, r, hb)
-                magnitude_peak(Q, Dk, PeakQ, peak, peak_row, r, hb)
 
         return delta_max
 

@@ -12,10 +12,50 @@ MARK_ITEMS = 8
 MAX_SLOTS_PER_ROW = 65535 * MARK_THREADS
 
 
-def mark_slots_program(threads: int = MARK_THREADS, items: int = MARK_ITEMS):
-    """Referenced[k] = 1 for every kv row k a valid slot names; LiveRow[r] = 1 when row r has a valid slot.
+#: Head rows of q a warp of mark_slots loads at once for PeakQ (each 16 bytes a lane a load).
+PEAK_HEADS_AT_ONCE = 4
 
-    Both are zeroed by the caller. Every write stores 1, so writes of the same
+# PeakQ of one query row: max |q| of each head row as its bf16 bits. bf16 is sign and magnitude:
+# |x| orders as its low 15 bits do, and every NaN's bits lie above inf's, so an integer max is
+# exact and keeps a NaN (delta.magnitude_peak's rule). A warp takes PEAK_HEADS_AT_ONCE head rows
+# at a time and issues all their loads before it reduces any.
+PEAK_SOURCE = r"""
+__device__ __forceinline__ unsigned mqa_magnitudes(uint4 x) {
+  return __vmaxu2(__vmaxu2(x.x & 0x7fff7fffu, x.y & 0x7fff7fffu), __vmaxu2(x.z & 0x7fff7fffu, x.w & 0x7fff7fffu));
+}
+__device__ __forceinline__ void mqa_peak_rows(const void* q_row, int* peak, int hq, int t, int threads) {
+  constexpr int vectors = %(vectors)d, per_lane = (vectors + 31) / 32, at_once = %(at_once)d;
+  const int lane = t & 31, warps = threads >> 5;
+  for (int h0 = (t >> 5) * at_once; h0 < hq; h0 += warps * at_once) {
+    uint4 x[at_once][per_lane];
+#pragma unroll
+    for (int i = 0; i < at_once; ++i)
+#pragma unroll
+      for (int v = 0; v < per_lane; ++v) {
+        const int vector = v * 32 + lane;
+        x[i][v] = make_uint4(0u, 0u, 0u, 0u);
+        if (h0 + i < hq && vector < vectors)
+          x[i][v] = __ldg(static_cast<const uint4*>(q_row) + static_cast<long>(h0 + i) * vectors + vector);
+      }
+#pragma unroll
+    for (int i = 0; i < at_once; ++i) {
+      unsigned m = 0u;
+#pragma unroll
+      for (int v = 0; v < per_lane; ++v) m = __vmaxu2(m, mqa_magnitudes(x[i][v]));
+      m = __reduce_max_sync(0xffffffffu, max(m & 0xffffu, m >> 16));
+      if (lane == 0 && h0 + i < hq) peak[h0 + i] = static_cast<int>(m);
+    }
+  }
+}
+"""
+
+
+def mark_slots_program(d_k: int, threads: int = MARK_THREADS, items: int = MARK_ITEMS):
+    """Referenced[k] = 1 for every kv row k a valid slot names; LiveRow[r] = 1 when row r has a valid
+    slot; PeakQ[r, h] = max_d bits(|Q[r, h, d]|), the fixed-point plan's maxima of q (exact; a NaN
+    pattern where an element is NaN).
+
+    Referenced and LiveRow are zeroed by the caller. Every write stores 1, so writes of the same
     element by different threads agree: the result is the same on every run.
     One launch with plain stores: no host sync and no int64 index temporaries.
     A thread takes ``items`` slots of its row, strided by the CTA (coalesced),
@@ -26,20 +66,32 @@ def mark_slots_program(threads: int = MARK_THREADS, items: int = MARK_ITEMS):
     already marked is not stored again (stores to one address from many
     threads serialize); LiveRow[r] is stored once by every thread with a valid
     slot.
+    A row's first CTA also reduces PeakQ (PEAK_SOURCE), before its marks: CTAs whose
+    marks wait on dependent loads share the SMs with CTAs streaming q, so one launch
+    overlaps the two (q's loads issued first, not between the marks' loads and stores,
+    were faster: docs/performance-log.md).
     """
+    if d_k % 8:
+        raise ValueError(f"d_k: {d_k}, not a multiple of 8 (a load takes 8 bf16 of q)")
     tilelang, T = _tl()
     R = T.dynamic("R")
+    HQ = T.dynamic("HQ")
     Lp = T.dynamic("Lp")
     NKV = T.dynamic("NKV")
     i32 = "int32"
+    source = PEAK_SOURCE % {"vectors": d_k // 8, "at_once": PEAK_HEADS_AT_ONCE}
 
     @T.prim_func
-    def mark_slots(Slots: T.Tensor((R, Lp), i32), Referenced: T.Tensor((NKV,), i32), LiveRow: T.Tensor((R,), i32)):
+    def mark_slots(Slots: T.Tensor((R, Lp), i32), Referenced: T.Tensor((NKV,), i32), LiveRow: T.Tensor((R,), i32),
+                   Q: T.Tensor((R, HQ, d_k), "bfloat16"), PeakQ: T.Tensor((R, HQ), i32)):
         with T.Kernel(R, T.ceildiv(Lp, threads * items), threads=threads) as (r, chunk):
             k = T.alloc_local((items,), i32)
             marked = T.alloc_local((items,), i32)
             live = T.alloc_local((1,), i32)
             tx = T.get_thread_binding()
+            T.import_source(source)
+            if chunk == 0:
+                T.call_extern("handle", "mqa_peak_rows", T.address_of(Q[r, 0, 0]), T.address_of(PeakQ[r, 0]), HQ, tx, threads)
             for i in T.unroll(items):
                 c = (chunk * items + i) * threads + tx
                 k[i] = T.if_then_else(c < Lp, Slots[r, c], -1)

@@ -5,7 +5,7 @@ instead of some twenty torch ops, each of which costs the host a launch."""
 
 import math
 
-from .config import LOG2E, _tl
+from .config import LOG2E, SORT_ITEM_COUNTS, SORT_THREADS, _tl
 
 #: Threads a CTA of slot_keys and place_slots (one CTA a query row and chunk of slots).
 SLOT_THREADS = 256
@@ -80,11 +80,6 @@ def place_slots_program():
     return place_slots
 
 
-#: Threads and keys a thread of sorted_slots: one CTA sorts a row of up to SORT_CAPACITY slots.
-SORT_THREADS = 256
-SORT_ITEMS = 8
-SORT_CAPACITY = SORT_THREADS * SORT_ITEMS
-
 # One query row's slot layout in one CTA (slot_keys, the sort and place_slots fused): keys in
 # registers, striped over the threads (an input arrangement does not change a sort's output),
 # CUB's block radix sort over the bits below end_bit (every key is at most NKV < 2**end_bit),
@@ -115,14 +110,17 @@ __device__ __forceinline__ void mqa_sorted_slots_row(const Index* indices, int* 
     if (j < Lp) slots[j] = keys[i] == static_cast<unsigned>(nkv) ? -1 : static_cast<int>(keys[i]);
   }
 }
-""" % {"threads": SORT_THREADS, "items": SORT_ITEMS}
+"""
 
 
-def sorted_slots_program(index_dtype: str):
+def sorted_slots_program(index_dtype: str, items: int):
     """Slots[r] = place_slots(sort(slot_keys(Indices[r]))) for the query rows row0 .. row0 + R of
-    at most SORT_CAPACITY slots (L <= Lp <= SORT_CAPACITY): the slot layout in the canonical
-    order (layout.canonical_order) in one launch, with no keys in memory. end_bit: NKV's bit
-    length."""
+    at most SORT_THREADS * items slots (L <= Lp <= SORT_THREADS * items): the slot layout in the
+    canonical order (layout.canonical_order) in one launch, with no keys in memory. end_bit:
+    NKV's bit length."""
+    if items not in SORT_ITEM_COUNTS:
+        raise ValueError(f"items: {items!r}, not one of {SORT_ITEM_COUNTS}")
+    source = SORT_SOURCE % {"threads": SORT_THREADS, "items": items}
     tilelang, T = _tl()
     R, L, Lp = T.dynamic("R"), T.dynamic("L"), T.dynamic("Lp")
     i32 = "int32"
@@ -131,7 +129,7 @@ def sorted_slots_program(index_dtype: str):
     def sorted_slots(Indices: T.Tensor((R, L), index_dtype), Slots: T.Tensor((R, Lp), i32), row0: T.int32, S: T.int32,
                      S_kv: T.int32, NKV: T.int32, end_bit: T.int32):
         with T.Kernel(R, threads=SORT_THREADS) as r:
-            T.import_source(SORT_SOURCE)
+            T.import_source(source)
             T.call_extern("handle", "mqa_sorted_slots_row", T.address_of(Indices[r, 0]), T.address_of(Slots[r, 0]), L, Lp,
                           ((row0 + r) // S) * S_kv, S_kv, NKV, end_bit)
 

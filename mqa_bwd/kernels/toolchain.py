@@ -43,7 +43,7 @@ def program_of(config):
         raise ValueError(f"config: expected a MainConfig or KernelConfig, got {config!r}")
     builders = {
         "delta": delta_program,
-        "delta_max": lambda d_k, d_v: delta_program(d_v, d_k=d_k),
+        "delta_max": lambda d_v: delta_program(d_v, peak_do=True),
         "dsink_reduce": dsink_reduce_program,
         "mark_slots": mark_slots_program,
         "cast_bf16": cast_bf16_program,
