@@ -37,9 +37,10 @@
   last_block_split.patch    MainConfig.wg0_last_chunks: in a row's last block, with no next block
                             to gather and score, warpgroup 0 takes dKV chunks [chunks - k, chunks)
                             and warpgroup 1 the rest, so that both drain the row together. The
-                            same bits; no faster at k = 4, 5, 6 than at 2 (today's split), and
-                            the lanes kernel spills 56 bytes (docs/performance-log.md, fourteenth
-                            session). On ca096cd, as configurations of one tree:
+                            same bits; slower at each of k = 4, 5, 6 than at 2 (today's split),
+                            and the lanes kernel spills 56 bytes of stores and 96 of loads
+                            (docs/performance-log.md, fourteenth session). On ca096cd, as
+                            configurations of one tree:
 
         git apply experiments/last_block_split.patch
         python benchmarks/config_ab.py --field wg0_last_chunks --values 2,4,5,6 --shapes dsv32,fleet

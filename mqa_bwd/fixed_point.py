@@ -116,7 +116,7 @@ def magnitude_bits(x: torch.Tensor) -> torch.Tensor:
 
     bf16 is sign-magnitude, so |x| orders as those bits do, and every NaN
     pattern lies above inf's: the integer max is exact and keeps NaN (what
-    the delta kernel computes for the plan).
+    the delta kernel computes of dO, and mark_slots of q, for the plan).
     """
     if x.shape[-1] == 0:
         return torch.zeros(x.shape[:-1], dtype=torch.int32, device=x.device)
@@ -136,7 +136,8 @@ def plan(query, grad_out, delta, kv_v, referenced, live_row, sm_scale: float, ma
     of every kv row (NKV = B * S_kv); referenced [NKV] and live_row [R] are the
     mark_slots kernel's marks (nonzero: some valid slot names the kv row; the
     query row has a valid slot). max_q and max_do [R, H], when given, are
-    max_abs of query and grad_out already reduced (the delta kernel's; any
+    max_abs of query and grad_out already reduced (mark_slots' and the delta
+    kernel's; any
     float dtype holding the exact maxima): the same plan, without reading
     query and grad_out again.
 

@@ -145,8 +145,8 @@ class Launcher:
         """(row_scale [NKV] f32, allowance [R, H] f32): the fixed-point plan
         (fixed_point.plan) of the H = query.shape[2] real heads, from the delta
         launch's Delta and maxima of dO (delta, peak_do [R, HQ], HQ >= H) and the
-        slot marks and their maxima of q (peak_q [R, HQ]). Here in torch ops, the reference; a launcher may run it
-        as kernels, with the same bits."""
+        slot marks and their maxima of q (peak_q [R, HQ]). Here in torch ops, the
+        reference; a launcher may run it as kernels, with the same bits."""
         H = query.shape[2]
         return fixed_point.plan(query, grad_out, delta[:, :H], kv_v, referenced, live_row, sm_scale,
                                 max_q=fixed_point.bits_to_bf16(peak_q[:, :H]), max_do=fixed_point.bits_to_bf16(peak_do[:, :H]))

@@ -205,6 +205,15 @@ def test_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
     assert (gate >= 0) == (config.accumulate == "fixed"), f"{_id(config)}: gated = {gate >= 0}"
     if gate >= 0:
         assert gate < init and "__sync" not in source[:gate], f"{_id(config)}: the gate is not the kernel's first step"
+    # Block 0's gather goes out in the prologue, by warpgroup 0's threads, in a branch of its own
+    # with no barrier inside (the other warpgroup never reaches it), before Q's loads and after
+    # the gate (a redo that leaves issues nothing).
+    early_start = source.index(WARPGROUP_0)
+    early, early_end = branch_at(source, WARPGROUP_0)
+    assert early_start < roles and "mqa_cp_async16(" in early and "mqa_cp_async_commit();" in early, _id(config)
+    assert not any(name in early for name in ("__sync", "mqa_handoff", "ws_bar_sync_wg")), f"{_id(config)}: {early}"
+    assert early_end < source.index("Q_s)"), f"{_id(config)}: block 0's gather after Q's copy"
+    assert gate < early_start, f"{_id(config)}: block 0's gather before the gate"
 
 
 def test_head_tile_rule():

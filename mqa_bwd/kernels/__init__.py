@@ -15,7 +15,7 @@ tensors that hold every (padded) head, so no per-group copies exist.
 Modules, by what they build
   config.py            the configurations (MainConfig, KernelConfig), constants, the launch policy
   delta.py             Delta = rowsum(O * dO); DSinkRows = -exp2(Sink2 - Lse2) * Delta
-                       (fixed design: also max |Q|, max |dO| per row and head, as bf16 bits)
+                       (fixed design: also max |dO| per row and head, as bf16 bits)
   main_bwd.py          one CTA per query row, KV rows gathered with cp.async one slot
                        block ahead: dQ of the group, and the per-slot dKV
                        contributions added into an int64 fixed-point accumulator
@@ -26,7 +26,8 @@ Modules, by what they build
                        with its int64 redo) or fp32 atomics
   device_functions.py  the CUDA device functions the main kernels import as source
   plan.py              mark_slots: Referenced[k] = 1 for every kv row a valid slot names,
-                       LiveRow[r] = 1 for every row with a valid slot; plan: the fixed-point
+                       LiveRow[r] = 1 for every row with a valid slot, and max |Q| per row
+                       and head as bf16 bits (PeakQ); plan: the fixed-point
                        plan's row scales and mass allowances (fixed_point.plan's float64
                        operations), in three stages
   prologue.py          kernel_lse (Lse2, Sink2), slot_keys and place_slots (the slot layout around

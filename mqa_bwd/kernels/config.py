@@ -211,7 +211,7 @@ class KernelConfig:
     kinds: "delta" (d_v), "delta_max" (d_v), "mark_slots" (d_k), "plan" (stage),
     "dsink_reduce" (), "cast_bf16" (cols), "fixed_to_bf16" (cols), "lanes_to_bf16" (cols),
     "kernel_lse" (), "slot_keys" (index dtype: "int32" or "int64"), "place_slots" (),
-    "sorted_slots" (index dtype, keys a thread: prologue.sort_items).
+    "sorted_slots" (index dtype, keys a thread: sort_items).
     """
 
     kind: str

@@ -73,6 +73,8 @@ def mark_slots_program(d_k: int, threads: int = MARK_THREADS, items: int = MARK_
     """
     if d_k % 8:
         raise ValueError(f"d_k: {d_k}, not a multiple of 8 (a load takes 8 bf16 of q)")
+    if threads % 32:
+        raise ValueError(f"threads: {threads}, not whole warps (a head row's maximum is a warp's reduction)")
     tilelang, T = _tl()
     R = T.dynamic("R")
     HQ = T.dynamic("HQ")
