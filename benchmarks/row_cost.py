@@ -15,7 +15,9 @@ SM for) from everything else (k: the slots' work, per-call kernels, the host). a
 call's per-row cost: the main kernel's (its CTA's prologue, fill, drain and epilogue) and the
 other kernels' reads of a row's O, dO and Q (call_trace.py gives those apart). Every call keeps
 S_kv: by default the least with which every causal row sees at least L kv rows (S + L - 1 for
-the shortest L), so that no call's slots pile onto a few kv rows. Printed per backend: the
+the shortest L), so that no row's slots pile onto fewer than L kv rows. The causal rows still
+weigh the first kv rows more the longer S is (at L = 512, S = 16384: about 3.6 times the
+average row's contributions), and the fit takes that in with the rows. Printed per backend: the
 medians at each L, a in ns a row and in us of one SM, and the share of each call that the
 rows take. Fleet (L = 640) has 3.2 times dsv32's rows per slot.
 """
