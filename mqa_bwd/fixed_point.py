@@ -137,9 +137,8 @@ def plan(query, grad_out, delta, kv_v, referenced, live_row, sm_scale: float, ma
     mark_slots kernel's marks (nonzero: some valid slot names the kv row; the
     query row has a valid slot). max_q and max_do [R, H], when given, are
     max_abs of query and grad_out already reduced (mark_slots' and the delta
-    kernel's; any
-    float dtype holding the exact maxima): the same plan, without reading
-    query and grad_out again.
+    kernel's; any float dtype holding the exact maxima): the same plan,
+    without reading query and grad_out again.
 
     The three maxima read the large tensors; everything after them works on
     [R, H] and [NKV] values: some 80 small ops. This is the reference (the
