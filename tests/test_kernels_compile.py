@@ -226,9 +226,9 @@ def test_main_kernel_does_not_spill_registers(config):
     # One CTA per SM at up to 255 registers a thread: a kernel change that
     # pushes live values past that spills to local memory inside the slot loop.
     info = K.ptxas_info(config)
-    budget = SPILL_BUDGET.get((config.heads, config.d_k, config.accumulate), 0)
-    assert info["spill_stores"] <= budget and info["spill_loads"] <= budget, f"{_id(config)}: {info}"
-    assert info["stack"] <= budget, f"{_id(config)}: {info}"
+    budget = SPILL_BUDGET.get((config.heads, config.d_k, config.accumulate), {})
+    for field in ("spill_stores", "spill_loads", "stack"):
+        assert info[field] <= budget.get(field, 0), f"{_id(config)}: {field} over {budget.get(field, 0)}: {info}"
 
 
 #: Bytes of spills a kernel had when it was timed, per (heads, d_k, accumulate): the wide lanes
@@ -239,7 +239,7 @@ def test_main_kernel_does_not_spill_registers(config):
 #: loads). The peaks' reduce-scatter that costs the second word, and block 0's gather issued
 #: beside the prologue that costs the fifth load, are faster (docs/performance-log.md, twelfth
 #: and fourteenth sessions).
-SPILL_BUDGET = {(64, 576, "lanes"): 20}
+SPILL_BUDGET = {(64, 576, "lanes"): {"spill_stores": 8, "spill_loads": 20, "stack": 8}}
 
 
 CP_ASYNC = re.compile(r"cp\.async\.(?:ca|cg)\.shared\.global\S*\s+\[[^\]]+\],\s*\[[^\]]+\],\s*\d+(?P<src_size>,\s*[^;]+)?;")
