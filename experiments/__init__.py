@@ -45,6 +45,15 @@
         git apply experiments/last_block_split.patch
         python benchmarks/config_ab.py --field wg0_last_chunks --values 2,4,5,6 --shapes dsv32,fleet
 
+  mark_warps.patch          mark_slots with 8 warps a CTA (256 threads, 4 slots a thread: the same
+                            1024-slot chunks), so that a row's stream of q for the plan's maxima
+                            has twice the warps (its 0.182 ms at fleet is about 1.4 times q's
+                            bytes at HBM bandwidth; docs/performance-log.md, fourteenth session).
+                            The row limit stays MAX_SLOTS_PER_ROW. Compiled (76 registers, no
+                            spills), not yet run:
+
+        REV=<head> bash scripts/ab-packages.sh experiments/mark_warps.patch
+
 git history holds the others (the wrapper's layout steps as kernels became the product's,
 mqa_bwd.kernels.prologue; early_gather.patch, block 0's gather beside the row's prologue, is at
 78bd4a7 and became the product's wide tile; transposed_lanes.patch, the dKV chunks formed
