@@ -123,6 +123,17 @@ def magnitude_bits(x: torch.Tensor) -> torch.Tensor:
     return (x.contiguous().view(torch.int16).to(torch.int32) & 0x7FFF).amax(dim=-1)
 
 
+def mark_slots(slots, referenced, live_row, q, peak_q) -> None:
+    """The plan's inputs from a call's slots [R, Lp] and q [R, HQ, Dk], in place: referenced [NKV]
+    and live_row [R] int32 (zeroed by the caller) become 1 where a valid slot names the kv row and
+    for a row with a valid slot; peak_q [R, HQ] int32 becomes magnitude_bits(q). The reference of
+    the kernels that write them (mark_slots, sorted_marks)."""
+    peak_q.copy_(magnitude_bits(q))
+    valid = (slots >= 0) & (slots < referenced.shape[0])
+    referenced[slots[valid].long()] = 1
+    live_row[valid.any(dim=1)] = 1
+
+
 def bits_to_bf16(bits: torch.Tensor) -> torch.Tensor:
     """The bf16 values of magnitude_bits' patterns."""
     return bits.to(torch.int16).view(torch.bfloat16)

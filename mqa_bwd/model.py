@@ -26,6 +26,7 @@ import numpy as np
 import torch
 
 from . import kernels as K
+from . import fixed_point
 from .fixed_point import magnitude_bits
 from .contract import BoundsError
 from .kernels.reductions import DSINK_GROUPS
@@ -70,6 +71,13 @@ def _shape_is(kernel, tensor, t, shape):
     if tuple(t.shape) != tuple(shape):
         # A launch with mismatched buffers would read or write past one of them.
         raise TileBoundsError(kernel, f"{tensor} (shape {tuple(t.shape)}, launch expects {tuple(shape)})", 0, 0)
+
+
+def _marks_shaped(kernel, slots, referenced, live_row, q, peak_q):
+    """The slot marks' buffers fit the rows of ``slots`` (mark_slots, sorted_marks)."""
+    _shape_is(kernel, "LiveRow", live_row, (slots.shape[0],))
+    _shape_is(kernel, "Q", q, (slots.shape[0], q.shape[1], q.shape[2]))
+    _shape_is(kernel, "PeakQ", peak_q, q.shape[:2])
 
 
 def _bf16(x: torch.Tensor) -> torch.Tensor:
@@ -315,24 +323,21 @@ class ModelLauncher(Launcher):
             acc_np[rows_np[i]] += vals_np[i]
 
     # -- slot layout ---------------------------------------------------------------
-    def sorted_slots(self, indices, slots, row0, S, S_kv, nkv):
+    def sorted_slots(self, indices, slots, row0, S, S_kv, nkv, marks=None):
         # One CTA holds SORT_CAPACITY keys: the kernel would leave a longer row's tail unwritten.
         if not indices.shape[1] <= slots.shape[1] <= K.SORT_CAPACITY:
             raise TileBoundsError("sorted_slots", f"Slots (a row of {slots.shape[1]} for {indices.shape[1]} indices)",
                                   slots.shape[1], K.SORT_CAPACITY, "slot")
         _shape_is("sorted_slots", "Slots", slots, (indices.shape[0], slots.shape[1]))
-        super().sorted_slots(indices, slots, row0, S, S_kv, nkv)
+        if marks is not None:
+            _marks_shaped("sorted_slots", slots, *marks)
+        super().sorted_slots(indices, slots, row0, S, S_kv, nkv, marks)
 
     # -- slot marks --------------------------------------------------------------
     def mark_slots(self, slots, referenced, live_row, q, peak_q):
         self.launched("mark_slots")
-        _shape_is("mark_slots", "LiveRow", live_row, (slots.shape[0],))
-        _shape_is("mark_slots", "Q", q, (slots.shape[0], q.shape[1], q.shape[2]))
-        _shape_is("mark_slots", "PeakQ", peak_q, q.shape[:2])
-        peak_q.copy_(magnitude_bits(q))
-        valid = (slots >= 0) & (slots < referenced.shape[0])
-        referenced[slots[valid].long()] = 1
-        live_row[valid.any(dim=1)] = 1
+        _marks_shaped("mark_slots", slots, referenced, live_row, q, peak_q)
+        fixed_point.mark_slots(slots, referenced, live_row, q, peak_q)
 
     # -- d_sink reduction ----------------------------------------------------
     def dsink_reduce(self, dsink_rows, dsink):

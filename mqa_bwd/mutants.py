@@ -91,7 +91,7 @@ def _lse_unpoisoned(lse, sink, launcher):
     return lse2, (sink * LOG2E).contiguous()
 
 
-def _minus_one_only_slots(token_indices, p, launcher):
+def _minus_one_only_slots(token_indices, p, launcher, marks=None):
     idx = token_indices.to(torch.int64)
     base = (torch.arange(p.B, device=idx.device, dtype=torch.int64) * p.S_kv).view(p.B, 1, 1)
     nkv = p.B * p.S_kv  # sorts last, as the wrapper's invalid slots do
@@ -100,7 +100,10 @@ def _minus_one_only_slots(token_indices, p, launcher):
     g = torch.where(g == nkv, -1, g)
     if p.padded_slots != p.L:
         g = torch.nn.functional.pad(g, (0, p.padded_slots - p.L), value=-1)
-    return g.to(torch.int32).contiguous()
+    g = g.to(torch.int32).contiguous()
+    if marks is not None:
+        launcher.mark_slots(g, *marks)
+    return g
 
 
 no_head_padding = _with_steps(validate=_no_head_padding_validate)

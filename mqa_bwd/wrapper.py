@@ -408,12 +408,16 @@ def caller_order(rows: torch.Tensor) -> torch.Tensor:
 
 
 def global_slots(token_indices: torch.Tensor, problem: "Problem", launcher: L.Launcher,
-                 order: Callable = canonical_order) -> torch.Tensor:
+                 order: Callable = canonical_order, marks: tuple | None = None) -> torch.Tensor:
     """[B,S,L] any integer -> [R, Lp] int32: b*S_kv + index when 0 <= index < S_kv, else -1,
     each row's slots in ``order`` (the canonical order; caller_order keeps the caller's):
     the launcher's slot keys (layout.slot_keys), ordered, then placed (layout.place_slots),
     at most INDEX_STEP slots at a time; in the canonical order, where a row fits one CTA of
-    the kernel that fuses the three (Problem.sorts_in_one_step), that kernel's launch a step."""
+    the kernel that fuses the three (Problem.sorts_in_one_step), that kernel's launch a step.
+
+    ``marks``: the fixed-point plan's (referenced [NKV], live_row [R], q [R, Hp, Dk], peak_q
+    [R, Hp]; Launcher.mark_slots), filled from the slots by the fused launches, else by a
+    mark_slots launch after the layout."""
     p = problem
     flat = token_indices.reshape(p.rows, p.L)
     nkv = p.B * p.S_kv
@@ -427,11 +431,14 @@ def global_slots(token_indices: torch.Tensor, problem: "Problem", launcher: L.La
         if str(part.dtype).removeprefix("torch.") not in K.SLOT_INDEX_DTYPES:
             part = part.to(torch.int64)
         if fused:
-            launcher.sorted_slots(part.contiguous(), slots[r0:r1], r0, p.S, p.S_kv, nkv)
+            step_marks = None if marks is None else (marks[0], *(m[r0:r1] for m in marks[1:]))
+            launcher.sorted_slots(part.contiguous(), slots[r0:r1], r0, p.S, p.S_kv, nkv, step_marks)
             continue
         step_keys = keys[: r1 - r0]
         launcher.slot_keys(part.contiguous(), step_keys, r0, p.S, p.S_kv, nkv)
         launcher.place_slots(order(step_keys), slots[r0:r1], nkv)
+    if marks is not None and not fused:
+        launcher.mark_slots(slots, *marks)
     return slots
 
 
@@ -444,8 +451,9 @@ class Steps:
     require_dtype(name, t, dtype, framework)      ValueError unless t.dtype == dtype
     pad_heads(x, padded, value, launcher) -> x    [R, H, ...] -> [R, padded, ...]
     kernel_lse(lse, sink, launcher) -> (lse2, sink2)   base 2, sink-inclusive (padded tensors)
-    global_slots(token_indices, problem, launcher) -> slots [R, Lp] int32 global kv rows
-                                                  or -1, each row in the canonical order
+    global_slots(token_indices, problem, launcher, marks=None) -> slots [R, Lp] int32 global
+                                                  kv rows or -1, each row in the canonical
+                                                  order; with marks, the plan's slot marks too
     """
 
     validate: Callable
@@ -489,7 +497,11 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
         launcher.delta(o, do, lse2, sink2, delta, dsink_rows)
 
     kv2 = kv.reshape(NKV, p.d_k).contiguous()
-    slots = steps.global_slots(token_indices, p, launcher)
+    marks = None
+    if fixed:  # the plan's slot marks and maxima of q come with the slot layout
+        marks = (launcher.zeros((NKV,), torch.int32), launcher.zeros((R,), torch.int32), q,
+                 launcher.empty((R, Hp), torch.int32))
+    slots = steps.global_slots(token_indices, p, launcher, marks=marks)
 
     # Every launch reads its head groups in place (head_base): no per-group copies.
     dq = launcher.empty((R, Hp, p.d_k), torch.bfloat16)
@@ -504,10 +516,7 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
             launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, dkv_acc, config=config, sm_scale=sm_scale, heads=bh,
                               head_base=g * bh)
     else:
-        referenced = launcher.zeros((NKV,), torch.int32)
-        live_row = launcher.zeros((R,), torch.int32)
-        peak_q = launcher.empty((R, Hp), torch.int32)  # with the marks: their launch streams q too
-        launcher.mark_slots(slots, referenced, live_row, q, peak_q)
+        referenced, live_row, _, peak_q = marks
         row_scale, allowance = launcher.plan(query, grad_out, delta, kv2[:, : p.d_v], referenced, live_row, sm_scale,
                                              peak_q, peak_do)
         # Padding heads (q = dO = 0) contribute nothing: no limit on their mass.

@@ -233,29 +233,49 @@ def test_slot_marks_match_the_model_inside_guard_bands(Lp, NKV, HQ, Dk):
                                               (2, 5, 1500, 700, torch.int32), (2, 3, 3000, 2048, torch.int64),
                                               (1, 3, 5000, 2100, torch.int32)])
 @pytest.mark.parametrize("step_rows", [None, 3])
-def test_slot_layout_kernels_give_the_models_slots_inside_guard_bands(B, S, S_kv, L, dtype, step_rows, monkeypatch):
+@pytest.mark.parametrize("marked", [False, True], ids=["layout", "with_marks"])
+def test_slot_layout_kernels_give_the_models_slots_inside_guard_bands(B, S, S_kv, L, dtype, step_rows, marked,
+                                                                      monkeypatch):
     # The slot layout (wrapper.global_slots) against the reference steps (layout.py, the
     # model's): sorted_slots for rows of up to SORT_CAPACITY slots (its builds of 2, 4 and 8 keys
     # a thread: up to 512, 1024 and 2048 slots, 2048 full), slot_keys and place_slots around
     # torch's sort for longer ones (2100); every invalid kind, duplicates,
     # padding, B > 1, indices of each dtype the kernels read and one they do not (int16,
     # converted first), one step and several (a step's row0 sets its batch offsets).
+    # with_marks: the deterministic design's layout, which also fills the plan's slot marks and
+    # max |q| bits (sorted_marks a step where rows fit a CTA, else mark_slots after the layout),
+    # the model's exactly; 21 heads leave a warp's last batch of head rows partial, NaN and inf
+    # included.
     case = Case(B=B, S=S, S_kv=S_kv, H=16, L=L, invalid=INVALID_KINDS, hole_rate=0.3, duplicates=True, seed=L)
     info = torch.iinfo(dtype)
     idx = torch.from_numpy(case.indices()).to(torch.int64).clamp(info.min, info.max).to(dtype)
     if step_rows:
         monkeypatch.setattr(wrapper, "INDEX_STEP", step_rows * L)
     p = wrapper.Problem(B=B, S=S, S_kv=S_kv, H=16, L=L, d_k=64, d_v=32, block_h=16, dkv_buf_bytes=None)
+    R, NKV, HQ = B * S, B * S_kv, 21
+    q = torch.randn((R, HQ, p.d_k), generator=torch.Generator().manual_seed(L)).bfloat16()
+    q[0, 3, 17], q[R - 1, HQ - 1, p.d_k - 1] = float("nan"), float("-inf")
     got = {}
     for name, device in (("model", "cpu"), ("tilelang", "cuda")):
         guards = GuardBands()
         launcher = ModelLauncher(instruments=guards.instruments()) if name == "model" else launch.TileLangLauncher(
             instruments=guards.instruments())
-        slots = wrapper.global_slots(idx.to(device), p, launcher)
+        marks = None
+        if marked:
+            marks = (guards.allocate((NKV,), torch.int32, device, "Referenced").zero_(),
+                     guards.allocate((R,), torch.int32, device, "LiveRow").zero_(), q.to(device),
+                     guards.allocate((R, HQ), torch.int32, device, "PeakQ").fill_(-7))
+        slots = wrapper.global_slots(idx.to(device), p, launcher, marks=marks)
         assert not guards.violations(), f"{name}: {guards.violations()}"
-        got[name] = slots.cpu()
-    assert bitwise_difference("slots", got["tilelang"], got["model"]) is None
-    assert 0 < int((got["model"] >= 0).sum()) < got["model"].numel() and bool((got["model"][:, L:] == -1).all())
+        got[name] = (slots.cpu(),) + (() if marks is None else (marks[0].cpu(), marks[1].cpu(), marks[3].cpu()))
+    assert bitwise_difference("slots", got["tilelang"][0], got["model"][0]) is None
+    slots = got["model"][0]
+    assert 0 < int((slots >= 0).sum()) < slots.numel() and bool((slots[:, L:] == -1).all())
+    if marked:
+        for what, want, have in zip(("referenced", "live_row", "peak_q"), got["model"][1:], got["tilelang"][1:]):
+            assert torch.equal(want, have), f"{what} differs from the model"
+        assert torch.equal(got["model"][1], (torch.zeros(NKV, dtype=torch.int32).index_fill_(0, slots[slots >= 0].long(), 1)))
+        assert torch.isnan(fixed_point.bits_to_bf16(got["tilelang"][3])[0, 3])
 
 
 def test_kernel_lse_keeps_the_poisoning_rule_and_the_values():

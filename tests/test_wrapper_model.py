@@ -130,6 +130,26 @@ def test_the_one_step_slot_layout_is_the_three_steps(dtype, step_rows, monkeypat
     assert fused_counts.counts["launch:sorted_slots"] == launches and "launch:slot_keys" not in fused_counts.counts
     assert fused_counts.counts["allocations"] == 1 and steps_counts.counts["allocations"] == 2  # the keys
     assert steps_counts.counts["launch:slot_keys"] == launches
+    # The deterministic design's layout also fills the plan's slot marks: in the same launches
+    # where rows fit a CTA (sorted_marks), else with a mark_slots launch after the three steps;
+    # the same marks either way, and mark_slots' own.
+    q = torch.randn((p.rows, 3, p.d_k), generator=torch.Generator().manual_seed(1)).bfloat16()
+
+    def marks():
+        return torch.zeros(p.B * p.S_kv, dtype=torch.int32), torch.zeros(p.rows, dtype=torch.int32), q, torch.full(
+            (p.rows, 3), -7, dtype=torch.int32)
+
+    fused_marks, three_marks, alone = marks(), marks(), marks()
+    fused_counts, steps_counts = Instruments(), Instruments()
+    wrapper.global_slots(idx, p, ModelLauncher(instruments=fused_counts), marks=fused_marks)
+    wrapper.global_slots(idx, p, ModelLauncher(instruments=steps_counts), order=lambda keys: wrapper.canonical_order(keys),
+                         marks=three_marks)
+    ModelLauncher().mark_slots(fused, *alone)
+    assert "launch:mark_slots" not in fused_counts.counts and fused_counts.counts["launch:sorted_slots"] == launches
+    assert steps_counts.counts["launch:mark_slots"] == 1
+    for name, got, other, want in zip(("referenced", "live_row", "q", "peak_q"), fused_marks, three_marks, alone):
+        assert torch.equal(got, want) and torch.equal(other, want), name
+    assert 0 < int(alone[0].sum()) < p.B * p.S_kv and int(alone[1].sum()) > 0 and bool((alone[3] > 0).all())
     # The model holds the kernel to its tile: a row longer than one CTA sorts is refused.
     long_row = torch.zeros((2, kernels.SORT_CAPACITY + 64), dtype=torch.int32)
     with pytest.raises(TileBoundsError, match="^sorted_slots: Slots"):

@@ -32,7 +32,9 @@ Modules, by what they build
                        operations), in three stages
   prologue.py          kernel_lse (Lse2, Sink2), slot_keys and place_slots (the slot layout around
                        torch's sort), sorted_slots (all three in one CTA a row, for rows of at most
-                       SORT_CAPACITY slots): the wrapper's layout steps (mqa_bwd.layout defines them)
+                       SORT_CAPACITY slots; its deterministic build, sorted_marks, also does
+                       mark_slots' work for its rows): the wrapper's layout steps (mqa_bwd.layout
+                       defines them)
   reductions.py        dsink_reduce (DSink[h] over the rows in a fixed order: 64 strided row
                        groups, then their sums), fixed_to_bf16 (the fixed-point accumulator ->
                        bf16 dKV, NaN when poisoned), lanes_to_bf16 (the same with the lanes

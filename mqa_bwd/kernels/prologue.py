@@ -6,6 +6,7 @@ instead of some twenty torch ops, each of which costs the host a launch."""
 import math
 
 from .config import LOG2E, SORT_ITEM_COUNTS, SORT_THREADS, _tl
+from .plan import PEAK_HEADS_AT_ONCE, PEAK_SOURCE
 
 #: Threads a CTA of slot_keys and place_slots (one CTA a query row and chunk of slots).
 SLOT_THREADS = 256
@@ -85,17 +86,22 @@ def place_slots_program():
 # CUB's block radix sort over the bits below end_bit (every key is at most NKV < 2**end_bit),
 # then the sorted keys striped to the row's slots. The padding keys past L are NKV, as an
 # invalid slot's: they sort last and become -1.
+# The deterministic design's build (mqa_sorted_marked_row) also does mark_slots' work for its
+# row: PeakQ from the row's q (plan.PEAK_SOURCE), then the marks from the sorted keys. The sort
+# waits on its barriers and shared memory, the q stream on HBM: in one launch, the CTAs of an
+# SM that sort leave the memory system to those that stream.
 SORT_SOURCE = r"""
 #include <cub/block/block_radix_sort.cuh>
+constexpr int mqa_sort_threads = %(threads)d, mqa_sort_items = %(items)d;
+// keys[i] of thread t: the row's key (i * threads + t) in increasing order.
 template <typename Index>
-__device__ __forceinline__ void mqa_sorted_slots_row(const Index* indices, int* slots, int L, int Lp, int base,
-                                                     int S_kv, int nkv, int end_bit) {
-  using Sort = cub::BlockRadixSort<unsigned, %(threads)d, %(items)d>;
+__device__ __forceinline__ void mqa_sort_row(const Index* indices, unsigned (&keys)[mqa_sort_items], int L, int base, int S_kv, int nkv,
+                                             int end_bit) {
+  using Sort = cub::BlockRadixSort<unsigned, mqa_sort_threads, mqa_sort_items>;
   __shared__ typename Sort::TempStorage storage;
-  unsigned keys[%(items)d];
 #pragma unroll
-  for (int i = 0; i < %(items)d; ++i) {
-    const int j = i * %(threads)d + static_cast<int>(threadIdx.x);
+  for (int i = 0; i < mqa_sort_items; ++i) {
+    const int j = i * mqa_sort_threads + static_cast<int>(threadIdx.x);
     unsigned key = static_cast<unsigned>(nkv);
     if (j < L) {
       const Index index = indices[j];
@@ -104,26 +110,86 @@ __device__ __forceinline__ void mqa_sorted_slots_row(const Index* indices, int* 
     keys[i] = key;
   }
   Sort(storage).SortBlockedToStriped(keys, 0, end_bit);
+}
+__device__ __forceinline__ void mqa_place_row(const unsigned* keys, int* slots, int Lp, int nkv) {
 #pragma unroll
-  for (int i = 0; i < %(items)d; ++i) {
-    const int j = i * %(threads)d + static_cast<int>(threadIdx.x);
+  for (int i = 0; i < mqa_sort_items; ++i) {
+    const int j = i * mqa_sort_threads + static_cast<int>(threadIdx.x);
     if (j < Lp) slots[j] = keys[i] == static_cast<unsigned>(nkv) ? -1 : static_cast<int>(keys[i]);
   }
+}
+// mark_slots' rule: every write stores 1, a kv row already marked is not stored again, and the
+// marks' loads go out together before any store.
+__device__ __forceinline__ void mqa_mark_row(const unsigned* keys, int* referenced, int* live_row, int nkv) {
+  int marked[mqa_sort_items];
+  bool live = false;
+#pragma unroll
+  for (int i = 0; i < mqa_sort_items; ++i) {
+    const bool valid = keys[i] < static_cast<unsigned>(nkv);
+    marked[i] = valid ? referenced[keys[i]] : 1;
+    live = live || valid;
+  }
+#pragma unroll
+  for (int i = 0; i < mqa_sort_items; ++i)
+    if (marked[i] == 0) referenced[keys[i]] = 1;
+  if (live) *live_row = 1;
+}
+template <typename Index>
+__device__ __forceinline__ void mqa_sorted_slots_row(const Index* indices, int* slots, int L, int Lp, int base,
+                                                     int S_kv, int nkv, int end_bit) {
+  unsigned keys[mqa_sort_items];
+  mqa_sort_row(indices, keys, L, base, S_kv, nkv, end_bit);
+  mqa_place_row(keys, slots, Lp, nkv);
+}
+template <typename Index>
+__device__ __forceinline__ void mqa_sorted_marked_row(const Index* indices, int* slots, int L, int Lp, int base,
+                                                      int S_kv, int nkv, int end_bit, const void* q_row, int* peak_q,
+                                                      int hq, int* referenced, int* live_row) {
+  mqa_peak_rows(q_row, peak_q, hq, static_cast<int>(threadIdx.x), mqa_sort_threads);
+  unsigned keys[mqa_sort_items];
+  mqa_sort_row(indices, keys, L, base, S_kv, nkv, end_bit);
+  mqa_place_row(keys, slots, Lp, nkv);
+  mqa_mark_row(keys, referenced, live_row, nkv);
 }
 """
 
 
-def sorted_slots_program(index_dtype: str, items: int):
+def sorted_slots_program(index_dtype: str, items: int, d_k: int | None = None):
     """Slots[r] = place_slots(sort(slot_keys(Indices[r]))) for the query rows row0 .. row0 + R of
     at most SORT_THREADS * items slots (L <= Lp <= SORT_THREADS * items): the slot layout in the
     canonical order (layout.canonical_order) in one launch, with no keys in memory. end_bit:
-    NKV's bit length."""
+    NKV's bit length.
+
+    With ``d_k`` (the deterministic design's build, KernelConfig "sorted_marks"), the same CTA
+    also writes what plan.mark_slots_program writes for its row, by the same rules: PeakQ[r] of
+    Q[r] ([R, HQ, d_k]), LiveRow[r], and Referenced for the row's valid slots (Referenced and
+    LiveRow zeroed by the caller)."""
     if items not in SORT_ITEM_COUNTS:
         raise ValueError(f"items: {items!r}, not one of {SORT_ITEM_COUNTS}")
+    if d_k is not None and d_k % 8:
+        raise ValueError(f"d_k: {d_k}, not a multiple of 8 (a load takes 8 bf16 of q)")
     source = SORT_SOURCE % {"threads": SORT_THREADS, "items": items}
+    if d_k is not None:
+        source = PEAK_SOURCE % {"vectors": d_k // 8, "at_once": PEAK_HEADS_AT_ONCE} + source
     tilelang, T = _tl()
     R, L, Lp = T.dynamic("R"), T.dynamic("L"), T.dynamic("Lp")
     i32 = "int32"
+
+    if d_k is not None:
+        HQ, NKV_ROWS = T.dynamic("HQ"), T.dynamic("NKV_ROWS")
+
+        @T.prim_func
+        def sorted_marks(Indices: T.Tensor((R, L), index_dtype), Slots: T.Tensor((R, Lp), i32),
+                         Referenced: T.Tensor((NKV_ROWS,), i32), LiveRow: T.Tensor((R,), i32),
+                         Q: T.Tensor((R, HQ, d_k), "bfloat16"), PeakQ: T.Tensor((R, HQ), i32), row0: T.int32,
+                         S: T.int32, S_kv: T.int32, NKV: T.int32, end_bit: T.int32):
+            with T.Kernel(R, threads=SORT_THREADS) as r:
+                T.import_source(source)
+                T.call_extern("handle", "mqa_sorted_marked_row", T.address_of(Indices[r, 0]), T.address_of(Slots[r, 0]),
+                              L, Lp, ((row0 + r) // S) * S_kv, S_kv, NKV, end_bit, T.address_of(Q[r, 0, 0]),
+                              T.address_of(PeakQ[r, 0]), HQ, T.address_of(Referenced[0]), T.address_of(LiveRow[r]))
+
+        return sorted_marks
 
     @T.prim_func
     def sorted_slots(Indices: T.Tensor((R, L), index_dtype), Slots: T.Tensor((R, Lp), i32), row0: T.int32, S: T.int32,

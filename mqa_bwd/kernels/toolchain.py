@@ -54,6 +54,7 @@ def program_of(config):
         "slot_keys": slot_keys_program,
         "place_slots": place_slots_program,
         "sorted_slots": sorted_slots_program,
+        "sorted_marks": sorted_slots_program,
     }
     return builders[config.kind](*config.args)
 
