@@ -1,65 +1,96 @@
 """The Delta kernel: Delta = rowsum(O * dO), the sink rows, and the fixed-point plan's maxima of dO."""
 
-from .config import LOG2E, _tl
+from .config import _tl
 
 DELTA_HEADS = 16
-PEAK_COLS = 32  # columns per step of the maxima: one warp per head row
+#: Head rows a warp of the Delta kernel takes at once (DELTA_HEADS over the CTA's 4 warps).
+DELTA_HEADS_AT_ONCE = 4
+DELTA_THREADS = 32 * DELTA_HEADS // DELTA_HEADS_AT_ONCE
+
+# A warp per DELTA_HEADS_AT_ONCE head rows of one query row, 16 bytes a lane a load: every load
+# of those rows goes out before any product, so that a warp keeps 8 KB of O and dO in flight (a
+# TileLang loop of one element a thread a load kept far less). A lane sums its own elements in a
+# fixed order, then the warp's lanes by a butterfly: the same order on every run, and no block
+# barrier.
+# The maxima of dO: bf16 is sign and magnitude, so |x| orders as its low 15 bits do, and every
+# NaN's bits lie above inf's: an integer max is exact and keeps a NaN.
+DELTA_SOURCE = r"""
+__device__ __forceinline__ float mqa_dot_bf16x8(uint4 a, uint4 b, float sum) {
+  const unsigned x[4] = {a.x, a.y, a.z, a.w}, y[4] = {b.x, b.y, b.z, b.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    sum = fmaf(__uint_as_float(x[k] << 16), __uint_as_float(y[k] << 16), sum);
+    sum = fmaf(__uint_as_float(x[k] & 0xffff0000u), __uint_as_float(y[k] & 0xffff0000u), sum);
+  }
+  return sum;
+}
+template <bool with_peak>
+__device__ __forceinline__ void mqa_delta_heads(const void* o_row, const void* do_row, const float* lse2_row,
+                                                const float* sink2, const void* delta_row, const void* dsink_row,
+                                                const void* peak_row, int h_first, int hq) {
+  constexpr int vectors = %(vectors)d, per_lane = (vectors + 31) / 32, at_once = %(at_once)d;
+  const int lane = threadIdx.x & 31, h0 = h_first + (threadIdx.x >> 5) * at_once;
+  const uint4* o = static_cast<const uint4*>(o_row);
+  const uint4* g = static_cast<const uint4*>(do_row);
+  uint4 a[at_once][per_lane], b[at_once][per_lane];
+#pragma unroll
+  for (int i = 0; i < at_once; ++i)
+#pragma unroll
+    for (int v = 0; v < per_lane; ++v) {
+      const int vector = v * 32 + lane;
+      a[i][v] = b[i][v] = make_uint4(0u, 0u, 0u, 0u);
+      if (h0 + i < hq && vector < vectors) {
+        a[i][v] = __ldg(o + static_cast<long>(h0 + i) * vectors + vector);
+        b[i][v] = __ldg(g + static_cast<long>(h0 + i) * vectors + vector);
+      }
+    }
+#pragma unroll
+  for (int i = 0; i < at_once; ++i) {
+    float sum = 0.0f;
+    unsigned m = 0u;
+#pragma unroll
+    for (int v = 0; v < per_lane; ++v) {
+      sum = mqa_dot_bf16x8(a[i][v], b[i][v], sum);
+      if (with_peak)
+        m = __vmaxu2(m, __vmaxu2(__vmaxu2(b[i][v].x & 0x7fff7fffu, b[i][v].y & 0x7fff7fffu),
+                                 __vmaxu2(b[i][v].z & 0x7fff7fffu, b[i][v].w & 0x7fff7fffu)));
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
+    if (with_peak) m = __reduce_max_sync(0xffffffffu, max(m & 0xffffu, m >> 16));
+    const int h = h0 + i;
+    if (lane == 0 && h < hq) {
+      const_cast<float*>(static_cast<const float*>(delta_row))[h] = sum;
+      const_cast<float*>(static_cast<const float*>(dsink_row))[h] = -exp2f(sink2[h] - lse2_row[h]) * sum;
+      if (with_peak) const_cast<int*>(static_cast<const int*>(peak_row))[h] = static_cast<int>(m);
+    }
+  }
+}
+"""
 
 
-def delta_program(d_v: int, threads: int = 128, peak_do: bool = False):
+def delta_program(d_v: int, threads: int = DELTA_THREADS, peak_do: bool = False):
     """Delta[r, h] = <O[r, h], dO[r, h]>; DSinkRows[r, h] = -exp2(Sink2[h] - Lse2[r, h]) * Delta[r, h].
 
     With peak_do (the fixed-point design's variant) it also writes the maximum
     its plan needs of dO, which it reads anyway, as bf16 bit patterns in int32:
     PeakDO[r, h] = max_d bits(|dO[r, h, d]|) (exact; a NaN pattern when an
-    element is NaN). The plan's maxima of q come with the slot marks
-    (plan.mark_slots_program), whose dependent loads hide q's stream.
+    element is NaN). The plan's maxima of q come with the slot layout
+    (prologue.sorted_slots_program's sorted_marks build, or plan.mark_slots_program).
 
     Grid (R, ceil(H / 16)); heads past H are masked, so any H is safe here.
     """
+    if d_v % 8:
+        raise ValueError(f"d_v: {d_v}, not a multiple of 8 (a load takes 8 bf16)")
+    if threads != DELTA_THREADS:
+        raise ValueError(f"threads: {threads}, not {DELTA_THREADS} (a warp per {DELTA_HEADS_AT_ONCE} of {DELTA_HEADS} heads)")
     tilelang, T = _tl()
     R = T.dynamic("R")
     H = T.dynamic("H")
     Dv = d_v
     bh = DELTA_HEADS
-    block_d = 64 if Dv % 64 == 0 else 16
     f32, bf16, i32 = "float32", "bfloat16", "int32"
-    if peak_do and Dv % PEAK_COLS:
-        raise ValueError(f"d_v: {Dv}, not a multiple of {PEAK_COLS} (the maxima's columns a step)")
-
-    @T.macro
-    def row_products(O, dO, acc, r, hb):
-        T.clear(acc)
-        for kd in T.serial(Dv // block_d):
-            for h, d in T.Parallel(bh, block_d):
-                if hb * bh + h < H:
-                    acc[h, d] += T.cast(O[r, hb * bh + h, kd * block_d + d], f32) * T.cast(
-                        dO[r, hb * bh + h, kd * block_d + d], f32
-                    )
-
-    @T.macro
-    def write_delta(Lse2, Sink2, Delta, DSinkRows, acc, row, r, hb):
-        T.reduce_sum(acc, row, dim=1)
-        for h in T.Parallel(bh):
-            if hb * bh + h < H:
-                Delta[r, hb * bh + h] = row[h]
-                DSinkRows[r, hb * bh + h] = -T.exp2(Sink2[hb * bh + h] - Lse2[r, hb * bh + h]) * row[h]
-
-    @T.macro
-    def magnitude_peak(X, width, Peak, peak, peak_row, r, hb):
-        # bf16 is sign-magnitude: |x| orders as its low 15 bits do, and every
-        # NaN's bits lie above inf's, so an integer max is exact and keeps NaN.
-        # Rows of 32 columns reduce within a warp (no block barrier).
-        T.clear(peak)
-        for kd in T.serial(width // PEAK_COLS):
-            for h, d in T.Parallel(bh, PEAK_COLS):
-                if hb * bh + h < H:
-                    peak[h, d] = T.max(peak[h, d], T.bitwise_and(
-                        T.cast(T.reinterpret(X[r, hb * bh + h, kd * PEAK_COLS + d], "int16"), i32), 0x7FFF))
-        T.reduce_max(peak, peak_row, dim=1)
-        for h in T.Parallel(bh):
-            if hb * bh + h < H:
-                Peak[r, hb * bh + h] = peak_row[h]
+    source = DELTA_SOURCE % {"vectors": Dv // 8, "at_once": DELTA_HEADS_AT_ONCE}
 
     if peak_do:
         @T.prim_func
@@ -73,13 +104,10 @@ def delta_program(d_v: int, threads: int = 128, peak_do: bool = False):
             PeakDO: T.Tensor((R, H), i32),
         ):
             with T.Kernel(R, T.ceildiv(H, bh), threads=threads) as (r, hb):
-                acc = T.alloc_fragment((bh, block_d), f32)
-                row = T.alloc_fragment((bh,), f32)
-                peak = T.alloc_fragment((bh, PEAK_COLS), i32)
-                peak_row = T.alloc_fragment((bh,), i32)
-                row_products(O, dO, acc, r, hb)
-                write_delta(Lse2, Sink2, Delta, DSinkRows, acc, row, r, hb)
-                magnitude_peak(dO, Dv, PeakDO, peak, peak_row, r, hb)
+                T.import_source(source)
+                T.call_extern("handle", "mqa_delta_heads<true>", T.address_of(O[r, 0, 0]), T.address_of(dO[r, 0, 0]),
+                              T.address_of(Lse2[r, 0]), T.address_of(Sink2[0]), T.address_of(Delta[r, 0]),
+                              T.address_of(DSinkRows[r, 0]), T.address_of(PeakDO[r, 0]), hb * bh, H)
 
         return delta_max
 
@@ -93,10 +121,9 @@ def delta_program(d_v: int, threads: int = 128, peak_do: bool = False):
         DSinkRows: T.Tensor((R, H), f32),
     ):
         with T.Kernel(R, T.ceildiv(H, bh), threads=threads) as (r, hb):
-            acc = T.alloc_fragment((bh, block_d), f32)
-            row = T.alloc_fragment((bh,), f32)
-            row_products(O, dO, acc, r, hb)
-            write_delta(Lse2, Sink2, Delta, DSinkRows, acc, row, r, hb)
+            T.import_source(source)
+            T.call_extern("handle", "mqa_delta_heads<false>", T.address_of(O[r, 0, 0]), T.address_of(dO[r, 0, 0]),
+                          T.address_of(Lse2[r, 0]), T.address_of(Sink2[0]), T.address_of(Delta[r, 0]),
+                          T.address_of(DSinkRows[r, 0]), T.address_of(Delta[r, 0]), hb * bh, H)
 
     return delta
-
