@@ -45,22 +45,15 @@
         git apply experiments/last_block_split.patch
         python benchmarks/config_ab.py --field wg0_last_chunks --values 2,4,5,6 --shapes dsv32,fleet
 
-  mark_warps.patch          mark_slots with 8 warps a CTA (256 threads, 4 slots a thread: the same
-                            1024-slot chunks), so that a row's stream of q for the plan's maxima
-                            has twice the warps (its 0.182 ms at fleet is about 1.4 times q's
-                            bytes at HBM bandwidth; docs/performance-log.md, fourteenth session).
-                            The row limit stays MAX_SLOTS_PER_ROW. Compiled (76 registers, no
-                            spills), not yet run:
-
-        REV=<head> bash scripts/ab-packages.sh experiments/mark_warps.patch
-
 git history holds the others (the wrapper's layout steps as kernels became the product's,
 mqa_bwd.kernels.prologue; early_gather.patch, block 0's gather beside the row's prologue, is at
 78bd4a7 and became the product's wide tile; transposed_lanes.patch, the dKV chunks formed
 transposed, became the product's wide tile with warpgroup 0's chunks, and is at 02bb267;
-wg0_overlap.patch, measured no faster, is at 4727d9b; lanes_word.patch, the lanes' word from its
-halves, is at e307457 and became the product's ws_lane_word; peaks_scatter.patch, the peaks'
-reduce-scatter, is at 954eb12 and became the product's ws_peaks_scatter; the ablations no_mass,
+wg0_overlap.patch, measured no faster, is at 4727d9b; mark_warps.patch, mark_slots with 8 warps
+a CTA, measured no faster before sorted_marks took the slot marks over (fifteenth session), is at
+fc0447f; lanes_word.patch, the lanes' word from its halves, is at e307457 and became the
+product's ws_lane_word; peaks_scatter.patch, the peaks' reduce-scatter, is at 954eb12 and became
+the product's ws_peaks_scatter; the ablations no_mass,
 no_convert, no_scale_load and control_transposed, each within 1 % of the product at dsv32 H=64
 and fleet, and exact_f32.patch with its runner experiments/exact_f32/run.py, exact fp32 sums
 through red.v4.f32 with a scale set from a sample of rows, measured from 3.4 % faster than the
