@@ -45,6 +45,16 @@
         git apply experiments/last_block_split.patch
         python benchmarks/config_ab.py --field wg0_last_chunks --values 2,4,5,6 --shapes dsv32,fleet
 
+  early_live_scan.patch     the wide tile's scan of a row's slots for its live blocks
+                            (ws_scan_live) issued before Q and dO load, so that its loads travel
+                            with theirs, where ws_live_blocks loaded the slots only after the
+                            barrier that follows Q's and dO's stores: one L2 round trip off each
+                            row's prologue (fleet runs 62 rows an SM). Compiled (the lanes kernel
+                            spills as the product's: 8 bytes of stores, 20 of loads), its compile
+                            tests pass; not yet run (docs/performance-log.md, fifteenth session):
+
+        REV=<head> bash scripts/ab-packages.sh experiments/early_live_scan.patch
+
 git history holds the others (the wrapper's layout steps as kernels became the product's,
 mqa_bwd.kernels.prologue; early_gather.patch, block 0's gather beside the row's prologue, is at
 78bd4a7 and became the product's wide tile; transposed_lanes.patch, the dKV chunks formed

@@ -122,6 +122,7 @@ def delta_program(d_v: int, threads: int = DELTA_THREADS, peak_do: bool = False)
     ):
         with T.Kernel(R, T.ceildiv(H, bh), threads=threads) as (r, hb):
             T.import_source(source)
+            # <false> writes no maxima: Delta stands in for the peak pointer it never uses.
             T.call_extern("handle", "mqa_delta_heads<false>", T.address_of(O[r, 0, 0]), T.address_of(dO[r, 0, 0]),
                           T.address_of(Lse2[r, 0]), T.address_of(Sink2[0]), T.address_of(Delta[r, 0]),
                           T.address_of(DSinkRows[r, 0]), T.address_of(Delta[r, 0]), hb * bh, H)

@@ -95,8 +95,8 @@ SORT_SOURCE = r"""
 constexpr int mqa_sort_threads = %(threads)d, mqa_sort_items = %(items)d;
 // keys[i] of thread t: the row's key (i * threads + t) in increasing order.
 template <typename Index>
-__device__ __forceinline__ void mqa_sort_row(const Index* indices, unsigned (&keys)[mqa_sort_items], int L, int base, int S_kv, int nkv,
-                                             int end_bit) {
+__device__ __forceinline__ void mqa_sort_row(const Index* indices, unsigned (&keys)[mqa_sort_items], int L, int base,
+                                             int S_kv, int nkv, int end_bit) {
   using Sort = cub::BlockRadixSort<unsigned, mqa_sort_threads, mqa_sort_items>;
   __shared__ typename Sort::TempStorage storage;
 #pragma unroll
