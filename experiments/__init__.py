@@ -55,6 +55,19 @@
 
         REV=<head> bash scripts/ab-packages.sh experiments/early_live_scan.patch
 
+  marks_sort_first.patch    sorted_marks with the sort, placement and marks before q's stream
+                            (66 registers, against q first's 79), measured within the host's spread
+                            of the product, without a kernel trace (docs/performance-log.md,
+                            fifteenth session).
+  marks_two_heads.patch     sorted_marks' q stream 2 head rows a warp at a time (47 registers: 5
+                            CTAs an SM where 79 allow 3), so that more of an SM's CTAs stream q
+                            while others sort. Compiled, not run. Time both with the early scan,
+                            and trace the kernel:
+
+        REV=<head> bash scripts/ab-packages.sh experiments/early_live_scan.patch \
+            experiments/marks_sort_first.patch experiments/marks_two_heads.patch
+        python benchmarks/call_trace.py --S 8192 --S_kv 8192 --L 640    # in each copy's folder
+
 git history holds the others (the wrapper's layout steps as kernels became the product's,
 mqa_bwd.kernels.prologue; early_gather.patch, block 0's gather beside the row's prologue, is at
 78bd4a7 and became the product's wide tile; transposed_lanes.patch, the dKV chunks formed
