@@ -45,27 +45,16 @@
         git apply experiments/last_block_split.patch
         python benchmarks/config_ab.py --field wg0_last_chunks --values 2,4,5,6 --shapes dsv32,fleet
 
-  early_live_scan.patch     the wide tile's scan of a row's slots for its live blocks
-                            (ws_scan_live) issued before Q and dO load, so that its loads travel
-                            with theirs, where ws_live_blocks loaded the slots only after the
-                            barrier that follows Q's and dO's stores: one L2 round trip off each
-                            row's prologue (fleet runs 62 rows an SM). Compiled (the lanes kernel
-                            spills as the product's: 8 bytes of stores, 20 of loads), its compile
-                            tests pass; not yet run (docs/performance-log.md, fifteenth session):
-
-        REV=<head> bash scripts/ab-packages.sh experiments/early_live_scan.patch
-
   marks_sort_first.patch    sorted_marks with the sort, placement and marks before q's stream
                             (66 registers, against q first's 79), measured within the host's spread
                             of the product, without a kernel trace (docs/performance-log.md,
                             fifteenth session).
   marks_two_heads.patch     sorted_marks' q stream 2 head rows a warp at a time (47 registers: 5
                             CTAs an SM where 79 allow 3), so that more of an SM's CTAs stream q
-                            while others sort. Compiled, not run. Time both with the early scan,
-                            and trace the kernel:
+                            while others sort. Compiled, not run. Time both, and trace the
+                            kernel:
 
-        REV=<head> bash scripts/ab-packages.sh experiments/early_live_scan.patch \
-            experiments/marks_sort_first.patch experiments/marks_two_heads.patch
+        REV=<head> bash scripts/ab-packages.sh experiments/marks_sort_first.patch experiments/marks_two_heads.patch
         python benchmarks/call_trace.py --S 8192 --S_kv 8192 --L 640    # in each copy's folder
 
 git history holds the others (the wrapper's layout steps as kernels became the product's,

@@ -248,6 +248,8 @@ class TileLangLauncher(Launcher):
                                                          int(nkv).bit_length())
             return
         referenced, live_row, q, peak_q = marks
+        if referenced.shape != (nkv,):  # the kernel marks it at any key below nkv
+            raise ValueError(f"referenced: shape {tuple(referenced.shape)}, sorted_slots marks ({nkv},)")
         K.small_kernel("sorted_marks", dtype, items, q.shape[2])(indices, slots, referenced, live_row, q, peak_q, int(row0),
                                                                  int(S), int(S_kv), int(nkv), int(nkv).bit_length())
 

@@ -331,6 +331,8 @@ class ModelLauncher(Launcher):
         _shape_is("sorted_slots", "Slots", slots, (indices.shape[0], slots.shape[1]))
         if marks is not None:
             _marks_shaped("sorted_slots", slots, *marks)
+            # The kernel marks Referenced at any key below nkv: a shorter buffer would be overrun.
+            _shape_is("sorted_slots", "Referenced", marks[0], (nkv,))
         super().sorted_slots(indices, slots, row0, S, S_kv, nkv, marks)
 
     # -- slot marks --------------------------------------------------------------

@@ -150,6 +150,14 @@ def test_the_one_step_slot_layout_is_the_three_steps(dtype, step_rows, monkeypat
     for name, got, other, want in zip(("referenced", "live_row", "q", "peak_q"), fused_marks, three_marks, alone):
         assert torch.equal(got, want) and torch.equal(other, want), name
     assert 0 < int(alone[0].sum()) < p.B * p.S_kv and int(alone[1].sum()) > 0 and bool((alone[3] > 0).all())
+    # A Referenced shorter than the kv rows would be overrun by the kernel's marks: refused.
+    short = (torch.zeros(p.B * p.S_kv - 1, dtype=torch.int32),) + marks()[1:]
+    rows = (idx.reshape(p.rows, p.L).to(torch.int64), torch.empty((p.rows, p.padded_slots), dtype=torch.int32), 0, p.S,
+            p.S_kv, p.B * p.S_kv, short)
+    with pytest.raises(TileBoundsError, match="^sorted_slots: Referenced"):
+        ModelLauncher().sorted_slots(*rows)
+    with pytest.raises(ValueError, match=r"^referenced: shape \(79,\)"):
+        launch.TileLangLauncher().sorted_slots(*rows)
     # The model holds the kernel to its tile: a row longer than one CTA sorts is refused.
     long_row = torch.zeros((2, kernels.SORT_CAPACITY + 64), dtype=torch.int32)
     with pytest.raises(TileBoundsError, match="^sorted_slots: Slots"):
