@@ -6,12 +6,13 @@ two revisions.
 
     git archive <commit> mqa_bwd | tar -x -C /tmp/other     # where git is (not on the device)
     python benchmarks/package_ab.py --against /tmp/other/mqa_bwd [--against ...] [--shapes dsv32,fleet]
-        [--shape B=1,S=4096,S_kv=4096,H=64,L=2048 --indices indexer] [--repeats 12]
+        [--shape B=1,S=4096,S_kv=4096,H=64,L=2048 --indices indexer] [--repeats 12] [--trace 3]
 
 Each other package is imported under a name of its own, so all run in one
 process: per shape, every version's deterministic call and atomic control,
 interleaved (bench.time_interleaved), with medians, minima and the
-ratio to this tree's control, and whether each deterministic call gives this tree's bits.
+ratio to this tree's control, and whether each deterministic call gives this tree's bits;
+with --trace, each call's GPU kernels, so that a kernel's change shows beside the whole call's.
 """
 
 import argparse
@@ -43,6 +44,8 @@ def main():
                         help="a copy of another version's mqa_bwd/ directory (repeat it for several)")
     bench.add_ab_shape_arguments(parser, default="dsv32,fleet")
     parser.add_argument("--repeats", type=int, default=12)
+    parser.add_argument("--trace", type=int, default=0, metavar="CALLS",
+                        help="also profile CALLS more calls of each and print its GPU kernels (bench.kernel_trace)")
     a = parser.parse_args()
     if len({os.path.abspath(p) for p in a.against}) < len(a.against):
         raise ValueError(f"--against: the same package twice in {a.against}")
@@ -66,6 +69,8 @@ def main():
             print(f"{shape}, {a.indices} indices: fixed bits equal, this tree and {label}: "
                   f"{bench.same_bits(mine, calls[f'fixed, {label}']())}")
         print("\n".join(bench.interleaved_report(calls, "atomic, this tree", a.repeats)))
+        for label, call in calls.items() if a.trace > 0 else ():
+            print("\n".join(bench.trace_lines(label, bench.kernel_trace(call, a.trace))))
 
 
 if __name__ == "__main__":

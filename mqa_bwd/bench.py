@@ -103,6 +103,8 @@ class Row:
     #: that the previous query row also names (index_overlap)
     indices: str = "uniform"
     index_overlap: float | None = None
+    #: with --trace: the GPU kernels of a call, [name, ms a call, launches a call], most time first
+    kernels: list | None = None
 
     @property
     def shape(self) -> tuple:
@@ -386,6 +388,52 @@ def interleaved_report(calls: dict, control: str, repeats: int) -> list:
             f"/atomic {statistics.median(t) / reference:.3f}" for name, t in times.items()]
 
 
+#: Characters of a kernel's name a trace keeps (torch's templated names run to thousands): kernels
+#: whose names differ only past them are summed as one.
+KERNEL_NAME_WIDTH = 90
+
+
+def per_kernel(events, calls: int, width: int = KERNEL_NAME_WIDTH) -> list:
+    """[[name, ms a call, launches a call]] from (kernel name, device microseconds) pairs of
+    ``calls`` calls, most time first, names cut to ``width`` characters."""
+    import collections
+
+    time, count = collections.Counter(), collections.Counter()
+    for name, micros in events:
+        key = name[:width]
+        time[key] += micros / 1000 / calls
+        count[key] += 1
+    return [[name, ms, count[name] / calls] for name, ms in time.most_common()]
+
+
+def kernel_trace(call, calls: int = 3) -> list:
+    """per_kernel of ``calls`` calls of ``call`` (after one more, untraced) under the torch
+    profiler: every GPU kernel, torch's small ops and a peer's included."""
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    call()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(calls):
+            call()
+        torch.cuda.synchronize()
+    return per_kernel([(e.name, e.device_time) for e in prof.events()
+                       if e.device_type == torch.autograd.DeviceType.CUDA], calls)
+
+
+def trace_lines(label: str, kernels: list, top: int = 12) -> list:
+    """A trace (per_kernel's rows) as text: its total and launches a call, then its ``top``
+    kernels, the rest summed."""
+    total, launches = sum(ms for _, ms, _ in kernels), sum(n for *_, n in kernels)
+    lines = [f"== {label}: {total:.3f} ms of GPU kernels a call, {launches:g} launches"]
+    lines += [f"  {ms:8.3f} ms  x{n:<4g} {name}" for name, ms, n in kernels[:top]]
+    rest = kernels[top:]
+    if rest:
+        lines.append(f"  {sum(ms for _, ms, _ in rest):8.3f} ms  ({len(rest)} more kernels)")
+    return lines
+
+
 def scratch_and_outputs(fn) -> tuple:
     """(the peak memory allocated during one call beyond what existed before it and its
     outputs, the outputs)."""
@@ -620,7 +668,9 @@ def assess_outputs(args, outputs: dict, budget_bytes=REFERENCE_BLOCK_BYTES) -> d
 
 
 def measure(shape: dict, backends=GPU_BACKENDS, d_k=576, d_v=512, warmup=3, repeats=10, indices="uniform",
-            **call_kw) -> list:
+            trace=0, **call_kw) -> list:
+    """The rows of one shape and index pattern, a row a backend; with ``trace`` > 0, each row
+    also holds its backend's GPU kernels over that many more calls (kernel_trace)."""
     import torch
 
     args = production_inputs(shape["B"], shape["S"], shape["S_kv"], shape["H"], shape["L"], d_k, d_v, indices=indices)
@@ -638,6 +688,7 @@ def measure(shape: dict, backends=GPU_BACKENDS, d_k=576, d_v=512, warmup=3, repe
         redone[backend] = lanes_redone(instruments)
     quality = assess_outputs(args, outputs)
     del outputs
+    kernels = {backend: kernel_trace(call, trace) if trace else None for backend, call in calls.items()}
     rows = []
     for backend in backends:
         ms = statistics.median(times[backend])
@@ -646,7 +697,8 @@ def measure(shape: dict, backends=GPU_BACKENDS, d_k=576, d_v=512, warmup=3, repe
                         scratch[backend] / 2**30, min(times[backend]), max(times[backend]), repeats,
                         rel_l2_vs_first=quality[backend].rel_l2_vs_first, error=quality[backend].error,
                         min_budget_gib=min_budget_gib(shape, d_k, d_v, backend, call_kw.get("block_h")),
-                        lanes_redone=redone[backend], indices=indices, index_overlap=overlap))
+                        lanes_redone=redone[backend], indices=indices, index_overlap=overlap,
+                        kernels=kernels[backend]))
     del quality
     torch.cuda.empty_cache()
     return with_error_ratios(with_ratios(rows))
@@ -777,6 +829,16 @@ def table(rows, columns=None) -> str:
     for r in rows:
         lines.append(" ".join(f"{c.cell(r):>{c.width}}" for c in columns))
     return "\n".join(lines)
+
+
+def traces(rows, top: int = 12) -> str:
+    """The GPU kernels of every row that holds a trace (measure's ``trace``), a block a row."""
+    blocks = []
+    for r in rows:
+        if r.kernels:
+            shape = describe(dict(B=r.B, S=r.S, S_kv=r.S_kv, H=r.H, L=r.L))
+            blocks.append("\n".join(trace_lines(f"{shape} {r.indices}, {r.backend}", r.kernels, top)))
+    return "\n".join(blocks)
 
 
 def environment() -> dict:

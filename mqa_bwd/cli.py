@@ -153,7 +153,7 @@ outputs from the first's (a fast variant that skips work shows as DISAGREE),
 and per output (dq, dkv, d_attn_sink) the relative L2 error against a float64
 reference, with the largest ratio to the atomic control's error (OVER: above
 1.1, issue 30's admissibility standard). Prints a table; --json writes the
-rows, --plot a PNG of time against H or L.
+rows, --plot a PNG of time against H or L, --trace each backend's GPU kernels.
 
 shapes:
   dsv32   B=1 S=4096 S_kv=8192 L=2048, H=64 and H=128  (default)
@@ -173,6 +173,7 @@ examples:
   mqa-bwd bench --shapes dsv32,fleet --json bench.json
   mqa-bwd bench --shapes dsv32 --indices uniform,indexer
   mqa-bwd bench --shapes fleet --sweep H=8,16,32,64,128 --plot time-vs-h.png
+  mqa-bwd bench --shapes fleet --trace 3          each backend's GPU kernels too
   mqa-bwd bench --from-json bench.json --plot time-vs-h.png     no GPU needed
 """
 
@@ -346,6 +347,9 @@ def build_parser() -> argparse.ArgumentParser:
                        help="top-k index patterns, each shape measured with each: uniform (default), indexer")
     bench.add_argument("--warmup", type=positive_int, default=3, help="untimed calls per backend (default 3)")
     bench.add_argument("--repeats", type=positive_int, default=10, help="timed calls per backend (default 10)")
+    bench.add_argument("--trace", type=positive_int, metavar="CALLS",
+                       help="also profile CALLS more calls of each backend and print its GPU kernels "
+                            "(torch profiler): where each backend's time goes")
     bench.add_argument("--block-h", type=int, choices=(16, 32), help="head-group width")
     bench.add_argument("--dkv-buf-bytes", type=positive_int, metavar="BYTES", help="scratch budget")
     bench.add_argument("--json", type=Path, metavar="PATH", help="write the rows as JSON here")
@@ -857,8 +861,10 @@ def cmd_bench(args) -> int:
         for indices in args.indices:
             print(f"measuring {shape}, {indices} indices ...", file=sys.stderr, flush=True)
             rows += bench.measure(shape, tuple(here), args.d_k, args.d_v, args.warmup, args.repeats, indices,
-                                  **call_kw)
+                                  trace=args.trace or 0, **call_kw)
     print(bench.table(rows))
+    if args.trace:
+        print(bench.traces(rows))
     if args.json:
         args.json.write_text(bench.to_json(rows, dict(bench.environment(), skipped=skipped)))
         print(f"rows written to {args.json}", file=sys.stderr)
@@ -880,6 +886,8 @@ def _bench_from_json(args) -> int:
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
         raise ValueError(f"--from-json: {args.from_json} is not a bench JSON file ({e})") from None
     print(bench.table(rows))
+    if any(r.kernels for r in rows):
+        print(bench.traces(rows))
     if args.plot:
         axis = bench.plot(rows, args.plot)
         print(f"plot of ms against {axis} written to {args.plot}", file=sys.stderr)

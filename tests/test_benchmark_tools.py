@@ -1,6 +1,7 @@
 """The benchmark tools (CPU: no GPU needed to check their probes, parsers and counts)."""
 
 import importlib.util
+import json
 import os
 import pathlib
 import re
@@ -243,18 +244,22 @@ def test_interleaved_report_sets_each_median_against_the_controls(monkeypatch):
     assert lines[1].endswith("median   2.000 ms  min   1.000  /atomic 1.000"), lines
 
 
-def test_call_trace_sums_kernels_per_call(capsys):
+def test_kernel_trace_sums_kernels_per_call():
     # Device microseconds of two calls: per-call ms, launches per call, most
     # time first; names past the cut are summed as one kernel.
-    tool = _tool("call_trace")
     events = [("main_bwd_kernel", 25000.0), ("main_bwd_kernel", 25200.0), ("delta_kernel", 270.0),
               ("delta_kernel", 270.0), ("reduce_kernel<A>", 100.0), ("reduce_kernel<B>", 60.0)]
-    rows = tool.per_kernel(events, calls=2, width=13)
-    assert rows == [("main_bwd_kern", pytest.approx(25.1), 1.0), ("delta_kernel", pytest.approx(0.27), 1.0),
-                    ("reduce_kernel", pytest.approx(0.08), 1.0)]
-    tool.print_table("det", rows, top=2)
-    out = capsys.readouterr().out
-    assert "25.450 ms of GPU kernels per call, 3 launches" in out and "(1 more kernels)" in out
+    rows = bench.per_kernel(events, calls=2, width=13)
+    assert rows == [["main_bwd_kern", pytest.approx(25.1), 1.0], ["delta_kernel", pytest.approx(0.27), 1.0],
+                    ["reduce_kernel", pytest.approx(0.08), 1.0]]
+    lines = bench.trace_lines("det", rows, top=2)
+    assert lines[0] == "== det: 25.450 ms of GPU kernels a call, 3 launches" and lines[-1].endswith("(1 more kernels)")
+    assert len(lines) == 4 and "main_bwd_kern" in lines[1]
+    # A row's trace goes into the bench's JSON and back, and prints under its shape and backend.
+    row = bench.Row(1, 64, 128, 16, 32, 576, 512, "tilelang", 25.45, 1.0, 0.5, kernels=rows)
+    again = [bench.Row(**r) for r in json.loads(bench.to_json([row, bench.Row(**{**row.as_dict(), "kernels": None})]))["rows"]]
+    shown = bench.traces(again)
+    assert shown.startswith("== B=1,S=64,S_kv=128,H=16,L=32 uniform, tilelang: 25.450 ms") and shown.count("==") == 1
 
 
 def test_tile_feasibility_reports_a_column_half_and_a_refusal():

@@ -305,6 +305,22 @@ def test_bench_table_and_json_carry_the_ratio_and_flag_disagreement():
     assert data["environment"] == {"device": "test"} and data["rows"][2]["det_over_atomic"] == 1.5
 
 
+def test_bench_shows_an_earlier_jsons_kernel_traces_without_a_gpu(tmp_path, capsys):
+    # Rows measured with --trace keep their kernels in the JSON; --from-json prints them under
+    # the table, and nothing where no row has a trace.
+    traced = _rows()
+    traced[0].kernels = [["main_bwd_kernel", 1.75, 1.0], ["delta_kernel", 0.25, 1.0]]
+    path = tmp_path / "bench.json"
+    path.write_text(bench.to_json(traced))
+    assert cli.main(["bench", "--from-json", str(path)]) == 0
+    out = capsys.readouterr().out
+    assert "== B=1,S=64,S_kv=128,H=16,L=32 uniform, tilelang: 2.000 ms of GPU kernels a call, 2 launches" in out
+    assert out.count("== ") == 1 and "delta_kernel" in out
+    path.write_text(bench.to_json(_rows()))
+    assert cli.main(["bench", "--from-json", str(path)]) == 0
+    assert "GPU kernels" not in capsys.readouterr().out
+
+
 def test_bench_plots_the_rows_of_an_earlier_json_without_a_gpu(tmp_path, capsys):
     pytest.importorskip("matplotlib", reason="the 'plot' extra (matplotlib) is not installed")
     rows = tmp_path / "bench.json"
