@@ -51,11 +51,12 @@
                             fifteenth session).
   marks_two_heads.patch     sorted_marks' q stream 2 head rows a warp at a time (47 registers: 5
                             CTAs an SM where 79 allow 3), so that more of an SM's CTAs stream q
-                            while others sort. Compiled, not run. Time both, and trace the
-                            kernel:
+                            while others sort. Compiled, not run. Time both, with each call's
+                            kernels (--trace):
 
         REV=<head> bash scripts/ab-packages.sh experiments/marks_sort_first.patch experiments/marks_two_heads.patch
-        python benchmarks/call_trace.py --S 8192 --S_kv 8192 --L 640    # in each copy's folder
+        python benchmarks/package_ab.py --against .ab/marks_sort_first/mqa_bwd \
+            --against .ab/marks_two_heads/mqa_bwd --shapes fleet --trace 3
 
 git history holds the others (the wrapper's layout steps as kernels became the product's,
 mqa_bwd.kernels.prologue; early_gather.patch, block 0's gather beside the row's prologue, is at
