@@ -34,6 +34,7 @@ correctness artifact, never timed (its errors are computed the same way in
 the tests).
 """
 
+import collections
 import dataclasses
 import json
 import math
@@ -396,8 +397,6 @@ KERNEL_NAME_WIDTH = 90
 def per_kernel(events, calls: int, width: int = KERNEL_NAME_WIDTH) -> list:
     """[[name, ms a call, launches a call]] from (kernel name, device microseconds) pairs of
     ``calls`` calls, most time first, names cut to ``width`` characters."""
-    import collections
-
     time, count = collections.Counter(), collections.Counter()
     for name, micros in events:
         key = name[:width]
