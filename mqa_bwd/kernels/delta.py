@@ -1,6 +1,7 @@
 """The Delta kernel: Delta = rowsum(O * dO), the sink rows, and the fixed-point plan's maxima of dO."""
 
 from .config import _tl
+from .device_functions import MAGNITUDE_SOURCE
 
 DELTA_HEADS = 16
 #: Head rows a warp of the Delta kernel takes at once (DELTA_HEADS over the CTA's 4 warps).
@@ -11,10 +12,8 @@ DELTA_THREADS = 32 * DELTA_HEADS // DELTA_HEADS_AT_ONCE
 # of those rows goes out before any product, so that a warp keeps 8 KB of O and dO in flight (a
 # TileLang loop of one element a thread a load kept far less). A lane sums its own elements in a
 # fixed order, then the warp's lanes by a butterfly: the same order on every run, and no block
-# barrier.
-# The maxima of dO: bf16 is sign and magnitude, so |x| orders as its low 15 bits do, and every
-# NaN's bits lie above inf's: an integer max is exact and keeps a NaN.
-DELTA_SOURCE = r"""
+# barrier. The maxima of dO: MAGNITUDE_SOURCE.
+DELTA_SOURCE = MAGNITUDE_SOURCE + r"""
 __device__ __forceinline__ float mqa_dot_bf16x8(uint4 a, uint4 b, float sum) {
   const unsigned x[4] = {a.x, a.y, a.z, a.w}, y[4] = {b.x, b.y, b.z, b.w};
 #pragma unroll
@@ -51,13 +50,11 @@ __device__ __forceinline__ void mqa_delta_heads(const void* o_row, const void* d
 #pragma unroll
     for (int v = 0; v < per_lane; ++v) {
       sum = mqa_dot_bf16x8(a[i][v], b[i][v], sum);
-      if (with_peak)
-        m = __vmaxu2(m, __vmaxu2(__vmaxu2(b[i][v].x & 0x7fff7fffu, b[i][v].y & 0x7fff7fffu),
-                                 __vmaxu2(b[i][v].z & 0x7fff7fffu, b[i][v].w & 0x7fff7fffu)));
+      if (with_peak) m = __vmaxu2(m, mqa_magnitudes(b[i][v]));
     }
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, offset);
-    if (with_peak) m = __reduce_max_sync(0xffffffffu, max(m & 0xffffu, m >> 16));
+    if (with_peak) m = mqa_warp_peak(m);
     const int h = h0 + i;
     if (lane == 0 && h < hq) {
       const_cast<float*>(static_cast<const float*>(delta_row))[h] = sum;

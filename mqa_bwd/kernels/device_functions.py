@@ -16,6 +16,19 @@ __device__ __forceinline__ void mqa_cp_async_wait_all() { asm volatile("cp.async
 __device__ __forceinline__ void mqa_st_shared_i32(void* base, int i, int v) { static_cast<int*>(base)[i] = v; }
 """
 
+# Max |x| of bf16 rows as bf16 bits, for the fixed-point plan (PeakDO in the Delta kernel, PeakQ in
+# the slot marks). bf16 is sign and magnitude: |x| orders as its low 15 bits do, and every NaN's
+# bits lie above inf's, so an integer max is exact and keeps a NaN. mqa_magnitudes: the two 16-bit
+# maxima of 8 bf16 (a 16-byte load); mqa_warp_peak: a warp's maximum of those, in every lane.
+MAGNITUDE_SOURCE = r"""
+__device__ __forceinline__ unsigned mqa_magnitudes(uint4 x) {
+  return __vmaxu2(__vmaxu2(x.x & 0x7fff7fffu, x.y & 0x7fff7fffu), __vmaxu2(x.z & 0x7fff7fffu, x.w & 0x7fff7fffu));
+}
+__device__ __forceinline__ unsigned mqa_warp_peak(unsigned m) {
+  return __reduce_max_sync(0xffffffffu, max(m & 0xffffu, m >> 16));
+}
+"""
+
 # The wide tile's warpgroups (kernels/wide.py) hand a slot block's buffers to
 # each other on mbarriers. Through calls, TileLang's barrier planner sees
 # neither these stores nor the mbarriers that order them (it would put a

@@ -1,6 +1,7 @@
 """The fixed-point plan's kernels: the slot marks and the three plan stages."""
 
 from .config import FP32_MAX_EXPONENT, PARTIAL_SUM_BITS, _tl
+from .device_functions import MAGNITUDE_SOURCE
 
 
 #: mark_slots' threads a CTA and slots a thread; its grid runs one CTA per query
@@ -15,14 +16,9 @@ MAX_SLOTS_PER_ROW = 65535 * MARK_THREADS
 #: Head rows of q a warp of mark_slots loads at once for PeakQ (each 16 bytes a lane a load).
 PEAK_HEADS_AT_ONCE = 4
 
-# PeakQ of one query row: max |q| of each head row as its bf16 bits. bf16 is sign and magnitude:
-# |x| orders as its low 15 bits do, and every NaN's bits lie above inf's, so an integer max is
-# exact and keeps a NaN (delta.magnitude_peak's rule). A warp takes PEAK_HEADS_AT_ONCE head rows
-# at a time and issues all their loads before it reduces any.
-PEAK_SOURCE = r"""
-__device__ __forceinline__ unsigned mqa_magnitudes(uint4 x) {
-  return __vmaxu2(__vmaxu2(x.x & 0x7fff7fffu, x.y & 0x7fff7fffu), __vmaxu2(x.z & 0x7fff7fffu, x.w & 0x7fff7fffu));
-}
+# PeakQ of one query row: max |q| of each head row as its bf16 bits (MAGNITUDE_SOURCE's rule). A
+# warp takes PEAK_HEADS_AT_ONCE head rows at a time and issues all their loads before it reduces any.
+PEAK_SOURCE = MAGNITUDE_SOURCE + r"""
 __device__ __forceinline__ void mqa_peak_rows(const void* q_row, int* peak, int hq, int t, int threads) {
   constexpr int vectors = %(vectors)d, per_lane = (vectors + 31) / 32, at_once = %(at_once)d;
   const int lane = t & 31, warps = threads >> 5;
@@ -42,7 +38,7 @@ __device__ __forceinline__ void mqa_peak_rows(const void* q_row, int* peak, int 
       unsigned m = 0u;
 #pragma unroll
       for (int v = 0; v < per_lane; ++v) m = __vmaxu2(m, mqa_magnitudes(x[i][v]));
-      m = __reduce_max_sync(0xffffffffu, max(m & 0xffffu, m >> 16));
+      m = mqa_warp_peak(m);
       if (lane == 0 && h0 + i < hq) peak[h0 + i] = static_cast<int>(m);
     }
   }
