@@ -45,18 +45,10 @@
         git apply experiments/last_block_split.patch
         python benchmarks/config_ab.py --field wg0_last_chunks --values 2,4,5,6 --shapes dsv32,fleet
 
-  marks_sort_first.patch    sorted_marks with the sort, placement and marks before q's stream
-                            (66 registers, against q first's 79), measured within the host's spread
-                            of the product, without a kernel trace (docs/performance-log.md,
-                            fifteenth session).
-  marks_two_heads.patch     sorted_marks' q stream 2 head rows a warp at a time (47 registers: 5
-                            CTAs an SM where 79 allow 3), so that more of an SM's CTAs stream q
-                            while others sort. Compiled, not run. Time both, with each call's
-                            kernels (--trace):
-
-        REV=<head> bash scripts/ab-packages.sh experiments/marks_sort_first.patch experiments/marks_two_heads.patch
-        python benchmarks/package_ab.py --against .ab/marks_sort_first/mqa_bwd \
-            --against .ab/marks_two_heads/mqa_bwd --shapes fleet --trace 3
+  cp_prologue.patch         the wide tile's Q and dO loaded by cp.async, every thread 16 bytes a copy
+  cp_prologue_once.patch    (and with an L2 evict-first hint), where the product copies them through
+                            registers: the same bits, no faster, and the lanes kernel spills 16 bytes
+                            of stores and 36 of loads (docs/performance-log.md, sixteenth session).
 
 git history holds the others (the wrapper's layout steps as kernels became the product's,
 mqa_bwd.kernels.prologue; early_gather.patch, block 0's gather beside the row's prologue, is at
@@ -64,7 +56,9 @@ mqa_bwd.kernels.prologue; early_gather.patch, block 0's gather beside the row's 
 transposed, became the product's wide tile with warpgroup 0's chunks, and is at 02bb267;
 wg0_overlap.patch, measured no faster, is at 4727d9b; mark_warps.patch, mark_slots with 8 warps
 a CTA, measured no faster before sorted_marks took the slot marks over (fifteenth session), is at
-fc0447f; lanes_word.patch, the lanes' word from its halves, is at e307457 and became the
+fc0447f; marks_sort_first.patch (sorted_marks sorting before q's stream) and marks_two_heads.patch
+(its q stream two head rows a warp at a time, which became the product's MARKS_PEAK_HEADS_AT_ONCE)
+are at 74b61c0 (sixteenth session); lanes_word.patch, the lanes' word from its halves, is at e307457 and became the
 product's ws_lane_word; peaks_scatter.patch, the peaks' reduce-scatter, is at 954eb12 and became
 the product's ws_peaks_scatter; the ablations no_mass,
 no_convert, no_scale_load and control_transposed, each within 1 % of the product at dsv32 H=64

@@ -6,12 +6,16 @@ instead of some twenty torch ops, each of which costs the host a launch."""
 import math
 
 from .config import LOG2E, SORT_ITEM_COUNTS, SORT_THREADS, _tl
-from .plan import PEAK_HEADS_AT_ONCE, PEAK_SOURCE
+from .plan import PEAK_SOURCE
 
 #: Threads a CTA of slot_keys and place_slots (one CTA a query row and chunk of slots).
 SLOT_THREADS = 256
 #: Threads a CTA of kernel_lse (one CTA a query row and chunk of heads).
 LSE_THREADS = 64
+#: Head rows of q a warp of sorted_marks loads at once for PeakQ: half of mark_slots' four, as the
+#: sort's registers come on top of the loads' (47 a thread where four took 79), which lets an SM hold
+#: five CTAs streaming q while others sort, where four allowed three.
+MARKS_PEAK_HEADS_AT_ONCE = 2
 
 
 def kernel_lse_program():
@@ -170,7 +174,7 @@ def sorted_slots_program(index_dtype: str, items: int, d_k: int | None = None):
         raise ValueError(f"d_k: {d_k}, not a multiple of 8 (a load takes 8 bf16 of q)")
     source = SORT_SOURCE % {"threads": SORT_THREADS, "items": items}
     if d_k is not None:
-        source = PEAK_SOURCE % {"vectors": d_k // 8, "at_once": PEAK_HEADS_AT_ONCE} + source
+        source = PEAK_SOURCE % {"vectors": d_k // 8, "at_once": MARKS_PEAK_HEADS_AT_ONCE} + source
     tilelang, T = _tl()
     R, L, Lp = T.dynamic("R"), T.dynamic("L"), T.dynamic("Lp")
     i32 = "int32"
