@@ -128,7 +128,8 @@ class Launcher:
         group's CTA, whatever ``heads`` is (SPEC); ``heads`` defaults to HQ.
         ``row_scale`` [NKV] f32, ``allowance`` [R, HQ] f32 and ``flag`` [R] i32:
         the fixed and lanes accumulations only. A launch of two groups sums each
-        slot's dKV contribution over all their heads before its add.
+        slot's dKV contribution over all their heads before its add; the wide
+        tile's launch of several 64-head tiles (config.tiles) adds each tile's.
 
         Accumulation "lanes" (the wide tile): dkv is [NKV, Dk / 2] int64 words,
         row_scale the lanes' (fixed_point.lanes_scale) and ``bound`` [NKV] int64 the
@@ -274,7 +275,7 @@ class TileLangLauncher(Launcher):
                 bound = torch.empty((kv.shape[0],), dtype=torch.int64, device=kv.device)
             if gate is None:
                 gate = _gate_open(kv.device)
-            last = (bound, gate)
+            last = (bound, gate, config.tiles)
         else:
             # The narrow kernels' last two arguments (shard_base, n_shards) are unused by the kept
             # configurations; they stay in the signature so that the generated code is unchanged.

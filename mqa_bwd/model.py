@@ -163,12 +163,21 @@ class ModelLauncher(Launcher):
         kernel = "main_bwd"
         if not isinstance(config, K.MainConfig):
             raise ValueError(f"config: expected a kernels.MainConfig, got {config!r}")
+        self.launched(kernel)
+        # The wide tile's tiles are CTAs of one grid, each adding its own 64 heads' sums: as
+        # many launches of one tile.
+        for tile in range(config.tiles):
+            self._main_tile(q, kv, grad_out, indices, lse2, delta, dq, dkv, config.kernel, sm_scale, heads,
+                            head_base + tile * config.heads, row_scale, allowance, flag, bound, gate)
+
+    def _main_tile(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, config, sm_scale, heads, head_base,
+                   row_scale, allowance, flag, bound, gate):
+        kernel = "main_bwd"
         heads = heads or q.shape[1]
         mode = config.accumulate
         # A launch covers config.groups groups: the cluster's CTAs, or the wide tile's
         # two halves (one CTA, the same sums over both groups' heads).
         cluster = config.groups
-        self.launched(kernel)
         R, _, Dk = q.shape
         NKV = kv.shape[0]
         Dv = grad_out.shape[2]

@@ -165,6 +165,28 @@ def test_lanes_kernel_gives_the_int64_kernels_bits(shape, gain, redone):
         assert bitwise_difference(name, x, y) is None, bitwise_difference(name, x, y)
 
 
+class _LaunchATile(launch.TileLangLauncher):
+    """The wide tile's 64-head tiles as a launch each, where the product runs them in one grid."""
+
+    def main_bwd(self, *args, config, head_base=0, **kw):
+        for tile in range(config.tiles):
+            super().main_bwd(*args, config=config.kernel, head_base=head_base + tile * config.heads, **kw)
+
+
+@pytest.mark.parametrize("H", [128, 160])
+@pytest.mark.parametrize("gain,redone", [(None, 0), (30, 1)])
+def test_one_wide_grid_gives_the_bits_of_a_launch_a_tile(H, gain, redone):
+    # A CTA a row and tile in one grid (blockIdx.y the tile) must add what the same tiles add
+    # launched apart: the head offset of each tile, in the lanes and in their int64 redo. H=160
+    # puts a lone 32-head group after the grid's two tiles.
+    args = production_inputs(B=2, S=64, S_kv=256, H=H, L=200)
+    grid, apart = launch.TileLangLauncher(lanes_gain=gain), _LaunchATile(lanes_gain=gain)
+    want, got = wrapper.backward_with(apart, *args), wrapper.backward_with(grid, *args)
+    assert int(grid.lanes_redone) == int(apart.lanes_redone) == redone
+    for name, x, y in zip(("dq", "dkv", "d_attn_sink"), got, want):
+        assert bitwise_difference(name, x, y) is None, bitwise_difference(name, x, y)
+
+
 @pytest.mark.parametrize("wg0_chunks", [1, 3])
 @pytest.mark.parametrize("gain,redone", [(None, 0), (30, 1)])
 def test_wide_tile_split_of_dkv_chunks_leaves_the_bits(wg0_chunks, gain, redone):

@@ -8,6 +8,7 @@ KV rows with a copy that cannot skip an invalid slot, or bulk-copy a cluster
 peer a byte count its barrier does not expect."""
 
 import collections
+import dataclasses
 import itertools
 import math
 import re
@@ -96,6 +97,38 @@ def test_pairs_of_32_head_groups_run_as_one_wide_cta():
     assert shape(K.main_launches(3, 16, 576, 512, True)) == [(0, 16, 2), (2, 16, 1)]
     with pytest.raises(ValueError, match="^cluster"):
         K.MainConfig(16, 576, 512, "atomic", 2)  # no atomic cluster
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_every_pair_of_32_head_groups_runs_in_one_wide_grid(deterministic):
+    # The wide tile's 64-head tiles of a call go in one launch (a CTA a row and tile): one
+    # grid has one last partial wave where a launch a tile had one each. The tile count is
+    # a launch argument: every count runs the one-tile configuration's kernel.
+    def shape(launches):
+        return [(g, c.heads, c.tiles, c.groups) for g, c in launches]
+
+    assert shape(K.main_launches(4, 32, 576, 512, deterministic)) == [(0, 64, 2, 4)]
+    assert shape(K.main_launches(5, 32, 576, 512, deterministic)) == [(0, 64, 2, 4), (4, 32, 1, 1)]
+    assert shape(K.main_launches(6, 32, 512, 512, deterministic)) == [(0, 64, 3, 6)]
+    (_, three), = K.main_launches(6, 32, 512, 512, deterministic)
+    one = three.kernel
+    assert one == dataclasses.replace(three, tiles=1) and one.kernel is one
+    if deterministic:
+        assert K.lanes_redo(three).tiles == 3
+    for tiles in (0, 2.0):
+        with pytest.raises(ValueError, match="^tiles"):
+            K.MainConfig(64, 576, 512, "lanes", tiles=tiles)
+    with pytest.raises(ValueError, match="^tiles"):
+        K.MainConfig(32, 576, 512, "fixed", tiles=2)  # a narrow tile is one group a launch
+
+
+def test_the_wide_grid_takes_its_tile_count_at_launch():
+    one = K.MainConfig(64, 576, 512, "lanes")
+    assert K.compiled(dataclasses.replace(one, tiles=2)) is K.compiled(one)
+    source = K.compiled(one).get_kernel_source()
+    assert re.search(r"main_bwd_kernel\([^)]*int tiles\)", source), "tiles is not the kernel's last argument"
+    # The row is blockIdx.x and the tile blockIdx.y (special registers, read again at no register cost).
+    assert "blockIdx.y" in source and "% tiles" not in source and "/ tiles" not in source
 
 
 def test_wide_tile_split_leaves_warpgroup_1_a_chunk():

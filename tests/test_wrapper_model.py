@@ -271,6 +271,20 @@ def test_head_groups_are_read_in_place_not_copied(deterministic, H, block_h, exp
         assert x["dQ"].data_ptr() == launcher.launches[0]["dQ"].data_ptr() and x["dQ"].shape[1] == H
 
 
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_the_wide_tiles_of_a_call_run_in_one_grid(deterministic):
+    # H=160 in 32-head groups: groups 0-3 as one wide grid of two 64-head tiles from head 0,
+    # group 4 alone; the deterministic call's gated int64 redo launches the same grid.
+    inputs = to_framework(Case(B=2, S=5, S_kv=9, H=160, L=33, d_k=32, d_v=16, seed=4).inputs())
+    launcher = _LaunchLog(deterministic)
+    wrapper.backward_with(launcher, *[inputs[k] for k in ARGS], block_h=32)
+    launches = [(x["head_base"], x["config"].heads, x["config"].tiles, x["config"].accumulate) for x in launcher.launches]
+    if deterministic:
+        assert launches == [(0, 64, 2, "lanes"), (128, 32, 1, "fixed"), (0, 64, 2, "fixed")]
+    else:
+        assert launches == [(0, 64, 2, "atomic"), (128, 32, 1, "atomic")]
+
+
 def test_model_slot_marks():
     # mark_slots: kv rows some valid slot names; query rows with a valid slot.
     # Slots past either end (12 and 13 with 12 kv rows, -3) mark nothing.

@@ -107,6 +107,8 @@ class MainConfig:
     groups in one warp-specialised CTA over 64-slot blocks (wide.py), whose
     deterministic launches add in "lanes" (and "fixed" as their redo). cluster:
     2 runs two consecutive 16-head groups as one thread block cluster (fixed only).
+    tiles: the wide tile's consecutive 64-head tiles one launch covers, a CTA each
+    a query row, in one grid (a launch argument: the same kernel for every count).
     """
 
     heads: int
@@ -115,6 +117,7 @@ class MainConfig:
     accumulate: str = "fixed"
     cluster: int = 1
     wg0_chunks: int | None = None
+    tiles: int = 1
 
     def __post_init__(self):
         _require("heads", self.heads in TILE_HEADS, self.heads, f"one of {TILE_HEADS}")
@@ -128,8 +131,10 @@ class MainConfig:
         _require("cluster", self.cluster in CLUSTER_SIZES, self.cluster, f"one of {CLUSTER_SIZES}")
         _require("cluster", self.cluster == 1 or (self.accumulate == "fixed" and self.heads == 16), self.cluster,
                  "a cluster of 2 is built for 16-head groups of the fixed accumulation; two 32-head groups run as one wide tile")
+        _require("tiles", isinstance(self.tiles, int) and self.tiles > 0, self.tiles, "a positive int")
         if not self.wide:
             _require("wg0_chunks", self.wg0_chunks is None, self.wg0_chunks, "the wide tile's only")
+            _require("tiles", self.tiles == 1, self.tiles, "more than one is the wide tile's only")
             return
         if self.wg0_chunks is None:  # one value, one compile-cache key
             object.__setattr__(self, "wg0_chunks", WIDE_WG0_CHUNKS)
@@ -148,7 +153,14 @@ class MainConfig:
     @property
     def groups(self) -> int:
         """The head groups (of the wrapper's group width) one launch covers."""
-        return 2 if self.wide or self.cluster == 2 else 1
+        if self.wide:
+            return 2 * self.tiles
+        return 2 if self.cluster == 2 else 1
+
+    @property
+    def kernel(self) -> "MainConfig":
+        """The configuration whose kernel runs this launch: the tile count is the launch's argument."""
+        return dataclasses.replace(self, tiles=1) if self.tiles != 1 else self
 
     @property
     def threads(self) -> int:
@@ -171,14 +183,19 @@ def main_config(heads: int, d_k: int, d_v: int, deterministic: bool = True, clus
 def main_launches(groups: int, heads: int, d_k: int, d_v: int, deterministic: bool = True) -> tuple:
     """((first group, MainConfig), ...) covering ``groups`` head groups of ``heads`` heads:
     pairs where a pair has a kernel (the fixed cluster of two 16-head groups, the wide
-    tile for 32-head groups of either accumulation), a single group for the rest.
+    tile for 32-head groups of either accumulation), a single group for the rest. The
+    wide tile's pairs all go in one launch (MainConfig.tiles): one grid has one last
+    partial wave of CTAs where a launch a pair had one each.
     Memoised: the wrapper asks for it several times a call, on the host's critical path."""
     pairs = main_tile_heads(heads) == 32 or (deterministic and main_tile_heads(heads) == 16)
     launches, g = [], 0
     while g < groups:
         size = 2 if pairs and groups - g >= 2 else 1
-        launches.append((g, main_config(heads, d_k, d_v, deterministic, size)))
-        g += size
+        config = main_config(heads, d_k, d_v, deterministic, size)
+        if config.wide:
+            config = dataclasses.replace(config, tiles=(groups - g) // 2)
+        launches.append((g, config))
+        g += config.groups
     return tuple(launches)
 
 

@@ -22,9 +22,14 @@ def compile_program(program, target=None):
     return tilelang.compile(program, target=target or SM90A, pass_configs=_pass_configs(tilelang))
 
 
-@functools.lru_cache(maxsize=None)
 def compiled(config):
-    """The compiled kernel of a configuration (a MainConfig or a KernelConfig), once per process."""
+    """The compiled kernel of a configuration (a MainConfig or a KernelConfig), once per process
+    (a MainConfig's kernel: every tile count launches the same one)."""
+    return _compiled(config.kernel if isinstance(config, MainConfig) else config)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(config):
     return compile_program(program_of(config))
 
 
@@ -38,7 +43,7 @@ def small_kernel(kind: str, *args):
 def program_of(config):
     """The TileLang program a configuration builds."""
     if isinstance(config, MainConfig):
-        return wide_program(config) if config.wide else main_bwd_program(config)
+        return wide_program(config.kernel) if config.wide else main_bwd_program(config)
     if not isinstance(config, KernelConfig):
         raise ValueError(f"config: expected a MainConfig or KernelConfig, got {config!r}")
     builders = {

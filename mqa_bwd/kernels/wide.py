@@ -1,8 +1,9 @@
 """The 64-head tile: a warp-specialised main backward over 64-slot blocks, dKV added from registers.
 
-Built from a wide ``MainConfig`` (two 32-head groups, one CTA a query row). The launch contract
-is main_bwd.py's (the same tensors, a head range read in place), with Lp a multiple of
-WIDE_SLOTS and two more arguments: Bound and Gate (the lanes design, below).
+Built from a wide ``MainConfig`` (two 32-head groups, one CTA a query row and 64-head tile). The
+launch contract is main_bwd.py's (the same tensors, a head range read in place), with Lp a
+multiple of WIDE_SLOTS and three more arguments: Bound and Gate (the lanes design, below), and
+the count of consecutive 64-head tiles from head_base (MainConfig.tiles), each a CTA a row.
 
 Why this shape:
 - Slot blocks of 64: every wgmma is m64n64 or wider, so each operand byte read from shared
@@ -421,8 +422,11 @@ def wide_program(config: MainConfig):
         head_base: T.int32,
         Bound: T.Tensor((NKV,), i64),
         Gate: T.Tensor((1,), i32),
+        tiles: T.int32,
     ):
-        with T.Kernel(R, threads=2 * WARPGROUP) as r:
+        # The grid's x is the row, its y the tile: both are special registers, which ptxas reads
+        # again where a row or head index computed from one CTA index would hold registers.
+        with T.Kernel(R, tiles, threads=2 * WARPGROUP) as (r, tile):
             scale_log2 = sm_scale * LOG2E
             Q_s = T.alloc_shared((H, Dk), bf16)
             dO_s = T.alloc_shared((H, Dv), bf16)
@@ -457,7 +461,7 @@ def wide_program(config: MainConfig):
             live_blocks = T.alloc_local((1,), i32)
             tid = T.get_thread_binding()
             tid1 = tid - WARPGROUP  # a thread's index in warpgroup 1
-            h0 = head_base
+            h0 = head_base + tile * H
 
             T.import_source(GATHER_SOURCE + HANDOFF_SOURCE + WS_SOURCE)
             if accumulate == "fixed":  # before any barrier: the whole CTA leaves
