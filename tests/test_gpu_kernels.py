@@ -4,6 +4,7 @@ Skipped with a reason on machines without a Hopper GPU and tilelang (CI).
 Run on the H200 with: ``pytest -m gpu tests/test_gpu_kernels.py``.
 """
 
+import dataclasses
 import itertools
 import math
 
@@ -170,7 +171,8 @@ class _LaunchATile(launch.TileLangLauncher):
 
     def main_bwd(self, *args, config, head_base=0, **kw):
         for tile in range(config.tiles):
-            super().main_bwd(*args, config=config.kernel, head_base=head_base + tile * config.heads, **kw)
+            super().main_bwd(*args, config=dataclasses.replace(config, tiles=1), head_base=head_base + tile * config.heads,
+                             **kw)
 
 
 @pytest.mark.parametrize("H", [128, 160])

@@ -35,7 +35,8 @@ def _id(config):
     if isinstance(config, K.MainConfig):
         return f"main_bwd-{config.heads}-{config.d_k}-{config.d_v}-{config.accumulate}" + (
             f"-{config.cluster}" if config.cluster > 1 else "") + (
-            f"-wg0_{config.wg0_chunks}" if config.wide and config.wg0_chunks != K.WIDE_WG0_CHUNKS else "")
+            f"-wg0_{config.wg0_chunks}" if config.wide and config.wg0_chunks != K.WIDE_WG0_CHUNKS else "") + (
+            f"-tiles{config.tiles}" if config.tiles > 1 else "")
     return "-".join(str(c) for c in (config.kind,) + config.args)
 
 
@@ -103,7 +104,7 @@ def test_pairs_of_32_head_groups_run_as_one_wide_cta():
 def test_every_pair_of_32_head_groups_runs_in_one_wide_grid(deterministic):
     # The wide tile's 64-head tiles of a call go in one launch (a CTA a row and tile): one
     # grid has one last partial wave where a launch a tile had one each. The tile count is
-    # a launch argument: every count runs the one-tile configuration's kernel.
+    # a launch argument: every count of two or more runs one kernel.
     def shape(launches):
         return [(g, c.heads, c.tiles, c.groups) for g, c in launches]
 
@@ -111,8 +112,9 @@ def test_every_pair_of_32_head_groups_runs_in_one_wide_grid(deterministic):
     assert shape(K.main_launches(5, 32, 576, 512, deterministic)) == [(0, 64, 2, 4), (4, 32, 1, 1)]
     assert shape(K.main_launches(6, 32, 512, 512, deterministic)) == [(0, 64, 3, 6)]
     (_, three), = K.main_launches(6, 32, 512, 512, deterministic)
-    one = three.kernel
-    assert one == dataclasses.replace(three, tiles=1) and one.kernel is one
+    two = three.kernel
+    assert two == dataclasses.replace(three, tiles=K.MULTI_TILE) and two.kernel is two
+    assert {config for config in K.gpu_configs() if isinstance(config, K.MainConfig) and config.tiles > 1} >= {two}
     if deterministic:
         assert K.lanes_redo(three).tiles == 3
     for tiles in (0, 2.0):
@@ -124,11 +126,15 @@ def test_every_pair_of_32_head_groups_runs_in_one_wide_grid(deterministic):
 
 def test_the_wide_grid_takes_its_tile_count_at_launch():
     one = K.MainConfig(64, 576, 512, "lanes")
-    assert K.compiled(dataclasses.replace(one, tiles=2)) is K.compiled(one)
-    source = K.compiled(one).get_kernel_source()
+    two, three = dataclasses.replace(one, tiles=2), dataclasses.replace(one, tiles=3)
+    assert K.compiled(three) is K.compiled(two) is not K.compiled(one)
+    # The row is blockIdx.x and the tile blockIdx.y (special registers, read again at no register
+    # cost); the one-tile kernel has no tile index, so its head offset stays uniform (and TileLang
+    # drops the argument it never reads from the device function, not from the launch).
+    source = K.compiled(two).get_kernel_source()
     assert re.search(r"main_bwd_kernel\([^)]*int tiles\)", source), "tiles is not the kernel's last argument"
-    # The row is blockIdx.x and the tile blockIdx.y (special registers, read again at no register cost).
     assert "blockIdx.y" in source and "% tiles" not in source and "/ tiles" not in source
+    assert "blockIdx.y" not in K.compiled(one).get_kernel_source()
 
 
 def test_wide_tile_split_leaves_warpgroup_1_a_chunk():

@@ -99,6 +99,12 @@ def _require(field: str, ok: bool, value, expected: str) -> None:
         raise ValueError(f"{field}: {value!r} ({expected})")
 
 
+#: The tile count of the wide tile's kernel for a launch of two or more 64-head tiles: one kernel
+#: serves every such count (MainConfig.kernel). A launch of one tile runs a kernel without the
+#: tile index.
+MULTI_TILE = 2
+
+
 @dataclasses.dataclass(frozen=True)
 class MainConfig:
     """One main backward kernel (main_bwd.main_bwd_program).
@@ -159,8 +165,9 @@ class MainConfig:
 
     @property
     def kernel(self) -> "MainConfig":
-        """The configuration whose kernel runs this launch: the tile count is the launch's argument."""
-        return dataclasses.replace(self, tiles=1) if self.tiles != 1 else self
+        """The configuration whose kernel runs this launch: one tile's, or the kernel of two or more
+        tiles (MULTI_TILE), whose count is the launch's argument."""
+        return dataclasses.replace(self, tiles=MULTI_TILE) if self.tiles > MULTI_TILE else self
 
     @property
     def threads(self) -> int:
@@ -262,7 +269,7 @@ def gpu_configs(widths=GPU_WIDTHS, group_widths=(16, 32)):
                     KernelConfig("fixed_to_bf16", (d_k,)), KernelConfig("lanes_to_bf16", (d_k,))]
         for heads in group_widths:
             for deterministic in (True, False):
-                for groups in (1, 2):
+                for groups in (1, 2, 2 * MULTI_TILE):  # a lone group, a pair, pairs in one grid
                     for _, config in main_launches(groups, heads, d_k, d_v, deterministic):
                         configs += [config, lanes_redo(config)] if config.accumulate == "lanes" else [config]
     return list(dict.fromkeys(configs))

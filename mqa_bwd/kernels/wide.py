@@ -425,8 +425,9 @@ def wide_program(config: MainConfig):
         tiles: T.int32,
     ):
         # The grid's x is the row, its y the tile: both are special registers, which ptxas reads
-        # again where a row or head index computed from one CTA index would hold registers.
-        with T.Kernel(R, tiles, threads=2 * WARPGROUP) as (r, tile):
+        # again where a row or head index computed from one CTA index would hold registers. The
+        # one-tile kernel has no tile index (its head addresses stay uniform).
+        with T.Kernel(R, tiles if config.tiles > 1 else 1, threads=2 * WARPGROUP) as (r, tile):
             scale_log2 = sm_scale * LOG2E
             Q_s = T.alloc_shared((H, Dk), bf16)
             dO_s = T.alloc_shared((H, Dv), bf16)
