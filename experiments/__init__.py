@@ -45,11 +45,6 @@
         git apply experiments/last_block_split.patch
         python benchmarks/config_ab.py --field wg0_last_chunks --values 2,4,5,6 --shapes dsv32,fleet
 
-  cp_prologue.patch         the wide tile's Q and dO loaded by cp.async, every thread 16 bytes a copy
-  cp_prologue_once.patch    (and with an L2 evict-first hint), where the product copies them through
-                            registers: the same bits, no faster, and the lanes kernel spills 16 bytes
-                            of stores and 36 of loads (docs/performance-log.md, sixteenth session).
-
 git history holds the others (the wrapper's layout steps as kernels became the product's,
 mqa_bwd.kernels.prologue; early_gather.patch, block 0's gather beside the row's prologue, is at
 78bd4a7 and became the product's wide tile; transposed_lanes.patch, the dKV chunks formed
@@ -58,7 +53,9 @@ wg0_overlap.patch, measured no faster, is at 4727d9b; mark_warps.patch, mark_slo
 a CTA, measured no faster before sorted_marks took the slot marks over (fifteenth session), is at
 fc0447f; marks_sort_first.patch (sorted_marks sorting before q's stream) and marks_two_heads.patch
 (its q stream two head rows a warp at a time, which became the product's MARKS_PEAK_HEADS_AT_ONCE)
-are at 74b61c0 (sixteenth session); lanes_word.patch, the lanes' word from its halves, is at e307457 and became the
+are at 74b61c0, and cp_prologue.patch and cp_prologue_once.patch (the wide tile's Q and dO by
+cp.async, with and without an L2 evict-first hint: no faster, and they spill) at b587099
+(sixteenth session); lanes_word.patch, the lanes' word from its halves, is at e307457 and became the
 product's ws_lane_word; peaks_scatter.patch, the peaks' reduce-scatter, is at 954eb12 and became
 the product's ws_peaks_scatter; the ablations no_mass,
 no_convert, no_scale_load and control_transposed, each within 1 % of the product at dsv32 H=64

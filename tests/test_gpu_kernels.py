@@ -147,7 +147,7 @@ class _ForcedRedo(ForcedRedo, launch.TileLangLauncher):
 
 @pytest.mark.parametrize("shape,gain,redone", [
     (dict(B=1, S=4096, S_kv=8192, H=64, L=2048), None, 0),  # dsv32 at the default gain: no bound fails there
-    (dict(B=2, S=64, S_kv=256, H=128, L=200), 10, 0),      # two wide launches into one set of words, a padded block
+    (dict(B=2, S=64, S_kv=256, H=128, L=200), 10, 0),      # two wide tiles into one set of words, a padded block
     (dict(B=2, S=64, S_kv=256, H=128, L=200), 30, 1),      # the plan's own scale: the device bounds must fail
 ])
 def test_lanes_kernel_gives_the_int64_kernels_bits(shape, gain, redone):

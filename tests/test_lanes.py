@@ -151,7 +151,7 @@ def test_a_gain_outside_the_lanes_resolution_is_refused(gain):
                                            (128, 65, "neg_inf", 4), (64, 1, "neg_1e30", 5)])
 def test_lanes_give_the_redos_bits_across_the_case_space(H, L, sink, seed):
     # Invalid slots of every kind, duplicates, an empty row, every sink, a lone 32-head group beside a
-    # wide pair (H = 96), two wide launches into one set of words (H = 128), padded heads (H = 40).
+    # wide pair (H = 96), two wide tiles into one set of words (H = 128), padded heads (H = 40).
     case = Case(B=2, S=3, S_kv=70, H=H, L=L, d_k=64, d_v=32, invalid=ALL_INVALID_KINDS, duplicates=True,
                 empty_rows=1, sink=sink, seed=seed)
     inputs = to_framework(case.inputs(), "torch", "cpu")
