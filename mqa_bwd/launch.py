@@ -199,7 +199,8 @@ class TileLangLauncher(Launcher):
                  lanes_gain: int | None = None, wide_tile: dict | None = None):
         super().__init__(instruments, lanes_gain)
         self.wide_tile = dict(wide_tile or {})
-        fields = {f.name for f in dataclasses.fields(K.MainConfig)} - {"heads", "d_k", "d_v", "accumulate", "cluster"}
+        # tiles is how much of the call a launch covers (kernels.main_launches), not how a tile runs.
+        fields = {f.name for f in dataclasses.fields(K.MainConfig)} - {"heads", "d_k", "d_v", "accumulate", "cluster", "tiles"}
         if not set(self.wide_tile) <= fields:
             raise ValueError(f"wide_tile: {sorted(set(self.wide_tile) - fields)} are not the wide tile's fields {sorted(fields)}")
         # Every wide launch it can make, checked here rather than at the first one (the defaults

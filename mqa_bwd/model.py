@@ -20,6 +20,7 @@ contending atomics do, so the determinism property can be seen to catch it
 without a GPU.
 """
 
+import dataclasses
 import random
 
 import numpy as np
@@ -166,8 +167,9 @@ class ModelLauncher(Launcher):
         self.launched(kernel)
         # The wide tile's tiles are CTAs of one grid, each adding its own 64 heads' sums: as
         # many launches of one tile.
+        one_tile = dataclasses.replace(config, tiles=1)
         for tile in range(config.tiles):
-            self._main_tile(q, kv, grad_out, indices, lse2, delta, dq, dkv, config.kernel, sm_scale, heads,
+            self._main_tile(q, kv, grad_out, indices, lse2, delta, dq, dkv, one_tile, sm_scale, heads,
                             head_base + tile * config.heads, row_scale, allowance, flag, bound, gate)
 
     def _main_tile(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, config, sm_scale, heads, head_base,

@@ -17,7 +17,7 @@ def old_key(config) -> tuple:
     """The (kind, *key) the kernels.py before the package used for ``config``."""
     if isinstance(config, K.MainConfig):
         return ("main_bwd", config.heads, config.d_k, config.d_v, config.accumulate) + (
-            (config.cluster,) if config.cluster > 1 else ())
+            (config.cluster,) if config.cluster > 1 else ()) + ((("tiles", config.tiles),) if config.tiles > 1 else ())
     return (config.kind,) + config.args
 
 

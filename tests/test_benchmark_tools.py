@@ -173,10 +173,11 @@ def test_ncu_stalls_rejects_an_export_without_source_counters(tmp_path):
 
 def test_ncu_stalls_counts_main_launches_per_call():
     tool = _tool("ncu_stalls")
-    assert tool.main_launches_per_call(64, "fixed") == 1  # two 32-head groups: one wide tile
+    assert tool.main_launches_per_call(64, "fixed") == 2  # two 32-head groups: one wide tile, then its gated redo
     assert tool.main_launches_per_call(64, "atomic") == 1  # the pair runs as one 64-head CTA
     assert tool.main_launches_per_call(128, "atomic") == 1  # both 64-head tiles in one grid
-    assert tool.main_launches_per_call(128, "fixed") == 1
+    assert tool.main_launches_per_call(128, "fixed") == 2
+    assert tool.main_launches_per_call(96, "fixed") == 3  # the wide tile, the lone group, the redo
     assert tool.main_launches_per_call(40, "atomic") == 3  # 16-head groups of the control are never paired
     assert tool.main_launches_per_call(40, "fixed") == 2  # three 16-head groups: a cluster and one alone
 

@@ -285,6 +285,28 @@ def test_the_wide_tiles_of_a_call_run_in_one_grid(deterministic):
         assert launches == [(0, 64, 2, "atomic"), (128, 32, 1, "atomic")]
 
 
+class _ModelTileALaunch(ModelLauncher):
+    """The wide tile's 64-head tiles as a launch each, where the wrapper asks for one grid."""
+
+    def main_bwd(self, *args, config, head_base=0, **kw):
+        for tile in range(config.tiles):
+            super().main_bwd(*args, config=dataclasses.replace(config, tiles=1), head_base=head_base + tile * config.heads,
+                             **kw)
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_the_models_wide_grid_adds_what_a_launch_a_tile_adds(seed):
+    # Each tile of a grid sums its own 64 heads' contributions (two 32-head groups) before its
+    # integer adds, as a launch of that tile alone does: the same dkv bits. Summed over other
+    # head splits, the rounded contributions differ in their last bits for some seeds.
+    inputs = to_framework(Case(B=2, S=5, S_kv=40, H=128, L=33, d_k=32, d_v=16, seed=seed).inputs())
+    args = [inputs[k] for k in ARGS]
+    want = wrapper.backward_with(_ModelTileALaunch(), *args)
+    got = wrapper.backward_with(ModelLauncher(), *args)
+    for name, x, y in zip(("dq", "dkv", "d_attn_sink"), got, want):
+        assert bitwise_difference(name, x, y) is None, bitwise_difference(name, x, y)
+
+
 def test_model_slot_marks():
     # mark_slots: kv rows some valid slot names; query rows with a valid slot.
     # Slots past either end (12 and 13 with 12 kv rows, -3) mark nothing.
@@ -590,6 +612,10 @@ def test_the_launcher_overrides_only_the_wide_tiles_own_fields():
     # An A/B passes configurations: the wide tile's own fields, never the shape or the accumulation.
     with pytest.raises(ValueError, match=r"^wide_tile: \['accumulate'\]"):
         launch.TileLangLauncher(wide_tile={"accumulate": "atomic"})
+    # How many tiles a launch covers is the launch policy's: overridden, it would leave heads
+    # out or reach past the last one.
+    with pytest.raises(ValueError, match=r"^wide_tile: \['tiles'\]"):
+        launch.TileLangLauncher(wide_tile={"tiles": 1})
     # A value no wide launch could build is refused when the launcher is made, not at its first launch.
     with pytest.raises(ValueError, match=r"^wide_tile: wg0_chunks: 0 "):
         launch.TileLangLauncher(wide_tile={"wg0_chunks": 0})
