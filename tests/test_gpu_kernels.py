@@ -4,7 +4,6 @@ Skipped with a reason on machines without a Hopper GPU and tilelang (CI).
 Run on the H200 with: ``pytest -m gpu tests/test_gpu_kernels.py``.
 """
 
-import dataclasses
 import itertools
 import math
 
@@ -24,6 +23,7 @@ from properties.guards import GuardBands  # noqa: E402
 
 from hopper import ON_HOPPER  # noqa: E402
 from lanes_redo import ForcedRedo  # noqa: E402
+from wide_grid import TileALaunch  # noqa: E402
 
 pytestmark = ON_HOPPER
 
@@ -166,13 +166,8 @@ def test_lanes_kernel_gives_the_int64_kernels_bits(shape, gain, redone):
         assert bitwise_difference(name, x, y) is None, bitwise_difference(name, x, y)
 
 
-class _LaunchATile(launch.TileLangLauncher):
-    """The wide tile's 64-head tiles as a launch each, where the product runs them in one grid."""
-
-    def main_bwd(self, *args, config, head_base=0, **kw):
-        for tile in range(config.tiles):
-            super().main_bwd(*args, config=dataclasses.replace(config, tiles=1), head_base=head_base + tile * config.heads,
-                             **kw)
+class _TileALaunch(TileALaunch, launch.TileLangLauncher):
+    """The wide tile's 64-head tiles as a launch each, on the GPU."""
 
 
 @pytest.mark.parametrize("H", [128, 160, 192])
@@ -183,7 +178,7 @@ def test_one_wide_grid_gives_the_bits_of_a_launch_a_tile(H, gain, redone):
     # puts a lone 32-head group after the grid's two tiles; H=192 launches the kernel built for
     # two tiles with three.
     args = production_inputs(B=2, S=64, S_kv=256, H=H, L=200)
-    grid, apart = launch.TileLangLauncher(lanes_gain=gain), _LaunchATile(lanes_gain=gain)
+    grid, apart = launch.TileLangLauncher(lanes_gain=gain), _TileALaunch(lanes_gain=gain)
     want, got = wrapper.backward_with(apart, *args), wrapper.backward_with(grid, *args)
     assert int(grid.lanes_redone) == int(apart.lanes_redone) == redone
     for name, x, y in zip(("dq", "dkv", "d_attn_sink"), got, want):

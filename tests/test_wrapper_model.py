@@ -18,6 +18,7 @@ from mqa_bwd.model import ModelLauncher, TileBoundsError
 from properties.case import INVALID_KINDS, SINKS, Case, expected, to_framework
 from properties.checks import bitwise_difference
 from properties.compare import compare, first_difference
+from wide_grid import TileALaunch
 
 ARGS = SPEC_ARGS
 HEADS = (1, 2, 3, 5, 8, 13, 16, 17, 24, 31, 32, 33, 40, 48, 57, 63, 64, 65, 96, 127, 128)
@@ -285,13 +286,8 @@ def test_the_wide_tiles_of_a_call_run_in_one_grid(deterministic):
         assert launches == [(0, 64, 2, "atomic"), (128, 32, 1, "atomic")]
 
 
-class _ModelTileALaunch(ModelLauncher):
-    """The wide tile's 64-head tiles as a launch each, where the wrapper asks for one grid."""
-
-    def main_bwd(self, *args, config, head_base=0, **kw):
-        for tile in range(config.tiles):
-            super().main_bwd(*args, config=dataclasses.replace(config, tiles=1), head_base=head_base + tile * config.heads,
-                             **kw)
+class _ModelTileALaunch(TileALaunch, ModelLauncher):
+    """The wide tile's 64-head tiles as a launch each, on the CPU model."""
 
 
 @pytest.mark.parametrize("seed", range(6))

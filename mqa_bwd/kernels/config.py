@@ -114,7 +114,8 @@ class MainConfig:
     deterministic launches add in "lanes" (and "fixed" as their redo). cluster:
     2 runs two consecutive 16-head groups as one thread block cluster (fixed only).
     tiles: the wide tile's consecutive 64-head tiles one launch covers, a CTA each
-    a query row, in one grid (a launch argument: the same kernel for every count).
+    a query row, in one grid (a launch argument of the kernel that every count above
+    one shares: MainConfig.kernel).
     """
 
     heads: int

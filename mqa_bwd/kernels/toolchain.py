@@ -24,7 +24,7 @@ def compile_program(program, target=None):
 
 def compiled(config):
     """The compiled kernel of a configuration (a MainConfig or a KernelConfig), once per process
-    (a MainConfig's kernel: every tile count launches the same one)."""
+    (a MainConfig's kernel, MainConfig.kernel: every tile count above one launches the same one)."""
     return _compiled(config.kernel if isinstance(config, MainConfig) else config)
 
 
