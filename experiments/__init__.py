@@ -45,6 +45,22 @@
         git apply experiments/last_block_split.patch
         python benchmarks/config_ab.py --field wg0_last_chunks --values 2,4,5,6 --shapes dsv32,fleet
 
+  lanes_whole_lines.patch   ablations of the wide tile (wrong dKV), to say what whole-line
+  control_whole_lines.patch reduction requests would buy the deterministic kernel and the control
+                            before a tile is built to stage them (docs/performance-log.md,
+                            sixteenth session: cuDNN sends the same sectors in half the requests).
+                            lanes_whole_lines: lanes k and k ^ 1 take one slot pair and the words of
+                            warps w and w ^ 1, so an add instruction covers 2 kv rows x 128 bytes;
+                            control_whole_lines: a row pair's quads add to the even row's kv row, in
+                            the two halves of a line, 4 rows x 128 bytes. The same instructions,
+                            bytes and registers' spills (8/20 and 0); half the requests. Compiled,
+                            not run. On eb34a30:
+
+        REV=eb34a30 bash scripts/ab-packages.sh experiments/lanes_whole_lines.patch \
+            experiments/control_whole_lines.patch
+        python benchmarks/package_ab.py --against .ab/lanes_whole_lines/mqa_bwd \
+            --against .ab/control_whole_lines/mqa_bwd --shapes dsv32,fleet --trace 2
+
 git history holds the others (the wrapper's layout steps as kernels became the product's,
 mqa_bwd.kernels.prologue; early_gather.patch, block 0's gather beside the row's prologue, is at
 78bd4a7 and became the product's wide tile; transposed_lanes.patch, the dKV chunks formed
