@@ -405,20 +405,34 @@ def per_kernel(events, calls: int, width: int = KERNEL_NAME_WIDTH) -> list:
     return [[name, ms, count[name] / calls] for name, ms in time.most_common()]
 
 
+def median_kernels(per_call: list) -> list:
+    """per_kernel's rows of several calls (a list a call) as one: each kernel's median ms and
+    launches over the calls (0 in a call that did not launch it), most time first."""
+    names = dict.fromkeys(name for rows in per_call for name, *_ in rows)
+    calls = [{name: (ms, n) for name, ms, n in rows} for rows in per_call]
+    rows = [[name, statistics.median(c.get(name, (0.0, 0))[0] for c in calls),
+             statistics.median(c.get(name, (0.0, 0))[1] for c in calls)] for name in names]
+    return sorted(rows, key=lambda row: -row[1])
+
+
 def kernel_trace(call, calls: int = 3) -> list:
-    """per_kernel of ``calls`` calls of ``call`` (after one more, untraced) under the torch
-    profiler: every GPU kernel, torch's small ops and a peer's included."""
+    """The GPU kernels of ``calls`` calls of ``call`` (after one more, untraced), each call
+    under a torch profiler of its own: every GPU kernel, torch's small ops and a peer's
+    included, as each kernel's median over the calls (median_kernels), so that one slow call
+    does not move a kernel's time."""
     import torch
     from torch.profiler import ProfilerActivity, profile
 
     call()
     torch.cuda.synchronize()
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
-        for _ in range(calls):
+    per_call = []
+    for _ in range(calls):
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
             call()
-        torch.cuda.synchronize()
-    return per_kernel([(e.name, e.device_time) for e in prof.events()
-                       if e.device_type == torch.autograd.DeviceType.CUDA], calls)
+            torch.cuda.synchronize()
+        per_call.append(per_kernel([(e.name, e.device_time) for e in prof.events()
+                                    if e.device_type == torch.autograd.DeviceType.CUDA], 1))
+    return median_kernels(per_call)
 
 
 def trace_lines(label: str, kernels: list, top: int = 12) -> list:

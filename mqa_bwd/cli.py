@@ -349,7 +349,7 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=positive_int, default=10, help="timed calls per backend (default 10)")
     bench.add_argument("--trace", type=positive_int, metavar="CALLS",
                        help="also profile CALLS more calls of each backend and print its GPU kernels "
-                            "(torch profiler): where each backend's time goes")
+                            "(torch profiler, each kernel's median over the calls): where each backend's time goes")
     bench.add_argument("--block-h", type=int, choices=(16, 32), help="head-group width")
     bench.add_argument("--dkv-buf-bytes", type=positive_int, metavar="BYTES", help="scratch budget")
     bench.add_argument("--json", type=Path, metavar="PATH", help="write the rows as JSON here")

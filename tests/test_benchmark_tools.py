@@ -264,6 +264,15 @@ def test_kernel_trace_sums_kernels_per_call():
     assert shown.startswith("== B=1,S=64,S_kv=128,H=16,L=32 uniform, tilelang: 25.450 ms") and shown.count("==") == 1
 
 
+def test_kernel_trace_takes_each_kernels_median_over_calls():
+    # One slow call (the second's main kernel) must not move the trace: each kernel's median
+    # over the calls, 0 where a call did not launch it (the third call's redo).
+    per_call = [[["main", 8.0, 2], ["delta", 0.3, 1]], [["main", 9.9, 2], ["delta", 0.3, 1]],
+                [["main", 8.2, 1], ["delta", 0.4, 1]]]
+    assert bench.median_kernels(per_call) == [["main", 8.2, 2], ["delta", 0.3, 1]]
+    assert bench.median_kernels([[["a", 1.0, 1]], [["b", 2.0, 1]]]) == [["b", 1.0, 0.5], ["a", 0.5, 0.5]]
+
+
 def test_tile_feasibility_reports_a_column_half_and_a_refusal():
     # The 64-head column-range skeleton compiles for sm_90a on the CPU: its
     # report is ptxas's (no spill for [0, 256), shared memory within the
