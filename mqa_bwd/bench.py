@@ -436,8 +436,8 @@ def kernel_trace(call, calls: int = 3) -> list:
 
 
 def trace_lines(label: str, kernels: list, top: int = 12) -> list:
-    """A trace (per_kernel's rows) as text: its total and launches a call, then its ``top``
-    kernels, the rest summed."""
+    """A trace (per_kernel's or median_kernels' rows) as text: its total and launches a call,
+    then its ``top`` kernels, the rest summed."""
     total, launches = sum(ms for _, ms, _ in kernels), sum(n for *_, n in kernels)
     lines = [f"== {label}: {total:.3f} ms of GPU kernels a call, {launches:g} launches"]
     lines += [f"  {ms:8.3f} ms  x{n:<4g} {name}" for name, ms, n in kernels[:top]]
