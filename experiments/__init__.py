@@ -53,8 +53,9 @@
                             warps w and w ^ 1, so an add instruction covers 2 kv rows x 128 bytes;
                             control_whole_lines: a row pair's quads add to the even row's kv row, in
                             the two halves of a line, 4 rows x 128 bytes. The same instructions,
-                            bytes and registers' spills (8/20 and 0); half the requests. Compiled,
-                            not run. On eb34a30:
+                            bytes and registers' spills (8/20 and 0); half the requests. They take
+                            10-12 % off the det main kernel and 6-7 % off the control's
+                            (docs/performance-log.md, seventeenth session). On eb34a30 or later:
 
         REV=eb34a30 bash scripts/ab-packages.sh experiments/lanes_whole_lines.patch \
             experiments/control_whole_lines.patch
