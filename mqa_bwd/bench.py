@@ -41,6 +41,7 @@ import math
 import statistics
 from typing import Callable
 
+from . import gpu_clocks
 from .contract import BACKENDS, GPU_BACKENDS, OUTPUT_NAMES, PEERS, Instruments, peer, peer_function
 
 SHAPES = {
@@ -106,6 +107,10 @@ class Row:
     index_overlap: float | None = None
     #: with --trace: the GPU kernels of a call, [name, ms a call, launches a call], most time first
     kernels: list | None = None
+    #: the GPU's clocks during this backend's timed calls (gpu_clocks.ClockSummary as a dict);
+    #: None where no sample fell in them, and then clocks_unavailable may say why
+    clocks: dict | None = None
+    clocks_unavailable: str | None = None
 
     @property
     def shape(self) -> tuple:
@@ -364,8 +369,12 @@ def add_shape_arguments(parser, repeats: int | None = 7) -> None:
         parser.add_argument("--repeats", type=int, default=repeats)
 
 
-def time_interleaved(calls: dict, warmup=3, repeats=10) -> dict:
-    """name -> list of ms; repeats of all calls interleaved, after each call's warm-up."""
+def time_interleaved(calls: dict, warmup=3, repeats=10, spans: dict | None = None) -> dict:
+    """name -> list of ms; repeats of all calls interleaved, after each call's warm-up. With
+    ``spans``, each timed call's (start, end) in time.monotonic() goes to spans[name] too: the
+    call's whole GPU work lies inside it (the event that ends it is waited for)."""
+    import time
+
     import torch
 
     for fn in calls.values():
@@ -375,7 +384,10 @@ def time_interleaved(calls: dict, warmup=3, repeats=10) -> dict:
     times = {name: [] for name in calls}
     for _ in range(repeats):
         for name, fn in calls.items():
+            start = time.monotonic()
             times[name].append(_event_time(fn))
+            if spans is not None:
+                spans.setdefault(name, []).append((start, time.monotonic()))
     return times
 
 
@@ -689,7 +701,10 @@ def measure(shape: dict, backends=GPU_BACKENDS, d_k=576, d_v=512, warmup=3, repe
     args = production_inputs(shape["B"], shape["S"], shape["S_kv"], shape["H"], shape["L"], d_k, d_v, indices=indices)
     overlap = index_overlap(args[6])
     calls = {backend: backend_call(backend, args, call_kw) for backend in backends}
-    times = time_interleaved(calls, warmup, repeats)
+    spans = {}
+    with gpu_clocks.Sampler() as sampler:
+        times = time_interleaved(calls, warmup, repeats, spans)
+    clocks = {backend: sampler.summary(spans[backend]) for backend in backends}
     # One more call each: its scratch, the outputs that are judged, and (ours) whether it redid
     # its lanes in int64.
     scratch, outputs, redone = {}, {}, {}
@@ -711,7 +726,9 @@ def measure(shape: dict, backends=GPU_BACKENDS, d_k=576, d_v=512, warmup=3, repe
                         rel_l2_vs_first=quality[backend].rel_l2_vs_first, error=quality[backend].error,
                         min_budget_gib=min_budget_gib(shape, d_k, d_v, backend, call_kw.get("block_h")),
                         lanes_redone=redone[backend], indices=indices, index_overlap=overlap,
-                        kernels=kernels[backend]))
+                        kernels=kernels[backend],
+                        clocks=None if clocks[backend] is None else clocks[backend].as_dict(),
+                        clocks_unavailable=sampler.unavailable))
     del quality
     torch.cuda.empty_cache()
     return with_error_ratios(with_ratios(rows))
@@ -832,7 +849,32 @@ COLUMNS = [
     Column("err dsink", 9, _error("d_attn_sink")),
     Column("err/atomic", 10, _error_ratio),
     Column("redo", 4, lambda r: "" if r.lanes_redone is None else ("yes" if r.lanes_redone else "no")),
+    Column("SM MHz", 7, lambda r: _sm_clock(r.clocks)),
 ]
+
+
+def _clock_summary(clocks: dict | None) -> gpu_clocks.ClockSummary | None:
+    """A Row's clocks (a dict, from measure or from JSON) as a ClockSummary."""
+    return None if clocks is None else gpu_clocks.ClockSummary(**{**clocks, "reasons": tuple(clocks["reasons"])})
+
+
+def _sm_clock(clocks: dict | None) -> str:
+    """The median SM clock of a row's calls, starred where NVML gave a slowdown reason."""
+    summary = _clock_summary(clocks)
+    return "" if summary is None else f"{summary.sm_mhz_median:.0f}" + ("*" if summary.slowed else "")
+
+
+def clock_notes(rows) -> str:
+    """Under the table: each starred row's clock range and reasons; once, why no clock was sampled."""
+    lines = []
+    for r in rows:
+        c = _clock_summary(r.clocks)
+        if c is not None and c.slowed:
+            shape = f"{describe(dict(B=r.B, S=r.S, S_kv=r.S_kv, H=r.H, L=r.L))} {r.indices}, {r.backend}"
+            lines.append(f"* {shape}: SM {c.sm_mhz_min}-{c.sm_mhz_max} MHz over {c.samples} samples, up to "
+                         f"{c.power_w_max:.0f} W and {c.temperature_c_max} C; held down by {', '.join(c.reasons)}")
+    lines += dict.fromkeys(r.clocks_unavailable for r in rows if r.clocks is None and r.clocks_unavailable)
+    return "\n".join(lines)
 
 
 def table(rows, columns=None) -> str:

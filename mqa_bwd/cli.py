@@ -863,6 +863,8 @@ def cmd_bench(args) -> int:
             rows += bench.measure(shape, tuple(here), args.d_k, args.d_v, args.warmup, args.repeats, indices,
                                   trace=args.trace or 0, **call_kw)
     print(bench.table(rows))
+    if notes := bench.clock_notes(rows):
+        print(notes)
     if args.trace:
         print(bench.traces(rows))
     if args.json:
@@ -886,6 +888,8 @@ def _bench_from_json(args) -> int:
     except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
         raise ValueError(f"--from-json: {args.from_json} is not a bench JSON file ({e})") from None
     print(bench.table(rows))
+    if notes := bench.clock_notes(rows):
+        print(notes)
     if any(r.kernels for r in rows):
         print(bench.traces(rows))
     if args.plot:

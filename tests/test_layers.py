@@ -8,7 +8,8 @@ The layers, bottom to top (docs/design.md draws them):
   implementation  mqa_bwd itself: kernels, launch, wrapper, model, fixed point, backends,
                   and the peers behind the same signature (cudnn: cuDNN's backward)
   harness         properties: cases, strategies, checks, comparisons, the plugin
-  tools           mqa_bwd's cli (and console), fuzz, repro, capture, bench, mutants, autograd
+  tools           mqa_bwd's cli (and console), fuzz, repro, capture, bench (and gpu_clocks),
+                  mutants, autograd
 
 A module may import its own layer and the layers its row allows below; the
 implementation and the harness never see each other (the harness reaches an
@@ -30,7 +31,7 @@ BASE = {"mqa_bwd.contract", "mqa_bwd.edge", "mqa_bwd.files"}
 #: Other implementations behind the SPEC signature: implementation modules, as ours are.
 PEERS = {"mqa_bwd.cudnn"}
 TOOLS = {"mqa_bwd.cli", "mqa_bwd.console", "mqa_bwd.fuzz", "mqa_bwd.repro", "mqa_bwd.capture", "mqa_bwd.bench", "mqa_bwd.mutants",
-         "mqa_bwd.autograd",
+         "mqa_bwd.gpu_clocks", "mqa_bwd.autograd",
          "mqa_bwd.__main__"}
 #: layer -> the layers its modules may import (their own included).
 ALLOWED = {
