@@ -859,7 +859,8 @@ def _clock_summary(clocks: dict | None) -> gpu_clocks.ClockSummary | None:
 
 
 def _sm_clock(clocks: dict | None) -> str:
-    """The median SM clock of a row's calls, starred where NVML gave a slowdown reason."""
+    """The median SM clock of a row's calls, starred where it sat below the top clock while NVML
+    gave a slowdown reason (ClockSummary.slowed)."""
     summary = _clock_summary(clocks)
     return "" if summary is None else f"{summary.sm_mhz_median:.0f}" + ("*" if summary.slowed else "")
 
@@ -871,8 +872,11 @@ def clock_notes(rows) -> str:
         c = _clock_summary(r.clocks)
         if c is not None and c.slowed:
             shape = f"{describe(dict(B=r.B, S=r.S, S_kv=r.S_kv, H=r.H, L=r.L))} {r.indices}, {r.backend}"
-            lines.append(f"* {shape}: SM {c.sm_mhz_min}-{c.sm_mhz_max} MHz over {c.samples} samples, up to "
-                         f"{c.power_w_max:.0f} W and {c.temperature_c_max} C; held down by {', '.join(c.reasons)}")
+            top = "" if c.sm_mhz_top is None else f" (top {c.sm_mhz_top})"
+            limit = "" if c.power_limit_w is None else f" of a {c.power_limit_w:.0f} W limit"
+            lines.append(f"* {shape}: SM {c.sm_mhz_min}-{c.sm_mhz_max} MHz{top} over {c.samples} samples, "
+                         f"{c.power_w_max:.0f} W{limit} (NVML's average), {c.temperature_c_max} C; "
+                         f"held down by {', '.join(c.reasons)}")
     lines += dict.fromkeys(r.clocks_unavailable for r in rows if r.clocks is None and r.clocks_unavailable)
     return "\n".join(lines)
 

@@ -43,6 +43,7 @@ class Sample:
 
     at: float
     sm_mhz: int
+    #: NVML's power reading, which Hopper averages over about a second: it lags a short call
     power_w: float
     temperature_c: int
     reasons: int
@@ -58,7 +59,8 @@ def reason_names(mask: int) -> tuple:
 @dataclasses.dataclass(frozen=True)
 class ClockSummary:
     """The samples that fell inside some calls: the SM clock's median and range, the largest
-    power and temperature, and every clock event reason seen (REASONS' names)."""
+    power and temperature, and every clock event reason seen (REASONS' names); with the GPU's
+    top SM clock and enforced power limit where the reader knows them."""
 
     samples: int
     sm_mhz_median: float
@@ -67,17 +69,21 @@ class ClockSummary:
     power_w_max: float
     temperature_c_max: int
     reasons: tuple
+    sm_mhz_top: int | None = None
+    power_limit_w: float | None = None
 
     @property
     def slowed(self) -> bool:
-        """Whether any sample gave a reason in SLOWDOWNS."""
-        return any(name in self.reasons for bit, name in REASONS.items() if bit & SLOWDOWNS)
+        """Whether the calls ran below the top clock, by their median, while some sample gave a
+        reason in SLOWDOWNS. NVML raises the power-cap reason at the top clock too."""
+        held = any(name in self.reasons for bit, name in REASONS.items() if bit & SLOWDOWNS)
+        return held and (self.sm_mhz_top is None or self.sm_mhz_median < self.sm_mhz_top)
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
 
 
-def summarize(samples, spans) -> ClockSummary | None:
+def summarize(samples, spans, sm_mhz_top=None, power_limit_w=None) -> ClockSummary | None:
     """The samples taken inside any of ``spans`` ((start, end) time.monotonic() pairs), as one
     ClockSummary; None where none was."""
     inside = [s for s in samples if any(start <= s.at <= end for start, end in spans)]
@@ -88,7 +94,7 @@ def summarize(samples, spans) -> ClockSummary | None:
         mask |= s.reasons
     mhz = [s.sm_mhz for s in inside]
     return ClockSummary(len(inside), statistics.median(mhz), min(mhz), max(mhz), max(s.power_w for s in inside),
-                        max(s.temperature_c for s in inside), reason_names(mask))
+                        max(s.temperature_c for s in inside), reason_names(mask), sm_mhz_top, power_limit_w)
 
 
 class NvmlError(RuntimeError):
@@ -110,6 +116,10 @@ class Nvml:
         self._call("nvmlInit_v2")
         self._device = ctypes.c_void_p()
         self._call("nvmlDeviceGetHandleByUUID", uuid.encode(), ctypes.byref(self._device))
+        top, limit = ctypes.c_uint(), ctypes.c_uint()
+        self._call("nvmlDeviceGetMaxClockInfo", self._device, self.NVML_CLOCK_SM, ctypes.byref(top))
+        self._call("nvmlDeviceGetEnforcedPowerLimit", self._device, ctypes.byref(limit))
+        self.sm_mhz_top, self.power_limit_w = top.value, limit.value / 1000.0
         # The reasons' call was renamed in driver 535; the old name stays exported.
         self._reasons_call = next((name for name in ("nvmlDeviceGetCurrentClocksEventReasons",
                                                      "nvmlDeviceGetCurrentClocksThrottleReasons")
@@ -184,4 +194,5 @@ class Sampler:
             self._reader.close()
 
     def summary(self, spans) -> ClockSummary | None:
-        return summarize(self.samples, spans)
+        return summarize(self.samples, spans, getattr(self._reader, "sm_mhz_top", None),
+                         getattr(self._reader, "power_limit_w", None))

@@ -23,11 +23,15 @@ def test_reason_names_decode_each_bit_and_keep_an_unknown_one():
 def test_samples_count_only_inside_the_calls_spans():
     samples = [Sample(0.5, 1980, 300.0, 40, 0x1), Sample(1.2, 1755, 690.0, 60, 0x4), Sample(1.8, 1650, 700.0, 62, 0x4),
                Sample(2.5, 1980, 200.0, 45, 0x0), Sample(3.1, 1900, 650.0, 58, 0x0)]
-    summary = summarize(samples, [(1.0, 2.0), (3.0, 3.5)])
-    assert summary == gpu_clocks.ClockSummary(3, 1755, 1650, 1900, 700.0, 62, ("SW power cap",))
-    assert summary.slowed
+    summary = summarize(samples, [(1.0, 2.0), (3.0, 3.5)], sm_mhz_top=1980, power_limit_w=700.0)
+    assert summary == gpu_clocks.ClockSummary(3, 1755, 1650, 1900, 700.0, 62, ("SW power cap",), 1980, 700.0)
+    assert summary.slowed and summarize(samples, [(1.0, 2.0)]).slowed  # the top clock unknown: the reason decides
     assert not summarize(samples, [(3.0, 3.5)]).slowed  # no reason at all
     assert not summarize([Sample(1.0, 1980, 1.0, 1, 0x1 | 0x2)], [(0, 2)]).slowed  # idle and a set clock are not slowdowns
+    # NVML gives the power-cap reason at the top clock too: that is not a slowdown.
+    at_top = [Sample(1.0, 1980, 200.0, 50, 0x4), Sample(1.1, 1980, 200.0, 50, 0x4), Sample(1.2, 1950, 200.0, 50, 0x4)]
+    assert not summarize(at_top, [(0, 2)], sm_mhz_top=1980).slowed
+    assert summarize(at_top[1:], [(0, 2)], sm_mhz_top=1980).slowed  # the median, 1965, is below it
     assert summarize(samples, [(5.0, 6.0)]) is None
     assert summarize([], [(0.0, 9.0)]) is None
 
@@ -101,7 +105,7 @@ def test_interleaved_timing_records_each_calls_span(monkeypatch):
 
 def test_the_table_stars_a_slowed_rows_clock_and_notes_why_through_json():
     slowed = dict(samples=4, sm_mhz_median=1700.5, sm_mhz_min=1650, sm_mhz_max=1980, power_w_max=699.6,
-                  temperature_c_max=71, reasons=("SW power cap",))
+                  temperature_c_max=71, reasons=("SW power cap",), sm_mhz_top=1980, power_limit_w=700.0)
     steady = dict(slowed, sm_mhz_median=1980, sm_mhz_min=1980, reasons=())
     rows = [bench.Row(1, 64, 128, 16, 32, 576, 512, "tilelang", 2.0, 1.0, 0.5, clocks=slowed),
             bench.Row(1, 64, 128, 16, 32, 576, 512, "tilelang-atomic", 1.0, 1.0, 0.5, clocks=steady),
@@ -110,8 +114,9 @@ def test_the_table_stars_a_slowed_rows_clock_and_notes_why_through_json():
     for shown in (rows, again):
         cells = [line.split()[-1] for line in bench.table(shown).splitlines()]
         assert cells[:3] == ["MHz", "1700*", "1980"]
-        assert bench.clock_notes(shown) == ("* B=1,S=64,S_kv=128,H=16,L=32 uniform, tilelang: SM 1650-1980 MHz over 4 "
-                                            "samples, up to 700 W and 71 C; held down by SW power cap")
+        assert bench.clock_notes(shown) == ("* B=1,S=64,S_kv=128,H=16,L=32 uniform, tilelang: SM 1650-1980 MHz (top 1980) "
+                                            "over 4 samples, 700 W of a 700 W limit (NVML's average), 71 C; held down "
+                                            "by SW power cap")
     unsampled = [bench.Row(**{**r.as_dict(), "clocks": None, "clocks_unavailable": "no GPU clock samples: why"})
                  for r in rows]
     assert bench.clock_notes(unsampled) == "no GPU clock samples: why"
@@ -132,5 +137,6 @@ def test_nvml_samples_the_gpu_while_it_works():
     assert sampler.unavailable is None, sampler.unavailable
     summary = sampler.summary([(start, end)])
     assert summary is not None and summary.samples >= 10, (summary, end - start)
-    assert 500 <= summary.sm_mhz_min <= summary.sm_mhz_max <= 3000 and summary.power_w_max > 50
+    assert 500 <= summary.sm_mhz_min <= summary.sm_mhz_max <= summary.sm_mhz_top <= 3000
+    assert 50 < summary.power_w_max and 100 < summary.power_limit_w <= 1500
     assert "idle" not in summary.reasons
