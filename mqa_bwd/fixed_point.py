@@ -67,7 +67,8 @@ the same bits on every run, whatever the chunking or the device's scheduling.
 
 The lanes (the wide tile's deterministic design, kernels/wide.py). Half the bytes
 of int64 adds: two columns share one 64-bit word as two signed 32-bit lanes (columns
-q and q + 8 of each 16, LANE_GROUP: the pair one thread of the kernel holds),
+q and q + 8 of a warp's 16, the pair one thread of the kernel holds; their place is
+kernels.config.lane_word_columns),
 ``lo + 2**32 * hi`` with ``lo`` sign-extended, and the words are added mod
 2**64. Their sum is ``sum(lo) + 2**32 * sum(hi)`` mod 2**64 whatever the order
 and however the partial sums wrapped, so each lane decodes exactly
@@ -98,7 +99,8 @@ import torch
 # that the kernels import nothing from here: every partial sum of a kv row's
 # column stays at or below 2**(PARTIAL_SUM_BITS + 1); 2**k must be a normal
 # float32 in the kernel, and 2**-k in the final division.
-from .kernels.config import FP32_MAX_EXPONENT, LANE_GROUP, LANE_LIMIT, LANES_GAIN, MASS_LIMIT, PARTIAL_SUM_BITS  # noqa: F401
+from .kernels.config import FP32_MAX_EXPONENT, LANE_LIMIT, LANES_GAIN, MASS_LIMIT, PARTIAL_SUM_BITS  # noqa: F401
+from .kernels.config import lane_word_columns
 
 #: fp32 intermediates of the kernel must stay below this (float32 max is ~2**128).
 FP32_SAFE = 2.0**100
@@ -243,14 +245,22 @@ def check_lanes_gain(gain) -> int:
     return gain
 
 
+def lane_columns(d_k: int, device) -> torch.Tensor:
+    """[2, d_k / 2] int64: the low lanes' columns, then the high lanes' (lane_word_columns)."""
+    return torch.tensor(lane_word_columns(d_k), dtype=torch.int64, device=device).T.contiguous()
+
+
 def decode_lane_words(words: torch.Tensor) -> torch.Tensor:
     """[N, C / 2] int64 words (lo + 2**32 hi, summed mod 2**64) -> [N, C] int64 lane sums;
-    exact wherever each lane's final sum fits 32 signed bits. Word g * LANE_GROUP / 2 + q holds
-    columns g * LANE_GROUP + q (lo) and g * LANE_GROUP + LANE_GROUP / 2 + q (hi)."""
-    n, half = words.shape[0], LANE_GROUP // 2
+    exact wherever each lane's final sum fits 32 signed bits. Word j holds the columns
+    lane_word_columns gives it."""
     lo = (words << 32) >> 32  # arithmetic shifts: the low lane, sign-extended
     hi = (words - lo) >> 32
-    return torch.stack((lo.view(n, -1, half), hi.view(n, -1, half)), dim=2).reshape(n, -1)
+    columns = lane_columns(2 * words.shape[1], words.device)
+    out = torch.empty((words.shape[0], 2 * words.shape[1]), dtype=torch.int64, device=words.device)
+    out[:, columns[0]] = lo
+    out[:, columns[1]] = hi
+    return out
 
 
 def lanes_failed(bound: torch.Tensor) -> torch.Tensor:

@@ -31,7 +31,7 @@ from . import fixed_point
 from .fixed_point import magnitude_bits
 from .contract import BoundsError
 from .kernels.reductions import DSINK_GROUPS
-from .kernels.config import LANE_GROUP
+from .kernels.config import lane_word_columns
 from .kernels.wide import BOUND_CAP
 from .launch import Launcher
 from .layout import per_head
@@ -103,12 +103,11 @@ def float_to_int32_rn(x: np.ndarray) -> np.ndarray:
 
 def lane_words(ints: np.ndarray) -> np.ndarray:
     """[n, C] lane integers -> [n, C / 2] uint64 words lo + 2**32 hi, lo sign-extended (mod 2**64),
-    in the kernel's layout (fixed_point.decode_lane_words): of each LANE_GROUP columns, word q
-    pairs column q with column q + LANE_GROUP / 2."""
-    n, half = ints.shape[0], LANE_GROUP // 2
-    grouped = ints.astype(np.int64).reshape(n, -1, 2, half)
-    lo = grouped[:, :, 0].reshape(n, -1).view(np.uint64)
-    hi = grouped[:, :, 1].reshape(n, -1).view(np.uint64)
+    in the kernel's layout (kernels.config.lane_word_columns; fixed_point.decode_lane_words)."""
+    columns = np.array(lane_word_columns(ints.shape[1]), dtype=np.int64)
+    values = ints.astype(np.int64)
+    lo = np.ascontiguousarray(values[:, columns[:, 0]]).view(np.uint64)
+    hi = np.ascontiguousarray(values[:, columns[:, 1]]).view(np.uint64)
     return lo + (hi << np.uint64(32))
 
 

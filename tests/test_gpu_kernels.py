@@ -185,11 +185,13 @@ def test_one_wide_grid_gives_the_bits_of_a_launch_a_tile(H, gain, redone):
         assert bitwise_difference(name, x, y) is None, bitwise_difference(name, x, y)
 
 
-@pytest.mark.parametrize("wg0_chunks", [1, 3])
+@pytest.mark.parametrize("wg0_chunks", [1, 2, 4])
 @pytest.mark.parametrize("gain,redone", [(None, 0), (30, 1)])
 def test_wide_tile_split_of_dkv_chunks_leaves_the_bits(wg0_chunks, gain, redone):
     # Which warpgroup adds a dKV chunk is a configuration (MainConfig.wg0_chunks): integer adds
-    # commute, so every split must give the default's bits, in the lanes and in their int64 redo.
+    # commute, so every split must give the default's bits (3 at d_k = 576: warpgroup 1's six
+    # chunks in pairs, warpgroup 0's first two a pair), in the lanes and in their int64 redo:
+    # 1 and 4 leave warpgroup 0 no pair, 2 leaves warpgroup 1 a chunk of its own.
     args = production_inputs(B=2, S=128, S_kv=512, H=128, L=320)
     default = launch.TileLangLauncher(lanes_gain=gain)
     split = launch.TileLangLauncher(lanes_gain=gain, wide_tile={"wg0_chunks": wg0_chunks})

@@ -65,6 +65,33 @@ def test_a_word_holds_columns_q_and_q_plus_8_of_each_16():
     assert fixed_point.decode_lane_words(torch.from_numpy(words.view(np.int64))).tolist() == ints.tolist()
 
 
+@pytest.mark.parametrize("d_k", [576, 512, 64])
+def test_a_warps_words_of_a_chunk_pair_fill_one_line(d_k):
+    # The wide tile's warp w holds columns 16 w + q and 16 w + 8 + q (0 <= q < 8) of each 64-column
+    # chunk for its slots: a chunk's 8 words of them start at lane_chunk_words; within a whole
+    # 128-column block the two chunks' 16 words are one 128-byte line (ws_add_pair_lanes), past it
+    # each 16-column group keeps its 8 words. The decode, the cast kernel's inverse and the
+    # model's encoding follow the same map.
+    columns = kernels.lane_word_columns(d_k)
+    assert sorted(c for pair in columns for c in pair) == list(range(d_k))
+    whole_chunks = d_k // kernels.LANE_BLOCK * 2
+    for chunk in range(d_k // kernels.WIDE_CHUNK):
+        word0, warp_words = kernels.lane_chunk_words(chunk, d_k)
+        for warp in range(4):
+            first = 64 * chunk + 16 * warp
+            assert [columns[word0 + warp_words * warp + q] for q in range(8)] == [(first + q, first + 8 + q) for q in range(8)]
+            if chunk < whole_chunks:
+                line = word0 - 8 * (chunk % 2) + 16 * warp
+                assert line % 16 == 0 and word0 + warp_words * warp == line + 8 * (chunk % 2)
+    for word, (lo, hi) in enumerate(columns):
+        assert kernels.config.lane_word_of_column(lo, d_k) == word == kernels.config.lane_word_of_column(hi, d_k)
+    ints = np.random.default_rng(d_k).integers(-2**31, 2**31, (3, d_k))
+    words = lane_words(ints)
+    assert [[int(w) for w in row] for row in words] == [
+        [(int(row[lo]) + (int(row[hi]) << 32)) % 2**64 for lo, hi in columns] for row in ints]  # lo sign-extended
+    assert fixed_point.decode_lane_words(torch.from_numpy(words.view(np.int64))).tolist() == ints.tolist()
+
+
 def test_joined_lanes_are_the_decoded_sums_unless_the_call_failed():
     values = np.array([3, -5, -2**31, 2**31 - 1] * 4).reshape(1, 16)
     words = torch.from_numpy(lane_words(values).view(np.int64))

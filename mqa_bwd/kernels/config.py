@@ -22,10 +22,20 @@ WIDE_SLOTS = 64
 #: Columns of dKV the wide tile forms and adds at once (one m64n64 accumulator).
 WIDE_CHUNK = 64
 #: The wide tile's dKV chunks of a block that warpgroup 0 forms and adds, after its dQ GEMM
-#: (MainConfig.wg0_chunks): warpgroup 1's chunk chain is the kernel's critical path, and
-#: warpgroup 0 would otherwise wait for it. Two balance the warpgroups at Dk = 576
-#: (docs/performance-log.md).
+#: (MainConfig.wg0_chunks; default_wg0_chunks): warpgroup 1's chunk chain is the kernel's
+#: critical path, and warpgroup 0 would otherwise wait for it. Two balance the control's
+#: warpgroups at Dk = 576 (docs/performance-log.md).
 WIDE_WG0_CHUNKS = 2
+
+
+def default_wg0_chunks(accumulate: str, d_k: int) -> int:
+    """MainConfig.wg0_chunks where none is given: WIDE_WG0_CHUNKS, and for the deterministic
+    launches (the lanes and their int64 redo) one more where the chunk count is odd, so that
+    warpgroup 1's chunks all go in pairs and warpgroup 0 starts with a pair (kernels/wide.py,
+    lane_pairs, wg0_pairs; docs/performance-log.md, seventeenth session)."""
+    if accumulate == "atomic":
+        return WIDE_WG0_CHUNKS
+    return WIDE_WG0_CHUNKS + d_k // WIDE_CHUNK % 2
 
 # (Dk, Dv) the kernels are built and tested for on Hopper.
 GPU_WIDTHS = ((576, 512), (512, 512))
@@ -57,10 +67,69 @@ LANE_LIMIT = 2**31
 #: The lanes address a slot's kv row by its offset in 16-byte units, an unsigned 32-bit value
 #: (kernels/wide.py, ws_lanes_store_slot): a row is d_k / 4 units, so B * S_kv * d_k stays within this.
 LANES_ADDRESSABLE = 2**34
-#: The lanes' word layout: of each LANE_GROUP columns of a kv row, word q (0 <= q < LANE_GROUP / 2)
-#: holds column q in its low lane and column q + LANE_GROUP / 2 in its high lane, the two columns
-#: one thread of the wide tile's transposed dKV chunk holds for one slot (kernels/wide.py).
+#: The lanes' word layout (lane_word_columns): a word holds column q of a LANE_GROUP-column group
+#: in its low lane and column q + LANE_GROUP / 2 in its high lane (0 <= q < LANE_GROUP / 2), the
+#: two columns one thread of the wide tile's transposed dKV chunk holds for one slot; a group is
+#: one warp's columns of a WIDE_CHUNK-column chunk.
 LANE_GROUP = 16
+#: Within each whole LANE_BLOCK columns of a kv row (two chunks), a warp's groups of the two
+#: chunks are 16 adjacent words: one 128-byte line, which warpgroup 1 adds from a chunk pair at
+#: once (kernels/wide.py, ws_add_pair_lanes). Columns past the last whole block keep their
+#: group's 8 words in place.
+LANE_BLOCK = 128
+
+
+@functools.lru_cache(maxsize=None)
+def lane_word_columns(d_k: int) -> tuple:
+    """[(lo, hi)] of each of a kv row's d_k / 2 words: the columns of its low and high lane.
+    In a whole LANE_BLOCK P, word 64 P + 16 w + 8 b + q holds chunk b's (2 P + b) columns
+    16 w + q and 16 w + 8 + q; past the last whole block, word 8 g + q holds group g's q, q + 8."""
+    half, words_a_block = LANE_GROUP // 2, LANE_BLOCK // 2
+    whole_words = d_k // LANE_BLOCK * words_a_block
+    columns = []
+    for j in range(d_k // 2):
+        if j < whole_words:
+            block, r = divmod(j, words_a_block)
+            lo = LANE_BLOCK * block + WIDE_CHUNK * (r // half % 2) + LANE_GROUP * (r // LANE_GROUP) + r % half
+        else:
+            lo = LANE_GROUP * (j // half) + j % half
+        columns.append((lo, lo + half))
+    return tuple(columns)
+
+
+def lane_word_of_column(c, d_k: int, select=None):
+    """The word whose lane holds column ``c`` (lane_word_columns inverted; the high lane where
+    c % LANE_GROUP >= LANE_GROUP / 2). ``c`` may be a TileLang expression, with ``select``
+    (cond, then, else) its if_then_else."""
+    whole = d_k // LANE_BLOCK * LANE_BLOCK
+    if select is None:
+        return lane_word_in_block(c) if c < whole else lane_word_in_tail(c)
+    return select(c < whole, lane_word_in_block(c), lane_word_in_tail(c))
+
+
+def lane_word_in_block(c):
+    """lane_word_of_column of a column of a whole LANE_BLOCK."""
+    half = LANE_GROUP // 2
+    return ((c // LANE_BLOCK) * (LANE_BLOCK // 2) + (c % WIDE_CHUNK) // LANE_GROUP * LANE_GROUP
+            + (c % LANE_BLOCK) // WIDE_CHUNK * half + c % half)
+
+
+def lane_word_in_tail(c):
+    """lane_word_of_column of a column past the last whole LANE_BLOCK."""
+    half = LANE_GROUP // 2
+    return (c // LANE_GROUP) * half + c % half
+
+
+def lane_chunk_words(chunk, d_k: int, select=None) -> tuple:
+    """(word of warp 0's first column, words from one warp's to the next's) of the wide tile's
+    dKV chunk ``chunk`` in lane_word_columns' layout; ``chunk`` may be a TileLang expression, with
+    ``select`` as in lane_word_of_column."""
+    in_block = (LANE_BLOCK // 2 * (chunk // 2) + LANE_GROUP // 2 * (chunk % 2), LANE_GROUP)
+    in_tail = (WIDE_CHUNK // 2 * chunk, LANE_GROUP // 2)
+    whole = (chunk + 1) * WIDE_CHUNK <= d_k // LANE_BLOCK * LANE_BLOCK
+    if select is None:
+        return in_block if whole else in_tail
+    return tuple(select(whole, a, b) for a, b in zip(in_block, in_tail))
 #: The head tile of the one-CTA design that runs two 32-head groups as one.
 WIDE_HEADS = 64
 #: Head tiles main_bwd builds: 16 and 32 (one group each), 64 (the wide tile).
@@ -144,7 +213,7 @@ class MainConfig:
             _require("tiles", self.tiles == 1, self.tiles, "more than one is the wide tile's only")
             return
         if self.wg0_chunks is None:  # one value, one compile-cache key
-            object.__setattr__(self, "wg0_chunks", WIDE_WG0_CHUNKS)
+            object.__setattr__(self, "wg0_chunks", default_wg0_chunks(self.accumulate, self.d_k))
         # (below d_k / WIDE_CHUNK too: wide.wide_program checks it with the widths it builds for)
         _require("wg0_chunks", isinstance(self.wg0_chunks, int) and self.wg0_chunks > 0, self.wg0_chunks, "a positive int")
 

@@ -1,6 +1,6 @@
 """Reductions and casts: d_sink over the rows, the fixed-point accumulator (and the lanes) and fp32 to bf16."""
 
-from .config import LANE_GROUP, _tl
+from .config import LANE_BLOCK, LANE_GROUP, _tl, lane_word_in_block, lane_word_in_tail
 
 
 #: dsink_reduce's row groups: group g sums rows g, g + DSINK_GROUPS, ... in increasing order.
@@ -72,14 +72,24 @@ def fixed_to_bf16_program(cols: int, block_rows: int = 16, threads: int = 128):
 
 def lanes_to_bf16_program(cols: int, block_rows: int = 16, threads: int = 128):
     """fixed_to_bf16 of Acc plus the decoded lanes: Dst[k, c] = bf16(fp32(fp64(Acc[k, c] + lane[k, c]) /
-    RowScale[k])), lane[k, c] column c's lane of Words[k] (fixed_point.decode_lane_words: with
-    G = LANE_GROUP, word (c // G) * G / 2 + c % (G / 2), the high lane where c % G >= G / 2)
-    where Failed[0] == 0, else 0 (Acc then holds the int64 redo's sums): join and cast in one pass."""
+    RowScale[k])), lane[k, c] column c's lane of Words[k] (config.lane_word_of_column) where
+    Failed[0] == 0, else 0 (Acc then holds the int64 redo's sums): join and cast in one pass."""
     tilelang, T = _tl()
     N = T.dynamic("N")
     C, G = cols, LANE_GROUP
     if C % G:
         raise ValueError(f"cols: {C} (the lanes pair columns within groups of {G}: a multiple of {G})")
+    whole = C // LANE_BLOCK * LANE_BLOCK
+
+    @T.macro
+    def join_and_cast(Acc, Words, Failed, RowScale, Dst, k, c, word_index):
+        if k < N:
+            word = Words[k, word_index]
+            lo = T.cast(T.cast(word, "int32"), "int64")  # the low lane, sign-extended
+            lane = T.if_then_else(c % G < G // 2, lo, T.shift_right(word - lo, T.int64(32)))
+            total = Acc[k, c] + T.if_then_else(Failed[0] == 0, lane, T.int64(0))
+            value = T.cast(total, "float64") / T.cast(RowScale[k], "float64")
+            Dst[k, c] = T.cast(T.cast(value, "float32"), "bfloat16")
 
     @T.prim_func
     def lanes_to_bf16(
@@ -90,15 +100,15 @@ def lanes_to_bf16_program(cols: int, block_rows: int = 16, threads: int = 128):
         Dst: T.Tensor((N, C), "bfloat16"),
     ):
         with T.Kernel(T.ceildiv(N, block_rows), threads=threads) as bx:
-            for i, c in T.Parallel(block_rows, C):
-                k = bx * block_rows + i
-                if k < N:
-                    word = Words[k, (c // G) * (G // 2) + c % (G // 2)]
-                    lo = T.cast(T.cast(word, "int32"), "int64")  # the low lane, sign-extended
-                    lane = T.if_then_else(c % G < G // 2, lo, T.shift_right(word - lo, T.int64(32)))
-                    total = Acc[k, c] + T.if_then_else(Failed[0] == 0, lane, T.int64(0))
-                    value = T.cast(total, "float64") / T.cast(RowScale[k], "float64")
-                    Dst[k, c] = T.cast(T.cast(value, "float32"), "bfloat16")
+            # The whole LANE_BLOCKs, then the tail: each loop's word index is arithmetic on its
+            # column alone (a select between the two would keep the loop from vectorising).
+            if whole:
+                for i, c in T.Parallel(block_rows, whole):
+                    join_and_cast(Acc, Words, Failed, RowScale, Dst, bx * block_rows + i, c, lane_word_in_block(c))
+            if C > whole:
+                for i, c in T.Parallel(block_rows, C - whole):
+                    join_and_cast(Acc, Words, Failed, RowScale, Dst, bx * block_rows + i, whole + c,
+                                  lane_word_in_tail(whole + c))
 
     return lanes_to_bf16
 

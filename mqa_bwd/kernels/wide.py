@@ -14,12 +14,18 @@ Why this shape:
 - The deterministic launches form a chunk transposed (columns x slots), so that the 8 lanes of
   a warp holding one slot hold 8 consecutive columns: an integer add instruction then covers 4
   kv rows x 64 contiguous bytes, where the slots-x-columns accumulator gives 8 rows x 32 bytes.
-  That halves the L2's reduction requests with no exchange between lanes, and leaves the L2
-  room for the adds of more warps than warpgroup 1's.
+  That halves the L2's reduction requests with no exchange between lanes. The two chunks of a
+  128-column block put a warp's words of a slot in one 128-byte line (config.lane_word_columns),
+  so a pair of chunks added together (ws_add_pair_lanes: one shuffle of a word an add) covers
+  2 kv rows x 128 bytes an instruction: half the requests again. A pair's adds need both its
+  accumulators full, so warpgroup 1 forms a pair's GEMMs, then adds it (lane_pairs); warpgroup 0
+  forms its first two chunks as a pair, the second in its scores' accumulator (wg0_pairs); at
+  d_k = 576 it takes three chunks so that warpgroup 1's six all pair (config.default_wg0_chunks).
 - The warpgroups have roles:
     warpgroup 0: gathers KV, forms S and dP, then P and dS (written to shared memory),
                  dQ[:, :DQ_SPLIT], and the block's last wg0_chunks dKV chunks with their adds;
-    warpgroup 1: dQ[:, DQ_SPLIT:] and the block's other dKV chunks, one at a time, with their adds.
+    warpgroup 1: dQ[:, DQ_SPLIT:] and the block's other dKV chunks, one at a time (the lanes: a
+                 pair at a time), with their adds.
   Warpgroup 0 gathers block t + 1 and forms its scores while warpgroup 1 still forms and
   adds block t's dKV (which reads Q, dO, P and dS, never KV). One warp a scheduler issuing
   adds is latency-bound, so warpgroup 1's chunk chain set the pace while warpgroup 0 waited
@@ -59,7 +65,7 @@ slot, the lanes' {row offset, scale}, so that an add reads two slots' in one 16-
 double-buffered by block parity: warpgroup 1 still adds block t while warpgroup 0 lays out block t + 1.
 """
 
-from .config import LOG2E, WIDE_CHUNK, WIDE_SLOTS, MainConfig, _tl
+from .config import LANE_BLOCK, LOG2E, WIDE_CHUNK, WIDE_SLOTS, MainConfig, _tl, lane_chunk_words
 from .device_functions import GATHER_SOURCE, HANDOFF_SOURCE
 
 #: Heads of the tile.
@@ -222,16 +228,16 @@ __device__ __forceinline__ unsigned long long ws_lane_word(int lo, int hi) {
   asm("mov.b64 %0, {%1, %2};" : "=l"(word) : "r"(lo), "r"(static_cast<unsigned>(hi) + static_cast<unsigned>(lo >> 31)));
   return word;
 }
-// The lanes: a lane's two columns c and c + 8 of one slot go as one word lo + 2^32 hi (word 8 g + q
-// of a kv row holds columns 16 g + q and 16 g + 8 + q: config.LANE_GROUP), cvt.rni.s32
+// The lanes: a lane's two columns c and c + 8 of one slot go as one word lo + 2^32 hi (a warp's 8 words
+// of the chunk start at word0 + warp_words warp: config.lane_chunk_words), cvt.rni.s32
 // of each (round half to even, saturating, NaN -> 0). peak[n8] keeps, for this thread's slots
 // 8 n8 + 2 (t % 4) + {0, 1}, the upper 16 bits of the largest |scaled value|'s float bits over the
 // block's chunks (two slots a register; an inf or NaN gives 0x7f80 or more, never 0x8000: a NaN
 // from max.NaN is 0x7fffffff); ws_add_bounds takes the maximum over both warpgroups' warps.
-__device__ __forceinline__ void ws_add_chunk_lanes(const float* acc, const void* words, const void* slot_info, int col0,
-                                                   int thread, unsigned* peak) {
+__device__ __forceinline__ void ws_add_chunk_lanes(const float* acc, const void* words, const void* slot_info, int word0,
+                                                   int warp_words, int thread, unsigned* peak) {
   const int t = ws_opaque(thread), lane = t & 31, warp = t >> 5, k = lane & 3;
-  const unsigned long long* base = static_cast<const unsigned long long*>(words) + col0 / 2 + 8 * warp + (lane >> 2);
+  const unsigned long long* base = static_cast<const unsigned long long*>(words) + word0 + warp_words * warp + (lane >> 2);
   int4 next = ws_slot_pair(slot_info, 2 * k);
   #pragma unroll
   for (int n8 = 0; n8 < 8; ++n8) {
@@ -255,6 +261,52 @@ __device__ __forceinline__ void ws_add_chunk_lanes(const float* acc, const void*
     ws_red_u64_at(base, static_cast<unsigned>(pair.x) | last, ws_lane_word(lo0, hi0));
     ws_red_u64_at(base, static_cast<unsigned>(pair.z) | last, ws_lane_word(lo1, hi1));
     __syncwarp();  // keeps ptxas from hoisting every pair's slot load to the top of the chunk (spills)
+  }
+}
+// The lanes of a chunk pair (2 P, 2 P + 1) of one config.LANE_BLOCK, a line at a time: a warp's 16
+// words of a slot in the two chunks are adjacent (word0 + 16 warp: chunk 2 P's 8, then 2 P + 1's),
+// so partners k and k ^ 1, which hold slots 2 k, 2 k + 1 and 2 (k ^ 1), 2 (k ^ 1) + 1 of each 8,
+// swap one chunk's words: even k keeps chunk A's words of the four slots, odd k chunk B's, and an
+// add instruction covers 2 kv rows x 128 bytes where ws_add_chunk_lanes' covers 4 x 64: half the
+// L2's requests, for one shuffle of a word an add. Rounding, peaks (over both chunks) and slots as
+// in ws_add_chunk_lanes.
+__device__ __forceinline__ void ws_add_pair_lanes(const float* acc_a, const float* acc_b, const void* words,
+                                                  const void* slot_info, int word0, int thread, unsigned* peak) {
+  const int t = ws_opaque(thread), lane = t & 31, warp = t >> 5, k0 = lane & 2;
+  const bool odd = lane & 1;
+  const unsigned long long* base =
+      static_cast<const unsigned long long*>(words) + word0 + 16 * warp + 8 * static_cast<int>(odd) + (lane >> 2);
+  int4 next_lo = ws_slot_pair(slot_info, 2 * k0), next_hi = ws_slot_pair(slot_info, 2 * k0 + 2);
+  #pragma unroll
+  for (int n8 = 0; n8 < 8; ++n8) {
+    const int4 lo = next_lo, hi = next_hi;  // slots 8 n8 + 2 k0 + {0, 1}, then + {2, 3}
+    const int4 own = odd ? hi : lo;         // this thread's: 8 n8 + 2 k + {0, 1}
+    const float s0 = __int_as_float(own.y), s1 = __int_as_float(own.w);
+    const float a00 = acc_a[4 * n8] * s0, a01 = acc_a[4 * n8 + 2] * s0;  // slot e = 0: columns c, c + 8
+    const float a10 = acc_a[4 * n8 + 1] * s1, a11 = acc_a[4 * n8 + 3] * s1;
+    const float b00 = acc_b[4 * n8] * s0, b01 = acc_b[4 * n8 + 2] * s0;
+    const float b10 = acc_b[4 * n8 + 1] * s1, b11 = acc_b[4 * n8 + 3] * s1;
+    const unsigned m0 = __float_as_uint(ws_max_nan(ws_max_nan(fabsf(a00), fabsf(a01)), ws_max_nan(fabsf(b00), fabsf(b01))));
+    const unsigned m1 = __float_as_uint(ws_max_nan(ws_max_nan(fabsf(a10), fabsf(a11)), ws_max_nan(fabsf(b10), fabsf(b11))));
+    peak[n8] = __vmaxu2(peak[n8], __byte_perm(m0, m1, 0x7632));
+    const unsigned stale = peak[n8] >> 31;  // 0, as in ws_add_chunk_lanes
+    if (n8 < 7) {
+      next_lo = ws_slot_pair(slot_info, 8 * (n8 + 1) + 2 * k0 + 2 * stale);
+      next_hi = ws_slot_pair(slot_info, 8 * (n8 + 1) + 2 * k0 + 2 + 2 * stale);
+    }
+    const unsigned long long a0 = ws_lane_word(__float2int_rn(a00), __float2int_rn(a01));
+    const unsigned long long a1 = ws_lane_word(__float2int_rn(a10), __float2int_rn(a11));
+    const unsigned long long b0 = ws_lane_word(__float2int_rn(b00), __float2int_rn(b01));
+    const unsigned long long b1 = ws_lane_word(__float2int_rn(b10), __float2int_rn(b11));
+    // Even k sends chunk B's words of its slots, odd k chunk A's.
+    const unsigned long long r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
+    const unsigned long long r1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
+    const unsigned last = n8 == 7 ? stale : 0u;
+    ws_red_u64_at(base, static_cast<unsigned>(lo.x) | last, odd ? r0 : a0);  // slot 8 n8 + 2 k0
+    ws_red_u64_at(base, static_cast<unsigned>(lo.z) | last, odd ? r1 : a1);  // + 1
+    ws_red_u64_at(base, static_cast<unsigned>(hi.x) | last, odd ? b0 : r0);  // + 2
+    ws_red_u64_at(base, static_cast<unsigned>(hi.z) | last, odd ? b1 : r1);  // + 3
+    __syncwarp();
   }
 }
 // The block's bounds. The 8 lanes of a warp that share t % 4 hold the same slots: a reduce-scatter
@@ -316,6 +368,23 @@ __device__ __forceinline__ void ws_add_bounds(const void* peak_buf, void* slot_p
 """
 
 
+def lane_pairs(config: MainConfig) -> int:
+    """The chunk pairs (2 i, 2 i + 1) whose lanes warpgroup 1 adds a line at a time
+    (ws_add_pair_lanes): its chunks of whole LANE_BLOCKs, in the lanes design; it adds the rest
+    of its chunks one at a time."""
+    if config.accumulate != "lanes":
+        return 0
+    return min((config.d_k // CHUNK - config.wg0_chunks) // 2, config.d_k // LANE_BLOCK)
+
+
+def wg0_pairs(config: MainConfig) -> bool:
+    """Whether warpgroup 0's first two chunks are a pair of one whole LANE_BLOCK, which it adds a
+    line at a time (the second in its scores' accumulator): the lanes, with an even first chunk."""
+    first = config.d_k // CHUNK - config.wg0_chunks
+    return (config.accumulate == "lanes" and config.wg0_chunks >= 2 and first % 2 == 0
+            and (first + 2) * CHUNK <= config.d_k // LANE_BLOCK * LANE_BLOCK)
+
+
 def wide_program(config: MainConfig):
     """The 64-head tile's main backward as the module docstring describes."""
     if not config.wide:
@@ -333,6 +402,7 @@ def wide_program(config: MainConfig):
     transposed = scaled  # dKV chunks as columns x slots (WS_SOURCE says why)
     chunks = Dk // CHUNK
     n1 = chunks - config.wg0_chunks  # warpgroup 1's chunks: [0, n1); warpgroup 0's: [n1, chunks)
+    pairs, wg0_pair = lane_pairs(config), wg0_pairs(config)
     value_chunks = Dv // CHUNK
     # Warpgroup 1's dQ columns in two wgmma-sized pieces (N at most 256, whole 64s):
     # 192 + 128 at Dk = 576, 192 + 64 at 512.
@@ -389,11 +459,19 @@ def wide_program(config: MainConfig):
         whose thread index (0..127) is ``thread``."""
         info = T.address_of(slot_info_s[p * BS * 2])
         if accumulate == "lanes":
-            T.call_extern("handle", "ws_add_chunk_lanes", acc.data, dKV.data, info, c * CHUNK, thread, peak.data)
+            word0, warp_words = lane_chunk_words(c, Dk, T.if_then_else)
+            T.call_extern("handle", "ws_add_chunk_lanes", acc.data, dKV.data, info, word0, warp_words, thread, peak.data)
         elif accumulate == "atomic":
             T.call_extern("handle", "ws_add_chunk_atomic", acc.data, dKV.data, info, c * CHUNK, Dk, NKV, thread)
         else:
             T.call_extern("handle", "ws_add_chunk_fixed", acc.data, dKV.data, info, c * CHUNK, Dk, NKV, thread)
+
+    @T.macro
+    def add_pair(dKV, acc_a, acc_b, slot_info_s, c, p, peak, thread):
+        """The lanes' adds of chunks c (in acc_a) and c + 1 (acc_b), a whole LANE_BLOCK, a line at a time."""
+        word0, _ = lane_chunk_words(c, Dk, T.if_then_else)
+        T.call_extern("handle", "ws_add_pair_lanes", acc_a.data, acc_b.data, dKV.data,
+                      T.address_of(slot_info_s[p * BS * 2]), word0, thread, peak.data)
 
     @T.macro
     def peaks_then_pds_free(bars, p):
@@ -404,6 +482,64 @@ def wide_program(config: MainConfig):
         if accumulate == "lanes":
             T.call_extern("handle", "mqa_handoff_wait", bars.data, PEAKS_READY, p)
         T.call_extern("handle", "mqa_handoff_arrive", bars.data, PDS_FREE)
+
+    @T.macro
+    def ping_pong_chunks(dKV, Q_s, dO_s, dS_s, P_s, acc, acc2, slot_info_s, bars, p, NKV, peak, thread):
+        """Warpgroup 1's dKV chunks [0, n1) of the block, one at a time in two accumulators: chunk
+        c + 1's GEMMs run while chunk c's adds go out."""
+        dkv_chunk(Q_s, dO_s, dS_s, P_s, acc, 0)
+        T.wait_wgmma(0)
+        T.warpgroup_fence_operand(acc, num_regs=BS * CHUNK // WARPGROUP)
+        for pair in T.unroll((n1 - 1) // 2):  # chunk c is in acc, c + 1 goes to acc2
+            c = 2 * pair
+            dkv_chunk(Q_s, dO_s, dS_s, P_s, acc2, c + 1)
+            add_chunk(dKV, acc, slot_info_s, c, p, NKV, peak, thread)
+            T.wait_wgmma(0)
+            T.warpgroup_fence_operand(acc2, num_regs=BS * CHUNK // WARPGROUP)
+            dkv_chunk(Q_s, dO_s, dS_s, P_s, acc, c + 2)
+            add_chunk(dKV, acc2, slot_info_s, c + 1, p, NKV, peak, thread)
+            T.wait_wgmma(0)
+            T.warpgroup_fence_operand(acc, num_regs=BS * CHUNK // WARPGROUP)
+        # Every GEMM of the block has been waited for once the last chunk's is: then P_s
+        # and dS_s are free, and that chunk's adds go out after the handoff.
+        if n1 % 2 == 0:  # chunk n1 - 2 is in acc, n1 - 1 goes to acc2
+            dkv_chunk(Q_s, dO_s, dS_s, P_s, acc2, n1 - 1)
+            add_chunk(dKV, acc, slot_info_s, n1 - 2, p, NKV, peak, thread)
+            T.wait_wgmma(0)
+            T.warpgroup_fence_operand(acc2, num_regs=BS * CHUNK // WARPGROUP)
+            peaks_then_pds_free(bars, p)
+            add_chunk(dKV, acc2, slot_info_s, n1 - 1, p, NKV, peak, thread)
+        else:  # chunk n1 - 1 is in acc
+            peaks_then_pds_free(bars, p)
+            add_chunk(dKV, acc, slot_info_s, n1 - 1, p, NKV, peak, thread)
+
+    @T.macro
+    def paired_chunks(dKV, Q_s, dO_s, dS_s, P_s, acc, acc2, slot_info_s, bars, p, NKV, peak, thread):
+        """The lanes' chunks of warpgroup 1: a pair's two GEMMs, then its adds a line at a time
+        (add_pair), which need both chunks' words, so the next pair's GEMMs wait for them; then
+        any chunk left, one at a time."""
+        dkv_chunk(Q_s, dO_s, dS_s, P_s, acc, 0)
+        dkv_chunk(Q_s, dO_s, dS_s, P_s, acc2, 1)
+        T.wait_wgmma(0)
+        T.warpgroup_fence_operand(acc, num_regs=BS * CHUNK // WARPGROUP)
+        T.warpgroup_fence_operand(acc2, num_regs=BS * CHUNK // WARPGROUP)
+        for pair in T.unroll(pairs):
+            if 2 * pair + 2 == n1:  # the block's last GEMM has been waited for
+                peaks_then_pds_free(bars, p)
+            add_pair(dKV, acc, acc2, slot_info_s, 2 * pair, p, peak, thread)
+            if pair + 1 < pairs:
+                dkv_chunk(Q_s, dO_s, dS_s, P_s, acc, 2 * pair + 2)
+                dkv_chunk(Q_s, dO_s, dS_s, P_s, acc2, 2 * pair + 3)
+                T.wait_wgmma(0)
+                T.warpgroup_fence_operand(acc, num_regs=BS * CHUNK // WARPGROUP)
+                T.warpgroup_fence_operand(acc2, num_regs=BS * CHUNK // WARPGROUP)
+        for c in T.unroll(2 * pairs, n1):
+            dkv_chunk(Q_s, dO_s, dS_s, P_s, acc, c)
+            T.wait_wgmma(0)
+            T.warpgroup_fence_operand(acc, num_regs=BS * CHUNK // WARPGROUP)
+            if c == n1 - 1:
+                peaks_then_pds_free(bars, p)
+            add_chunk(dKV, acc, slot_info_s, c, p, NKV, peak, thread)
 
     @T.prim_func
     def main_bwd(
@@ -554,15 +690,21 @@ def wide_program(config: MainConfig):
                     # dQ[:, :DQ_SPLIT] += dS KV (this warpgroup's columns), and the first of its dKV chunks.
                     T.wgmma_gemm(dS_s, KV_s[0:BS, 0:DQ_SPLIT], acc_dq0)
                     dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv0, n1)
+                    if wg0_pair:  # its second chunk in the scores' accumulator, free once P is stored
+                        dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_s, n1 + 1)
                     T.wait_wgmma(0)
                     T.warpgroup_fence_operand(acc_dq0, num_regs=H * DQ_SPLIT // WARPGROUP)
                     T.warpgroup_fence_operand(acc_dkv0, num_regs=BS * CHUNK // WARPGROUP)
+                    if wg0_pair:
+                        T.warpgroup_fence_operand(acc_s, num_regs=H * BS // WARPGROUP)
                     # Only this warpgroup reads KV_s[:, :DQ_SPLIT]: refill it now.
                     if t + 1 < live_blocks[0]:
                         gather_columns(KV_s, KV, Indices, r, t + 1, 0, DQ_SPLIT, NKV, tid)
                         T.call_extern("handle", "mqa_cp_async_commit")
                     # Its dKV chunks' adds go out while the gather lands.
-                    for c in T.unroll(n1, chunks):
+                    if wg0_pair:
+                        add_pair(dKV, acc_dkv0, acc_s, slot_info_s, n1, p, peak0, tid)
+                    for c in T.unroll(n1 + 2 * wg0_pair, chunks):
                         if c > n1:
                             dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv0, c)
                             T.wait_wgmma(0)
@@ -593,33 +735,10 @@ def wide_program(config: MainConfig):
                     T.warpgroup_fence_operand(acc_dq1, num_regs=H * w1 // WARPGROUP)
                     T.warpgroup_fence_operand(acc_dq2, num_regs=H * w2 // WARPGROUP)
                     T.call_extern("handle", "mqa_handoff_arrive", bars.data, KV_FREE)
-                    # dKV of the block, a chunk at a time, in two accumulators: chunk c + 1's
-                    # GEMMs run while chunk c's adds go out.
-                    dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv, 0)
-                    T.wait_wgmma(0)
-                    T.warpgroup_fence_operand(acc_dkv, num_regs=BS * CHUNK // WARPGROUP)
-                    for pair in T.unroll((n1 - 1) // 2):  # chunk c is in acc_dkv, c + 1 goes to acc_dkv2
-                        c = 2 * pair
-                        dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv2, c + 1)
-                        add_chunk(dKV, acc_dkv, slot_info_s, c, p, NKV, peak, tid1)
-                        T.wait_wgmma(0)
-                        T.warpgroup_fence_operand(acc_dkv2, num_regs=BS * CHUNK // WARPGROUP)
-                        dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv, c + 2)
-                        add_chunk(dKV, acc_dkv2, slot_info_s, c + 1, p, NKV, peak, tid1)
-                        T.wait_wgmma(0)
-                        T.warpgroup_fence_operand(acc_dkv, num_regs=BS * CHUNK // WARPGROUP)
-                    # Every GEMM of the block has been waited for once the last chunk's is: then P_s
-                    # and dS_s are free, and that chunk's adds go out after the handoff.
-                    if n1 % 2 == 0:  # chunk n1 - 2 is in acc_dkv, n1 - 1 goes to acc_dkv2
-                        dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv2, n1 - 1)
-                        add_chunk(dKV, acc_dkv, slot_info_s, n1 - 2, p, NKV, peak, tid1)
-                        T.wait_wgmma(0)
-                        T.warpgroup_fence_operand(acc_dkv2, num_regs=BS * CHUNK // WARPGROUP)
-                        peaks_then_pds_free(bars, p)
-                        add_chunk(dKV, acc_dkv2, slot_info_s, n1 - 1, p, NKV, peak, tid1)
-                    else:  # chunk n1 - 1 is in acc_dkv
-                        peaks_then_pds_free(bars, p)
-                        add_chunk(dKV, acc_dkv, slot_info_s, n1 - 1, p, NKV, peak, tid1)
+                    if pairs:
+                        paired_chunks(dKV, Q_s, dO_s, dS_s, P_s, acc_dkv, acc_dkv2, slot_info_s, bars, p, NKV, peak, tid1)
+                    else:
+                        ping_pong_chunks(dKV, Q_s, dO_s, dS_s, P_s, acc_dkv, acc_dkv2, slot_info_s, bars, p, NKV, peak, tid1)
                     if accumulate == "lanes":  # the block's bounds, one add a slot
                         T.call_extern("handle", "ws_bar_sync_wg", BOUNDS_BARRIER)
                         T.call_extern("handle", "ws_stage_peaks", peak.data, T.address_of(slot_info_s[peaks1]),
