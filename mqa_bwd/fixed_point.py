@@ -100,7 +100,7 @@ import torch
 # column stays at or below 2**(PARTIAL_SUM_BITS + 1); 2**k must be a normal
 # float32 in the kernel, and 2**-k in the final division.
 from .kernels.config import FP32_MAX_EXPONENT, LANE_LIMIT, LANES_GAIN, MASS_LIMIT, PARTIAL_SUM_BITS  # noqa: F401
-from .kernels.config import lane_word_columns
+from .kernels.config import LANE_GROUP, lane_word_of_column
 
 #: fp32 intermediates of the kernel must stay below this (float32 max is ~2**128).
 FP32_SAFE = 2.0**100
@@ -245,22 +245,16 @@ def check_lanes_gain(gain) -> int:
     return gain
 
 
-def lane_columns(d_k: int, device) -> torch.Tensor:
-    """[2, d_k / 2] int64: the low lanes' columns, then the high lanes' (lane_word_columns)."""
-    return torch.tensor(lane_word_columns(d_k), dtype=torch.int64, device=device).T.contiguous()
-
-
 def decode_lane_words(words: torch.Tensor) -> torch.Tensor:
     """[N, C / 2] int64 words (lo + 2**32 hi, summed mod 2**64) -> [N, C] int64 lane sums;
-    exact wherever each lane's final sum fits 32 signed bits. Word j holds the columns
-    lane_word_columns gives it."""
+    exact wherever each lane's final sum fits 32 signed bits. Column c is a lane of word
+    kernels.config.lane_word_of_column(c), the high one where c % LANE_GROUP >= LANE_GROUP / 2;
+    the map is computed on words' device (no copy from the host)."""
     lo = (words << 32) >> 32  # arithmetic shifts: the low lane, sign-extended
     hi = (words - lo) >> 32
-    columns = lane_columns(2 * words.shape[1], words.device)
-    out = torch.empty((words.shape[0], 2 * words.shape[1]), dtype=torch.int64, device=words.device)
-    out[:, columns[0]] = lo
-    out[:, columns[1]] = hi
-    return out
+    column = torch.arange(2 * words.shape[1], device=words.device)
+    word = lane_word_of_column(column, 2 * words.shape[1], torch.where)
+    return torch.where(column % LANE_GROUP >= LANE_GROUP // 2, hi[:, word], lo[:, word])
 
 
 def lanes_failed(bound: torch.Tensor) -> torch.Tensor:

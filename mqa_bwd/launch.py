@@ -190,7 +190,7 @@ class TileLangLauncher(Launcher):
     """Launches the compiled TileLang kernels on the current CUDA device.
 
     wide_tile: MainConfig fields the wide tile's launches take in place of their defaults, e.g.
-    {"wg0_chunks": 3}: two variants of a kernel are two configurations, timed side by side
+    {"wg0_chunks": 4}: two variants of a kernel are two configurations, timed side by side
     (benchmarks/config_ab.py)."""
 
     name = "tilelang"

@@ -166,6 +166,23 @@ def test_lanes_kernel_gives_the_int64_kernels_bits(shape, gain, redone):
         assert bitwise_difference(name, x, y) is None, bitwise_difference(name, x, y)
 
 
+@pytest.mark.parametrize("d_k", [576, 512])
+@pytest.mark.parametrize("wg0_chunks", [None, 1, 2, 4])
+def test_every_split_of_the_lanes_adds_the_int64_kernels_sums(d_k, wg0_chunks):
+    # The split (MainConfig.wg0_chunks) decides which chunks go as a pair, whose words partner
+    # lanes swap and add as one line (wide.lane_pairs, wg0_pairs): at 576 the default pairs all of
+    # warpgroup 1's and warpgroup 0's first two, 1 and 4 leave warpgroup 0 no pair, 2 leaves
+    # warpgroup 1 a chunk of its own; at 512 the default pairs warpgroup 0's too. The int64 redo
+    # adds each column in place, pairing nothing: at each width and split, the same bits.
+    args = production_inputs(B=2, S=64, S_kv=256, H=128, L=200, d_k=d_k)
+    tile = {} if wg0_chunks is None else {"wg0_chunks": wg0_chunks}
+    lanes, forced = launch.TileLangLauncher(lanes_gain=10, wide_tile=tile), _ForcedRedo(lanes_gain=10, wide_tile=tile)
+    got, want = wrapper.backward_with(lanes, *args), wrapper.backward_with(forced, *args)
+    assert int(lanes.lanes_redone) == 0 and int(forced.lanes_redone) == 1
+    for name, x, y in zip(("dq", "dkv", "d_attn_sink"), got, want):
+        assert bitwise_difference(name, x, y) is None, bitwise_difference(name, x, y)
+
+
 class _TileALaunch(TileALaunch, launch.TileLangLauncher):
     """The wide tile's 64-head tiles as a launch each, on the GPU."""
 

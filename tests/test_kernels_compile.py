@@ -143,8 +143,10 @@ def test_wide_tile_split_leaves_warpgroup_1_a_chunk():
 
 
 WIDE_CONFIGS = [c for c in MAIN_CONFIGS if c.wide]
-#: The split of dKV chunks between the warpgroups is a configuration: another split keeps the handoffs.
-OTHER_SPLIT = K.MainConfig(K.WIDE_HEADS, 576, 512, "lanes", wg0_chunks=2)
+#: The split of dKV chunks between the warpgroups is a configuration: other splits keep the handoffs.
+#: The lanes at d_k = 576: 2 leaves warpgroup 1 a chunk of its own after its pairs, 1 frees P and
+#: dS inside its loop over pairs and leaves warpgroup 0 no pair.
+OTHER_SPLITS = [K.MainConfig(K.WIDE_HEADS, 576, 512, "lanes", wg0_chunks=w) for w in (2, 1)]
 
 
 def branch_at(source: str, head: str, start: int = 0) -> tuple:
@@ -172,7 +174,7 @@ WGMMA_WAIT = "tl::wait_wgmma<0>();"
 CHUNK_ADDS = {"lanes": "ws_add_chunk_lanes(", "fixed": "ws_add_chunk_fixed(", "atomic": "ws_add_chunk_atomic("}
 
 
-@pytest.mark.parametrize("config", WIDE_CONFIGS + [OTHER_SPLIT], ids=_id)
+@pytest.mark.parametrize("config", WIDE_CONFIGS + OTHER_SPLITS, ids=_id)
 def test_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
     # The warp-specialised tile: each warpgroup runs in a branch of its own and they hand
     # over through three mbarriers, one phase a block. A barrier of all the CTA's threads

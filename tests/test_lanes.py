@@ -55,7 +55,9 @@ def test_the_conversion_is_the_kernels_and_a_nan_fails_the_bound():
 
 def test_a_word_holds_columns_q_and_q_plus_8_of_each_16():
     # The wide tile's thread holds columns c and c + 8 of a slot, so that is a word's pair
-    # (config.LANE_GROUP); the cast kernel and the decode must agree with the kernel on it.
+    # (config.LANE_GROUP); the cast kernel and the decode must agree with the kernel on it. A row
+    # of 32 columns has no whole 128-column block: every group keeps its 8 words in place (the
+    # layout of d_k's tail past its last whole block; the blocks' own: the next test).
     ints = np.arange(32).reshape(1, 32) - 16
     words = lane_words(ints)
     group, half = kernels.LANE_GROUP, kernels.LANE_GROUP // 2

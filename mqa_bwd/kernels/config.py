@@ -99,8 +99,8 @@ def lane_word_columns(d_k: int) -> tuple:
 
 def lane_word_of_column(c, d_k: int, select=None):
     """The word whose lane holds column ``c`` (lane_word_columns inverted; the high lane where
-    c % LANE_GROUP >= LANE_GROUP / 2). ``c`` may be a TileLang expression, with ``select``
-    (cond, then, else) its if_then_else."""
+    c % LANE_GROUP >= LANE_GROUP / 2). ``c`` may be a TileLang expression or a torch tensor, with
+    ``select`` (cond, then, else) its if_then_else or torch.where."""
     whole = d_k // LANE_BLOCK * LANE_BLOCK
     if select is None:
         return lane_word_in_block(c) if c < whole else lane_word_in_tail(c)
