@@ -37,6 +37,7 @@ def default_wg0_chunks(accumulate: str, d_k: int) -> int:
         return WIDE_WG0_CHUNKS
     return WIDE_WG0_CHUNKS + d_k // WIDE_CHUNK % 2
 
+
 # (Dk, Dv) the kernels are built and tested for on Hopper.
 GPU_WIDTHS = ((576, 512), (512, 512))
 # The softmax mass sum_j P of a head is at most 1 with the forward's lse; the
@@ -130,6 +131,8 @@ def lane_chunk_words(chunk, d_k: int, select=None) -> tuple:
     if select is None:
         return in_block if whole else in_tail
     return tuple(select(whole, a, b) for a, b in zip(in_block, in_tail))
+
+
 #: The head tile of the one-CTA design that runs two 32-head groups as one.
 WIDE_HEADS = 64
 #: Head tiles main_bwd builds: 16 and 32 (one group each), 64 (the wide tile).
