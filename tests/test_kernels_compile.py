@@ -36,6 +36,7 @@ def _id(config):
         return f"main_bwd-{config.heads}-{config.d_k}-{config.d_v}-{config.accumulate}" + (
             f"-{config.cluster}" if config.cluster > 1 else "") + (
             f"-wg0_{config.wg0_chunks}" if config.wide and config.wg0_chunks != K.default_wg0_chunks(config.accumulate, config.d_k) else "") + (
+            f"-dq{config.dq_split}" if config.wide and config.dq_split != K.WIDE_DQ_SPLIT else "") + (
             f"-tiles{config.tiles}" if config.tiles > 1 else "")
     return "-".join(str(c) for c in (config.kind,) + config.args)
 
@@ -137,16 +138,21 @@ def test_the_wide_grid_takes_its_tile_count_at_launch():
     assert "blockIdx.y" not in K.compiled(one).get_kernel_source()
 
 
-def test_wide_tile_split_leaves_warpgroup_1_a_chunk():
+def test_wide_tile_split_leaves_warpgroup_1_a_chunk_and_two_dq_gemms():
     with pytest.raises(ValueError, match="^config: wg0_chunks=9 leaves warpgroup 1 none"):
         K.wide_program(K.MainConfig(K.WIDE_HEADS, 576, 512, "lanes", wg0_chunks=9))
+    for d_k, dq_split, bounds in ((576, 64, "128 to 448"), (512, 448, "64 to 384")):
+        with pytest.raises(ValueError, match=f"^config: dq_split={dq_split} at d_k={d_k}, d_v=512: from {bounds}"):
+            K.wide_program(K.MainConfig(K.WIDE_HEADS, d_k, 512, "lanes", dq_split=dq_split))
 
 
 WIDE_CONFIGS = [c for c in MAIN_CONFIGS if c.wide]
 #: The split of dKV chunks between the warpgroups is a configuration: other splits keep the handoffs.
 #: The lanes at d_k = 576: 2 leaves warpgroup 1 a chunk of its own after its pairs, 1 frees P and
-#: dS inside its loop over pairs and leaves warpgroup 0 no pair.
-OTHER_SPLITS = [K.MainConfig(K.WIDE_HEADS, 576, 512, "lanes", wg0_chunks=w) for w in (2, 1)]
+#: dS inside its loop over pairs and leaves warpgroup 0 no pair; dq_split 320 gives warpgroup 0 64
+#: more dQ columns (one GEMM wider than wgmma's 256).
+OTHER_SPLITS = [K.MainConfig(K.WIDE_HEADS, 576, 512, "lanes", wg0_chunks=w) for w in (2, 1)] + [
+    K.MainConfig(K.WIDE_HEADS, 576, 512, "lanes", dq_split=320)]
 
 
 def branch_at(source: str, head: str, start: int = 0) -> tuple:

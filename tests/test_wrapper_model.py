@@ -597,6 +597,8 @@ def test_a_cluster_with_zero_heads_adds_the_bits_of_the_other_group_alone():
     ("d_v", dict(heads=16, d_v=48)),
     ("wg0_chunks", dict(heads=16, wg0_chunks=2)),  # a field of the wide tile only
     ("wg0_chunks", dict(heads=64, accumulate="lanes", wg0_chunks=0)),
+    ("dq_split", dict(heads=32, dq_split=256)),  # a field of the wide tile only
+    ("dq_split", dict(heads=64, accumulate="lanes", dq_split=100)),
 ])
 def test_main_configurations_are_validated_naming_the_field(field, kw):
     kw = {"d_k": 32, "d_v": 16, **kw}
@@ -618,6 +620,10 @@ def test_the_launcher_overrides_only_the_wide_tiles_own_fields():
     with pytest.raises(ValueError, match=r"^wide_tile: wg0_chunks=8 leaves warpgroup 1 none of the 8 dKV chunks at d_k=512"):
         launch.TileLangLauncher(wide_tile={"wg0_chunks": 8})
     assert launch.TileLangLauncher(wide_tile={"wg0_chunks": 3}).wide_tile == {"wg0_chunks": 3}
+    # Warpgroup 1's dQ columns must fill two GEMMs at every width: at d_k = 512, 384 at most.
+    with pytest.raises(ValueError, match=r"^wide_tile: dq_split=448 at d_k=512, d_v=512: from 64 to 384"):
+        launch.TileLangLauncher(wide_tile={"dq_split": 448})
+    assert launch.TileLangLauncher(wide_tile={"dq_split": 320}).wide_tile == {"dq_split": 320}
 
 
 def test_the_launch_policy_pairs_groups_where_a_pair_kernel_exists():

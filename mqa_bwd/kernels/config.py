@@ -28,6 +28,22 @@ WIDE_CHUNK = 64
 WIDE_WG0_CHUNKS = 2
 
 
+#: The wide tile's dQ columns [0, WIDE_DQ_SPLIT) are warpgroup 0's, the rest warpgroup 1's
+#: (MainConfig.dq_split): their fp32 accumulators are most of each warpgroup's registers.
+WIDE_DQ_SPLIT = 256
+#: Warpgroup 1 forms its dQ columns in two GEMMs of at most this many columns each
+#: (kernels/wide.py; wgmma's N is at most 256).
+WIDE_DQ_PIECE = 192
+
+
+def dq_split_bounds(d_k: int, d_v: int) -> tuple:
+    """The least and the most dq_split the wide tile builds at these widths: warpgroup 1's
+    columns go in two GEMMs (up to WIDE_DQ_PIECE, then at most 256, neither empty), and dO has
+    columns on both sides of the split (the scores' GEMMs start on the first part while the rest
+    of the gather lands)."""
+    return max(WIDE_CHUNK, d_k - WIDE_DQ_PIECE - 256), min(d_v, d_k - WIDE_CHUNK) - WIDE_CHUNK
+
+
 def default_wg0_chunks(accumulate: str, d_k: int) -> int:
     """MainConfig.wg0_chunks where none is given: WIDE_WG0_CHUNKS, and for the deterministic
     launches (the lanes and their int64 redo) one more where the chunk count is odd, so that
@@ -187,7 +203,9 @@ class MainConfig:
     2 runs two consecutive 16-head groups as one thread block cluster (fixed only).
     tiles: the wide tile's consecutive 64-head tiles one launch covers, a CTA each
     a query row, in one grid (a launch argument of the kernel that every count above
-    one shares: MainConfig.kernel).
+    one shares: MainConfig.kernel). wg0_chunks and dq_split: how the wide tile shares
+    its dKV chunks and its dQ columns between its warpgroups (default_wg0_chunks,
+    WIDE_DQ_SPLIT).
     """
 
     heads: int
@@ -197,6 +215,7 @@ class MainConfig:
     cluster: int = 1
     wg0_chunks: int | None = None
     tiles: int = 1
+    dq_split: int | None = None
 
     def __post_init__(self):
         _require("heads", self.heads in TILE_HEADS, self.heads, f"one of {TILE_HEADS}")
@@ -213,12 +232,18 @@ class MainConfig:
         _require("tiles", isinstance(self.tiles, int) and self.tiles > 0, self.tiles, "a positive int")
         if not self.wide:
             _require("wg0_chunks", self.wg0_chunks is None, self.wg0_chunks, "the wide tile's only")
+            _require("dq_split", self.dq_split is None, self.dq_split, "the wide tile's only")
             _require("tiles", self.tiles == 1, self.tiles, "more than one is the wide tile's only")
             return
         if self.wg0_chunks is None:  # one value, one compile-cache key
             object.__setattr__(self, "wg0_chunks", default_wg0_chunks(self.accumulate, self.d_k))
         # (below d_k / WIDE_CHUNK too: wide.wide_program checks it with the widths it builds for)
         _require("wg0_chunks", isinstance(self.wg0_chunks, int) and self.wg0_chunks > 0, self.wg0_chunks, "a positive int")
+        if self.dq_split is None:
+            object.__setattr__(self, "dq_split", WIDE_DQ_SPLIT)
+        # (within dq_split_bounds too: wide.wide_program checks it with the widths it builds for)
+        _require("dq_split", isinstance(self.dq_split, int) and self.dq_split > 0 and self.dq_split % WIDE_CHUNK == 0,
+                 self.dq_split, f"a positive multiple of {WIDE_CHUNK}")
 
     @property
     def wide(self) -> bool:

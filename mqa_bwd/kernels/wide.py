@@ -23,14 +23,14 @@ Why this shape:
   d_k = 576 it takes three chunks so that warpgroup 1's six all pair (config.default_wg0_chunks).
 - The warpgroups have roles:
     warpgroup 0: gathers KV, forms S and dP, then P and dS (written to shared memory),
-                 dQ[:, :DQ_SPLIT], and the block's last wg0_chunks dKV chunks with their adds;
-    warpgroup 1: dQ[:, DQ_SPLIT:] and the block's other dKV chunks, one at a time (the lanes: a
+                 dQ[:, :dq_split], and the block's last wg0_chunks dKV chunks with their adds;
+    warpgroup 1: dQ[:, dq_split:] and the block's other dKV chunks, one at a time (the lanes: a
                  pair at a time), with their adds.
   Warpgroup 0 gathers block t + 1 and forms its scores while warpgroup 1 still forms and
   adds block t's dKV (which reads Q, dO, P and dS, never KV). One warp a scheduler issuing
   adds is latency-bound, so warpgroup 1's chunk chain set the pace while warpgroup 0 waited
   for it; its chunks in warpgroup 0 shorten that chain (docs/performance-log.md).
-- One KV stage refilled in two parts: columns [0, DQ_SPLIT), which only warpgroup 0's dQ GEMM
+- One KV stage refilled in two parts: columns [0, dq_split), which only warpgroup 0's dQ GEMM
   reads, right after that GEMM; the rest once warpgroup 1's dQ GEMMs have read them
   (KV_FREE). S and dP start on the first part while the second lands: warpgroup 0's serial
   gather is otherwise the kernel's critical path. A row's first block is gathered whole, by
@@ -65,14 +65,13 @@ slot, the lanes' {row offset, scale}, so that an add reads two slots' in one 16-
 double-buffered by block parity: warpgroup 1 still adds block t while warpgroup 0 lays out block t + 1.
 """
 
-from .config import LANE_BLOCK, LOG2E, WIDE_CHUNK, WIDE_SLOTS, MainConfig, _tl, lane_chunk_words
+from .config import (LANE_BLOCK, LOG2E, WIDE_CHUNK, WIDE_DQ_PIECE, WIDE_SLOTS, MainConfig, _tl, dq_split_bounds,
+                     lane_chunk_words)
 from .device_functions import GATHER_SOURCE, HANDOFF_SOURCE
 
 #: Heads of the tile.
 HEADS = 64
 CHUNK = WIDE_CHUNK
-#: dQ columns [0, DQ_SPLIT) belong to warpgroup 0, the rest to warpgroup 1.
-DQ_SPLIT = 256
 WARPGROUP = 128
 PDS_READY, KV_FREE, PDS_FREE, PEAKS_READY = 0, 1, 2, 3
 #: Named barriers of one warpgroup (128 threads): warpgroup 0's after each KV gather, warpgroup 1's
@@ -390,8 +389,12 @@ def wide_program(config: MainConfig):
     if not config.wide:
         raise ValueError(f"config: the warp-specialised tile is the wide one (heads {HEADS}), got {config}")
     accumulate, Dk, Dv = config.accumulate, config.d_k, config.d_v
-    if Dk % CHUNK or Dv % CHUNK or Dk <= DQ_SPLIT or Dv <= DQ_SPLIT:
-        raise ValueError(f"config: d_k={Dk}, d_v={Dv}: multiples of {CHUNK}, both above {DQ_SPLIT}")
+    dq_split = config.dq_split  # dQ columns [0, dq_split) are warpgroup 0's, the rest warpgroup 1's
+    if Dk % CHUNK or Dv % CHUNK:
+        raise ValueError(f"config: d_k={Dk}, d_v={Dv}: multiples of {CHUNK}")
+    low, high = dq_split_bounds(Dk, Dv)
+    if not low <= dq_split <= high:
+        raise ValueError(f"config: dq_split={dq_split} at d_k={Dk}, d_v={Dv}: from {low} to {high}")
     tilelang, T = _tl()
     R, HQ, NKV, Lp = T.dynamic("R"), T.dynamic("HQ"), T.dynamic("NKV"), T.dynamic("Lp")
     BS, H = WIDE_SLOTS, HEADS
@@ -406,9 +409,9 @@ def wide_program(config: MainConfig):
     value_chunks = Dv // CHUNK
     # Warpgroup 1's dQ columns in two wgmma-sized pieces (N at most 256, whole 64s):
     # 192 + 128 at Dk = 576, 192 + 64 at 512.
-    w1 = min(192, Dk - DQ_SPLIT - CHUNK)
-    w2 = Dk - DQ_SPLIT - w1
-    c1, c2 = DQ_SPLIT, DQ_SPLIT + w1
+    w1 = min(WIDE_DQ_PIECE, Dk - dq_split - CHUNK)
+    w2 = Dk - dq_split - w1
+    c1, c2 = dq_split, dq_split + w1
     if WG0_PEAK_WORDS != WARPGROUP:  # warpgroup 0 clears its slot maxima one word a thread
         raise ValueError(f"WG0_PEAK_WORDS: {WG0_PEAK_WORDS}, not {WARPGROUP}")
     if not n1 > 0:
@@ -585,7 +588,7 @@ def wide_program(config: MainConfig):
 
             acc_s = T.alloc_fragment((H, BS), f32)
             acc_dp = T.alloc_fragment((H, BS), f32)
-            acc_dq0 = T.alloc_fragment((H, DQ_SPLIT), f32)
+            acc_dq0 = T.alloc_fragment((H, dq_split), f32)
             acc_dq1 = T.alloc_fragment((H, w1), f32)
             acc_dq2 = T.alloc_fragment((H, w2), f32)
             acc_dkv = T.alloc_fragment((BS, CHUNK), f32)
@@ -652,8 +655,8 @@ def wide_program(config: MainConfig):
                                                          T.cast(0, f32)))
                     if t == 0:  # issued before the prologue
                         T.call_extern("handle", "mqa_cp_async_wait_all")
-                    else:  # columns [0, DQ_SPLIT) went out after the previous block's dQ GEMM
-                        gather_columns(KV_s, KV, Indices, r, t, DQ_SPLIT, Dk, NKV, tid)
+                    else:  # columns [0, dq_split) went out after the previous block's dQ GEMM
+                        gather_columns(KV_s, KV, Indices, r, t, dq_split, Dk, NKV, tid)
                         T.call_extern("handle", "mqa_cp_async_commit")
                         T.call_extern("handle", "ws_cp_async_wait_one")
                     T.call_extern("handle", "ws_fence_proxy_async")
@@ -663,14 +666,14 @@ def wide_program(config: MainConfig):
                     # columns' GEMMs while the rest of the gather lands.
                     T.clear(acc_s)
                     T.clear(acc_dp)
-                    T.wgmma_gemm(Q_s[0:H, 0:DQ_SPLIT], KV_s[0:BS, 0:DQ_SPLIT], acc_s, transpose_B=True, clear_accum=True)
-                    T.wgmma_gemm(dO_s[0:H, 0:DQ_SPLIT], KV_s[0:BS, 0:DQ_SPLIT], acc_dp, transpose_B=True, clear_accum=True)
+                    T.wgmma_gemm(Q_s[0:H, 0:dq_split], KV_s[0:BS, 0:dq_split], acc_s, transpose_B=True, clear_accum=True)
+                    T.wgmma_gemm(dO_s[0:H, 0:dq_split], KV_s[0:BS, 0:dq_split], acc_dp, transpose_B=True, clear_accum=True)
                     if t > 0:
                         T.call_extern("handle", "mqa_cp_async_wait_all")
                         T.call_extern("handle", "ws_fence_proxy_async")
                         T.call_extern("handle", "ws_bar_sync_wg", GATHER_BARRIER)
-                    T.wgmma_gemm(Q_s[0:H, DQ_SPLIT:Dk], KV_s[0:BS, DQ_SPLIT:Dk], acc_s, transpose_B=True)
-                    T.wgmma_gemm(dO_s[0:H, DQ_SPLIT:Dv], KV_s[0:BS, DQ_SPLIT:Dv], acc_dp, transpose_B=True)
+                    T.wgmma_gemm(Q_s[0:H, dq_split:Dk], KV_s[0:BS, dq_split:Dk], acc_s, transpose_B=True)
+                    T.wgmma_gemm(dO_s[0:H, dq_split:Dv], KV_s[0:BS, dq_split:Dv], acc_dp, transpose_B=True)
                     T.wait_wgmma(0)
                     T.warpgroup_fence_operand(acc_s, num_regs=H * BS // WARPGROUP)
                     T.warpgroup_fence_operand(acc_dp, num_regs=H * BS // WARPGROUP)
@@ -687,19 +690,19 @@ def wide_program(config: MainConfig):
                     T.copy(acc_dp, dS_s)
                     T.call_extern("handle", "ws_fence_proxy_async")
                     T.call_extern("handle", "mqa_handoff_arrive", bars.data, PDS_READY)
-                    # dQ[:, :DQ_SPLIT] += dS KV (this warpgroup's columns), and the first of its dKV chunks.
-                    T.wgmma_gemm(dS_s, KV_s[0:BS, 0:DQ_SPLIT], acc_dq0)
+                    # dQ[:, :dq_split] += dS KV (this warpgroup's columns), and the first of its dKV chunks.
+                    T.wgmma_gemm(dS_s, KV_s[0:BS, 0:dq_split], acc_dq0)
                     dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv0, n1)
                     if wg0_pair:  # its second chunk in the scores' accumulator, free once P is stored
                         dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_s, n1 + 1)
                     T.wait_wgmma(0)
-                    T.warpgroup_fence_operand(acc_dq0, num_regs=H * DQ_SPLIT // WARPGROUP)
+                    T.warpgroup_fence_operand(acc_dq0, num_regs=H * dq_split // WARPGROUP)
                     T.warpgroup_fence_operand(acc_dkv0, num_regs=BS * CHUNK // WARPGROUP)
                     if wg0_pair:
                         T.warpgroup_fence_operand(acc_s, num_regs=H * BS // WARPGROUP)
-                    # Only this warpgroup reads KV_s[:, :DQ_SPLIT]: refill it now.
+                    # Only this warpgroup reads KV_s[:, :dq_split]: refill it now.
                     if t + 1 < live_blocks[0]:
-                        gather_columns(KV_s, KV, Indices, r, t + 1, 0, DQ_SPLIT, NKV, tid)
+                        gather_columns(KV_s, KV, Indices, r, t + 1, 0, dq_split, NKV, tid)
                         T.call_extern("handle", "mqa_cp_async_commit")
                     # Its dKV chunks' adds go out while the gather lands.
                     if wg0_pair:
@@ -719,7 +722,7 @@ def wide_program(config: MainConfig):
                     for h in T.Parallel(H):
                         if (mass_row[h] > Allowance[r, h0 + h]) or T.isnan(mass_row[h]):
                             Flag[r] = 1
-                T.copy(acc_dq0, dQ[r, h0 : h0 + H, 0:DQ_SPLIT])
+                T.copy(acc_dq0, dQ[r, h0 : h0 + H, 0:dq_split])
 
             with T.ws(1):
                 T.clear(acc_dq1)
