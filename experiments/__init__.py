@@ -62,6 +62,19 @@
         python benchmarks/package_ab.py --against .ab/lanes_whole_lines/mqa_bwd \
             --against .ab/control_whole_lines/mqa_bwd --shapes dsv32,fleet --trace 2
 
+  three_accumulators.patch  warpgroup 1's six lanes chunks as three pairs in three accumulators
+                            (three_pairs), each pair's first GEMM issued before the previous pair's
+                            adds so that it runs under them, where the product's pairs wait for
+                            both GEMMs; the registers from dq_split 320 (the patch's default for
+                            the deterministic launches). ptxas 24/40 bytes spilled, stored and
+                            loaded once a block. The same bits expected; compiled, not run
+                            (docs/performance-log.md, seventeenth session). On f8913c9, beside
+                            dq_split alone:
+
+        REV=f8913c9 bash scripts/ab-packages.sh experiments/three_accumulators.patch
+        python benchmarks/package_ab.py --against .ab/three_accumulators/mqa_bwd --shapes dsv32,fleet --trace 2
+        python benchmarks/config_ab.py --field dq_split --values 256,320 --shapes dsv32,fleet
+
 git history holds the others (the wrapper's layout steps as kernels became the product's,
 mqa_bwd.kernels.prologue; early_gather.patch, block 0's gather beside the row's prologue, is at
 78bd4a7 and became the product's wide tile; transposed_lanes.patch, the dKV chunks formed
