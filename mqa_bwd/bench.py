@@ -13,6 +13,8 @@ What is measured, and why it is fair:
   and says why.
 * Time is the whole public call (validation, layout, every kernel), as a
   training step pays it: CUDA events around it, median of the repeats.
+* The SM clock during each backend's timed calls (NVML samples, gpu_clocks):
+  a ratio compares kernels only where both ran at one clock.
 * TFLOP/s by docs/SPEC.md's count per query row: 2 * (H*Dv*L + 3*H*Dk*L + H*Dv*L).
 * Peak scratch: the most memory allocated during one call beyond the inputs
   and the three outputs (the int64 or fp32 dKV accumulator, padded copies).
