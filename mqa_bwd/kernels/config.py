@@ -98,20 +98,14 @@ LANE_BLOCK = 128
 
 @functools.lru_cache(maxsize=None)
 def lane_word_columns(d_k: int) -> tuple:
-    """[(lo, hi)] of each of a kv row's d_k / 2 words: the columns of its low and high lane.
-    In a whole LANE_BLOCK P, word 64 P + 16 w + 8 b + q holds chunk b's (2 P + b) columns
-    16 w + q and 16 w + 8 + q; past the last whole block, word 8 g + q holds group g's q, q + 8."""
-    half, words_a_block = LANE_GROUP // 2, LANE_BLOCK // 2
-    whole_words = d_k // LANE_BLOCK * words_a_block
-    columns = []
-    for j in range(d_k // 2):
-        if j < whole_words:
-            block, r = divmod(j, words_a_block)
-            lo = LANE_BLOCK * block + WIDE_CHUNK * (r // half % 2) + LANE_GROUP * (r // LANE_GROUP) + r % half
-        else:
-            lo = LANE_GROUP * (j // half) + j % half
-        columns.append((lo, lo + half))
-    return tuple(columns)
+    """[(lo, hi)] of each of a kv row's d_k / 2 words: the columns of its low and high lane
+    (lane_word_of_column's map, turned round). In a whole LANE_BLOCK P, word 64 P + 16 w + 8 b + q
+    holds chunk b's (2 P + b) columns 16 w + q and 16 w + 8 + q; past the last whole block, word
+    8 g + q holds group g's q, q + 8."""
+    columns = [[None, None] for _ in range(d_k // 2)]
+    for c in range(d_k):
+        columns[lane_word_of_column(c, d_k)][c % LANE_GROUP >= LANE_GROUP // 2] = c
+    return tuple(map(tuple, columns))
 
 
 def lane_word_of_column(c, d_k: int, select=None):
