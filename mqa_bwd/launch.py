@@ -207,15 +207,9 @@ class TileLangLauncher(Launcher):
         # are valid by construction: every public call builds a launcher, on the host's critical path).
         for d_k, d_v in K.GPU_WIDTHS if self.wide_tile else ():
             try:
-                config = dataclasses.replace(K.MainConfig(K.WIDE_HEADS, d_k, d_v, "lanes"), **self.wide_tile)
+                K.require_wide_widths(dataclasses.replace(K.MainConfig(K.WIDE_HEADS, d_k, d_v, "lanes"), **self.wide_tile))
             except ValueError as e:
                 raise ValueError(f"wide_tile: {e}") from None
-            if not config.wg0_chunks < d_k // K.WIDE_CHUNK:
-                raise ValueError(f"wide_tile: wg0_chunks={config.wg0_chunks} leaves warpgroup 1 none of the "
-                                 f"{d_k // K.WIDE_CHUNK} dKV chunks at d_k={d_k}")
-            low, high = K.dq_split_bounds(d_k, d_v)
-            if not low <= config.dq_split <= high:
-                raise ValueError(f"wide_tile: dq_split={config.dq_split} at d_k={d_k}, d_v={d_v}: from {low} to {high}")
         self.deterministic = deterministic
         self.name = "tilelang" if deterministic else "tilelang-atomic"
         self.device = torch.device(device if device is not None else "cuda")

@@ -44,6 +44,17 @@ def dq_split_bounds(d_k: int, d_v: int) -> tuple:
     return max(WIDE_CHUNK, d_k - WIDE_DQ_PIECE - 256), min(d_v, d_k - WIDE_CHUNK) - WIDE_CHUNK
 
 
+def require_wide_widths(config: "MainConfig") -> None:
+    """A ValueError naming the field unless the wide tile builds ``config`` at its widths:
+    warpgroup 1 keeps a dKV chunk, and dq_split lies within dq_split_bounds."""
+    chunks = config.d_k // WIDE_CHUNK
+    if not config.wg0_chunks < chunks:
+        raise ValueError(f"wg0_chunks={config.wg0_chunks} leaves warpgroup 1 none of the {chunks} dKV chunks at d_k={config.d_k}")
+    low, high = dq_split_bounds(config.d_k, config.d_v)
+    if not low <= config.dq_split <= high:
+        raise ValueError(f"dq_split={config.dq_split} at d_k={config.d_k}, d_v={config.d_v}: from {low} to {high}")
+
+
 def default_wg0_chunks(accumulate: str, d_k: int) -> int:
     """MainConfig.wg0_chunks where none is given: WIDE_WG0_CHUNKS, and for the deterministic
     launches (the lanes and their int64 redo) one more where the chunk count is odd, so that
@@ -231,11 +242,11 @@ class MainConfig:
             return
         if self.wg0_chunks is None:  # one value, one compile-cache key
             object.__setattr__(self, "wg0_chunks", default_wg0_chunks(self.accumulate, self.d_k))
-        # (below d_k / WIDE_CHUNK too: wide.wide_program checks it with the widths it builds for)
+        # (below d_k / WIDE_CHUNK too: require_wide_widths, where a kernel is built or a launcher made)
         _require("wg0_chunks", isinstance(self.wg0_chunks, int) and self.wg0_chunks > 0, self.wg0_chunks, "a positive int")
         if self.dq_split is None:
             object.__setattr__(self, "dq_split", WIDE_DQ_SPLIT)
-        # (within dq_split_bounds too: wide.wide_program checks it with the widths it builds for)
+        # (within dq_split_bounds too: require_wide_widths)
         _require("dq_split", isinstance(self.dq_split, int) and self.dq_split > 0 and self.dq_split % WIDE_CHUNK == 0,
                  self.dq_split, f"a positive multiple of {WIDE_CHUNK}")
 

@@ -65,8 +65,8 @@ slot, the lanes' {row offset, scale}, so that an add reads two slots' in one 16-
 double-buffered by block parity: warpgroup 1 still adds block t while warpgroup 0 lays out block t + 1.
 """
 
-from .config import (LANE_BLOCK, LOG2E, WIDE_CHUNK, WIDE_DQ_PIECE, WIDE_SLOTS, MainConfig, _tl, dq_split_bounds,
-                     lane_chunk_words)
+from .config import (LANE_BLOCK, LOG2E, WIDE_CHUNK, WIDE_DQ_PIECE, WIDE_SLOTS, MainConfig, _tl, lane_chunk_words,
+                     require_wide_widths)
 from .device_functions import GATHER_SOURCE, HANDOFF_SOURCE
 
 #: Heads of the tile.
@@ -392,9 +392,10 @@ def wide_program(config: MainConfig):
     dq_split = config.dq_split  # dQ columns [0, dq_split) are warpgroup 0's, the rest warpgroup 1's
     if Dk % CHUNK or Dv % CHUNK:
         raise ValueError(f"config: d_k={Dk}, d_v={Dv}: multiples of {CHUNK}")
-    low, high = dq_split_bounds(Dk, Dv)
-    if not low <= dq_split <= high:
-        raise ValueError(f"config: dq_split={dq_split} at d_k={Dk}, d_v={Dv}: from {low} to {high}")
+    try:
+        require_wide_widths(config)
+    except ValueError as e:
+        raise ValueError(f"config: {e}") from None
     tilelang, T = _tl()
     R, HQ, NKV, Lp = T.dynamic("R"), T.dynamic("HQ"), T.dynamic("NKV"), T.dynamic("Lp")
     BS, H = WIDE_SLOTS, HEADS
@@ -414,10 +415,6 @@ def wide_program(config: MainConfig):
     c1, c2 = dq_split, dq_split + w1
     if WG0_PEAK_WORDS != WARPGROUP:  # warpgroup 0 clears its slot maxima one word a thread
         raise ValueError(f"WG0_PEAK_WORDS: {WG0_PEAK_WORDS}, not {WARPGROUP}")
-    if not n1 > 0:
-        raise ValueError(f"config: wg0_chunks={config.wg0_chunks} leaves warpgroup 1 none of the {chunks} dKV chunks of d_k={Dk}")
-    if w1 % CHUNK or not 0 < w2 <= 256:
-        raise ValueError(f"config: d_k={Dk}: warpgroup 1's dQ columns do not split in two wgmma tiles")
 
     ROW_UNITS = Dk // 4  # a kv row of the lanes' words in 16-byte units (ws_lanes_store_slot)
 
