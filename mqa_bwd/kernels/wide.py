@@ -23,7 +23,9 @@ Why this shape:
   d_k = 576 it takes three chunks so that warpgroup 1's six all pair (config.default_wg0_chunks).
 - The warpgroups have roles:
     warpgroup 0: gathers KV, forms S and dP, then P and dS (written to shared memory),
-                 dQ[:, :dq_split], and the block's last wg0_chunks dKV chunks with their adds;
+                 dQ[:, :dq_split] (dS from its registers, an RS wgmma issued before it waits
+                 for warpgroup 1 to free P_s and dS_s), and the block's last wg0_chunks dKV
+                 chunks with their adds;
     warpgroup 1: dQ[:, dq_split:] and the block's other dKV chunks, one at a time (the lanes: a
                  pair at a time), with their adds.
   Warpgroup 0 gathers block t + 1 and forms its scores while warpgroup 1 still forms and
@@ -585,6 +587,7 @@ def wide_program(config: MainConfig):
 
             acc_s = T.alloc_fragment((H, BS), f32)
             acc_dp = T.alloc_fragment((H, BS), f32)
+            dS_r = T.alloc_fragment((H, BS), bf16)  # warpgroup 0's dS in registers, its dQ GEMM's A operand
             acc_dq0 = T.alloc_fragment((H, dq_split), f32)
             acc_dq1 = T.alloc_fragment((H, w1), f32)
             acc_dq2 = T.alloc_fragment((H, w2), f32)
@@ -681,18 +684,22 @@ def wide_program(config: MainConfig):
                         T.reduce_sum(acc_s, mass_row, dim=1, clear=False)
                     for h, j in T.Parallel(H, BS):
                         acc_dp[h, j] = acc_s[h, j] * (acc_dp[h, j] - delta_s[h]) * sm_scale
+                    T.copy(acc_dp, dS_r)
+                    # dQ[:, :dq_split] += dS KV (this warpgroup's columns) with dS from registers: it
+                    # runs while this warpgroup waits for dS_s to be free and stores P and dS.
+                    T.wgmma_gemm(dS_r, KV_s[0:BS, 0:dq_split], acc_dq0)
                     if t > 0:  # warpgroup 1 is done with block t - 1's P, dS and slots
                         T.call_extern("handle", "mqa_handoff_wait", bars.data, PDS_FREE, (t - 1) % 2)
                     T.copy(acc_s, P_s)  # stmatrix
-                    T.copy(acc_dp, dS_s)
+                    T.copy(dS_r, dS_s)
                     T.call_extern("handle", "ws_fence_proxy_async")
                     T.call_extern("handle", "mqa_handoff_arrive", bars.data, PDS_READY)
-                    # dQ[:, :dq_split] += dS KV (this warpgroup's columns), and the first of its dKV chunks.
-                    T.wgmma_gemm(dS_s, KV_s[0:BS, 0:dq_split], acc_dq0)
+                    # The first of its dKV chunks.
                     dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv0, n1)
                     if wg0_pair:  # its second chunk in the scores' accumulator, free once P is stored
                         dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_s, n1 + 1)
                     T.wait_wgmma(0)
+                    T.warpgroup_fence_operand(dS_r, num_regs=H * BS // WARPGROUP // 2)  # read by the dQ GEMM until here
                     T.warpgroup_fence_operand(acc_dq0, num_regs=H * dq_split // WARPGROUP)
                     T.warpgroup_fence_operand(acc_dkv0, num_regs=BS * CHUNK // WARPGROUP)
                     if wg0_pair:
