@@ -62,19 +62,6 @@
         python benchmarks/package_ab.py --against .ab/lanes_whole_lines/mqa_bwd \
             --against .ab/control_whole_lines/mqa_bwd --shapes dsv32,fleet --trace 2
 
-  three_accumulators.patch  warpgroup 1's six lanes chunks as three pairs in three accumulators
-                            (three_pairs), each pair's first GEMM issued before the previous pair's
-                            adds so that it runs under them, where the product's pairs wait for
-                            both GEMMs; the registers from dq_split 320 (the patch's default for
-                            the deterministic launches). ptxas 24/40 bytes spilled, stored and
-                            loaded once a block. The same bits expected; compiled, not run
-                            (docs/performance-log.md, seventeenth session). On f8913c9, beside
-                            dq_split alone:
-
-        REV=f8913c9 bash scripts/ab-packages.sh experiments/three_accumulators.patch
-        python benchmarks/package_ab.py --against .ab/three_accumulators/mqa_bwd --shapes dsv32,fleet --trace 2
-        python benchmarks/config_ab.py --field dq_split --values 256,320 --shapes dsv32,fleet
-
 git history holds the others (the wrapper's layout steps as kernels became the product's,
 mqa_bwd.kernels.prologue; early_gather.patch, block 0's gather beside the row's prologue, is at
 78bd4a7 and became the product's wide tile; transposed_lanes.patch, the dKV chunks formed
@@ -85,7 +72,9 @@ fc0447f; marks_sort_first.patch (sorted_marks sorting before q's stream) and mar
 (its q stream two head rows a warp at a time, which became the product's MARKS_PEAK_HEADS_AT_ONCE)
 are at 74b61c0, and cp_prologue.patch and cp_prologue_once.patch (the wide tile's Q and dO by
 cp.async, with and without an L2 evict-first hint: no faster, and they spill) at b587099
-(sixteenth session); lanes_word.patch, the lanes' word from its halves, is at e307457 and became the
+(sixteenth session); three_accumulators.patch, warpgroup 1's six lanes chunks as three pairs in
+three accumulators on the registers of dq_split 320, measured 5 % slower (dq_split 320 alone 7-8 %
+slower; eighteenth session), is at 6a3b063; lanes_word.patch, the lanes' word from its halves, is at e307457 and became the
 product's ws_lane_word; peaks_scatter.patch, the peaks' reduce-scatter, is at 954eb12 and became
 the product's ws_peaks_scatter; the ablations no_mass,
 no_convert, no_scale_load and control_transposed, each within 1 % of the product at dsv32 H=64

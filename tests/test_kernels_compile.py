@@ -227,6 +227,11 @@ def test_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
         assert found == want, f"{_id(config)}: {name}'s handoffs are {found}, not {want}"
         offsets |= {m[2] for m in HANDOFF.finditer(body)}
     assert len(HANDOFF.findall(source)) == 6 + 2 * lanes, f"{_id(config)}: handoffs outside the two branches"
+    # Warpgroup 0's dQ GEMM takes dS from its registers (the one RS wgmma), issued before the wait
+    # for P_s and dS_s to be free, so that it runs under the wait and the stores of P and dS.
+    pds_free_wait = next(m.start() for m in HANDOFF.finditer(first) if m[1] == "wait" and int(m[3]) == W.PDS_FREE)
+    assert first.count("tl::wgmma_rs<") == 1 and "wgmma_rs" not in second, f"{_id(config)}: RS GEMMs"
+    assert first.index("tl::wgmma_rs<") < pds_free_wait, f"{_id(config)}: warpgroup 0's dQ GEMM after the PDS_FREE wait"
     # One thread sets the mbarriers up before the branches, a __syncthreads publishes them.
     init = source.index("ws_bars_init(")
     assert f"buf_dyn_shmem + {offsets.pop()}" in source[init:init + 80] and not offsets
