@@ -62,6 +62,22 @@
         python benchmarks/package_ab.py --against .ab/lanes_whole_lines/mqa_bwd \
             --against .ab/control_whole_lines/mqa_bwd --shapes dsv32,fleet --trace 2
 
+  gather_before_adds.patch  warpgroup 0 gathers both parts of block t + 1's KV rows during block t:
+  gather_between_adds.patch columns [0, dq_split) as now, then, once warpgroup 1's dQ GEMMs of
+                            block t have read KV_s (KV_FREE, the same phase as before), the rest,
+                            where the product gathers the rest at the top of block t + 1 and waits
+                            for it after S and dP's first columns. before_adds issues the rest
+                            before warpgroup 0's adds; between_adds after its first add site (its
+                            pair, or its first chunk). The same bits expected; compiled, not run
+                            (the eighteenth session's device time ran out). ptxas at d_k = 576,
+                            the lanes kernel: 44/88 and 64/104 bytes spilled (the product 24/44);
+                            the control and d_k = 512 spill nothing. On 18bf2b2 or later:
+
+        REV=HEAD bash scripts/ab-packages.sh experiments/gather_before_adds.patch \
+            experiments/gather_between_adds.patch
+        python benchmarks/package_ab.py --against .ab/gather_before_adds/mqa_bwd \
+            --against .ab/gather_between_adds/mqa_bwd --shapes dsv32,fleet --trace 2
+
 git history holds the others (the wrapper's layout steps as kernels became the product's,
 mqa_bwd.kernels.prologue; early_gather.patch, block 0's gather beside the row's prologue, is at
 78bd4a7 and became the product's wide tile; transposed_lanes.patch, the dKV chunks formed
