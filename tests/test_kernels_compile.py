@@ -231,7 +231,13 @@ def test_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
     # for P_s and dS_s to be free, so that it runs under the wait and the stores of P and dS.
     pds_free_wait = next(m.start() for m in HANDOFF.finditer(first) if m[1] == "wait" and int(m[3]) == W.PDS_FREE)
     assert first.count("tl::wgmma_rs<") == 1 and "wgmma_rs" not in second, f"{_id(config)}: RS GEMMs"
-    assert first.index("tl::wgmma_rs<") < pds_free_wait, f"{_id(config)}: warpgroup 0's dQ GEMM after the PDS_FREE wait"
+    rs = first.index("tl::wgmma_rs<")
+    assert rs < pds_free_wait, f"{_id(config)}: warpgroup 0's dQ GEMM after the PDS_FREE wait"
+    assert "wait_wgmma<" not in first[rs:pds_free_wait], f"{_id(config)}: a wgmma wait before the PDS_FREE wait"
+    # PTX leaves reading an in-flight wgmma's A registers undefined: dS goes to shared memory from
+    # acc_dp, and the fragment is touched again only by fences until the GEMMs' wait.
+    issued = first.index("tl::warpgroup_commit_batch();", rs)
+    assert "dS_r[" not in first[issued:first.index("tl::wait_wgmma<", issued)], f"{_id(config)}: dS_r read in flight"
     # One thread sets the mbarriers up before the branches, a __syncthreads publishes them.
     init = source.index("ws_bars_init(")
     assert f"buf_dyn_shmem + {offsets.pop()}" in source[init:init + 80] and not offsets

@@ -691,7 +691,7 @@ def wide_program(config: MainConfig):
                     if t > 0:  # warpgroup 1 is done with block t - 1's P, dS and slots
                         T.call_extern("handle", "mqa_handoff_wait", bars.data, PDS_FREE, (t - 1) % 2)
                     T.copy(acc_s, P_s)  # stmatrix
-                    T.copy(dS_r, dS_s)
+                    T.copy(acc_dp, dS_s)  # dS_r is the pending GEMM's operand: PTX forbids touching it before the wait
                     T.call_extern("handle", "ws_fence_proxy_async")
                     T.call_extern("handle", "mqa_handoff_arrive", bars.data, PDS_READY)
                     # The first of its dKV chunks.
