@@ -89,8 +89,8 @@ fc0447f; marks_sort_first.patch (sorted_marks sorting before q's stream) and mar
 are at 74b61c0, and cp_prologue.patch and cp_prologue_once.patch (the wide tile's Q and dO by
 cp.async, with and without an L2 evict-first hint: no faster, and they spill) at b587099
 (sixteenth session); three_accumulators.patch, warpgroup 1's six lanes chunks as three pairs in
-three accumulators on the registers of dq_split 320, measured 5 % slower (dq_split 320 alone 7-8 %
-slower; eighteenth session), is at 6a3b063; lanes_word.patch, the lanes' word from its halves, is at e307457 and became the
+three accumulators on the registers of dq_split 320, measured 3.5-5.5 % slower (dq_split 320 alone
+4.5-7.8 % slower; eighteenth session), is at 6a3b063; lanes_word.patch, the lanes' word from its halves, is at e307457 and became the
 product's ws_lane_word; peaks_scatter.patch, the peaks' reduce-scatter, is at 954eb12 and became
 the product's ws_peaks_scatter; the ablations no_mass,
 no_convert, no_scale_load and control_transposed, each within 1 % of the product at dsv32 H=64
