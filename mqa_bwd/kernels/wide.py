@@ -593,7 +593,7 @@ def wide_program(config: MainConfig):
             acc_dq2 = T.alloc_fragment((H, w2), f32)
             acc_dkv = T.alloc_fragment((BS, CHUNK), f32)
             acc_dkv2 = T.alloc_fragment((BS, CHUNK), f32)
-            acc_dkv0 = T.alloc_fragment((BS, CHUNK), f32)  # warpgroup 0's chunks, in its scores' registers
+            acc_dkv0 = T.alloc_fragment((BS, CHUNK), f32)  # warpgroup 0's chunks (the lanes' pair: its second in acc_s)
             if scaled:
                 mass_row = T.alloc_fragment((H,), f32)
             peak = T.alloc_local((BS // 8,), "uint32")  # warpgroup 1's lanes bound of this thread's 16 slots
