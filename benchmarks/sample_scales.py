@@ -47,10 +47,12 @@ def collect(out: str, cases: list) -> None:
     def run(args):
         recorder = Recorder(True)
         _, dkv, _ = wrapper.backward_with(recorder, *args)
-        real = recorder.bound.double() / (recorder.row_scale.double() * 2.0 ** (recorder.lanes_gain - 30))
+        # The launcher's plan gives the scale the launches round at: the plan's times 2**(lanes_gain - 30).
+        real = recorder.bound.double() / recorder.row_scale.double()
+        plan_scale = recorder.row_scale.double() / 2.0 ** (recorder.lanes_gain - 30)
         idx = args[6].reshape(-1).long()
         counts = torch.bincount(idx[idx >= 0], minlength=args[1].shape[1])
-        return real.cpu(), counts.cpu(), dkv.float().reshape(-1, dkv.shape[-1]).cpu(), recorder.row_scale.double().cpu()
+        return real.cpu(), counts.cpu(), dkv.float().reshape(-1, dkv.shape[-1]).cpu(), plan_scale.cpu()
 
     os.makedirs(out, exist_ok=True)
     for case in cases:

@@ -4,8 +4,8 @@ A ``Launcher`` is what the host wrapper drives: one method per kernel, each
 taking exactly the tensors the kernel takes (torch tensors, on the launcher's
 device). The wrapper never computes a gradient itself; it lays out inputs and
 launches. Scratch, outputs and padded copies are allocated through
-``empty``/``zeros``; small index and layout tensors made by torch ops (slots,
-Lse2, the reference plan's fixed-point scales) are not.
+``empty``, ``zeros`` and ``zeros_together``; small index and layout tensors
+made by torch ops (slots, Lse2, the reference plan's fixed-point scales) are not.
 
 Instrumentation is injected: a launcher built with ``instruments``
 (``mqa_bwd.contract.Instruments``) allocates through its ``allocate`` where
@@ -69,6 +69,15 @@ class Launcher:
 
     def zeros(self, shape, dtype):
         return self._allocate(shape, dtype).zero_()
+
+    def zeros_together(self, *specs) -> list:
+        """A zeroed tensor of each (shape, dtype) of ``specs``, each its own allocation (guard
+        bands keep one around each), zeroed by one multi-tensor fill a dtype: the wrapper zeroes
+        several buffers before its main launch, where each fill is a launch of host time."""
+        tensors = [self._allocate(shape, dtype) for shape, dtype in specs]
+        for dtype in dict.fromkeys(t.dtype for t in tensors):
+            torch._foreach_zero_([t for t in tensors if t.dtype == dtype])
+        return tensors
 
     def launched(self, kernel: str) -> None:
         self._count("launches")
@@ -150,11 +159,15 @@ class Launcher:
         """(row_scale [NKV] f32, allowance [R, H] f32): the fixed-point plan
         (fixed_point.plan) of the H = query.shape[2] real heads, from the delta
         launch's Delta and maxima of dO (delta, peak_do [R, HQ], HQ >= H) and the
-        slot marks and their maxima of q (peak_q [R, HQ]). Here in torch ops, the
-        reference; a launcher may run it as kernels, with the same bits."""
+        slot marks and their maxima of q (peak_q [R, HQ]), with row_scale the one
+        every deterministic launch rounds at: the plan's at this launcher's lanes_gain
+        (fixed_point.lanes_scale). Here in torch ops, the reference; a launcher may
+        run it as kernels, with the same bits."""
         H = query.shape[2]
-        return fixed_point.plan(query, grad_out, delta[:, :H], kv_v, referenced, live_row, sm_scale,
-                                max_q=fixed_point.bits_to_bf16(peak_q[:, :H]), max_do=fixed_point.bits_to_bf16(peak_do[:, :H]))
+        row_scale, allowance = fixed_point.plan(query, grad_out, delta[:, :H], kv_v, referenced, live_row, sm_scale,
+                                                max_q=fixed_point.bits_to_bf16(peak_q[:, :H]),
+                                                max_do=fixed_point.bits_to_bf16(peak_do[:, :H]))
+        return fixed_point.lanes_scale(row_scale, self.lanes_gain), allowance
 
     def cast_bf16(self, src, dst):
         raise NotImplementedError
@@ -302,7 +315,11 @@ class TileLangLauncher(Launcher):
         self.launched("plan")
         K.small_kernel("plan", "terms")(*inputs, S, H, S_kv, scale * d_v, scale)
         K.small_kernel("plan", "peaks")(*inputs, allowance, S, H, S_kv, d_v, scale * d_v, scale, fixed_point.MASS_LIMIT)
-        K.small_kernel("plan", "scales")(mv, referenced, peaks, row_scale, S_kv, d_v, fixed_point.MASS_LIMIT, fixed_point.FP32_SAFE)
+        # The lanes' gain is a power of two the last stage multiplies by (fixed_point.lanes_scale's product,
+        # the same bits): no launch of its own.
+        gain = 2.0 ** (fixed_point.check_lanes_gain(self.lanes_gain) - 30)
+        K.small_kernel("plan", "scales")(mv, referenced, peaks, row_scale, S_kv, d_v, fixed_point.MASS_LIMIT, fixed_point.FP32_SAFE,
+                                         gain)
         return row_scale, allowance
 
     def mark_slots(self, slots, referenced, live_row, q, peak_q):

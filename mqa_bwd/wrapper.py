@@ -497,43 +497,44 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
         launcher.delta(o, do, lse2, sink2, delta, dsink_rows)
 
     kv2 = kv.reshape(NKV, p.d_k).contiguous()
-    marks = None
-    if fixed:  # the plan's slot marks and maxima of q come with the slot layout
-        marks = (launcher.zeros((NKV,), torch.int32), launcher.zeros((R,), torch.int32), q,
-                 launcher.empty((R, Hp), torch.int32))
-    slots = steps.global_slots(token_indices, p, launcher, marks=marks)
-
-    # Every launch reads its head groups in place (head_base): no per-group copies.
-    dq = launcher.empty((R, Hp, p.d_k), torch.bfloat16)
     # Consecutive head groups run as one launch where a kernel for the pair exists
     # (kernels.main_launches): the fixed cluster of two 16-head groups, whose CTAs
     # swap P and dS tiles and each add a column share of dKV summed over both
     # groups' heads, and the wide tile of two 32-head groups: fewer adds.
     launches = K.main_launches(G, bh, p.d_k, p.d_v, launcher.deterministic)
+    marks = None
+    if fixed:
+        lanes = [(g, config) for g, config in launches if config.accumulate == "lanes"]
+        # What the fixed design zeroes before its main launch, in one fill a dtype: the plan's slot
+        # marks (they and the maxima of q come with the slot layout), the row flags, and the wide
+        # tile's words and per-row bounds.
+        zeroed = [((NKV,), torch.int32), ((R,), torch.int32), ((R,), torch.int32)]
+        if lanes:
+            zeroed += [((NKV, p.d_k // 2), torch.int64), ((NKV,), torch.int64)]
+        referenced, live_row, row_flags, *words_bound = launcher.zeros_together(*zeroed)
+        words, bound = words_bound or (None, None)
+        peak_q = launcher.empty((R, Hp), torch.int32)
+        marks = (referenced, live_row, q, peak_q)
+    slots = steps.global_slots(token_indices, p, launcher, marks=marks)
+
+    # Every launch reads its head groups in place (head_base): no per-group copies.
+    dq = launcher.empty((R, Hp, p.d_k), torch.bfloat16)
     if not fixed:
         dkv_acc = launcher.zeros((NKV, p.d_k), f32)
         for g, config in launches:
             launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, dkv_acc, config=config, sm_scale=sm_scale, heads=bh,
                               head_base=g * bh)
     else:
-        referenced, live_row, _, peak_q = marks
+        # One scale for every launch, lanes or int64 (the plan's at the launcher's lanes_gain), so
+        # that a contribution is the same integer whichever kernel adds it (fixed_point, "The lanes").
         row_scale, allowance = launcher.plan(query, grad_out, delta, kv2[:, : p.d_v], referenced, live_row, sm_scale,
                                              peak_q, peak_do)
         # Padding heads (q = dO = 0) contribute nothing: no limit on their mass.
         allowance = steps.pad_heads(allowance, Hp, math.inf, launcher)
-        row_flags = launcher.zeros((R,), torch.int32)
-        lanes = [(g, config) for g, config in launches if config.accumulate == "lanes"]
         # Where every launch adds in lanes, the int64 accumulator is only the redo's: zeroed behind
         # the lanes launches, off the host's path to the first one.
         dkv_fixed = None if len(lanes) == len(launches) else launcher.zeros((NKV, p.d_k), torch.int64)
-        # One scale for every launch, lanes or int64, so that a contribution is the same
-        # integer whichever kernel adds it (fixed_point, "The lanes").
-        row_scale = fixed_point.lanes_scale(row_scale, launcher.lanes_gain)
         common = dict(sm_scale=sm_scale, heads=bh, row_scale=row_scale, allowance=allowance, flag=row_flags)
-        words = bound = None
-        if lanes:  # the wide tile's words and per-row bounds
-            words = launcher.zeros((NKV, p.d_k // 2), torch.int64)
-            bound = launcher.zeros((NKV,), torch.int64)
         for g, config in launches:
             in_lanes = config.accumulate == "lanes"
             launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, words if in_lanes else dkv_fixed, config=config,

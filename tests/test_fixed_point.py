@@ -257,11 +257,10 @@ def test_magnitude_bits_are_the_exact_maxima_nan_included():
     assert fixed_point.magnitude_bits(x[:, :, :0]).eq(0).all()
 
 
-@pytest.mark.parametrize("poison", [None, "nan_q", "inf_do", "nan_do"])
-def test_the_plan_from_reduced_maxima_equals_the_plan_from_the_tensors(poison):
-    # The wrapper hands the plan the delta kernel's maxima of |q| and |dO| (bf16
-    # from magnitude bits; fp32 works too) instead of the tensors' own: the same
-    # row scales and allowances, bit for bit, non-finite inputs included.
+def _plan_inputs(poison=None):
+    """(q, do, delta, kv_v, referenced, live_row) of two batch elements, with a non-finite
+    input where ``poison`` says (batch element 1's NaNs; an inf in query row 4, which has no
+    valid slot)."""
     g = torch.Generator().manual_seed(11)
     B, S, H, Dk, Dv, NKV = 2, 5, 3, 24, 16, 14
     q = torch.randn(B, S, H, Dk, generator=g).bfloat16()
@@ -275,6 +274,16 @@ def test_the_plan_from_reduced_maxima_equals_the_plan_from_the_tensors(poison):
     kv_v = torch.randn(NKV, Dv, generator=g).bfloat16()
     delta = torch.randn(B * S, H, generator=g)
     referenced, live_row = (torch.arange(NKV) % 3 != 0).to(torch.int32), (torch.arange(B * S) != 4).to(torch.int32)
+    return q, do, delta, kv_v, referenced, live_row
+
+
+@pytest.mark.parametrize("poison", [None, "nan_q", "inf_do", "nan_do"])
+def test_the_plan_from_reduced_maxima_equals_the_plan_from_the_tensors(poison):
+    # The wrapper hands the plan the delta kernel's maxima of |q| and |dO| (bf16
+    # from magnitude bits; fp32 works too) instead of the tensors' own: the same
+    # row scales and allowances, bit for bit, non-finite inputs included.
+    q, do, delta, kv_v, referenced, live_row = _plan_inputs(poison)
+    B, S, H = q.shape[:3]
     want = fixed_point.plan(q, do, delta, kv_v, referenced, live_row, 0.125)
     from_bits = [fixed_point.bits_to_bf16(fixed_point.magnitude_bits(x).reshape(B * S, H)) for x in (q, do)]
     as_fp32 = [fixed_point.max_abs(x).float().reshape(B * S, H) for x in (q, do)]
@@ -286,6 +295,22 @@ def test_the_plan_from_reduced_maxima_equals_the_plan_from_the_tensors(poison):
     marked = referenced.view(B, -1) != 0
     poisoned = [bool(got[0].view(B, -1)[b][marked[b]].isnan().all()) for b in range(B)]
     assert poisoned == ([False, True] if poison in ("nan_q", "nan_do") else [False, False])
+
+
+@pytest.mark.parametrize("gain", [0, fixed_point.LANES_GAIN, 30])
+def test_a_launchers_plan_gives_the_scale_its_launches_round_at(gain):
+    # Launcher.plan returns the plan's row scales times 2**(lanes_gain - 30), the scale every
+    # deterministic launch rounds at (the TileLang plan's last kernel multiplies by it), NaN
+    # where the plan's is NaN, and the plan's allowances as they are.
+    q, do, delta, kv_v, referenced, live_row = _plan_inputs("nan_q")
+    B, S, H = q.shape[:3]
+    peaks = [fixed_point.magnitude_bits(x).reshape(B * S, H) for x in (q, do)]
+    row_scale, allowance = ModelLauncher(lanes_gain=gain).plan(q, do, delta, kv_v, referenced, live_row, 0.125, *peaks)
+    plan_scale, plan_allowance = fixed_point.plan(q, do, delta, kv_v, referenced, live_row, 0.125)
+    assert row_scale.isnan().any() and torch.equal(row_scale.isnan(), plan_scale.isnan())
+    assert torch.equal(row_scale.nan_to_num(-1.0), (plan_scale * 2.0 ** (gain - 30)).nan_to_num(-1.0))
+    assert torch.equal(allowance.nan_to_num(-1.0), plan_allowance.nan_to_num(-1.0))
+    assert torch.equal(allowance.isnan(), plan_allowance.isnan())
 
 
 def test_the_wrapper_plans_from_the_scales_of_its_own_inputs(monkeypatch):

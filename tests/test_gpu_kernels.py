@@ -620,14 +620,15 @@ def plan_inputs(B, S, H, S_kv, seed, quirk=None, device="cuda"):
     ((2, 40, 4, 64), "inf_delta", 0.0417), ((2, 40, 4, 64), "huge", 0.0417), ((1, 30, 2, 300), "zeros", -0.5),
     ((1, 4096, 64, 8192), None, 576**-0.5),
 ])
-def test_plan_kernels_give_the_torch_plan_bits(shape, quirk, sm_scale):
-    # The TileLang launcher runs the fixed-point plan as three kernels; every
-    # output bit must be the torch reference's (on the same device):
-    # maxima, counts, NaN and inf cases, poisoned and dead batch elements.
+@pytest.mark.parametrize("gain", [30, fixed_point.LANES_GAIN, 0])
+def test_plan_kernels_give_the_torch_plan_bits(shape, quirk, sm_scale, gain):
+    # The TileLang launcher runs the fixed-point plan as three kernels, the last of which also
+    # applies the lanes' gain; every output bit must be the torch reference's (on the same
+    # device): maxima, counts, NaN and inf cases, poisoned and dead batch elements.
     (q, do, delta, kv_v, referenced, live_row), peak_q, peak_do = plan_inputs(*shape, seed=len(str(quirk)), quirk=quirk)
     args = (q, do, delta, kv_v, referenced, live_row, sm_scale, peak_q, peak_do)
-    want = launch.Launcher.plan(launch.TileLangLauncher(), *args)
-    got = launch.TileLangLauncher().plan(*args)
+    want = launch.Launcher.plan(launch.TileLangLauncher(lanes_gain=gain), *args)
+    got = launch.TileLangLauncher(lanes_gain=gain).plan(*args)
     for name, x, y in zip(("row_scale", "allowance"), want, got):
         assert x.dtype == y.dtype and x.shape == y.shape, name
         same = torch.isnan(x).eq(torch.isnan(y)) & (x.nan_to_num(-1.0) == y.nan_to_num(-1.0))

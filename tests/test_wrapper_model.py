@@ -654,6 +654,22 @@ def test_instruments_count_every_launch_and_allocation():
     assert len(seen) == instruments.counts["allocations"]
 
 
+def test_buffers_zeroed_together_are_each_an_allocation_of_their_own():
+    # The fixed design zeroes its marks, row flags, words and bounds with one fill a dtype
+    # (Launcher.zeros_together); each stays an allocation of its own, inside its own guard
+    # bands, zeroed to its last byte and no further.
+    from properties.guards import GuardBands
+
+    bands = GuardBands()
+    launcher = ModelLauncher(instruments=bands.instruments())
+    specs = [((7,), torch.int32), ((3, 5), torch.int64), ((2,), torch.int32), ((9,), torch.int64)]
+    tensors = launcher.zeros_together(*specs)
+    assert [(tuple(t.shape), t.dtype) for t in tensors] == specs
+    assert not any(bool(t.any()) for t in tensors)
+    assert len({t.untyped_storage().data_ptr() for t in tensors}) == len(specs)
+    assert bands.violations() == [] and launcher.instruments.counts["allocations"] == len(specs)
+
+
 def test_steps_are_the_seam_a_test_replaces():
     import dataclasses
 

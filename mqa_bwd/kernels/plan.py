@@ -224,7 +224,7 @@ __device__ __forceinline__ float mqa_row_scale(double bound) {
 }
 
 __device__ void mqa_plan_scales(const void* mv_, const int* referenced, const void* peaks_, const void* row_scale_,
-                                int S_kv, int d_v, double limit, double fp32_safe, int b) {
+                                int S_kv, int d_v, double limit, double fp32_safe, float gain, int b) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i >= S_kv) return;
   const unsigned long long* mine = static_cast<const unsigned long long*>(peaks_) + b * %(slots)d;
@@ -236,7 +236,7 @@ __device__ void mqa_plan_scales(const void* mv_, const int* referenced, const vo
   float scale = 1.0f;
   if (referenced[j] != 0)
     scale = !(peak < fp32_safe) ? MQA_NAN_F : mqa_row_scale(mqa_bound(mv_, referenced, j, live, limit, a_max, b_max));
-  static_cast<float*>(const_cast<void*>(row_scale_))[j] = scale;
+  static_cast<float*>(const_cast<void*>(row_scale_))[j] = scale * gain;  // fixed_point.lanes_scale's fp32 product
 }
 """
 
@@ -247,8 +247,9 @@ def plan_program(stage: str, threads: int = PLAN_THREADS):
       terms   PlanPeaks[b] gets max a, max b, the live-term count N_b, max mdo (of
               live rows) and max mv (of referenced kv rows) of batch element b
       peaks   Allowance [R, H], and PlanPeaks[b] gets the peaks of dS and of bound_j
-      scales  RowScale [NKV]: 2**k_j, NaN where the batch element is unsafe or a
-              bound unrepresentable, 1 for kv rows no slot names
+      scales  RowScale [NKV]: 2**k_j times ``gain`` (the lanes' power of two,
+              fixed_point.lanes_scale), NaN where the batch element is unsafe or a
+              bound unrepresentable, ``gain`` for kv rows no slot names
 
     PeakQ, PeakDO [R, HQ] int32 (bf16 magnitude bits) and Delta [R, HQ] hold
     the call's heads; H <= HQ are the real ones. MV [NKV] bf16 is max |kv| of
@@ -288,11 +289,12 @@ def plan_program(stage: str, threads: int = PLAN_THREADS):
     if stage == "scales":
         @T.prim_func
         def plan_scales(MV: T.Tensor((NKV,), bf16), Referenced: T.Tensor((NKV,), i32), PlanPeaks: T.Tensor((B, PLAN_SLOTS), i64),
-                        RowScale: T.Tensor((NKV,), f32), S_kv: T.int32, d_v: T.int32, limit: T.float64, fp32_safe: T.float64):
+                        RowScale: T.Tensor((NKV,), f32), S_kv: T.int32, d_v: T.int32, limit: T.float64, fp32_safe: T.float64,
+                        gain: T.float32):
             with T.Kernel(T.ceildiv(S_kv, threads), B, threads=threads) as (bx, b):
                 T.import_source(source)
                 T.call_extern("handle", "mqa_plan_scales", MV.data, Referenced.data, PlanPeaks.data, RowScale.data, S_kv, d_v,
-                              limit, fp32_safe, b)
+                              limit, fp32_safe, gain, b)
 
         return plan_scales
     raise ValueError(f"stage: {stage!r} (terms, peaks or scales)")
