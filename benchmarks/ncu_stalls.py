@@ -13,6 +13,12 @@ prints:
 - the opcodes where warps stall, each with its three main reasons;
 - shared-memory wavefronts against the ideal per opcode (bank conflicts);
 - the instructions with the most samples, with their index in the listing;
+- where each warpgroup waits (``handoffs``): the listing cut at its EXITs into the CTA's
+  prologue and one region per warpgroup, each region's share of the samples, and the share
+  of its samples at each mbarrier wait (named by the wide tile's handoffs, the out-of-line
+  retry loops included), named barrier, wgmma wait, cp.async wait and global reduction: a
+  warpgroup that spends its samples waiting on the other's handoff is not the one that sets
+  the pace;
 - with ``DIR/details.csv`` beside the CSV: the floor the shared-memory data
   pipe sets (all shared wavefronts, wgmma operand reads included, at one
   per SM per cycle) against the launch's duration.
@@ -27,6 +33,7 @@ import collections
 import csv
 import math
 import os
+import re
 import shlex
 import subprocess
 import sys
@@ -101,6 +108,97 @@ def summarize(header, rows, top: int = 25) -> dict:
     }
 
 
+#: The wide tile's mbarriers from the first (kernels/wide.py's PDS_READY, KV_FREE, PDS_FREE, PEAKS_READY).
+HANDOFFS = ("PDS_READY", "KV_FREE", "PDS_FREE", "PEAKS_READY")
+#: Named barriers by id: the CTA's, then wide.py's GATHER_BARRIER and BOUNDS_BARRIER; others are TileLang's.
+NAMED_BARRIERS = {0: "CTA barrier", 1: "gather barrier", 2: "bounds barrier"}
+_ADDRESS = re.compile(r"\[\s*(\w+)\s*(?:\+\s*(0x[0-9a-fA-F]+))?\s*\]")
+
+
+def _mbarrier_offset(sass: str):
+    """The byte offset in ``[UR4+0x34208]`` of a SYNCS instruction (0 without one), else None."""
+    if not opcode(sass).startswith("SYNCS"):
+        return None
+    found = _ADDRESS.search(sass)
+    return int(found.group(2) or "0", 16) if found else None
+
+
+def _wait_kind(sass: str, handoff) -> str | None:
+    """What an instruction waits on, named; None for other instructions."""
+    full = opcode(sass, full=True)
+    if full.startswith("SYNCS.PHASECHK"):
+        return f"wait {handoff(_mbarrier_offset(sass))}"
+    if full.startswith("BAR.SYNC") or full.startswith("BAR.RED"):
+        found = re.search(r"BAR\.\S*\s+(0x[0-9a-fA-F]+|\d+)", sass)
+        bar = int(found.group(1), 0) if found else 0
+        return NAMED_BARRIERS.get(bar, f"named barrier {bar}")
+    if full.startswith("WARPGROUP.DEPBAR"):
+        return "wgmma wait"
+    if full.startswith("DEPBAR"):
+        return "cp.async wait"
+    if opcode(sass) in ("RED", "REDG", "ATOMG"):
+        return "global reductions"
+    return None
+
+
+def handoffs(rows) -> list:
+    """[(region, share of all samples, [(what, share of the region's samples), ...])]: the listing
+    cut at each EXIT (the first region split again at the last CTA-wide barrier before the first
+    mbarrier wait, the prologue every thread runs); a region is named by the mbarriers its
+    inline waits read, and the out-of-line retry loops after the last EXIT count in the region
+    whose inline wait reads their mbarrier. mbarriers are named from the lowest offset any SYNCS
+    instruction addresses (HANDOFFS)."""
+    offsets = [o for o in (_mbarrier_offset(r["Source"]) for r in rows) if o is not None]
+    base = min(offsets, default=0)
+
+    def handoff(offset):
+        k, extra = divmod(offset - base, 8)
+        return HANDOFFS[k] if not extra and k < len(HANDOFFS) else f"mbarrier +{offset - base:#x}"
+
+    waits = [i for i, r in enumerate(rows) if opcode(r["Source"], full=True).startswith("SYNCS.PHASECHK")]
+    exits = [i for i, r in enumerate(rows) if opcode(r["Source"]) == "EXIT"]
+    if not waits or not exits:
+        return []
+    cta_bars = [i for i in range(waits[0]) if _wait_kind(rows[i]["Source"], handoff) == "CTA barrier"]
+    cuts = sorted({0, (cta_bars[-1] + 1) if cta_bars else 0} | {e + 1 for e in exits})
+    spans = [(a, b) for a, b in zip(cuts, cuts[1:] + [len(rows)]) if a < b]
+    tail = spans.pop() if spans and spans[-1][0] == exits[-1] + 1 else None
+    owner, regions = {}, []
+    for a, b in spans:
+        mine = [handoff(_mbarrier_offset(rows[i]["Source"])) for i in waits if a <= i < b]
+        if regions and not mine and regions[-1][0] != "prologue":  # a warpgroup's code between two EXITs
+            regions[-1][1].extend(range(a, b))
+            continue
+        for name in mine:
+            owner.setdefault(name, len(regions))
+        label = ("prologue" if not regions and a == 0 and cta_bars else
+                 "waits on " + ", ".join(dict.fromkeys(mine)) if mine else f"lines {a}-{b - 1}")
+        regions.append([label, list(range(a, b))])
+    if tail:  # retry loops, each ending in a branch back: to the region whose inline wait reads its mbarrier
+        regions.append(["after the last EXIT", []])
+        block = []
+        for i in range(*tail):
+            block.append(i)
+            sass = rows[i]["Source"].split()
+            if i == tail[1] - 1 or (sass and sass[0] == "BRA"):
+                wait = next((j for j in block if j in waits), None)
+                name = None if wait is None else handoff(_mbarrier_offset(rows[wait]["Source"]))
+                regions[owner.get(name, len(regions) - 1)][1].extend(block)
+                block = []
+    total = sum(_number(r[SAMPLES]) for r in rows) or math.nan
+    out = []
+    for label, lines in regions:
+        if not lines:
+            continue
+        samples = sum(_number(rows[i][SAMPLES]) for i in lines)
+        by = collections.Counter()
+        for i in lines:
+            by[_wait_kind(rows[i]["Source"], handoff) or "other"] += _number(rows[i][SAMPLES])
+        out.append((label, 100 * samples / total, [(k, 100 * v / samples) for k, v in by.most_common() if v > 0]
+                    if samples else []))
+    return out
+
+
 def read_details(path: str) -> dict:
     """(section, metric) -> (value, unit) of ncu's ``--page details --csv`` export (numbers
     without their thousands separators; rule rows, which have no unit column, are skipped)."""
@@ -148,6 +246,10 @@ def print_summary(s: dict, top_opcodes: int = 15) -> None:
                  else " (no SM count, clock or duration in details.csv: no floor)")
         print(f"shared-memory pipe: {pipe['wavefronts'] / 1e6:.1f}M wavefronts, {pipe['gmma_share']:.1f} % of them wgmma "
               f"operand reads{floor}")
+    if s.get("handoffs"):
+        print("\nregion (the listing cut at its EXITs)        samples  where its samples are")
+        for label, share, parts in s["handoffs"]:
+            print(f"{label[:44]:<44} {share:6.1f}%  " + ", ".join(f"{k} {v:.1f}%" for k, v in parts[:7]))
     print("\nline  samples  instruction  (reasons above 0.2%)")
     for i, sass, share, main in s["top"]:
         print(f"{i:5d} {share:6.2f}%  {sass[:60]:<60} " + ", ".join(f"{name(k)} {v:.2f}" for k, v in main))
@@ -191,7 +293,9 @@ def profile(a) -> None:
 
 def summary_of(listing: str, top: int) -> dict:
     """``summarize`` of an exported listing, with ``shared_pipe`` from the details.csv beside it if there is one."""
-    s = summarize(*read_listing(listing), top=top)
+    header, rows = read_listing(listing)
+    s = summarize(header, rows, top=top)
+    s["handoffs"] = handoffs(rows)
     details = os.path.join(os.path.dirname(os.path.abspath(listing)), "details.csv")
     s["pipe"] = shared_pipe(s["shared"], read_details(details) if os.path.exists(details) else {})
     return s

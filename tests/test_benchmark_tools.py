@@ -164,6 +164,44 @@ def test_ncu_stalls_shared_pipe_floor(tmp_path):
     assert "floor_ms" not in tool.summary_of(str(tmp_path / "sass.csv"), top=1)["pipe"]
 
 
+def test_ncu_stalls_says_where_each_warpgroup_waits(tmp_path):
+    # The listing cut at its EXITs: the prologue (to the last CTA barrier before the first
+    # mbarrier wait), then a region per warpgroup named by the mbarriers it waits on (offsets
+    # from the lowest, in the wide tile's order); the out-of-line retry loop of PDS_READY counts
+    # in the region that waits on PDS_READY; REDUX is no global reduction.
+    tool = _tool("ncu_stalls")
+
+    def row(address, sass, samples):
+        return [address, "      " + sass, str(samples), "1", "0", "0", str(samples), "0", "0", "0"]
+
+    _write_listing(tmp_path / "sass.csv", [
+        row("0x00", "SYNCS.EXCH.64 URZ, [UR4+0x34200], UR8", 1),
+        row("0x10", "REDUX.MAX UR5, R3", 1),
+        row("0x20", "BAR.SYNC.DEFER_BLOCKING 0x0", 8),
+        row("0x30", "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4+0x34208], R2", 10),  # warpgroup 0: KV_FREE
+        row("0x40", "REDG.E.ADD.64.STRONG.GPU desc[UR6][R4.64], R8", 20),
+        row("0x50", "BAR.SYNC.DEFER_BLOCKING 0x1, 0x80", 5),
+        row("0x60", "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], R24", 15),
+        row("0x70", "@!P0 EXIT", 0),
+        row("0x80", "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4+0x34200], R0", 30),  # warpgroup 1: PDS_READY
+        row("0x90", "WARPGROUP.DEPBAR.LE gsb0, 0x0", 10),
+        row("0xa0", "EXIT", 0),
+        row("0xb0", "YIELD", 5),  # PDS_READY's retry loop
+        row("0xc0", "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4+0x34200], R0", 40),
+        row("0xd0", "@!P0 BRA 0xb0", 5),
+        row("0xe0", "BRA 0x90", 0),
+    ])
+    s = tool.summary_of(str(tmp_path / "sass.csv"), top=3)
+    got = {label: (share, dict(parts)) for label, share, parts in s["handoffs"]}
+    assert list(got) == ["prologue", "waits on KV_FREE", "waits on PDS_READY"]
+    assert got["prologue"] == (pytest.approx(100 / 15), {"CTA barrier": pytest.approx(80.0), "other": pytest.approx(20.0)})
+    assert got["waits on KV_FREE"] == (pytest.approx(100 / 3), {"global reductions": 40.0, "other": 30.0, "wait KV_FREE": 20.0,
+                                              "gather barrier": 10.0})
+    assert got["waits on PDS_READY"] == (60.0, {"wait PDS_READY": pytest.approx(700 / 9), "wgmma wait": pytest.approx(100 / 9),
+                                                "other": pytest.approx(100 / 9)})
+    tool.print_summary(s)
+
+
 def test_ncu_stalls_rejects_an_export_without_source_counters(tmp_path):
     path = tmp_path / "details.csv"
     path.write_text('"ID","Section Name","Metric Name"\n"0","SpeedOfLight","Duration"\n')
