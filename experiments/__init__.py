@@ -13,17 +13,21 @@
         patch -d /tmp/variant -p1 < experiments/full_line_control.patch
         python benchmarks/package_ab.py --against /tmp/variant/mqa_bwd --shapes dsv32,fleet
 
-  no_bounds.patch           ablations of the wide tile at 2d0ce1d, to say where the
-  no_adds.patch             deterministic kernel's time goes (docs/performance-log.md, eleventh
-  control_no_adds.patch     session): no_bounds drops the lanes' peaks and bounds (the same
-                            bits, Bound stays 0); no_adds turns each red.global.add.u64 into a
-                            store that is never taken (wrong dKV; the conversions stay);
-                            control_no_adds predicates the control's red.v4.f32 on a NaN no
-                            accumulator holds (wrong dKV; the shuffles stay). Build the copies
-                            here (the GPU host has no git) and time them against the product in
-                            one process with the device command the script prints:
+  no_bounds.patch           ablations of the wide tile, to say where the deterministic kernel's
+  no_adds.patch             time goes (docs/performance-log.md, eleventh session, at 2d0ce1d):
+  control_no_adds.patch     no_bounds drops the lanes' per-value peaks, their reductions and the
+                            bounds' atomics, keeping the handoffs and barriers (the same bits
+                            where no bound fails, Bound stays 0; rebuilt for 7940e99 and later in
+                            the nineteenth session, ptxas at d_k = 576: no spill where the
+                            product spills 24/44 bytes; the 2d0ce1d form is at 11b45cd); no_adds
+                            turns each red.global.add.u64 into a store that is never taken (wrong
+                            dKV; the conversions stay); control_no_adds predicates the control's
+                            red.v4.f32 on a NaN no accumulator holds (wrong dKV; the shuffles
+                            stay). no_adds and control_no_adds apply to 2d0ce1d and to HEAD. Build
+                            the copies here (the GPU host has no git) and time them against the
+                            product in one process with the device command the script prints:
 
-        REV=2d0ce1d bash scripts/ab-packages.sh experiments/no_bounds.patch experiments/no_adds.patch \
+        REV=HEAD bash scripts/ab-packages.sh experiments/no_bounds.patch experiments/no_adds.patch \
             experiments/control_no_adds.patch
 
   warp_bounds.patch         the lanes' Bound as one word per kv row and warp (a warp's columns are
