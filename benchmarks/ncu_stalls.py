@@ -108,29 +108,53 @@ def summarize(header, rows, top: int = 25) -> dict:
     }
 
 
-#: The wide tile's mbarriers from the first (kernels/wide.py's PDS_READY, KV_FREE, PDS_FREE, PEAKS_READY).
+#: The wide tile's mbarriers from the first (kernels/wide.py's PDS_READY, KV_FREE, PDS_FREE, PEAKS_READY):
+#: the names ``handoffs`` gives by default (``summarize --mbarriers`` gives others).
 HANDOFFS = ("PDS_READY", "KV_FREE", "PDS_FREE", "PEAKS_READY")
 #: Named barriers by id: the CTA's, then wide.py's GATHER_BARRIER and BOUNDS_BARRIER; others are TileLang's.
 NAMED_BARRIERS = {0: "CTA barrier", 1: "gather barrier", 2: "bounds barrier"}
-_ADDRESS = re.compile(r"\[\s*(\w+)\s*(?:\+\s*(0x[0-9a-fA-F]+))?\s*\]")
+_REGISTER = re.compile(r"^U?R(\d+|Z)$")
 
 
-def _mbarrier_offset(sass: str):
-    """The byte offset in ``[UR4+0x34208]`` of a SYNCS instruction (0 without one), else None."""
+def _operands(sass: str) -> list:
+    """The operands of one SASS line, predicate guard and mnemonic left out."""
+    words = sass.strip().split(None, 2 if sass.strip().startswith("@") else 1)
+    rest = words[-1] if len(words) > (2 if sass.strip().startswith("@") else 1) else ""
+    return [w.strip() for w in rest.split(",") if w.strip()]
+
+
+def _mbarrier_address(sass: str):
+    """(base registers, byte offset) of a SYNCS instruction's [address], e.g. ``[UR4+0x34208]`` ->
+    (("UR4",), 0x34208); None for other instructions or an address of another form."""
     if not opcode(sass).startswith("SYNCS"):
         return None
-    found = _ADDRESS.search(sass)
-    return int(found.group(2) or "0", 16) if found else None
+    found = re.search(r"\[([^\]]*)\]", sass)
+    if not found:
+        return None
+    base, offset = [], 0
+    for term in re.findall(r"[+-]?[^+-]+", found.group(1).replace(" ", "")):
+        sign, term = (-1, term[1:]) if term.startswith("-") else (1, term.lstrip("+"))
+        if _REGISTER.match(term):
+            if not term.endswith("Z"):
+                base.append(term)
+        elif re.fullmatch(r"0x[0-9a-fA-F]+|\d+", term):
+            offset += sign * int(term, 0)
+        else:
+            return None
+    return tuple(base), offset
 
 
-def _wait_kind(sass: str, handoff) -> str | None:
-    """What an instruction waits on, named; None for other instructions."""
+def _wait_kind(sass: str, mbarrier) -> str | None:
+    """What an instruction waits on, named (``mbarrier`` names a SYNCS wait's address); None for
+    other instructions."""
     full = opcode(sass, full=True)
     if full.startswith("SYNCS.PHASECHK"):
-        return f"wait {handoff(_mbarrier_offset(sass))}"
+        return f"wait {mbarrier(_mbarrier_address(sass))}"
     if full.startswith("BAR.SYNC") or full.startswith("BAR.RED"):
-        found = re.search(r"BAR\.\S*\s+(0x[0-9a-fA-F]+|\d+)", sass)
-        bar = int(found.group(1), 0) if found else 0
+        ids = [w for w in _operands(sass) if not re.fullmatch(r"!?(P\d|PT|UP\d|UPT)", w)]
+        if not ids or not re.fullmatch(r"0x[0-9a-fA-F]+|\d+", ids[0]):
+            return "named barrier ?"
+        bar = int(ids[0], 0)
         return NAMED_BARRIERS.get(bar, f"named barrier {bar}")
     if full.startswith("WARPGROUP.DEPBAR"):
         return "wgmma wait"
@@ -141,31 +165,41 @@ def _wait_kind(sass: str, handoff) -> str | None:
     return None
 
 
-def handoffs(rows) -> list:
+def handoffs(rows, names=HANDOFFS) -> list:
     """[(region, share of all samples, [(what, share of the region's samples), ...])]: the listing
     cut at each EXIT (the first region split again at the last CTA-wide barrier before the first
     mbarrier wait, the prologue every thread runs); a region is named by the mbarriers its
     inline waits read, and the out-of-line retry loops after the last EXIT count in the region
-    whose inline wait reads their mbarrier. mbarriers are named from the lowest offset any SYNCS
-    instruction addresses (HANDOFFS)."""
-    offsets = [o for o in (_mbarrier_offset(r["Source"]) for r in rows) if o is not None]
-    base = min(offsets, default=0)
+    whose inline wait reads their mbarrier. An mbarrier is named from ``names`` by its offset
+    from the lowest that SYNCS instructions address from the base register most of them use,
+    where every such offset is one of len(names) consecutive 8-byte words; else by its base
+    and that offset ("mbarrier ?" where the address has another form)."""
+    addresses = [a for a in (_mbarrier_address(r["Source"]) for r in rows) if a is not None]
+    lowest, uses = {}, collections.Counter(base for base, _ in addresses)
+    for base, offset in addresses:
+        lowest[base] = min(offset, lowest.get(base, offset))
+    array = uses.most_common(1)[0][0] if uses else None  # the base that addresses the kernel's mbarriers
+    named = {array} if array is not None and all(
+        (o - lowest[array]) % 8 == 0 and (o - lowest[array]) // 8 < len(names) for b, o in addresses if b == array) else set()
 
-    def handoff(offset):
-        k, extra = divmod(offset - base, 8)
-        return HANDOFFS[k] if not extra and k < len(HANDOFFS) else f"mbarrier +{offset - base:#x}"
+    def mbarrier(address):
+        if address is None:
+            return "mbarrier ?"
+        base, offset = address
+        k = (offset - lowest[base]) // 8
+        return names[k] if base in named else f"mbarrier {'+'.join(base) or '0'}+{offset - lowest[base]:#x}"
 
     waits = [i for i, r in enumerate(rows) if opcode(r["Source"], full=True).startswith("SYNCS.PHASECHK")]
     exits = [i for i, r in enumerate(rows) if opcode(r["Source"]) == "EXIT"]
     if not waits or not exits:
         return []
-    cta_bars = [i for i in range(waits[0]) if _wait_kind(rows[i]["Source"], handoff) == "CTA barrier"]
+    cta_bars = [i for i in range(waits[0]) if _wait_kind(rows[i]["Source"], mbarrier) == "CTA barrier"]
     cuts = sorted({0, (cta_bars[-1] + 1) if cta_bars else 0} | {e + 1 for e in exits})
     spans = [(a, b) for a, b in zip(cuts, cuts[1:] + [len(rows)]) if a < b]
     tail = spans.pop() if spans and spans[-1][0] == exits[-1] + 1 else None
     owner, regions = {}, []
     for a, b in spans:
-        mine = [handoff(_mbarrier_offset(rows[i]["Source"])) for i in waits if a <= i < b]
+        mine = [mbarrier(_mbarrier_address(rows[i]["Source"])) for i in waits if a <= i < b]
         if regions and not mine and regions[-1][0] != "prologue":  # a warpgroup's code between two EXITs
             regions[-1][1].extend(range(a, b))
             continue
@@ -182,7 +216,7 @@ def handoffs(rows) -> list:
             sass = rows[i]["Source"].split()
             if i == tail[1] - 1 or (sass and sass[0] == "BRA"):
                 wait = next((j for j in block if j in waits), None)
-                name = None if wait is None else handoff(_mbarrier_offset(rows[wait]["Source"]))
+                name = None if wait is None else mbarrier(_mbarrier_address(rows[wait]["Source"]))
                 regions[owner.get(name, len(regions) - 1)][1].extend(block)
                 block = []
     total = sum(_number(r[SAMPLES]) for r in rows) or math.nan
@@ -193,7 +227,7 @@ def handoffs(rows) -> list:
         samples = sum(_number(rows[i][SAMPLES]) for i in lines)
         by = collections.Counter()
         for i in lines:
-            by[_wait_kind(rows[i]["Source"], handoff) or "other"] += _number(rows[i][SAMPLES])
+            by[_wait_kind(rows[i]["Source"], mbarrier) or "other"] += _number(rows[i][SAMPLES])
         out.append((label, 100 * samples / total, [(k, 100 * v / samples) for k, v in by.most_common() if v > 0]
                     if samples else []))
     return out
@@ -247,7 +281,8 @@ def print_summary(s: dict, top_opcodes: int = 15) -> None:
         print(f"shared-memory pipe: {pipe['wavefronts'] / 1e6:.1f}M wavefronts, {pipe['gmma_share']:.1f} % of them wgmma "
               f"operand reads{floor}")
     if s.get("handoffs"):
-        print("\nregion (the listing cut at its EXITs)        samples  where its samples are")
+        print("\nregion (the listing cut at its EXITs)        samples  where its samples are (mbarriers: the wide tile's "
+              "names unless --mbarriers)")
         for label, share, parts in s["handoffs"]:
             print(f"{label[:44]:<44} {share:6.1f}%  " + ", ".join(f"{k} {v:.1f}%" for k, v in parts[:7]))
     print("\nline  samples  instruction  (reasons above 0.2%)")
@@ -291,11 +326,12 @@ def profile(a) -> None:
     print_summary(summary_of(os.path.join(a.out, "sass.csv"), a.top))
 
 
-def summary_of(listing: str, top: int) -> dict:
-    """``summarize`` of an exported listing, with ``shared_pipe`` from the details.csv beside it if there is one."""
+def summary_of(listing: str, top: int, mbarriers=HANDOFFS) -> dict:
+    """``summarize`` of an exported listing, with ``handoffs`` (mbarriers named by ``mbarriers``) and
+    ``shared_pipe`` from the details.csv beside it if there is one."""
     header, rows = read_listing(listing)
     s = summarize(header, rows, top=top)
-    s["handoffs"] = handoffs(rows)
+    s["handoffs"] = handoffs(rows, mbarriers)
     details = os.path.join(os.path.dirname(os.path.abspath(listing)), "details.csv")
     s["pipe"] = shared_pipe(s["shared"], read_details(details) if os.path.exists(details) else {})
     return s
@@ -318,11 +354,14 @@ def main():
     s = sub.add_parser("summarize", help="the tables of an exported per-instruction CSV")
     s.add_argument("csv")
     s.add_argument("--top", type=int, default=25)
+    s.add_argument("--mbarriers", type=lambda text: tuple(text.split(",")), default=HANDOFFS, metavar="NAME,...",
+                   help="names of the kernel's mbarriers from the lowest address (default: the wide tile's, "
+                        + ",".join(HANDOFFS) + ")")
     a = parser.parse_args()
     if a.command == "profile":
         profile(a)
     else:
-        print_summary(summary_of(a.csv, a.top))
+        print_summary(summary_of(a.csv, a.top, a.mbarriers))
 
 
 if __name__ == "__main__":

@@ -98,7 +98,9 @@ import torch
 # The constants the plan kernels compile in live with them (kernels.config), so
 # that the kernels import nothing from here: every partial sum of a kv row's
 # column stays at or below 2**(PARTIAL_SUM_BITS + 1); 2**k must be a normal
-# float32 in the kernel, and 2**-k in the final division.
+# float32 in the kernel, and 2**-k in the final division. So must the lanes'
+# 2**(k + gain - 30): a bound at or above FP32_SAFE poisons its element, so k
+# stays above PARTIAL_SUM_BITS - 101 and that exponent above -71 at gain 0.
 from .kernels.config import FP32_MAX_EXPONENT, LANE_LIMIT, LANES_GAIN, MASS_LIMIT, PARTIAL_SUM_BITS  # noqa: F401
 from .kernels.config import LANE_GROUP, lane_word_of_column
 

@@ -506,13 +506,18 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
     if fixed:
         lanes = [(g, config) for g, config in launches if config.accumulate == "lanes"]
         # What the fixed design zeroes before its main launch, in one fill a dtype: the plan's slot
-        # marks (they and the maxima of q come with the slot layout), the row flags, and the wide
-        # tile's words and per-row bounds.
-        zeroed = [((NKV,), torch.int32), ((R,), torch.int32), ((R,), torch.int32)]
+        # marks (they and the maxima of q come with the slot layout), the row flags, the wide tile's
+        # words and per-row bounds, and the int64 accumulator where an int64 launch adds to it
+        # (where every launch adds in lanes, it is only the redo's: zeroed behind the lanes
+        # launches, off the host's path to the first one).
+        zeroed = {"referenced": ((NKV,), torch.int32), "live_row": ((R,), torch.int32), "row_flags": ((R,), torch.int32)}
         if lanes:
-            zeroed += [((NKV, p.d_k // 2), torch.int64), ((NKV,), torch.int64)]
-        referenced, live_row, row_flags, *words_bound = launcher.zeros_together(*zeroed)
-        words, bound = words_bound or (None, None)
+            zeroed.update(words=((NKV, p.d_k // 2), torch.int64), bound=((NKV,), torch.int64))
+        if len(lanes) < len(launches):
+            zeroed["dkv_fixed"] = ((NKV, p.d_k), torch.int64)
+        buffers = dict(zip(zeroed, launcher.zeros_together(*zeroed.values())))
+        referenced, live_row, row_flags = buffers["referenced"], buffers["live_row"], buffers["row_flags"]
+        words, bound, dkv_fixed = buffers.get("words"), buffers.get("bound"), buffers.get("dkv_fixed")
         peak_q = launcher.empty((R, Hp), torch.int32)
         marks = (referenced, live_row, q, peak_q)
     slots = steps.global_slots(token_indices, p, launcher, marks=marks)
@@ -531,9 +536,6 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
                                              peak_q, peak_do)
         # Padding heads (q = dO = 0) contribute nothing: no limit on their mass.
         allowance = steps.pad_heads(allowance, Hp, math.inf, launcher)
-        # Where every launch adds in lanes, the int64 accumulator is only the redo's: zeroed behind
-        # the lanes launches, off the host's path to the first one.
-        dkv_fixed = None if len(lanes) == len(launches) else launcher.zeros((NKV, p.d_k), torch.int64)
         common = dict(sm_scale=sm_scale, heads=bh, row_scale=row_scale, allowance=allowance, flag=row_flags)
         for g, config in launches:
             in_lanes = config.accumulate == "lanes"

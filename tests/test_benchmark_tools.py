@@ -202,6 +202,34 @@ def test_ncu_stalls_says_where_each_warpgroup_waits(tmp_path):
     tool.print_summary(s)
 
 
+def test_ncu_stalls_names_only_the_mbarriers_it_can_place(tmp_path):
+    # Offsets are taken from the base register most SYNCS instructions use; another base, an
+    # address of another form and a barrier id held in a register are named as such, never
+    # guessed, and the summary still comes out.
+    tool = _tool("ncu_stalls")
+
+    def row(address, sass, samples):
+        return [address, "      " + sass, str(samples), "1", "0", "0", str(samples), "0", "0", "0"]
+
+    _write_listing(tmp_path / "sass.csv", [
+        row("0x00", "SYNCS.EXCH.64 URZ, [UR4+0x34200], UR8", 1),
+        row("0x10", "SYNCS.EXCH.64 URZ, [UR4+0x34208], UR8", 1),
+        row("0x20", "BAR.RED.POPC P0, 0x0, P1", 2),
+        row("0x30", "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4+0x34208], R2", 10),
+        row("0x40", "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R3+URZ+-0x8], R2", 6),
+        row("0x50", "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R3.X4+0x10], R2", 4),
+        row("0x60", "BAR.SYNC R5", 3),
+        row("0x70", "EXIT", 0),
+    ])
+    (label, share, parts), = [h for h in tool.summary_of(str(tmp_path / "sass.csv"), top=2)["handoffs"]
+                              if h[0] != "prologue"]
+    assert label == "waits on KV_FREE, mbarrier R3+0x0, mbarrier ?"
+    assert dict(parts) == {"wait KV_FREE": pytest.approx(1000 / 23), "wait mbarrier R3+0x0": pytest.approx(600 / 23),
+                           "wait mbarrier ?": pytest.approx(400 / 23), "named barrier ?": pytest.approx(300 / 23)}
+    renamed = tool.summary_of(str(tmp_path / "sass.csv"), top=2, mbarriers=("A", "B"))["handoffs"]
+    assert renamed[-1][0] == "waits on B, mbarrier R3+0x0, mbarrier ?"
+
+
 def test_ncu_stalls_rejects_an_export_without_source_counters(tmp_path):
     path = tmp_path / "details.csv"
     path.write_text('"ID","Section Name","Metric Name"\n"0","SpeedOfLight","Duration"\n')

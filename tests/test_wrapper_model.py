@@ -686,12 +686,14 @@ class _HostOpsLauncher(ModelLauncher):
 
     def __init__(self, deterministic):
         super().__init__(deterministic)
-        self.inside, self.main_started = 0, False
+        self.inside, self.main_started, self.accumulations = 0, False, []
 
 
 def _counted(name):
     def method(self, *args, **kw):
         self.main_started |= name == "main_bwd"
+        if name == "main_bwd":
+            self.accumulations.append(kw["config"].accumulate)
         self.inside += 1
         try:
             return getattr(ModelLauncher, name)(self, *args, **kw)
@@ -704,12 +706,17 @@ for _name in _KERNELS:
     setattr(_HostOpsLauncher, _name, _counted(_name))
 
 
-@pytest.mark.parametrize("deterministic,fills", [(True, ["_foreach_zero_", "_foreach_zero_"]), (False, ["zero_"])])
-def test_before_its_main_launch_the_wrapper_launches_only_its_fills(deterministic, fills):
+@pytest.mark.parametrize("deterministic,H,accumulations,fills", [
+    (True, 64, ["lanes", "fixed"], ["_foreach_zero_", "_foreach_zero_"]),  # the wide tile, then its gated redo
+    (True, 48, ["fixed", "fixed"], ["_foreach_zero_", "_foreach_zero_"]),  # 16-head groups: a cluster and one alone
+    (False, 64, ["atomic"], ["zero_"]),
+])
+def test_before_its_main_launch_the_wrapper_launches_only_its_fills(deterministic, H, accumulations, fills):
     # The host sets the pace before the main launch (docs/performance-log.md): beyond the
     # kernels, the wrapper's own device work there is its fills, one a dtype for the fixed
-    # design's zeroed buffers (Launcher.zeros_together), the accumulator's for the control.
-    # A torch op added to that path shows here.
+    # design's zeroed buffers (Launcher.zeros_together: the int64 ones are the lanes' words and
+    # bounds, or the int64 accumulator), the accumulator's for the control. A torch op added to
+    # that path shows here.
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class HostOps(TorchDispatchMode):
@@ -723,11 +730,11 @@ def test_before_its_main_launch_the_wrapper_launches_only_its_fills(deterministi
                 self.ops.append(name)
             return func(*args, **(kwargs or {}))
 
-    inputs = to_framework(Case(B=1, S=3, S_kv=40, H=64, L=70, d_k=576, d_v=512, sink="random", seed=4).inputs())
+    inputs = to_framework(Case(B=1, S=3, S_kv=40, H=H, L=70, d_k=576, d_v=512, sink="random", seed=4).inputs())
     launcher = _HostOpsLauncher(deterministic)
     with HostOps(launcher) as mode:
         call_model(inputs, launcher=launcher)
-    assert launcher.main_started and any(c.accumulate == "lanes" for _, c in kernels.main_launches(2, 32, 576, 512))
+    assert launcher.accumulations == accumulations
     assert mode.ops == fills
 
 

@@ -112,7 +112,8 @@ def mark_slots_program(d_k: int, threads: int = MARK_THREADS, items: int = MARK_
 # the same float64 operations in the same order (the __d*_rn intrinsics keep
 # nvcc from contracting a product and a sum into an FMA), so the same bits
 # (NaN payloads aside), in place of the torch ops: some 80 kernels replayed
-# as a CUDA graph with their inputs copied in and outputs out.
+# as a CUDA graph with their inputs copied in and outputs out. The last stage
+# also takes the lanes' gain, a power of two (launch.Launcher.plan's scales).
 # Per batch element, its maxima and the live-term count go through PlanPeaks
 # [B, PLAN_SLOTS] as 64-bit integers: non-negative doubles order as their
 # bits do, and a NaN of either sign lies above inf, so an unsigned max of the
@@ -242,7 +243,8 @@ __device__ void mqa_plan_scales(const void* mv_, const int* referenced, const vo
 
 
 def plan_program(stage: str, threads: int = PLAN_THREADS):
-    """One stage of the fixed-point plan (mqa_bwd.fixed_point.plan, the same bits):
+    """One stage of the fixed-point plan (launch.Launcher.plan: mqa_bwd.fixed_point.plan with the
+    lanes' gain, the same bits):
 
       terms   PlanPeaks[b] gets max a, max b, the live-term count N_b, max mdo (of
               live rows) and max mv (of referenced kv rows) of batch element b
