@@ -82,6 +82,31 @@
         python benchmarks/package_ab.py --against .ab/gather_before_adds/mqa_bwd \
             --against .ab/gather_between_adds/mqa_bwd --shapes dsv32,fleet --trace 2
 
+  persistent_rows.patch     the wide tile persistent: min(R x tiles, SMs) CTAs, each taking the
+                            (row, tile) items cta, cta + ctas, ... in turn, its warpgroups on
+                            their own rows, so that warpgroup 0 gathers the next row's first block
+                            (after KV_FREE), loads its Q and dO by cp.async (after PDS_FREE) and
+                            forms its S and dP while warpgroup 1 still adds the row before: a
+                            row's fill and drain overlap, where a CTA a row ran them one after
+                            the other (a two-shape fit of the eighteenth session's main kernels
+                            gives det some 14 us of one SM a row, the control 21, cuDNN 3 to 6;
+                            docs/performance-log.md, nineteenth session). Blocks are counted
+                            across rows, so the handoffs and the double buffers run on; each
+                            warpgroup counts a row's blocks itself (no CTA barrier). The same bits
+                            expected; compiled, not run (nineteenth session). ptxas at d_k = 576:
+                            the lanes 64/80 bytes spilled (the product 24/44), warpgroup 0 none,
+                            warpgroup 1 some four stores and nine loads a block; the control, the
+                            redo and d_k = 512 spill nothing or 8/16; the lanes tile keeps the
+                            product's 232448 bytes of shared memory (a review caught 64 bytes
+                            over the limit in the first build: the row counts now sit after
+                            the mbarriers). Per block, the same
+                            instructions as the product's loops (2251 and 1930 against 2235 and
+                            1962). Run it under a timeout (a missed handoff hangs the call):
+
+        REV=HEAD bash scripts/ab-packages.sh experiments/persistent_rows.patch
+        timeout 240 python benchmarks/package_ab.py --against .ab/persistent_rows/mqa_bwd \
+            --shapes dsv32,fleet --trace 2
+
 git history holds the others (the wrapper's layout steps as kernels became the product's,
 mqa_bwd.kernels.prologue; early_gather.patch, block 0's gather beside the row's prologue, is at
 78bd4a7 and became the product's wide tile; transposed_lanes.patch, the dKV chunks formed
