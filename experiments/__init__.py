@@ -101,7 +101,11 @@
                             over the limit in the first build: the row counts now sit after
                             the mbarriers). Per block, the same
                             instructions as the product's loops (2251 and 1930 against 2235 and
-                            1962). Run it under a timeout (a missed handoff hangs the call):
+                            1962). persistent_handoffs.py runs the patch's order of waits and
+                            arrivals under random schedules of random rows (no deadlock, no
+                            parity aliasing, no buffer refilled before its last reads; dropping
+                            either of a row start's waits fails it). Run it under a timeout
+                            (a missed handoff hangs the call):
 
         REV=HEAD bash scripts/ab-packages.sh experiments/persistent_rows.patch
         timeout 240 python benchmarks/package_ab.py --against .ab/persistent_rows/mqa_bwd \
