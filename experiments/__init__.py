@@ -107,9 +107,17 @@
                             either of a row start's waits fails it). Run it under a timeout
                             (a missed handoff hangs the call):
 
-        REV=HEAD bash scripts/ab-packages.sh experiments/persistent_rows.patch
-        timeout 240 python benchmarks/package_ab.py --against .ab/persistent_rows/mqa_bwd \
-            --shapes dsv32,fleet --trace 2
+        REV=HEAD bash scripts/ab-packages.sh experiments/persistent_rows.patch \
+            experiments/persistent_prefetch.patch
+        timeout 300 python benchmarks/package_ab.py --against .ab/persistent_rows/mqa_bwd \
+            --against .ab/persistent_prefetch/mqa_bwd --shapes dsv32,fleet --trace 2
+
+  persistent_prefetch.patch persistent_rows.patch and, at the start of a row's last block,
+                            warpgroup 0's first thread prefetching the CTA's next item's Q and
+                            dO rows into L2 (cp.async.bulk.prefetch.L2, one contiguous range
+                            each), so that the next row's loads, which wait for warpgroup 1's
+                            last GEMMs of the row, come from L2 rather than HBM. ptxas at
+                            d_k = 576: the lanes 68/84 bytes spilled, the control none.
 
 git history holds the others (the wrapper's layout steps as kernels became the product's,
 mqa_bwd.kernels.prologue; early_gather.patch, block 0's gather beside the row's prologue, is at
