@@ -164,6 +164,13 @@ def test_ncu_stalls_shared_pipe_floor(tmp_path):
     assert "floor_ms" not in tool.summary_of(str(tmp_path / "sass.csv"), top=1)["pipe"]
 
 
+def _write_sass(path, lines):
+    """_write_listing of (SASS, warp samples) lines at consecutive addresses, every sample a
+    barrier stall."""
+    _write_listing(path, [[f"{16 * i:#x}", "      " + sass, str(n), "1", "0", "0", str(n), "0", "0", "0"]
+                          for i, (sass, n) in enumerate(lines)])
+
+
 def test_ncu_stalls_says_where_each_warpgroup_waits(tmp_path):
     # The listing cut at its EXITs: the prologue (to the last CTA barrier before the first
     # mbarrier wait), then a region per warpgroup named by the mbarriers it waits on (offsets
@@ -171,25 +178,22 @@ def test_ncu_stalls_says_where_each_warpgroup_waits(tmp_path):
     # in the region that waits on PDS_READY; REDUX is no global reduction.
     tool = _tool("ncu_stalls")
 
-    def row(address, sass, samples):
-        return [address, "      " + sass, str(samples), "1", "0", "0", str(samples), "0", "0", "0"]
-
-    _write_listing(tmp_path / "sass.csv", [
-        row("0x00", "SYNCS.EXCH.64 URZ, [UR4+0x34200], UR8", 1),
-        row("0x10", "REDUX.MAX UR5, R3", 1),
-        row("0x20", "BAR.SYNC.DEFER_BLOCKING 0x0", 8),
-        row("0x30", "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4+0x34208], R2", 10),  # warpgroup 0: KV_FREE
-        row("0x40", "REDG.E.ADD.64.STRONG.GPU desc[UR6][R4.64], R8", 20),
-        row("0x50", "BAR.SYNC.DEFER_BLOCKING 0x1, 0x80", 5),
-        row("0x60", "HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], R24", 15),
-        row("0x70", "@!P0 EXIT", 0),
-        row("0x80", "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4+0x34200], R0", 30),  # warpgroup 1: PDS_READY
-        row("0x90", "WARPGROUP.DEPBAR.LE gsb0, 0x0", 10),
-        row("0xa0", "EXIT", 0),
-        row("0xb0", "YIELD", 5),  # PDS_READY's retry loop
-        row("0xc0", "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4+0x34200], R0", 40),
-        row("0xd0", "@!P0 BRA 0xb0", 5),
-        row("0xe0", "BRA 0x90", 0),
+    _write_sass(tmp_path / "sass.csv", [
+        ("SYNCS.EXCH.64 URZ, [UR4+0x34200], UR8", 1),
+        ("REDUX.MAX UR5, R3", 1),
+        ("BAR.SYNC.DEFER_BLOCKING 0x0", 8),
+        ("SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4+0x34208], R2", 10),  # warpgroup 0: KV_FREE
+        ("REDG.E.ADD.64.STRONG.GPU desc[UR6][R4.64], R8", 20),
+        ("BAR.SYNC.DEFER_BLOCKING 0x1, 0x80", 5),
+        ("HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], R24", 15),
+        ("@!P0 EXIT", 0),
+        ("SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4+0x34200], R0", 30),  # warpgroup 1: PDS_READY
+        ("WARPGROUP.DEPBAR.LE gsb0, 0x0", 10),
+        ("EXIT", 0),
+        ("YIELD", 5),  # PDS_READY's retry loop
+        ("SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4+0x34200], R0", 40),
+        ("@!P0 BRA 0xb0", 5),
+        ("BRA 0x90", 0),
     ])
     s = tool.summary_of(str(tmp_path / "sass.csv"), top=3)
     got = {label: (share, dict(parts)) for label, share, parts in s["handoffs"]}
@@ -208,18 +212,15 @@ def test_ncu_stalls_names_only_the_mbarriers_it_can_place(tmp_path):
     # guessed, and the summary still comes out.
     tool = _tool("ncu_stalls")
 
-    def row(address, sass, samples):
-        return [address, "      " + sass, str(samples), "1", "0", "0", str(samples), "0", "0", "0"]
-
-    _write_listing(tmp_path / "sass.csv", [
-        row("0x00", "SYNCS.EXCH.64 URZ, [UR4+0x34200], UR8", 1),
-        row("0x10", "SYNCS.EXCH.64 URZ, [UR4+0x34208], UR8", 1),
-        row("0x20", "BAR.RED.POPC P0, 0x0, P1", 2),
-        row("0x30", "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4+0x34208], R2", 10),
-        row("0x40", "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R3+URZ+-0x8], R2", 6),
-        row("0x50", "SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R3.X4+0x10], R2", 4),
-        row("0x60", "BAR.SYNC R5", 3),
-        row("0x70", "EXIT", 0),
+    _write_sass(tmp_path / "sass.csv", [
+        ("SYNCS.EXCH.64 URZ, [UR4+0x34200], UR8", 1),
+        ("SYNCS.EXCH.64 URZ, [UR4+0x34208], UR8", 1),
+        ("BAR.RED.POPC P0, 0x0, P1", 2),
+        ("SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4+0x34208], R2", 10),
+        ("SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R3+URZ+-0x8], R2", 6),
+        ("SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [R3.X4+0x10], R2", 4),
+        ("BAR.SYNC R5", 3),
+        ("EXIT", 0),
     ])
     (label, share, parts), = [h for h in tool.summary_of(str(tmp_path / "sass.csv"), top=2)["handoffs"]
                               if h[0] != "prologue"]
