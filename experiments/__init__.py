@@ -85,7 +85,8 @@
   persistent_rows.patch     the wide tile persistent: min(R x tiles, SMs) CTAs, each taking the
                             (row, tile) items cta, cta + ctas, ... in turn, its warpgroups on
                             their own rows, so that warpgroup 0 gathers the next row's first block
-                            (after KV_FREE), loads its Q and dO by cp.async (after PDS_FREE) and
+                            (after KV_FREE), loads its Q and dO, and its heads' lse and Delta,
+                            by cp.async (after PDS_FREE: no registers hold them, no round trip) and
                             forms its S and dP while warpgroup 1 still adds the row before: a
                             row's fill and drain overlap, where a CTA a row ran them one after
                             the other (a two-shape fit of the eighteenth session's main kernels
