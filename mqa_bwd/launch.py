@@ -23,6 +23,10 @@ from . import layout
 from .contract import Instruments
 
 
+#: The floating dtype of each element width (bytes), through which zeros_together fills.
+_FLOAT_OF_WIDTH = {2: torch.float16, 4: torch.float32, 8: torch.float64}
+
+
 class Launcher:
     """Base class: allocation and accounting. Subclasses implement the kernels."""
 
@@ -72,11 +76,20 @@ class Launcher:
 
     def zeros_together(self, *specs) -> list:
         """A zeroed tensor of each (shape, dtype) of ``specs``, each its own allocation (guard
-        bands keep one around each), zeroed by one multi-tensor fill a dtype: the wrapper zeroes
-        several buffers before its main launch, where each fill is a launch of host time."""
+        bands keep one around each), zeroed by one multi-tensor fill an element size: the wrapper
+        zeroes several buffers before its main launch, where each fill is a launch of host time.
+        The fill goes through float views of the same width (zero bits either way): torch's CUDA
+        multi-tensor zero takes only floating dtypes in some releases."""
         tensors = [self._allocate(shape, dtype) for shape, dtype in specs]
-        for dtype in dict.fromkeys(t.dtype for t in tensors):
-            torch._foreach_zero_([t for t in tensors if t.dtype == dtype])
+        groups: dict = {}
+        for t in tensors:
+            as_float = _FLOAT_OF_WIDTH.get(t.element_size())
+            if as_float is None:
+                t.zero_()
+            else:
+                groups.setdefault(as_float, []).append(t.view(as_float))
+        for views in groups.values():
+            torch._foreach_zero_(views)
         return tensors
 
     def launched(self, kernel: str) -> None:

@@ -505,10 +505,10 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
     marks = None
     if fixed:
         lanes = [(g, config) for g, config in launches if config.accumulate == "lanes"]
-        # What the fixed design zeroes before its main launch, in one fill a dtype: the plan's slot
-        # marks (they and the maxima of q come with the slot layout), the row flags, the wide tile's
-        # words and per-row bounds, and the int64 accumulator where an int64 launch adds to it
-        # (where every launch adds in lanes, it is only the redo's: zeroed behind the lanes
+        # What the fixed design zeroes before its main launch, one fill an element width: the plan's
+        # slot marks (they and the maxima of q come with the slot layout), the row flags, the wide
+        # tile's words and per-row bounds, and the int64 accumulator where an int64 launch adds to
+        # it (where every launch adds in lanes, it is only the redo's: zeroed behind the lanes
         # launches, off the host's path to the first one).
         zeroed = {"referenced": ((NKV,), torch.int32), "live_row": ((R,), torch.int32), "row_flags": ((R,), torch.int32)}
         if lanes:

@@ -655,14 +655,15 @@ def test_instruments_count_every_launch_and_allocation():
 
 
 def test_buffers_zeroed_together_are_each_an_allocation_of_their_own():
-    # The fixed design zeroes its marks, row flags, words and bounds with one fill a dtype
-    # (Launcher.zeros_together); each stays an allocation of its own, inside its own guard
-    # bands, zeroed to its last byte and no further.
+    # The fixed design zeroes its marks, row flags, words and bounds with one fill an element
+    # width (Launcher.zeros_together, through float views; a width with no float dtype by itself);
+    # each stays an allocation of its own, inside its own guard bands, zeroed to its last byte and
+    # no further, in its own dtype.
     from properties.guards import GuardBands
 
     bands = GuardBands()
     launcher = ModelLauncher(instruments=bands.instruments())
-    specs = [((7,), torch.int32), ((3, 5), torch.int64), ((2,), torch.int32), ((9,), torch.int64)]
+    specs = [((7,), torch.int32), ((3, 5), torch.int64), ((2,), torch.float32), ((9,), torch.int64), ((5,), torch.uint8)]
     tensors = launcher.zeros_together(*specs)
     assert [(tuple(t.shape), t.dtype) for t in tensors] == specs
     assert not any(bool(t.any()) for t in tensors)
