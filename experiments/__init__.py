@@ -83,8 +83,10 @@
             --against .ab/gather_between_adds/mqa_bwd --shapes dsv32,fleet --trace 2
 
   persistent_rows.patch     the wide tile persistent: min(R x tiles, SMs) CTAs, each taking the
-                            (row, tile) items cta, cta + ctas, ... in turn, its warpgroups on
-                            their own rows, so that warpgroup 0 gathers the next row's first block
+                            (row, tile) items cta, cta + ctas, ... in turn, counted from the last
+                            row (a causal call's short first rows end the CTAs' lists), its
+                            warpgroups on their own rows, so that warpgroup 0 gathers the next
+                            row's first block
                             (after KV_FREE), loads its Q and dO, and its heads' lse and Delta,
                             by cp.async (after PDS_FREE: no registers hold them, no round trip) and
                             forms its S and dP while warpgroup 1 still adds the row before: a
@@ -95,9 +97,9 @@
                             across rows, so the handoffs and the double buffers run on; each
                             warpgroup counts a row's blocks itself (no CTA barrier). The same bits
                             expected; compiled, not run (nineteenth session). ptxas at d_k = 576:
-                            the lanes 64/80 bytes spilled (the product 24/44), warpgroup 0 none,
-                            warpgroup 1 some four stores and nine loads a block; the control, the
-                            redo and d_k = 512 spill nothing or 8/16; the lanes tile keeps the
+                            the lanes 68/84 bytes spilled (the product 24/44), warpgroup 0 none,
+                            warpgroup 1 some four stores and nine loads a block; the control and
+                            d_k = 512 nothing, the redo 12/20; the lanes tile keeps the
                             product's 232448 bytes of shared memory (a review caught 64 bytes
                             over the limit in the first build: the row counts now sit after
                             the mbarriers). Per block, the same
