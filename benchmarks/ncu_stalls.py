@@ -117,10 +117,11 @@ _REGISTER = re.compile(r"^U?R(\d+|Z)$")
 
 
 def _operands(sass: str) -> list:
-    """The operands of one SASS line, predicate guard and mnemonic left out."""
-    words = sass.strip().split(None, 2 if sass.strip().startswith("@") else 1)
-    rest = words[-1] if len(words) > (2 if sass.strip().startswith("@") else 1) else ""
-    return [w.strip() for w in rest.split(",") if w.strip()]
+    """The operands of one SASS line, predicate guard and mnemonic left out (as ``opcode`` reads them)."""
+    words = sass.split()
+    if words and words[0].startswith("@"):
+        words = words[1:]
+    return [w.strip() for w in " ".join(words[1:]).split(",") if w.strip()]
 
 
 def _mbarrier_address(sass: str):

@@ -32,7 +32,7 @@ SHAPES = {"dsv32": dict(B=1, S=4096, S_kv=8192, H=64, L=2048), "dsv32h128": dict
 
 
 def collect(out: str, cases: list) -> None:
-    from mqa_bwd import bench, launch, wrapper
+    from mqa_bwd import bench, fixed_point, launch, wrapper
 
     class Recorder(launch.TileLangLauncher):
         def plan(self, *args, **kw):
@@ -49,7 +49,7 @@ def collect(out: str, cases: list) -> None:
         _, dkv, _ = wrapper.backward_with(recorder, *args)
         # The launcher's plan gives the scale the launches round at: the plan's times 2**(lanes_gain - 30).
         real = recorder.bound.double() / recorder.row_scale.double()
-        plan_scale = recorder.row_scale.double() / 2.0 ** (recorder.lanes_gain - 30)
+        plan_scale = recorder.row_scale.double() / fixed_point.lanes_factor(recorder.lanes_gain)
         idx = args[6].reshape(-1).long()
         counts = torch.bincount(idx[idx >= 0], minlength=args[1].shape[1])
         return real.cpu(), counts.cpu(), dkv.float().reshape(-1, dkv.shape[-1]).cpu(), plan_scale.cpu()

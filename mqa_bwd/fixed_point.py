@@ -237,7 +237,12 @@ def lanes_scale(row_scale: torch.Tensor, gain: int = LANES_GAIN) -> torch.Tensor
     bounds every partial sum near 2**31; each bit of gain is a bit of resolution, until
     some row's Bound reaches LANE_LIMIT and the wide launches are redone in int64. Gain 30
     is the plan's own scale."""
-    return row_scale * 2.0 ** (check_lanes_gain(gain) - 30)
+    return row_scale * lanes_factor(gain)
+
+
+def lanes_factor(gain: int = LANES_GAIN) -> float:
+    """The power of two lanes_scale multiplies the plan's scales by: 2**(gain - 30)."""
+    return 2.0 ** (check_lanes_gain(gain) - 30)
 
 
 def check_lanes_gain(gain) -> int:

@@ -330,9 +330,8 @@ class TileLangLauncher(Launcher):
         K.small_kernel("plan", "peaks")(*inputs, allowance, S, H, S_kv, d_v, scale * d_v, scale, fixed_point.MASS_LIMIT)
         # The lanes' gain is a power of two the last stage multiplies by (fixed_point.lanes_scale's product,
         # the same bits): no launch of its own.
-        gain = 2.0 ** (fixed_point.check_lanes_gain(self.lanes_gain) - 30)
         K.small_kernel("plan", "scales")(mv, referenced, peaks, row_scale, S_kv, d_v, fixed_point.MASS_LIMIT, fixed_point.FP32_SAFE,
-                                         gain)
+                                         fixed_point.lanes_factor(self.lanes_gain))
         return row_scale, allowance
 
     def mark_slots(self, slots, referenced, live_row, q, peak_q):

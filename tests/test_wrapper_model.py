@@ -692,8 +692,8 @@ class _HostOpsLauncher(ModelLauncher):
 
 def _counted(name):
     def method(self, *args, **kw):
-        self.main_started |= name == "main_bwd"
         if name == "main_bwd":
+            self.main_started = True
             self.accumulations.append(kw["config"].accumulate)
         self.inside += 1
         try:
@@ -714,7 +714,7 @@ for _name in _KERNELS:
 ])
 def test_before_its_main_launch_the_wrapper_launches_only_its_fills(deterministic, H, accumulations, fills):
     # The host sets the pace before the main launch (docs/performance-log.md): beyond the
-    # kernels, the wrapper's own device work there is its fills, one a dtype for the fixed
+    # kernels, the wrapper's own device work there is its fills, one an element width for the fixed
     # design's zeroed buffers (Launcher.zeros_together: the int64 ones are the lanes' words and
     # bounds, or the int64 accumulator), the accumulator's for the control. A torch op added to
     # that path shows here.
