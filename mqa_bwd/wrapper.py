@@ -601,6 +601,13 @@ def torch_inputs(query, kv, out, grad_out, lse, attn_sink, token_indices) -> tup
     framework = edge.framework_of(query)
     named = {"query": query, "kv": kv, "out": out, "grad_out": grad_out, "lse": lse, "attn_sink": attn_sink,
              "token_indices": token_indices}
+    for name, x in named.items():
+        # The outputs come back in query's framework: a tensor of the other one would get answers
+        # in a framework it was not given in.
+        other = edge.framework_of(x)
+        if other in ("torch", "paddle") and framework in ("torch", "paddle") and other != framework:
+            raise ValueError(f"{name}: a {other} tensor, but query is a {framework} tensor: pass every tensor "
+                             f"in one framework")
     tensors = tuple(None if name == "attn_sink" and x is None
                     else edge.to_torch(x, name, accept=("torch", "paddle")).detach() for name, x in named.items())
     return framework, tensors

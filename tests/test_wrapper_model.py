@@ -441,6 +441,19 @@ def test_paddle_in_paddle_out():
         assert bitwise_difference(name, g, r) is None
 
 
+def test_tensors_of_another_framework_than_querys_are_rejected_naming_them():
+    pytest.importorskip("paddle")
+    host = Case(H=3, S=2, S_kv=4, L=5, d_k=32, d_v=16, seed=4).inputs()
+    for caller, other in (("torch", "paddle"), ("paddle", "torch")):
+        for name in ("kv", "token_indices"):
+            tensors = to_framework(host, caller)
+            tensors[name] = to_framework(host, other)[name]
+            instruments = Instruments()
+            with pytest.raises(ValueError, match=rf"^{name}: a {other} tensor, but query is a {caller} tensor"):
+                call(tensors, backend="model", instruments=instruments)
+            assert not instruments.counts
+
+
 # -- rejection ---------------------------------------------------------------
 
 
