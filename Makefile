@@ -5,10 +5,11 @@ VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 # CPU machines take the CPU build of torch, pinned, and never a CUDA one: the
-# "+cpu" local version is not on PyPI's CUDA path, so pip fails loudly rather
-# than downloading gigabytes. TORCH_CPU_INDEX may name an index that serves it.
+# "+cpu" local version is not on PyPI, so pip cannot fall back to a CUDA build.
+# It is taken from the indexes pip is configured with, else from TORCH_CPU_INDEX
+# (PyTorch's own CPU index by default).
 TORCH_CPU := torch==2.13.0+cpu
-TORCH_CPU_INDEX ?=
+TORCH_CPU_INDEX ?= https://download.pytorch.org/whl/cpu
 PYTEST_ARGS ?=
 
 .PHONY: check test wheel-test venv clean
@@ -23,7 +24,8 @@ $(STAMP): pyproject.toml Makefile
 		$(BIN)/pip install -q torch; \
 	else \
 		echo "no GPU: installing the CPU build of torch ($(TORCH_CPU))"; \
-		$(BIN)/pip install -q $(if $(TORCH_CPU_INDEX),--extra-index-url $(TORCH_CPU_INDEX)) "$(TORCH_CPU)"; \
+		$(BIN)/pip install -q "$(TORCH_CPU)" 2>/dev/null \
+			|| $(BIN)/pip install -q --extra-index-url "$(TORCH_CPU_INDEX)" "$(TORCH_CPU)"; \
 	fi
 	$(BIN)/pip freeze | grep -i '^torch==' > $(VENV)/constraints.txt
 	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e ".[tilelang,paddle,test]"
