@@ -24,6 +24,9 @@ suite must fail on every one, and say which property caught it
   grad_recorded            tensors that require grad reach the launches in
                            grad mode (a RuntimeError from inside on the model)
   pad_dq_unsliced          the pad heads' dq rows are returned with the rest
+  budget_rounds_chunks     a budget given, dKV is computed in two chunks of
+                           query rows whose bf16 results are summed and
+                           rounded again: its bits follow the budget
   slots_in_caller_order    each row's slots laid out in the order the caller
                            gave them, not the canonical one: dQ's fp32 sum
                            over slot blocks follows the top-k selector's order
@@ -169,6 +172,31 @@ def pad_dq_unsliced(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
     return tuple(edge.from_torch(x, framework) for x in (dq, dkv, dsink[:H]))
 
 
+def budget_rounds_chunks(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, *, dkv_buf_bytes=None,
+                         **kwargs):
+    """A budgeted design done wrong: given a budget, dKV comes from two chunks of query rows (each
+    a call of ours with the other chunk's slots set to -1, so its rows add nothing), their bf16
+    results summed in fp32 and rounded to bf16 again. The double rounding makes dKV's bits depend
+    on whether a budget was given. dq and d_attn_sink come from the whole call; without a budget
+    it is ours."""
+    ours = wrapper.mqa_latent_sparse_bwd
+    args = (query, kv, out, grad_out, lse, attn_sink)
+    dq, dkv, dsink = ours(*args, token_indices, sm_scale, dkv_buf_bytes=dkv_buf_bytes, **kwargs)
+    S = token_indices.shape[1]
+    if dkv_buf_bytes is None or S < 2:
+        return dq, dkv, dsink
+    framework = edge.framework_of(dkv)
+    idx = edge.to_torch(token_indices, "token_indices")
+    chunks = []
+    for rows in (slice(0, S // 2), slice(S // 2, S)):
+        only = torch.full_like(idx, -1)
+        only[:, rows] = idx[:, rows]
+        part = ours(*args, edge.from_torch(only, framework), sm_scale, dkv_buf_bytes=dkv_buf_bytes, **kwargs)[1]
+        chunks.append(edge.to_torch(part, "dkv").float())
+    summed = (chunks[0] + chunks[1]).to(torch.bfloat16)
+    return dq, edge.from_torch(summed, framework), dsink
+
+
 _persistent_outputs = {}
 
 
@@ -219,6 +247,8 @@ MUTANTS = {
         Mutant("pad_dq_unsliced", pad_dq_unsliced, "pad heads' dq not sliced", "output_contract", _BENIGN),
         Mutant("slots_in_caller_order", slots_in_caller_order, "dQ summed in the caller's slot order",
                "slot_order", _BENIGN.replace(L=1)),  # one slot a row: every order is the same
+        Mutant("budget_rounds_chunks", budget_rounds_chunks, "dKV rounded per chunk of rows when a budget is given",
+               "invariance", _BENIGN),  # no budget: one call of ours
         # Not in the issue's list: it checks the harness itself. Only the NaN poisoning between
         # reruns can tell this mutant from ours: unpoisoned, its stale rows are the right zeros.
         Mutant("outputs_reused", outputs_reused, "outputs kept between calls, rows without a valid slot not rewritten",
