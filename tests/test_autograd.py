@@ -111,14 +111,25 @@ def test_the_forward_comparison_catches_a_wrong_forward(wrong):
     assert forward_disagreement(wrong, SMALL)
 
 
-def test_the_reference_forward_gives_the_same_numbers_one_row_at_a_time(monkeypatch):
+#: Powers of two (bf16-exact) for SMALL's six query rows: row 0's logits reach hundreds, row 1's
+#: stay near 0. A softmax shift shared by a block of rows (not one a row) would take row 1's
+#: exponentials below fp32's least value: its lse -inf, its out NaN.
+ROW_SCALES = (2.0**8, 2.0**-8, 1.0, 2.0**6, 2.0**-4, 4.0)
+
+
+@pytest.mark.parametrize("row_scales", [None, ROW_SCALES], ids=["unit-logits", "logits-spanning-hundreds"])
+def test_the_reference_forward_gives_the_same_bits_one_row_at_a_time(monkeypatch, row_scales):
     t = to_framework(SMALL.inputs())
-    args = (t["query"], t["kv"], t["attn_sink"], t["token_indices"], SMALL.sm_scale, SMALL.d_v)
+    q = t["query"]
+    if row_scales is not None:
+        q = (q.float() * torch.tensor(row_scales).view(1, -1, 1, 1)).to(torch.bfloat16)
+    args = (q, t["kv"], t["attn_sink"], t["token_indices"], SMALL.sm_scale, SMALL.d_v)
     out, lse = reference_forward(*args)
     monkeypatch.setattr(ag, "FORWARD_BLOCK_BYTES", 1)  # one query row a block
     row_out, row_lse = reference_forward(*args)
-    assert bf16_ulp_distance(to_numpy(out), to_numpy(row_out)).max() <= 1
-    assert np.allclose(lse.numpy(), row_lse.numpy(), rtol=1e-6, atol=1e-6)
+    # A row's numbers come from that row alone, by the same operations in a block or alone: the same bits.
+    assert bitwise_difference("out", row_out, out) is None
+    assert bitwise_difference("lse", row_lse, lse) is None
 
 
 # ---------------------------------------------------------------------------
