@@ -327,8 +327,12 @@ def test_bf16_baseline_error_is_in_the_bf16_range(sink):
     f32 = oracle.backward(*bwd_args(c))
     for name, b, f, r in zip(("dq", "dkv"), base, f32, ref):
         e_base, e_f32 = rel_l2(b, r), rel_l2(f, r)
-        # The seeds measured 2.8e-3 to 3.8e-3 for a bf16 kernel; float32 is ~1e-7.
-        assert 3e-4 < e_base < 5e-2, f"{name}: {e_base:.3g}"
+        # Rounding to bf16 (8 significant bits) moves a value by up to half an ulp, with ulp/|x|
+        # in (2**-8, 2**-7]: 1.1e-3 to 2.3e-3 relative RMS (ulp/sqrt(12)) from the last rounding
+        # of dq and dkv alone, and the roundings of P and dS add to it. The seeds measured at most
+        # 3.8e-3 for a bf16 kernel (docs/SPEC.md); 5e-3 leaves 30% above that. Here: 2.3e-3 for
+        # both (a truncating rounding gives 6e-3, fp16 3e-4). float32 is ~1e-7.
+        assert 1e-3 < e_base < 5e-3, f"{name}: {e_base:.3g}"
         assert e_base > 100 * e_f32, f"{name}: {e_base:.3g} vs float32 {e_f32:.3g}"
     if sink is None:
         np.testing.assert_array_equal(base[2], 0.0)
