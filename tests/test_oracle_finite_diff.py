@@ -59,8 +59,10 @@ def make_case(seed, index_kind, sink_kind):
 def assert_close(name, analytic, numeric):
     mag = np.max(np.abs(numeric))
     err = np.max(np.abs(analytic - numeric))
-    # Central differences: O(STEP^2) truncation plus eps/STEP rounding, ~1e-10 here.
-    assert err <= 1e-7 * mag, f"{name}: err {err:.3g}, largest {mag:.3g}"
+    # Central differences: O(STEP**2) truncation, ~1e-12, plus the float64 rounding of each loss
+    # (a sum of 72 terms of order 1: ~1e-14) over 2 * STEP, ~1e-9. Measured: at most 1.9e-9 of
+    # the largest entry (d_sink, mixed sinks); 1e-8 leaves 5x.
+    assert err <= 1e-8 * mag, f"{name}: err {err:.3g}, largest {mag:.3g}"
 
 
 SINK_KINDS = ["none", "finite", "mixed", "large"]
