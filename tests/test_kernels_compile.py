@@ -86,45 +86,6 @@ def test_only_the_atomic_control_has_floating_point_atomics(config):
         assert found == [], f"{_id(config)} issues atomics: {found}"
 
 
-def test_pairs_of_32_head_groups_run_as_one_wide_cta():
-    # Both accumulations pair 32-head groups into one 64-head launch; the fixed
-    # one pairs 16-head groups as a cluster; a group without a partner, and the
-    # control's 16-head groups, keep their own kernels.
-    def shape(launches):
-        return [(g, c.heads, c.cluster) for g, c in launches]
-
-    assert shape(K.main_launches(3, 32, 576, 512, False)) == [(0, 64, 1), (2, 32, 1)]
-    assert shape(K.main_launches(3, 16, 576, 512, False)) == [(0, 16, 1), (1, 16, 1), (2, 16, 1)]
-    assert shape(K.main_launches(3, 32, 576, 512, True)) == [(0, 64, 1), (2, 32, 1)]
-    assert shape(K.main_launches(3, 16, 576, 512, True)) == [(0, 16, 2), (2, 16, 1)]
-    with pytest.raises(ValueError, match="^cluster"):
-        K.MainConfig(16, 576, 512, "atomic", 2)  # no atomic cluster
-
-
-@pytest.mark.parametrize("deterministic", [True, False])
-def test_every_pair_of_32_head_groups_runs_in_one_wide_grid(deterministic):
-    # The wide tile's 64-head tiles of a call go in one launch (a CTA a row and tile): one
-    # grid has one last partial wave where a launch a tile had one each. The tile count is
-    # a launch argument: every count of two or more runs one kernel.
-    def shape(launches):
-        return [(g, c.heads, c.tiles, c.groups) for g, c in launches]
-
-    assert shape(K.main_launches(4, 32, 576, 512, deterministic)) == [(0, 64, 2, 4)]
-    assert shape(K.main_launches(5, 32, 576, 512, deterministic)) == [(0, 64, 2, 4), (4, 32, 1, 1)]
-    assert shape(K.main_launches(6, 32, 512, 512, deterministic)) == [(0, 64, 3, 6)]
-    (_, three), = K.main_launches(6, 32, 512, 512, deterministic)
-    two = three.kernel
-    assert two == dataclasses.replace(three, tiles=K.MULTI_TILE) and two.kernel is two
-    assert {config for config in K.gpu_configs() if isinstance(config, K.MainConfig) and config.tiles > 1} >= {two}
-    if deterministic:
-        assert K.lanes_redo(three).tiles == 3
-    for tiles in (0, 2.0):
-        with pytest.raises(ValueError, match="^tiles"):
-            K.MainConfig(64, 576, 512, "lanes", tiles=tiles)
-    with pytest.raises(ValueError, match="^tiles"):
-        K.MainConfig(32, 576, 512, "fixed", tiles=2)  # a narrow tile is one group a launch
-
-
 def test_the_wide_grid_takes_its_tile_count_at_launch():
     one = K.MainConfig(64, 576, 512, "lanes")
     two, three = dataclasses.replace(one, tiles=2), dataclasses.replace(one, tiles=3)
@@ -277,11 +238,6 @@ def test_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
     assert not any(name in early for name in ("__sync", "mqa_handoff", "ws_bar_sync_wg")), f"{_id(config)}: {early}"
     assert early_end < source.index("Q_s)"), f"{_id(config)}: block 0's gather after Q's copy"
     assert gate < early_start, f"{_id(config)}: block 0's gather before the gate"
-
-
-def test_head_tile_rule():
-    # SPEC: padded_H = max(next_power_of_2(H), 16), block_H = min(64, padded_H).
-    assert [K.main_tile_heads(h) for h in (1, 8, 15, 16, 17, 32, 33, 64, 65, 128)] == [16, 16, 16, 16, 32, 32, 64, 64, 64, 64]
 
 
 @pytest.mark.parametrize("config", MAIN_CONFIGS, ids=_id)

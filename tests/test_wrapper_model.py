@@ -640,11 +640,47 @@ def test_the_launcher_overrides_only_the_wide_tiles_own_fields():
 
 
 def test_the_launch_policy_pairs_groups_where_a_pair_kernel_exists():
-    fixed16 = kernels.main_launches(3, 16, 576, 512, True)
-    assert [(g, c.heads, c.cluster) for g, c in fixed16] == [(0, 16, 2), (2, 16, 1)]
-    assert [(g, c.heads) for g, c in kernels.main_launches(3, 32, 576, 512, False)] == [(0, 64), (2, 32)]
-    assert [(g, c.heads) for g, c in kernels.main_launches(2, 16, 576, 512, False)] == [(0, 16), (1, 16)]
+    # Both accumulations pair 32-head groups into one 64-head launch; the fixed one pairs 16-head
+    # groups as a cluster; a group without a partner, and the control's 16-head groups, keep
+    # their own kernels.
+    def shape(launches):
+        return [(g, c.heads, c.cluster) for g, c in launches]
+
+    assert shape(kernels.main_launches(3, 16, 576, 512, True)) == [(0, 16, 2), (2, 16, 1)]
+    assert shape(kernels.main_launches(3, 32, 576, 512, True)) == [(0, 64, 1), (2, 32, 1)]
+    assert shape(kernels.main_launches(3, 32, 576, 512, False)) == [(0, 64, 1), (2, 32, 1)]
+    assert shape(kernels.main_launches(3, 16, 576, 512, False)) == [(0, 16, 1), (1, 16, 1), (2, 16, 1)]
+    assert shape(kernels.main_launches(2, 16, 576, 512, False)) == [(0, 16, 1), (1, 16, 1)]
     assert kernels.main_config(8, 576, 512).heads == 16  # the tile the kernel derives from H
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_every_pair_of_32_head_groups_runs_in_one_wide_grid(deterministic):
+    # The wide tile's 64-head tiles of a call go in one launch (a CTA a row and tile): one
+    # grid has one last partial wave where a launch a tile had one each. The tile count is
+    # a launch argument: every count of two or more runs one kernel.
+    def shape(launches):
+        return [(g, c.heads, c.tiles, c.groups) for g, c in launches]
+
+    assert shape(kernels.main_launches(4, 32, 576, 512, deterministic)) == [(0, 64, 2, 4)]
+    assert shape(kernels.main_launches(5, 32, 576, 512, deterministic)) == [(0, 64, 2, 4), (4, 32, 1, 1)]
+    assert shape(kernels.main_launches(6, 32, 512, 512, deterministic)) == [(0, 64, 3, 6)]
+    (_, three), = kernels.main_launches(6, 32, 512, 512, deterministic)
+    two = three.kernel
+    assert two == dataclasses.replace(three, tiles=kernels.MULTI_TILE) and two.kernel is two
+    assert {config for config in kernels.gpu_configs() if isinstance(config, kernels.MainConfig) and config.tiles > 1} >= {two}
+    if deterministic:
+        assert kernels.lanes_redo(three).tiles == 3
+    for tiles in (0, 2.0):
+        with pytest.raises(ValueError, match="^tiles"):
+            kernels.MainConfig(64, 576, 512, "lanes", tiles=tiles)
+    with pytest.raises(ValueError, match="^tiles"):
+        kernels.MainConfig(32, 576, 512, "fixed", tiles=2)  # a narrow tile is one group a launch
+
+
+def test_head_tile_rule():
+    # SPEC: padded_H = max(next_power_of_2(H), 16), block_H = min(64, padded_H).
+    assert [kernels.main_tile_heads(h) for h in (1, 8, 15, 16, 17, 32, 33, 64, 65, 128)] == [16, 16, 16, 16, 32, 32, 64, 64, 64, 64]
 
 
 def test_instruments_must_be_instruments():
