@@ -92,12 +92,16 @@ def test_interleaved_timing_records_each_calls_span(monkeypatch):
     import torch
 
     monkeypatch.setattr(torch.cuda, "synchronize", lambda: None)
-    monkeypatch.setattr(bench, "_event_time", lambda fn: (fn(), time.sleep(0.002), 2.0)[-1])
     order = []
+    # A timed call's "time" is its place among all calls (warm-ups included), so each time
+    # says which call it came from.
+    monkeypatch.setattr(bench, "_event_time", lambda fn: (fn(), time.sleep(0.002), float(len(order)))[-1])
     calls = {"det": lambda: order.append("det"), "atomic": lambda: order.append("atomic")}
     spans = {}
     times = bench.time_interleaved(calls, warmup=1, repeats=3, spans=spans)
-    assert times == {"det": [2.0] * 3, "atomic": [2.0] * 3} and order == ["det", "atomic"] + ["det", "atomic"] * 3
+    assert order == ["det", "atomic"] + ["det", "atomic"] * 3
+    # The warm-ups (calls 1 and 2) are not timed; each timed call goes to its own name, in order.
+    assert times == {"det": [3.0, 5.0, 7.0], "atomic": [4.0, 6.0, 8.0]}
     assert {name: len(s) for name, s in spans.items()} == {"det": 3, "atomic": 3}
     flat = sorted(spans["det"] + spans["atomic"])
     assert all(start < end for start, end in flat) and all(a[1] <= b[0] for a, b in zip(flat, flat[1:]))
