@@ -11,6 +11,7 @@ import torch
 import oracle
 from mqa_bwd import bench
 from mqa_bwd.contract import OUTPUT_NAMES, SPEC_ARGS
+from mqa_bwd.edge import to_numpy
 from properties.case import ALL_INVALID_KINDS, Case, to_framework
 
 from hopper import NEEDS_HOPPER
@@ -102,7 +103,7 @@ def test_error_columns_with_the_model_backends():
     calls["all NaN dq"] = lambda: (torch.full_like(calls["model"]()[0], math.nan),) + tuple(calls["model"]()[1:])
     quality = bench.assess(args, calls, budget_bytes=1 << 16)  # a few blocks of rows
     # Each error is the relative L2 distance from the NumPy oracle's float64 backward.
-    want = oracle.backward(*[_as_numpy(x) for x in args], precision="float64")
+    want = oracle.backward(*[to_numpy(x) if isinstance(x, torch.Tensor) else x for x in args], precision="float64")
     for name in ("model", "model-atomic", "dkv 1% off"):
         got = calls[name]()
         for i, output in enumerate(OUTPUT_NAMES):
@@ -135,16 +136,6 @@ def test_error_columns_with_the_model_backends():
     data = json.loads(bench.to_json(rows))
     again = [bench.Row(**row) for row in data["rows"]]
     assert again[2].error_over_atomic == by_name["dkv 1% off"].error_over_atomic
-
-
-def _as_numpy(x):
-    if not isinstance(x, torch.Tensor):
-        return x
-    if x.dtype == torch.bfloat16:
-        import ml_dtypes
-
-        return x.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-    return x.numpy()
 
 
 def _visible(S, S_kv):
