@@ -16,14 +16,13 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 
-from mqa_bwd.contract import SPEC_ARGS
-from mqa_bwd import fixed_point, wrapper
+from mqa_bwd import fixed_point
 from mqa_bwd.model import ModelLauncher, float_to_int64_rn
 from properties.case import Case, to_framework
 from properties.checks import bitwise_difference
 from properties.strategies import Space, cases
 
-ARGS = SPEC_ARGS
+from model_calls import call_model, slots_by_hand
 
 
 def _f64(x):
@@ -55,16 +54,6 @@ def abs_contribution_sums(host: dict) -> np.ndarray:
     return total.reshape(B * S_kv, Dk)
 
 
-def kernel_slots(host: dict) -> torch.Tensor:
-    """[R, L] global kv rows (b * S_kv + index) or -1, as the wrapper hands the kernel."""
-    idx = torch.from_numpy(np.asarray(host["token_indices"], np.int64))
-    B, S, L = idx.shape
-    S_kv = host["kv"].shape[1]
-    valid = (idx >= 0) & (idx < S_kv)
-    rows = idx + torch.arange(B).view(B, 1, 1) * S_kv
-    return torch.where(valid, rows, torch.full_like(rows, -1)).reshape(B * S, L)
-
-
 def scales_for(host: dict) -> torch.Tensor:
     """The row scales the wrapper computes for these inputs (Delta as the delta kernel does)."""
     t = to_framework(host)
@@ -72,7 +61,7 @@ def scales_for(host: dict) -> torch.Tensor:
     delta = (t["out"].float() * t["grad_out"].float()).sum(-1).reshape(B * S, H)
     kv = t["kv"].reshape(-1, t["kv"].shape[-1])
     d_v = t["grad_out"].shape[-1]
-    slots = kernel_slots(host)
+    slots = torch.from_numpy(slots_by_hand(host["token_indices"], host["kv"].shape[1], host["token_indices"].shape[2]))
     referenced, live_row = torch.zeros(kv.shape[0], dtype=torch.int32), torch.zeros(B * S, dtype=torch.int32)
     q = t["query"].reshape(B * S, H, -1)
     ModelLauncher().mark_slots(slots, referenced, live_row, q, torch.empty((B * S, H), dtype=torch.int32))
@@ -150,22 +139,17 @@ def test_unrepresentable_bounds_give_a_nan_scale(bound):
 # -- the design on the CPU tile model -----------------------------------------
 
 
-def _run(host):
-    inputs = to_framework(host)
-    return wrapper.backward_with(ModelLauncher(), *[inputs[k] for k in ARGS])
-
-
 def _case():
     return Case(B=1, S=6, S_kv=40, H=5, L=9, d_k=32, d_v=16, sink="random", seed=11)
 
 
 def test_an_lse_that_leaves_too_much_softmax_mass_poisons_dkv_not_dq():
     host = _case().inputs()
-    dq, dkv, dsink = _run(host)
+    dq, dkv, dsink = call_model(to_framework(host))
     assert torch.isfinite(dkv.float()).all()
     bad = dict(host, lse=host["lse"].copy())
     bad["lse"][0, 2, 3] -= 10.0  # one head of one row now has e**10 times its softmax mass
-    dq2, dkv2, dsink2 = _run(bad)
+    dq2, dkv2, dsink2 = call_model(to_framework(bad))
     assert torch.isnan(dkv2.float()).all(), "dKV was computed past the range proof's assumption"
     assert torch.isfinite(dq2.float()).all() and torch.isfinite(dsink2).all()
 
@@ -173,10 +157,10 @@ def test_an_lse_that_leaves_too_much_softmax_mass_poisons_dkv_not_dq():
 def test_a_flag_poisons_only_its_own_batch_element():
     # The scales are per batch element, so a broken proof in one leaves the others exact.
     host = Case(B=2, S=6, S_kv=40, H=5, L=9, d_k=32, d_v=16, sink="random", seed=11).inputs()
-    _, dkv, _ = _run(host)
+    _, dkv, _ = call_model(to_framework(host))
     bad = dict(host, lse=host["lse"].copy())
     bad["lse"][1, 2, 3] -= 10.0
-    _, dkv2, _ = _run(bad)
+    _, dkv2, _ = call_model(to_framework(bad))
     assert torch.isnan(dkv2[1].float()).all()
     assert torch.isfinite(dkv[0].float()).all() and bitwise_difference("dkv[0]", dkv2[0], dkv[0]) is None
 
@@ -186,7 +170,7 @@ def test_a_nan_lse_poisons_dkv_instead_of_dropping_its_contributions():
     host = _case().inputs()
     bad = dict(host, lse=host["lse"].copy())
     bad["lse"][0, 1, 0] = np.nan
-    _, dkv, _ = _run(bad)
+    _, dkv, _ = call_model(to_framework(bad))
     assert torch.isnan(dkv.float()).all()
 
 
@@ -197,7 +181,7 @@ def test_a_head_with_zero_q_and_grad_out_may_have_any_mass():
     host["grad_out"][:, :, 4] = 0
     huge = dict(host, lse=host["lse"].copy())
     huge["lse"][:, :, 4] = -30.0  # mass exp(30) per slot: harmless, the head contributes nothing
-    reference, result = _run(host)[1], _run(huge)[1]
+    reference, result = call_model(to_framework(host))[1], call_model(to_framework(huge))[1]
     assert torch.isfinite(result.float()).all() and bitwise_difference("dkv", result, reference) is None
 
 
@@ -206,15 +190,15 @@ def test_non_finite_kv_rows_poison_dkv_only_when_read():
     referenced = sorted(set(np.asarray(host["token_indices"]).reshape(-1).tolist()) & set(range(40)))
     spare = next(j for j in range(40) if j not in referenced)
     used = referenced[0]
-    dq, dkv, _ = _run(host)
+    dq, dkv, _ = call_model(to_framework(host))
     bad = dict(host, kv=host["kv"].copy())
     bad["kv"][0, spare, 0] = np.inf  # nobody reads it: its dkv stays exactly 0 (SPEC)
     bad["kv"][0, spare, 20] = np.nan
-    dq2, dkv2, _ = _run(bad)
+    dq2, dkv2, _ = call_model(to_framework(bad))
     assert torch.count_nonzero(dkv2[0, spare].float()) == 0
     assert bitwise_difference("dkv", dkv2, dkv) is None and bitwise_difference("dq", dq2, dq) is None
     bad["kv"][0, used, 1] = np.inf
-    _, dkv3, _ = _run(bad)
+    _, dkv3, _ = call_model(to_framework(bad))
     assert torch.isnan(dkv3[0, used].float()).all()
 
 
@@ -226,7 +210,7 @@ def test_finite_inputs_that_overflow_fp32_poison_instead_of_saturating():
     host = tight_inputs(2, mq=2.0**-60, mdo=2.0**66, mv=2.0**63, mo=0.0)
     assert torch.isnan(scales_for(host)[0])
     assert torch.isfinite(scales_for(tight_inputs(2, mq=2.0**-60, mdo=2.0**30, mv=2.0**30, mo=0.0))[0])
-    _, dkv, _ = _run(host)
+    _, dkv, _ = call_model(to_framework(host))
     assert torch.isnan(dkv[0, 0].float()).all()
 
 
@@ -234,9 +218,9 @@ def test_a_row_with_no_valid_slot_may_hold_anything():
     host = _case().inputs()
     host = dict(host, query=host["query"].copy(), token_indices=host["token_indices"].copy())
     host["token_indices"][0, 3] = -1  # row 3 reads nothing
-    dq, dkv, _ = _run(host)
+    dq, dkv, _ = call_model(to_framework(host))
     host["query"][0, 3, 1, 5] = np.nan
-    dq2, dkv2, _ = _run(host)
+    dq2, dkv2, _ = call_model(to_framework(host))
     assert torch.isfinite(dkv2.float()).all() and bitwise_difference("dkv", dkv2, dkv) is None
 
 
@@ -321,7 +305,7 @@ def test_the_wrapper_plans_from_the_scales_of_its_own_inputs(monkeypatch):
     seen = []
     real_plan = fixed_point.plan
     monkeypatch.setattr(fixed_point, "plan", lambda *a, **k: seen.append((a, k)) or real_plan(*a, **k))
-    _run(host)
+    call_model(to_framework(host))
     (args, kwargs), = seen
     assert kwargs["max_q"] is not None and kwargs["max_do"] is not None
     got = real_plan(*args, **kwargs)

@@ -18,6 +18,7 @@ from mqa_bwd.model import ModelLauncher, TileBoundsError
 from properties.case import INVALID_KINDS, SINKS, Case, expected, to_framework
 from properties.checks import bitwise_difference
 from properties.compare import compare, first_difference
+from model_calls import call_model, slots_by_hand
 from wide_grid import TileALaunch
 
 ARGS = SPEC_ARGS
@@ -27,12 +28,6 @@ SLOTS = (1, 31, 32, 33, 129)
 
 def call(inputs, **kw):
     return mqa_bwd.mqa_latent_sparse_bwd(*[inputs[k] for k in ARGS], **kw)
-
-
-def call_model(inputs, dkv_buf_bytes=None, launcher=None):
-    """The wrapper on a given launcher (default: the deterministic model)."""
-    return wrapper.backward_with(launcher or ModelLauncher(), *[inputs[k] for k in ARGS],
-                                 dkv_buf_bytes=dkv_buf_bytes)
 
 
 def edge_cases():
@@ -188,17 +183,6 @@ def test_the_slot_layout_is_one_order_for_every_order_of_a_rows_slots():
     assert not torch.equal(kept, slots)
 
 
-def _slots_by_hand(idx: np.ndarray, S_kv: int, padded: int) -> np.ndarray:
-    """The slot layout written out row by row: global kv rows ascending, then -1s."""
-    B, S, L = idx.shape
-    out = np.full((B * S, padded), -1, dtype=np.int64)
-    for b in range(B):
-        for s in range(S):
-            row = [int(i) + b * S_kv for i in idx[b, s] if 0 <= int(i) < S_kv]
-            out[b * S + s, : len(row)] = sorted(row)
-    return out
-
-
 @pytest.mark.parametrize("B,S,L,dtype,step_rows", [
     (1, 6, 64, torch.int32, None),   # one step, no padding: the layout is the sort's own tensor
     (1, 6, 64, torch.int64, None),
@@ -221,7 +205,7 @@ def test_the_slot_layout_matches_one_written_by_hand(monkeypatch, B, S, L, dtype
     p = wrapper.Problem(B=B, S=S, S_kv=S_kv, H=16, L=L, d_k=64, d_v=32, block_h=16, dkv_buf_bytes=None)
     slots = wrapper.global_slots(idx, p, ModelLauncher())
     assert slots.dtype == torch.int32 and slots.shape == (B * S, p.padded_slots)
-    assert np.array_equal(slots.numpy(), _slots_by_hand(idx.numpy(), S_kv, p.padded_slots))
+    assert np.array_equal(slots.numpy(), slots_by_hand(idx.numpy(), S_kv, p.padded_slots))
 
 
 @pytest.mark.parametrize("S", [1, 4096, 1 << 20])
