@@ -4,12 +4,10 @@ The GPU half (the same model on the TileLang kernels, the atomic control's drift
 at a production-like shape) is tests/test_autograd_gpu.py.
 """
 
-import importlib.util
 import shlex
 import sys
 import types
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -28,7 +26,6 @@ from properties.compare import bf16_ulp_distance, compare
 
 from tiny_model import differing_gradients, the_drift_warning, train
 
-ROOT = Path(__file__).resolve().parents[1]
 #: Every SPEC kind of invalid index, duplicates, a row with no valid slot, two batch elements.
 SMALL = Case(B=2, S=6, S_kv=12, H=4, L=10, d_k=32, d_v=16, invalid=ALL_INVALID_KINDS, hole_rate=0.25,
              duplicates=True, empty_rows=1, sink="random", seed=5)
@@ -479,35 +476,6 @@ def test_a_paddle_callers_bad_argument_is_named_in_paddles_names():
     with pytest.raises(ValueError, match=r"^q: expected dtype paddle\.bfloat16, got paddle\.float32$"):
         sparse_mqa_attention(p["query"].astype(paddle.float32), p["kv"], p["attn_sink"], p["token_indices"],
                              SMALL.sm_scale, d_v=SMALL.d_v, backward_backend="model")
-
-
-# ---------------------------------------------------------------------------
-# benchmarks/drift_overhead.py on a CPU
-# ---------------------------------------------------------------------------
-
-
-def _benchmark():
-    spec = importlib.util.spec_from_file_location("drift_overhead", ROOT / "benchmarks" / "drift_overhead.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_the_drift_overhead_benchmark_parses_and_refuses_a_cpu(capsys):
-    bench = _benchmark()
-    args = bench.parse_args([])
-    assert (args.H, args.every, args.shape) == (64, 10, dict(B=1, S=4096, S_kv=8192, H=64, L=2048))
-    assert bench.parse_args(["--H", "128", "--rounds", "3"]).shape["H"] == 128
-    with pytest.raises(SystemExit):
-        bench.parse_args(["--H", "32"])  # not a dsv32 shape
-    with pytest.raises(SystemExit):
-        bench.parse_args(["--every", "0"])
-    from mqa_bwd import backends
-
-    if backends.hopper_available():
-        pytest.skip("a Hopper GPU is here: the benchmark would run")
-    assert bench.main([]) == 2
-    assert "needs a Hopper GPU" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("change, name", [

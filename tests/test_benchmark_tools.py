@@ -559,3 +559,20 @@ def test_row_cost_fit_recovers_a_rows_cost_and_refuses_one_row_count():
     assert fit(rows, noisy)[0] == pytest.approx(1e-4, rel=0.05)
     with pytest.raises(ValueError, match="^rows"):
         fit([4096, 4096], [7.1, 7.2])
+
+
+def test_the_drift_overhead_benchmark_parses_and_refuses_a_cpu(capsys):
+    tool = _tool("drift_overhead")
+    args = tool.parse_args([])
+    assert (args.H, args.every, args.shape) == (64, 10, dict(B=1, S=4096, S_kv=8192, H=64, L=2048))
+    assert tool.parse_args(["--H", "128", "--rounds", "3"]).shape["H"] == 128
+    with pytest.raises(SystemExit):
+        tool.parse_args(["--H", "32"])  # not a dsv32 shape
+    with pytest.raises(SystemExit):
+        tool.parse_args(["--every", "0"])
+    from mqa_bwd import backends
+
+    if backends.hopper_available():
+        pytest.skip("a Hopper GPU is here: the benchmark would run")
+    assert tool.main([]) == 2
+    assert "needs a Hopper GPU" in capsys.readouterr().err
