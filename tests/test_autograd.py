@@ -399,6 +399,12 @@ BAD_CALLS = [
     ("block_h", lambda a: dict(block_h=8)),
     ("dkv_buf_bytes", lambda a: dict(dkv_buf_bytes=0)),
     ("forward", lambda a: dict(forward="flash_mla")),
+    ("kv", lambda a: dict(kv=None)),
+    ("token_indices", lambda a: dict(token_indices=None)),
+    ("d_v", lambda a: dict(d_v=8)),
+    ("block_h", lambda a: dict(block_h=16.0)),
+    ("dkv_buf_bytes", lambda a: dict(dkv_buf_bytes=8)),  # positive, below the scratch the call needs
+    ("q", lambda a: dict(q=a["q"][:, :0], token_indices=a["token_indices"][:, :0])),  # no query rows
 ]
 
 
@@ -476,21 +482,3 @@ def test_a_paddle_callers_bad_argument_is_named_in_paddles_names():
     with pytest.raises(ValueError, match=r"^q: expected dtype paddle\.bfloat16, got paddle\.float32$"):
         sparse_mqa_attention(p["query"].astype(paddle.float32), p["kv"], p["attn_sink"], p["token_indices"],
                              SMALL.sm_scale, d_v=SMALL.d_v, backward_backend="model")
-
-
-@pytest.mark.parametrize("change, name", [
-    (dict(kv=None), "kv"), (dict(token_indices=None), "token_indices"), (dict(d_v=8), "d_v"),
-    (dict(block_h=16.0), "block_h"), (dict(dkv_buf_bytes=8), "dkv_buf_bytes"),
-    (dict(q=torch.zeros((1, 0, 16, 64), dtype=torch.bfloat16), token_indices=torch.zeros((1, 0, 5), dtype=torch.int32)),
-     "q"),
-])
-def test_bad_arguments_are_refused_by_name_before_the_forward(change, name):
-    def forward(*args):
-        raise AssertionError("the forward ran before the arguments were checked")
-
-    args = dict(q=torch.zeros((1, 4, 16, 64), dtype=torch.bfloat16), kv=torch.zeros((1, 8, 64), dtype=torch.bfloat16),
-                attn_sink=None, token_indices=torch.zeros((1, 4, 5), dtype=torch.int32), sm_scale=0.125, d_v=32,
-                backward_backend="model", forward=forward)
-    args.update(change)
-    with pytest.raises(ValueError, match=rf"^{name}\b"):
-        sparse_mqa_attention(**args)
