@@ -93,6 +93,11 @@ SOURCE is one of:
                        mqa_bwd.capture.save(path, query=..., kv=..., ...);
                        a damaged or incomplete capture is refused, naming why
 
+A failure file of any property but determinism and agreement (which the
+reruns and the oracle check) also replays that property on the recorded case
+(in the domain the file records) and ends with its verdict: exit 1 while it
+still fails.
+
 --processes N replays the call once in each of N fresh processes instead
 (process 0 runs it first thing; process k first allocates and frees tensors
 of sizes drawn from k and runs small other calls, so that its buffers and
@@ -784,6 +789,11 @@ def cmd_repro(args) -> int:
                       markup=False)
     if source.recorded.get("report"):
         console.print("recorded report:\n" + str(source.recorded["report"]).rstrip(), markup=False)
+    prop = repro.recorded_property(source)
+    if source.kind == "case" and source.recorded.get("property") and prop is None \
+            and source.recorded["property"] not in repro.RERUN_PROPERTIES:
+        console.print(f"note: the recorded property {source.recorded['property']!r} is none of this suite's; "
+                      "replaying the call only", markup=False)
     settings = ", ".join(f"{k}={v}" for k, v in config.items()) or "default call options"
     if args.processes:
         if against is not None:
@@ -791,11 +801,15 @@ def cmd_repro(args) -> int:
         console.print(f"replaying one call in each of {args.processes} fresh processes on {impl.label} "
                       f"({impl.device}, {framework}; {settings})", markup=False)
         replayed = repro.replay_in_processes(source, impl, args.processes)
-        _print_process_replay(console, replayed)
+        _print_process_replay(console, replayed, scope="call replay " if prop else "")
+        report = replayed.as_dict()
+        code = 0 if replayed.ok else 1
+        if prop:
+            code = _replay_recorded_property(console, repro, source, impl, prop, report, code)
         if args.json:
-            args.json.write_text(json.dumps(replayed.as_dict(), indent=1, default=str))
+            args.json.write_text(json.dumps(report, indent=1, default=str))
             console.print(f"report written to {args.json}", markup=False)
-        return 0 if replayed.ok else 1
+        return code
     console.print(f"replaying {args.runs} runs on {impl.label} ({impl.device}, {framework}; {settings})"
                   + (f" and on {against.label}" if against else ""), markup=False)
     oracle = not args.no_oracle
@@ -814,11 +828,34 @@ def cmd_repro(args) -> int:
             bar.update(tasks[label], completed=run + 1)
 
         result = repro.replay(source, impl, runs=args.runs, against=against, oracle=oracle, on_run=on_run)
-    _print_repro(console, result)
+    _print_repro(console, result, scope="call replay " if prop else "")
+    report = result.as_dict()
+    code = 0 if result.ok else 1
+    if prop:
+        code = _replay_recorded_property(console, repro, source, impl, prop, report, code)
     if args.json:
-        args.json.write_text(json.dumps(result.as_dict(), indent=1, default=str))
+        args.json.write_text(json.dumps(report, indent=1, default=str))
         console.print(f"report written to {args.json}", markup=False)
-    return 0 if result.ok else 1
+    return code
+
+
+def _replay_recorded_property(console, repro, source, impl, prop, report: dict, call_code: int) -> int:
+    """Replay the property a failure file records after the call replay (whose exit code is
+    ``call_code``); print its report and, last, the verdict of both; add it to the JSON ``report``.
+    Returns the exit code: 1 while the property fails, whatever the call replay said."""
+    console.print(f"replaying property {prop!r} on the recorded case on {impl.label}", markup=False)
+    verdict = repro.replay_property(source, impl, prop)
+    console.print(verdict.report.rstrip(), markup=False)
+    report["property_replay"] = {"property": prop, "ok": verdict.ok, "report": verdict.report}
+    if not verdict.ok:
+        console.print(f"FAILED: property {prop!r} still fails on the recorded case", markup=False)
+        return 1
+    if call_code == 0:
+        console.print(f"OK: property {prop!r} holds on the recorded case, and the call replay too", markup=False)
+    else:
+        console.print(f"FAILED: property {prop!r} holds on the recorded case, but the call replay did not (above)",
+                      markup=False)
+    return call_code
 
 
 # ---------------------------------------------------------------------------

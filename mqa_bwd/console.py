@@ -146,7 +146,9 @@ def _fmt_shape(shape) -> str:
 _SHORT_DTYPE = {"bfloat16": "bf16", "float32": "fp32"}
 
 
-def _print_repro(console, result) -> None:
+def _print_repro(console, result, scope: str = "") -> None:
+    """The rerun tables and, last, the verdict line, prefixed with ``scope`` where a property's
+    replay follows (its line is then the headline)."""
     from rich.table import Table
     from rich.text import Text
 
@@ -218,10 +220,10 @@ def _print_repro(console, result) -> None:
             verdicts.append(f"{r.implementation}: bitwise reproducible but outside the oracle tolerance")
         else:
             verdicts.append(f"{r.implementation}: bitwise reproducible" + (", within tolerance" if r.oracle else ""))
-    console.print(("OK: " if result.ok else "FAILED: ") + "; ".join(verdicts), markup=False)
+    console.print(scope + ("OK: " if result.ok else "FAILED: ") + "; ".join(verdicts), markup=False)
 
 
-def _print_process_replay(console, replay) -> None:
+def _print_process_replay(console, replay, scope: str = "") -> None:
     from rich.table import Table
 
     from .repro import OUTPUT_NAMES
@@ -246,8 +248,9 @@ def _print_process_replay(console, replay) -> None:
                               for sha, ps in groups.items())
             console.print(f"{name}: {len(groups)} distinct results: {parts}", markup=False)
     if replay.ok:
-        console.print(f"OK: {replay.implementation}: bitwise identical in {answered} fresh processes", markup=False)
+        console.print(f"{scope}OK: {replay.implementation}: bitwise identical in {answered} fresh processes",
+                      markup=False)
     else:
         why = [f"differs between processes ({', '.join(replay.differing)})"] if replay.differing else []
         why += [f"{len(replay.problems)} process(es) gave no result"] if replay.problems else []
-        console.print(f"FAILED: {replay.implementation}: " + "; ".join(why), markup=False)
+        console.print(f"{scope}FAILED: {replay.implementation}: " + "; ".join(why), markup=False)

@@ -499,6 +499,42 @@ def replay_in_processes(source: Source, impl: Implementation, count: int) -> Pro
     return ProcessReplay(source, impl.label, impl.device, answers)
 
 
+#: Recorded properties the replay itself re-checks: determinism is the reruns compared bitwise,
+#: agreement is run 0 against the oracle. Any other recorded property is replayed as such.
+RERUN_PROPERTIES = ("determinism", "agreement")
+
+
+def recorded_property(source: Source) -> str | None:
+    """The property a failure file records, when the reruns and the oracle cannot tell whether it
+    still fails (anything but determinism and agreement); else None. Crash records name a pytest
+    node, not a property: their replay is the call itself."""
+    from properties.checks import PROPERTIES
+
+    name = source.recorded.get("property")
+    if source.kind != "case" or name in RERUN_PROPERTIES or name not in PROPERTIES:
+        return None
+    return name
+
+
+def replay_property(source: Source, impl: Implementation, name: str, options=None):
+    """Property ``name`` on the recorded case, run on ``impl`` as the suite ran it: with the
+    domain the failure file records (none recorded: SPEC's, as the plugin writes it) and the
+    call options and framework of the replay. Returns the property's Verdict."""
+    from properties import checks
+    from properties.target import Target
+
+    from .contract import Domain
+
+    case = source.case.replace(block_h=impl.kwargs.get("block_h"), dkv_buf_bytes=impl.kwargs.get("dkv_buf_bytes"),
+                               framework=impl.framework)
+    text = source.recorded.get("domain") or "spec"
+    if not isinstance(text, str):
+        raise ValueError(f"case file {source.path}: 'domain' is not a domain text (got {type(text).__name__})")
+    domain = Domain.parse(text, option=f"the domain recorded in {source.path}")
+    target = Target(impl.function, impl.spec, impl.kwargs.get("backend"), impl.device, domain)
+    return checks.run_property(name, target, case, options or checks.Options())
+
+
 def recorded_target(source: Source) -> tuple:
     """(impl, backend) that a failure file or capture names; None for what it does not name."""
     impl = source.recorded.get("impl") or None

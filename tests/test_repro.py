@@ -401,3 +401,38 @@ def test_a_second_peer_is_replayed_by_what_its_function_declares(monkeypatch):
         repro.resolve(impl, None, option="--against")
     # A function that declares no device is no peer: it is handed the backend.
     assert repro.resolve(f"{__name__}:doubles_dq", "model").kwargs == {"backend": "model"}
+
+
+# ---------------------------------------------------------------------------
+# A saved failure of a property the reruns cannot see
+# ---------------------------------------------------------------------------
+
+
+def _saved_failure(tmp_path, impl, prop, case):
+    """The failure file the suite's plugin writes for ``prop`` failing on ``case`` (its own save_failure)."""
+    from properties import checks, plugin
+
+    harness = plugin._build(impl, "model", plugin.DEFAULT_REPEATS, None, "ci", None, tmp_path)
+    verdict = checks.run_property(prop, harness.target, case, harness.options)
+    assert not verdict.ok, verdict.report  # the mutant does fail there
+    return harness.save_failure(prop, case, verdict.report)
+
+
+@pytest.mark.parametrize("mutant, prop, case", [
+    ("dtype_unchecked", "rejection", Case(H=2, S=2, L=4, seed=1)),
+    ("slots_in_caller_order", "slot_order", Case(H=3, S=2, L=8, seed=2)),
+])
+def test_cli_repro_replays_the_property_a_failure_file_records(tmp_path, capsys, mutant, prop, case):
+    # Reruns and the oracle see nothing wrong with these mutants' single calls: only the recorded
+    # property does, so repro must replay it.
+    path = _saved_failure(tmp_path, f"mqa_bwd.mutants:{mutant}", prop, case)
+    report = tmp_path / "report.json"
+    assert cli.main(["repro", str(path), "--runs", "2", "--json", str(report)]) == 1
+    out = capsys.readouterr().out
+    assert f"replaying property '{prop}' on the recorded case" in out
+    assert f"\nFAILED: property '{prop}' still fails on the recorded case\n" in out
+    replayed = json.loads(report.read_text())["property_replay"]
+    assert replayed["property"] == prop and replayed["ok"] is False and replayed["report"] in out
+    # Ours on the same file: the property holds, and the reruns too.
+    assert cli.main(["repro", str(path), "--runs", "2", "--impl", repro.OURS]) == 0
+    assert capsys.readouterr().out.rstrip().splitlines()[-1].startswith(f"OK: property '{prop}' holds")
