@@ -98,6 +98,10 @@ reruns and the oracle check) also replays that property on the recorded case
 (in the domain the file records) and ends with its verdict: exit 1 while it
 still fails.
 
+A call the implementation refuses with a ValueError (the case, or options
+such as --dkv-buf-bytes, outside what it accepts) is bad input: REFUSED, with
+its reason, and exit 2.
+
 --processes N replays the call once in each of N fresh processes instead
 (process 0 runs it first thing; process k first allocates and frees tensors
 of sizes drawn from k and runs small other calls, so that its buffers and
@@ -830,7 +834,8 @@ def cmd_repro(args) -> int:
         result = repro.replay(source, impl, runs=args.runs, against=against, oracle=oracle, on_run=on_run)
     _print_repro(console, result, scope="call replay " if prop else "")
     report = result.as_dict()
-    code = 0 if result.ok else 1
+    # A refused call is bad input (the case or the call options), not a failure: nothing was replayed.
+    code = 0 if result.ok else (2 if result.refused else 1)
     if prop:
         code = _replay_recorded_property(console, repro, source, impl, prop, report, code)
     if args.json:
@@ -853,8 +858,8 @@ def _replay_recorded_property(console, repro, source, impl, prop, report: dict, 
     if call_code == 0:
         console.print(f"OK: property {prop!r} holds on the recorded case, and the call replay too", markup=False)
     else:
-        console.print(f"FAILED: property {prop!r} holds on the recorded case, but the call replay did not (above)",
-                      markup=False)
+        console.print(f"{'REFUSED' if call_code == 2 else 'FAILED'}: property {prop!r} holds on the recorded case, "
+                      "but the call replay did not (above)", markup=False)
     return call_code
 
 

@@ -157,6 +157,10 @@ def _print_repro(console, result, scope: str = "") -> None:
     for report in (result.primary, result.other):
         if report is None:
             continue
+        if any(report is r for r in result.refused):  # no run to tabulate: say why instead
+            console.print(f"{report.implementation} refused the call: {type(report.run0_error).__name__}: "
+                          f"{report.run0_error}", markup=False)
+            continue
         table = Table(title=f"{report.implementation} on {report.device}: {report.runs_requested} runs",
                       title_justify="left")
         for column in ("output", "bitwise", "distinct", "first diff run", "first diff element: run 0 vs it",
@@ -211,6 +215,9 @@ def _print_repro(console, result, scope: str = "") -> None:
         if result.rejected_as_spec_requires is not None:
             verdicts.append(f"{r.implementation}: " + ("rejected the call with a ValueError, as SPEC requires" if r.rejected
                                                       else "did NOT reject a call that breaks SPEC with a ValueError"))
+        elif any(r is x for x in result.refused):
+            verdicts.append(f"{r.implementation}: refused the call with a ValueError (above); nothing was replayed "
+                            "on it: the case or the call options are outside what it accepts")
         elif r.problems:
             verdicts.append(f"{r.implementation}: {len(r.problems)} problem(s)")
         elif not r.bitwise:
@@ -220,7 +227,8 @@ def _print_repro(console, result, scope: str = "") -> None:
             verdicts.append(f"{r.implementation}: bitwise reproducible but outside the oracle tolerance")
         else:
             verdicts.append(f"{r.implementation}: bitwise reproducible" + (", within tolerance" if r.oracle else ""))
-    console.print(scope + ("OK: " if result.ok else "FAILED: ") + "; ".join(verdicts), markup=False)
+    outcome = "OK: " if result.ok else ("REFUSED: " if result.refused else "FAILED: ")
+    console.print(scope + outcome + "; ".join(verdicts), markup=False)
 
 
 def _print_process_replay(console, replay, scope: str = "") -> None:

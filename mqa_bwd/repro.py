@@ -392,6 +392,14 @@ class ReproResult:
         return all(r.rejected for r in (self.primary, self.other) if r is not None)
 
     @property
+    def refused(self) -> list:
+        """The implementations that refused a call SPEC allows with a ValueError on their first run:
+        nothing was replayed on them (the case or the call options are outside what they accept)."""
+        if self.source.structure_error is not None:
+            return []
+        return [r for r in (self.primary, self.other) if r is not None and r.rejected]
+
+    @property
     def ok(self) -> bool:
         if self.source.structure_error is not None:
             return bool(self.rejected_as_spec_requires)
@@ -404,6 +412,7 @@ class ReproResult:
             "ok": self.ok,
             "structure_error": self.source.structure_error,
             "rejected_as_spec_requires": self.rejected_as_spec_requires,
+            "refused": [f"{r.implementation}: {type(r.run0_error).__name__}: {r.run0_error}" for r in self.refused],
             "oracle_skipped": self.oracle_skipped,
             "implementations": [r.as_dict() for r in (self.primary, self.other) if r is not None],
             "cross": {name: c.as_dict() for name, c in self.cross.items()},
@@ -421,7 +430,7 @@ def replay(source: Source, impl: Implementation, runs: int = 100, against: Imple
     result = ReproResult(source, primary, other)
     if source.structure_error is not None:
         result.oracle_skipped = f"the recorded call breaks SPEC ({source.structure_error}): it must be rejected"
-    elif oracle:
+    elif oracle and any(r.run0 for r in (primary, other) if r is not None):  # else no output to judge
         from properties.case import expected
 
         want = expected(source.inputs)

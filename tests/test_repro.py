@@ -436,3 +436,17 @@ def test_cli_repro_replays_the_property_a_failure_file_records(tmp_path, capsys,
     # Ours on the same file: the property holds, and the reruns too.
     assert cli.main(["repro", str(path), "--runs", "2", "--impl", repro.OURS]) == 0
     assert capsys.readouterr().out.rstrip().splitlines()[-1].startswith(f"OK: property '{prop}' holds")
+
+
+def test_cli_repro_of_a_call_the_implementation_refuses_cannot_run(tmp_path, capsys):
+    # A scratch budget below what the call needs is refused with a ValueError naming it, as
+    # SPEC allows: bad input, so exit code 2 and the reason, not a failure of the implementation.
+    path = tmp_path / "case.json"
+    path.write_text(SMALL.to_json())
+    report = tmp_path / "report.json"
+    assert cli.main(["repro", str(path), "--runs", "2", "--backend", "model", "--dkv-buf-bytes", "1",
+                     "--json", str(report)]) == 2
+    out = capsys.readouterr().out
+    assert "backend 'model' refused the call: ValueError: dkv_buf_bytes: 1 is below" in out
+    assert out.rstrip().splitlines()[-2].startswith("REFUSED: backend 'model': refused the call")
+    assert json.loads(report.read_text())["refused"][0].startswith("backend 'model': ValueError: dkv_buf_bytes")
