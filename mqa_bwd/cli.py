@@ -557,6 +557,11 @@ def _check_report(console, run, failures_dir: Path, before: set, summary_path: P
         kept.write_bytes(Path(run.log_path).read_bytes())
         console.print(f"full pytest output: {kept}", markup=False)
     passed, known, skipped = verdicts.count("pass"), verdicts.count("xfail"), verdicts.count("skip")
+    if run.interrupted:  # a failure found before the signal still fails the run; else it could not finish
+        failed = "fail" in verdicts
+        console.print(f"{'DOES NOT HOLD' if failed else 'DID NOT FINISH'}: {run.interrupted} after "
+                      f"{_fmt_seconds(run.seconds)}; {passed} of {len(verdicts)} properties had passed", markup=False)
+        return 1 if failed else 2
     # A skipped property (a GPU-only probe on the CPU) did not run: it counts neither way.
     console.print(f"{'HOLDS' if held else 'DOES NOT HOLD'}: {passed} of {len(verdicts) - skipped} properties passed"
                   + (f", {known} known failure{'s' if known > 1 else ''} (the ledger)" if known else "")

@@ -31,6 +31,7 @@ shrunk the failure. (``check --minutes-per-property`` is a fixed budget per
 property instead, kept by the suite's own plugin: properties/plugin.py.)
 """
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -513,12 +514,13 @@ def run_suite(command, *, cwd, progress_dir: Path, records_dir: Path | None, log
         environment[ENV_DEADLINE] = repr(deadline)
     records = []
     interrupted = None
-    with open(log_path, "ab") as log:
-        log.write(("$ " + " ".join(map(str, command)) + "\n").encode())
-        log.flush()
-        proc = subprocess.Popen(command, cwd=cwd, env=environment, stdout=log, stderr=subprocess.STDOUT,
-                                start_new_session=True)
+    proc = None
+    with open(log_path, "ab") as log, _signals_stop_the_run():
         try:
+            log.write(("$ " + " ".join(map(str, command)) + "\n").encode())
+            log.flush()
+            proc = subprocess.Popen(command, cwd=cwd, env=environment, stdout=log, stderr=subprocess.STDOUT,
+                                    start_new_session=True)
             while proc.poll() is None:
                 time.sleep(poll_s)
                 if records_dir is not None:
@@ -528,11 +530,10 @@ def run_suite(command, *, cwd, progress_dir: Path, records_dir: Path | None, log
                 if deadline is not None and time.time() > deadline + grace_s and interrupted is None:
                     interrupted = f"still running {grace_s:.0f} s after the time budget ended"
                     _stop(proc)
-        except KeyboardInterrupt:
-            interrupted = "interrupted by the user"
-            _stop(proc)
+        except KeyboardInterrupt as stop:  # Stopped, or a Ctrl-C where no handler could be set
+            interrupted = getattr(stop, "reason", "interrupted by the user")
         finally:
-            if proc.poll() is None:
+            if proc is not None and proc.poll() is None:
                 _stop(proc)
     if records_dir is not None:
         records += harvest_records(records_dir, final=True, stalled=interrupted is not None)
@@ -544,8 +545,46 @@ def run_suite(command, *, cwd, progress_dir: Path, records_dir: Path | None, log
     progress = read_progress(progress_dir)
     if on_update is not None:
         on_update(progress, records)
-    return SuiteRun(list(command), proc.returncode, log_path, progress, summary, interrupted, records,
-                    time.time() - started)
+    return SuiteRun(list(command), None if proc is None else proc.returncode, log_path, progress, summary, interrupted,
+                    records, time.time() - started)
+
+
+class Stopped(KeyboardInterrupt):
+    """SIGINT or SIGTERM arrived while the suite ran (a KeyboardInterrupt, so that code which
+    handles Ctrl-C handles both)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = signum
+        self.reason = "interrupted by the user" if signum == signal.SIGINT else \
+            f"stopped by {signal.Signals(signum).name}"
+
+
+@contextlib.contextmanager
+def _signals_stop_the_run():
+    """While pytest runs: SIGINT and SIGTERM raise Stopped once, so that run_suite ends pytest's
+    process group before this process ends. pytest runs in a session of its own (so that a
+    terminal's Ctrl-C reaches only us, and we can stop it cleanly): nobody else signals it, and
+    SIGTERM's default action (what 'timeout' sends) would leave it running, orphaned. Signals
+    after the first are ignored, so that a second one cannot cut the clean-up short."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set handlers
+        yield
+        return
+    received = []
+
+    def handler(signum, frame):
+        if not received:
+            received.append(signum)
+            raise Stopped(signum)
+
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield
+    finally:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
 
 
 def _stop(proc, patience_s: float = 20.0) -> None:

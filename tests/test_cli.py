@@ -10,9 +10,11 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -462,6 +464,59 @@ def test_fuzz_keeps_the_case_of_a_crashed_worker_for_repro(in_stub, tmp_path, ca
     # Replayed on the model rather than on the crashing function, the same inputs are fine.
     assert cli.main(["repro", str(records[0]), "--backend", "model", "--impl", "mqa_bwd:mqa_latent_sparse_bwd",
                      "--runs", "2"]) == 0
+
+
+def _children(pid: int) -> list:
+    """The pids whose parent is ``pid`` (Linux /proc)."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except (OSError, IndexError):
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_check_stopped_by_a_signal_stops_its_pytest_and_fails(stub, signum):
+    # What 'timeout' does in CI (SIGTERM), or Ctrl-C: the pytest child runs in its own process
+    # group, so check must end that group itself rather than leave it running, orphaned.
+    if not Path("/proc/self/stat").exists():
+        pytest.skip("needs Linux /proc to find the child process")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(stub), str(ROOT)]))
+    command = [sys.executable, "-m", "mqa_bwd", "check", "--backend", "model", "--profile", "fuzz",
+               "--tests", str(stub / "test_properties.py"), *NO_PLUGIN]
+    parent = subprocess.Popen(command, cwd=stub, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    children = []
+    try:
+        for _ in range(600):  # the fuzz profile's 100000 examples keep pytest busy long after this
+            children = _children(parent.pid)
+            if children or parent.poll() is not None:
+                break
+            time.sleep(0.1)
+        assert children, parent.communicate(timeout=60)[0].decode()[-3000:]
+        time.sleep(2.0)  # let pytest start its tests
+        parent.send_signal(signum)
+        out = parent.communicate(timeout=120)[0].decode()
+        assert parent.returncode not in (0, None), out[-3000:]
+        assert not [pid for pid in children if _group_alive(pid)], out[-3000:]
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        for pid in children:  # its own group (start_new_session): ours to end if it survived
+            if _group_alive(pid):
+                os.killpg(pid, signal.SIGKILL)
 
 
 # ---------------------------------------------------------------------------
