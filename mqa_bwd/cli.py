@@ -48,7 +48,9 @@ Runs every property of the suite (properties/test_properties.py, shipped in
 the package) under the 'ci'
 Hypothesis profile (derandomized, fixed example counts), shows progress per
 property, and ends with a table: property x verdict x cases x time. Exit 0
-only when every property that ran holds.
+only when every property that ran holds; 1 when one fails; 2 when none ran
+(every one skipped, none selected by -k, arguments the suite refuses) or a
+signal stopped the run first.
 
 A failing property's report (worst elements, ULP distances, a REPRO line) is
 printed after the table, and each failing case is saved as JSON in
@@ -538,8 +540,8 @@ def _check_report(console, run, failures_dir: Path, before: set, summary_path: P
                           markup=False)
         print_outside_domain(console, run.summary)
     verdicts = [str(r.get("verdict")) for r in properties.values()]
-    held = (run.returncode == 0 and bool(properties) and "fail" not in verdicts
-            and ("pass" in verdicts or "xfail" in verdicts))
+    failed = "fail" in verdicts or run.returncode == 1
+    held = run.returncode == 0 and not failed and ("pass" in verdicts or "xfail" in verdicts)
     if run.summary is None:
         console.print(f"the property suite wrote no summary (pytest exit code {run.returncode}); "
                       f"the end of its output:\n{fuzz.log_tail(run.log_path)}", markup=False, style="bold red")
@@ -558,16 +560,33 @@ def _check_report(console, run, failures_dir: Path, before: set, summary_path: P
         console.print(f"full pytest output: {kept}", markup=False)
     passed, known, skipped = verdicts.count("pass"), verdicts.count("xfail"), verdicts.count("skip")
     if run.interrupted:  # a failure found before the signal still fails the run; else it could not finish
-        failed = "fail" in verdicts
         console.print(f"{'DOES NOT HOLD' if failed else 'DID NOT FINISH'}: {run.interrupted} after "
                       f"{_fmt_seconds(run.seconds)}; {passed} of {len(verdicts)} properties had passed", markup=False)
         return 1 if failed else 2
+    if not (held or failed):  # no property ran: exit code 2, as for any command that could not do its job
+        console.print(f"COULD NOT RUN: {_why_no_property_ran(run, properties)} (pytest exit code {run.returncode} "
+                      f"after {_fmt_seconds(run.seconds)})", markup=False)
+        return 2
     # A skipped property (a GPU-only probe on the CPU) did not run: it counts neither way.
     console.print(f"{'HOLDS' if held else 'DOES NOT HOLD'}: {passed} of {len(verdicts) - skipped} properties passed"
                   + (f", {known} known failure{'s' if known > 1 else ''} (the ledger)" if known else "")
                   + (f", {skipped} skipped (see the table)" if skipped else "")
                   + f" in {_fmt_seconds(run.seconds)} (pytest exit code {run.returncode})", markup=False)
     return 0 if held else 1
+
+
+def _why_no_property_ran(run, properties: dict) -> str:
+    """Why a check run that neither held nor failed ran no property, for its last line."""
+    if run.returncode == 4:
+        return "the property suite refused its arguments (the usage error above)"
+    if run.returncode == 5 or (run.summary is not None and not properties):
+        return "no property was selected (see -k and any pytest arguments after --)"
+    if run.summary is None:
+        return "the property suite wrote no summary (the end of its output is above)"
+    reasons = sorted({p.reason for p in run.progress.values() if p.outcome == "skipped" and p.reason})
+    if properties and all(r.get("verdict") == "skip" for r in properties.values()):
+        return "every property was skipped" + (f": {reasons[0]}" if len(reasons) == 1 else " (see the table)")
+    return "pytest stopped before any property ran"
 
 
 # ---------------------------------------------------------------------------

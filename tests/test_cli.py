@@ -547,6 +547,21 @@ def test_check_on_the_real_suite_with_a_small_budget(capsys, tmp_path):
     assert all(f"`{key}`" in readme for key in keys), sorted(k for k in keys if f"`{k}`" not in readme)
 
 
+@pytest.mark.parametrize("argv, why", [
+    (["-k", "determinism_at_scale"], "every property was skipped: runs on a GPU backend only"),  # the model: CPU
+    (["--domain", "heads=2-8", "--heads", "16-32"], "the property suite refused its arguments"),  # pytest: 4
+    (["-k", "nosuchprop"], "no property was selected"),  # pytest: 5
+])
+def test_check_that_runs_no_property_could_not_run(capsys, tmp_path, argv, why):
+    # Exit code 2, as for any command that could not do its job; 1 is kept for a property that fails.
+    if _real_suite_missing():
+        pytest.skip(_real_suite_missing())
+    code = cli.main(["check", "--backend", "model", "--failures-dir", str(tmp_path), *argv])
+    out = capsys.readouterr().out
+    assert code == 2, out
+    assert out.rstrip().splitlines()[-1].startswith(f"COULD NOT RUN: {why}"), out
+
+
 def test_fuzz_on_the_real_suite_for_a_few_seconds(capsys, tmp_path):
     if _real_suite_missing():
         pytest.skip(_real_suite_missing())
