@@ -23,6 +23,8 @@ DEFAULT_SUITE = Path(__file__).resolve().parent.parent / Path(*SUITE_MODULE.spli
 PROFILES = ("ci", "dev", "fuzz", "repro")
 MAX_HEADS = 128  # shown in --help; parse_heads enforces properties.strategies.MAX_HEADS
 FUZZ_FAILURES_DIR = "fuzz-failures"
+#: Where check keeps the pytest output of a run that did not hold, in its failures folder.
+CHECK_LOG = Path("logs") / "check.log"
 #: Fuzz rounds shorter than this are not worth a pytest start-up.
 MIN_ROUND_S = 20.0
 
@@ -56,7 +58,9 @@ A failing property's report (worst elements, ULP distances, a REPRO line) is
 printed after the table, and each failing case is saved as JSON in
 .mqa-failures/ (in the working directory) or in --failures-dir;
 'mqa-bwd repro FILE' replays it, and 'mqa-bwd promote FILE' makes it one of
-the regressions every later run replays first.
+the regressions every later run replays first. The full pytest output of a
+run that does not hold is kept there too, as logs/check.log (replaced by the
+next such run; a run that holds writes none).
 
 Another implementation is drawn only inside its domain: what it declares as
 its function's 'domain' attribute (mqa_bwd.contract.Domain), with the fields
@@ -542,11 +546,12 @@ def _check_report(console, run, failures_dir: Path, before: set, summary_path: P
     verdicts = [str(r.get("verdict")) for r in properties.values()]
     failed = "fail" in verdicts or run.returncode == 1
     held = run.returncode == 0 and not failed and ("pass" in verdicts or "xfail" in verdicts)
+    kept = None if held else _keep_log(console, run.log_path, failures_dir)
     if run.summary is None:
         console.print(f"the property suite wrote no summary (pytest exit code {run.returncode}); "
                       f"the end of its output:\n{fuzz.log_tail(run.log_path)}", markup=False, style="bold red")
     elif not held:
-        section = fuzz.failures_section(run.log_path)
+        section = fuzz.failures_section(kept or run.log_path, name_log=kept is not None)
         if section:
             console.print(section, markup=False)
         elif run.returncode != 0:
@@ -554,9 +559,7 @@ def _check_report(console, run, failures_dir: Path, before: set, summary_path: P
     saved = [p for p in _new_files(failures_dir, before) if p.resolve() != Path(summary_path).resolve()]  # a summary is no case
     for path in saved:
         console.print(f"saved failing case: {path}   replay: mqa-bwd repro {path}", markup=False)
-    if not held:
-        kept = Path(tempfile.gettempdir()) / f"mqa-bwd-check-{os.getpid()}.log"
-        kept.write_bytes(Path(run.log_path).read_bytes())
+    if kept is not None:
         console.print(f"full pytest output: {kept}", markup=False)
     passed, known, skipped = verdicts.count("pass"), verdicts.count("xfail"), verdicts.count("skip")
     if run.interrupted:  # a failure found before the signal still fails the run; else it could not finish
@@ -573,6 +576,21 @@ def _check_report(console, run, failures_dir: Path, before: set, summary_path: P
                   + (f", {skipped} skipped (see the table)" if skipped else "")
                   + f" in {_fmt_seconds(run.seconds)} (pytest exit code {run.returncode})", markup=False)
     return 0 if held else 1
+
+
+def _keep_log(console, log: Path, failures_dir: Path) -> Path | None:
+    """Keep the pytest output of a run that did not hold, beside its failing cases (the run's own
+    copy goes with its temporary folder). One file, CHECK_LOG, replaced by the next such run: it
+    is where the user already looks, and it cannot pile up as a file per run would. None, with a
+    note, where it cannot be written."""
+    kept = failures_dir / CHECK_LOG
+    try:
+        kept.parent.mkdir(parents=True, exist_ok=True)
+        kept.write_bytes(Path(log).read_bytes())
+    except OSError as e:
+        console.print(f"note: could not keep the pytest output in {kept} ({e.strerror or e})", markup=False)
+        return None
+    return kept
 
 
 def _why_no_property_ran(run, properties: dict) -> str:

@@ -624,8 +624,9 @@ def name_real_target(path: Path, target: str, ours: str = "mqa_bwd:mqa_latent_sp
     return True
 
 
-def failures_section(log_path: Path, limit_lines: int = 200) -> str:
-    """The FAILURES part of a pytest log (where the REPRO lines are), shortened."""
+def failures_section(log_path: Path, limit_lines: int = 200, name_log: bool = True) -> str:
+    """The FAILURES part of a pytest log (where the REPRO lines are), shortened; the note on what
+    was cut names the log only with ``name_log`` (a log about to be deleted is no place to look)."""
     try:
         text = Path(log_path).read_text(errors="replace")
     except OSError:
@@ -637,7 +638,8 @@ def failures_section(log_path: Path, limit_lines: int = 200) -> str:
     end = next((i for i in range(start + 1, len(lines)) if "short test summary info" in lines[i]), len(lines))
     section = lines[start:end]
     if len(section) > limit_lines:
-        section = section[:limit_lines] + [f"... ({len(section) - limit_lines} more lines in {log_path})"]
+        where = f"in {log_path}" if name_log else "not shown"
+        section = section[:limit_lines] + [f"... ({len(section) - limit_lines} more lines {where})"]
     return "\n".join(section)
 
 

@@ -161,6 +161,12 @@ def crashy(*args, **kwargs):
 
 def device_fault(*args, **kwargs):
     raise RuntimeError("CUDA error: an illegal memory access was encountered")
+
+
+def chatty_wrong(*args, **kwargs):
+    """wrong, printing 300 lines a call: a failure report longer than check shows."""
+    print("\\n".join(f"chatter {i}" for i in range(300)))
+    return wrong(*args, **kwargs)
 '''
 
 
@@ -435,6 +441,30 @@ def test_check_fails_on_a_wrong_implementation_and_saves_a_replayable_case(in_st
     assert f"replay: mqa-bwd repro {saved}" in out
     assert cli.main(["repro", str(saved), "--runs", "2"]) == 1  # replays on stub_impls:wrong, as recorded
     assert "outside the oracle tolerance" in capsys.readouterr().out
+
+
+def test_check_names_only_logs_that_exist_and_leaves_none_in_the_temp_folder(in_stub, tmp_path, capsys, monkeypatch):
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))  # where the run's scratch goes
+    (tmp_path / "tmp").mkdir()
+    failures = tmp_path / "failures"
+    argv = ["check", "--backend", "model", "--failures-dir", str(failures), "--tests",
+            str(in_stub / "test_properties.py"), "-k", "oracle", *NO_PLUGIN]
+    assert cli.main(argv[:1] + ["--impl", "stub_impls:chatty_wrong"] + argv[1:]) == 1
+    out = capsys.readouterr().out
+    assert "more lines in " in out, out[-3000:]  # the report was cut: the rest is in the log it names
+    named = set(re.findall(r"(/\S+?\.log)\b", out))
+    assert named and all(Path(p).is_file() for p in named), named
+    assert list((tmp_path / "tmp").iterdir()) == []
+    (log,) = named
+    assert "chatter 299" in Path(log).read_text()
+    # A run that holds leaves no log anywhere; one that fails again replaces the log, so they do not pile up.
+    assert cli.main(argv) == 0
+    assert ".log" not in capsys.readouterr().out and list((tmp_path / "tmp").iterdir()) == []
+    assert cli.main(argv[:1] + ["--impl", "stub_impls:wrong"] + argv[1:]) == 1
+    assert set(re.findall(r"(/\S+?\.log)\b", capsys.readouterr().out)) == named
+    assert [p for p in tmp_path.rglob("*.log")] == [Path(log)] and "chatter" not in Path(log).read_text()
 
 
 def test_fuzz_on_the_model_with_one_worker_runs_cases_and_finds_nothing(in_stub, tmp_path, capsys):
