@@ -55,8 +55,6 @@ ENV_RECORDS = "MQA_FUZZ_RECORDS"  # where guarded() writes its in-flight records
 GUARD = "mqa_bwd.fuzz:guarded"
 PROPERTY_PREFIX = "test_property_"
 WRITE_INTERVAL_S = 0.5
-#: Hypothesis phases whose test cases are new inputs tried (not shrinks or replays of a failure).
-_SEARCH_PHASES = ("explicit", "reuse", "generate", "target")
 
 
 def property_name(nodeid: str) -> str:
@@ -105,21 +103,15 @@ class _Progress:
         self.write(force=True)
 
     def observe(self, observation) -> None:
-        kind = getattr(observation, "type", None) or (observation.get("type") if isinstance(observation, dict) else None)
-        if kind != "test_case" or self.current is None:
+        from properties.observed import test_case_kind
+
+        seen = test_case_kind(observation)
+        if seen is None or self.current is None:
             return
-        if isinstance(observation, dict):
-            status, phase = observation.get("status"), (observation.get("metadata") or {}).get("phase")
-        else:
-            status, phase = observation.status, getattr(observation.metadata, "phase", None)
+        kind, failed = seen
         rec = self.record(self.current)
-        if status == "gave_up":
-            rec["gave_up"] += 1
-        elif phase in _SEARCH_PHASES:
-            rec["cases"] += 1
-        else:  # shrinking, explaining, the final replay: the same failure again, not a new case
-            rec["shrink_steps"] += 1
-        if status == "failed":
+        rec[{"gave_up": "gave_up", "case": "cases", "shrink": "shrink_steps"}[kind]] += 1
+        if failed:
             rec["failed_cases"] += 1
             self.failure_seen = True
         self.write()
@@ -131,6 +123,11 @@ class _Progress:
             if rec["outcome"] in (None, "passed") or crashed:
                 rec["outcome"] = "crashed" if crashed else report.outcome
             rec["seconds"] += float(getattr(report, "duration", 0.0) or 0.0)
+            cases = dict(report.user_properties).get("mqa_cases")
+            if report.when == "call" and isinstance(cases, int) and self.worker != "controller":
+                # The suite's own count, which its summary and check's table show: the same rule
+                # (properties.observed), plus a property's calls outside Hypothesis (at scale).
+                rec["cases"] = cases
             if report.skipped and isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:
                 rec["reason"] = str(report.longrepr[2]).removeprefix("Skipped: ")
         self.write(force=True)
@@ -153,20 +150,6 @@ class _Progress:
 _PROGRESS: _Progress | None = None
 
 
-def _watch_hypothesis(progress: _Progress) -> None:
-    try:
-        from hypothesis.internal import observability
-    except ImportError:  # pragma: no cover - Hypothesis without observability: no live case counts
-        return
-    # Coverage collection is what observability costs on Python <= 3.11; we only count cases.
-    if hasattr(observability, "OBSERVABILITY_COLLECT_COVERAGE"):
-        observability.OBSERVABILITY_COLLECT_COVERAGE = False
-    if hasattr(observability, "add_observability_callback"):
-        observability.add_observability_callback(progress.observe)
-    else:  # pragma: no cover - Hypothesis before the callback API
-        observability.TESTCASE_CALLBACKS.append(progress.observe)
-
-
 def pytest_configure(config):
     global _PROGRESS
     directory = os.environ.get(ENV_PROGRESS)
@@ -177,7 +160,9 @@ def pytest_configure(config):
     _PROGRESS = _Progress(Path(directory), worker, float(deadline) if deadline else None,
                           int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
     if worker != "controller":
-        _watch_hypothesis(_PROGRESS)
+        from properties.observed import watch
+
+        watch(_PROGRESS.observe)  # without observability (old Hypothesis) no live case counts
     _PROGRESS.write(force=True)
 
 

@@ -63,7 +63,7 @@ from hypothesis import strategies as st
 
 from mqa_bwd.files import write_json_atomic
 
-from . import checks, ledger, profiles, strategies
+from . import checks, ledger, observed, profiles, strategies
 from .case import Case
 from .target import OURS, Target, declared_domain
 
@@ -109,7 +109,10 @@ class Harness:
         self.known_failures, self.known_failures_path = tuple(known_failures), known_failures_path
         self.outside_probe = outside_probe
         self.current_item = None
-        self.cases_run = collections.Counter()  # nodeid -> examples run
+        #: nodeid -> cases run: new inputs Hypothesis tried (properties.observed), not the reruns that
+        #: shrink a failure; a call outside Hypothesis (at scale) counts itself
+        self.cases_run = collections.Counter()
+        self.counts_observed = False  # whether Hypothesis' observations count the cases
         #: nodeid -> {finding: Counter(held=n, failed=m)}: each example's sub-checks (Verdict.findings)
         self.findings_run = collections.defaultdict(lambda: collections.defaultdict(collections.Counter))
         self.failures = {}  # nodeid -> [(property, case, report)] of the examples Hypothesis reports
@@ -147,7 +150,8 @@ class Harness:
         __tracebackhide__ = True  # the report is the message; the harness's frames are noise
         nodeid = self._nodeid(name)
         self._end_if_over_budget(nodeid)
-        self.cases_run[nodeid] += 1
+        if not (self.counts_observed and _in_hypothesis()):
+            self.cases_run[nodeid] += 1
         verdict = checks.run_property(name, self.target, case, self.options)
         for finding, held in verdict.findings.items():
             if held is not None:
@@ -175,6 +179,12 @@ class Harness:
         if _is_final_example():
             self.failures.setdefault(nodeid, []).append((name, case, report))
         raise PropertyFailure(f"{report}\nREPRO: {self.repro_command(name, case)}")
+
+    def observe(self, observation) -> None:
+        """A Hypothesis observation: one more case of the running test where it is a new input."""
+        seen = observed.test_case_kind(observation)
+        if seen is not None and seen[0] == "case" and self.current_item is not None:
+            self.cases_run[self.current_item.nodeid] += 1
 
     def check_at_scale(self, name: str) -> None:
         """``name`` on one production-shape case (strategies.scale_case), on a GPU backend only."""
@@ -226,6 +236,17 @@ def harness() -> Harness:
     if _HARNESS is None:
         _HARNESS = _build(None, None, DEFAULT_REPEATS, None, None, None, DEFAULT_FAILURES_DIR, DEFAULT_PROCESSES)
     return _HARNESS
+
+
+def _in_hypothesis() -> bool:
+    """Is this call inside a Hypothesis test case (not a plain call, as the at-scale probe's)?"""
+    try:
+        from hypothesis.control import current_build_context
+
+        current_build_context()
+        return True
+    except Exception:  # noqa: BLE001 - no build context: a plain call
+        return False
 
 
 def _is_final_example() -> bool:
@@ -454,8 +475,20 @@ def pytest_configure(config):
     except ValueError as err:
         raise pytest.UsageError(str(err)) from None
     profiles.load(profile)
+    _count_observed_cases()
     config._mqa_summary = {}  # property -> {"outcomes": [...], "cases": n, "seconds": t, ...}
     config._mqa_outside = None  # the outside-domain findings, once probed
+
+
+_WATCHING = []  # the observation callback, registered once per process
+
+
+def _count_observed_cases() -> None:
+    """Count cases from Hypothesis' observations (properties.observed): the harness cannot tell a
+    new input from a rerun that shrinks a failure, but the phase each observation names can."""
+    if not _WATCHING:
+        _WATCHING.append(observed.watch(lambda observation: harness().observe(observation)))
+    harness().counts_observed = _WATCHING[0]
 
 
 def pytest_report_header(config):

@@ -592,6 +592,20 @@ def test_check_that_runs_no_property_could_not_run(capsys, tmp_path, argv, why):
     assert out.rstrip().splitlines()[-1].startswith(f"COULD NOT RUN: {why}"), out
 
 
+def test_check_counts_a_failing_propertys_cases_alike_in_the_progress_line_and_the_table(capsys, tmp_path):
+    # Shrinking the failure reruns the property many times: neither count may include those reruns.
+    if _real_suite_missing():
+        pytest.skip(_real_suite_missing())
+    summary = tmp_path / "summary.json"
+    code = cli.main(["check", "--backend", "model", "--impl", "mqa_bwd.mutants:pad_dq_unsliced", "-k",
+                     "output_contract", "--failures-dir", str(tmp_path), "--summary-json", str(summary)])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    progress = int(re.search(r"^  output_contract: failed, (\d+) cases", out, re.M).group(1))
+    table = int(re.search(r"^│ output_contract +│ fail +│ +(\d+) │", out, re.M).group(1))
+    assert progress == table == json.loads(summary.read_text())["properties"]["output_contract"]["cases"], out
+
+
 def test_fuzz_on_the_real_suite_for_a_few_seconds(capsys, tmp_path):
     if _real_suite_missing():
         pytest.skip(_real_suite_missing())

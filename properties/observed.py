@@ -1,0 +1,46 @@
+"""Hypothesis' test cases as they run: which are new inputs tried, which re-run a failure.
+
+One rule for the two counts of a property's cases, so that they agree: the
+suite's plugin (the ``cases`` of the summary and of check's table) and
+``mqa_bwd.fuzz`` (the live progress of check and fuzz). A case is a new
+input tried; shrinking a failure, explaining it and replaying it at the end
+run the property again on the same failure, and are not cases.
+"""
+
+#: Hypothesis phases whose test cases are new inputs tried (not shrinks or replays of a failure).
+SEARCH_PHASES = ("explicit", "reuse", "generate", "target")
+
+
+def test_case_kind(observation) -> tuple | None:
+    """(kind, failed) of a Hypothesis observation: kind "case" (a new input tried), "shrink" (the
+    same failure again: shrinking, explaining, the final replay) or "gave_up" (rejected by a filter);
+    None for an observation that is no test case."""
+    if isinstance(observation, dict):
+        if observation.get("type") != "test_case":
+            return None
+        status, phase = observation.get("status"), (observation.get("metadata") or {}).get("phase")
+    else:
+        if getattr(observation, "type", None) != "test_case":
+            return None
+        status, phase = observation.status, getattr(observation.metadata, "phase", None)
+    kind = "gave_up" if status == "gave_up" else ("case" if phase in SEARCH_PHASES else "shrink")
+    return kind, status == "failed"
+
+
+def watch(callback) -> bool:
+    """Call ``callback(observation)`` for every Hypothesis observation from now on. False where this
+    Hypothesis has no observability: nothing can be counted this way."""
+    try:
+        from hypothesis.internal import observability
+    except ImportError:  # pragma: no cover - Hypothesis without observability
+        return False
+    # Coverage collection is what observability costs on Python <= 3.11; the counts need none.
+    if hasattr(observability, "OBSERVABILITY_COLLECT_COVERAGE"):
+        observability.OBSERVABILITY_COLLECT_COVERAGE = False
+    if hasattr(observability, "add_observability_callback"):
+        observability.add_observability_callback(callback)
+    elif hasattr(observability, "TESTCASE_CALLBACKS"):  # pragma: no cover - Hypothesis before the callback API
+        observability.TESTCASE_CALLBACKS.append(callback)
+    else:  # pragma: no cover
+        return False
+    return True
