@@ -745,6 +745,8 @@ def findings_lines(findings: dict) -> list:
 
     lines = []
     for name, checks in sorted(findings.items()):
+        if not checks:  # nothing counted (the property did not run): no line to print
+            continue
         merged = add_finding_counts({}, checks, key=grouped)
         parts = [f"{finding} {c['failed']} failed of {c['held'] + c['failed']}" for finding, c in merged.items()]
         lines.append(f"{name} checks: " + ", ".join(parts))

@@ -646,6 +646,9 @@ def test_sub_check_counts_add_up_over_rounds_and_the_inputs_checks_count_as_one(
                      "input kv untouched": {"held": 4, "failed": 0}}
     assert cli.findings_lines({"memory_safety": total}) == [
         "memory_safety checks: guard bands 2 failed of 6, inputs untouched 1 failed of 7"]
+    # A property with no sub-check counts (one that never ran, or whose verdicts have none) gets no line.
+    assert cli.findings_lines({"determinism_at_scale": {}, "memory_safety": total}) == \
+        cli.findings_lines({"memory_safety": total})
 
 
 def test_promote_makes_a_failure_a_replayed_regression(tmp_path, capsys):
