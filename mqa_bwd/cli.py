@@ -601,7 +601,8 @@ def _why_no_property_ran(run, properties: dict) -> str:
         return "no property was selected (see -k and any pytest arguments after --)"
     if run.summary is None:
         return "the property suite wrote no summary (the end of its output is above)"
-    reasons = sorted({p.reason for p in run.progress.values() if p.outcome == "skipped" and p.reason})
+    reasons = {r.get("skip_reason") for r in properties.values()}
+    reasons = sorted(filter(None, reasons | {p.reason for p in run.progress.values() if p.outcome == "skipped"}))
     if properties and all(r.get("verdict") == "skip" for r in properties.values()):
         return "every property was skipped" + (f": {reasons[0]}" if len(reasons) == 1 else " (see the table)")
     return "pytest stopped before any property ran"

@@ -52,6 +52,7 @@ def verdict_cells(result: dict, skip_reason: str | None = None) -> tuple:
         return "known failure", _shorten(str(known.get("reason", "")) + (f" | {seen}" if seen else ""))
     if verdict == "pass" and result.get("budget"):
         return "pass (time budget)", _shorten(str(result["budget"]))
+    skip_reason = result.get("skip_reason") or skip_reason  # the summary's own, where it has one
     if verdict == "skip" and skip_reason:
         return f"skip ({skip_reason})", ""
     return verdict, _shorten(notes[0]) if notes else ""

@@ -618,6 +618,8 @@ def pytest_runtest_logreport(report):
         entry["outcomes"].append("fail")
     elif report.skipped:
         entry["outcomes"].append("skip")
+        if isinstance(report.longrepr, tuple) and len(report.longrepr) == 3:  # (path, line, "Skipped: why")
+            entry["skip_reason"] = str(report.longrepr[2]).removeprefix("Skipped: ")
     elif report.when == "call":
         entry["outcomes"].append("pass")
 
@@ -644,7 +646,8 @@ def pytest_sessionstart(session):
 
 def summary(config) -> dict:
     """What ``mqa-bwd check`` reads: per property a verdict (pass, fail, xfail: a known failure,
-    skip), cases, seconds and notes; the domain, and what was found just outside it."""
+    skip, with its skip_reason), cases, seconds and notes; the domain, and what was found just
+    outside it."""
     h = harness()
     properties = {}
     for name, entry in sorted(config._mqa_summary.items()):
@@ -658,6 +661,8 @@ def summary(config) -> dict:
             properties[name]["notes"] = entry["notes"]
         if entry.get("budget"):
             properties[name]["budget"] = entry["budget"]
+        if verdict == "skip" and entry.get("skip_reason"):
+            properties[name]["skip_reason"] = entry["skip_reason"]
     result = {"properties": properties, "backend": h.target.backend, "impl": h.target.spec, "profile": h.profile,
               "repeats": h.options.repeats,
               "domain": {"text": h.target.domain.to_text(), "source": h.target.domain_source}}

@@ -592,6 +592,17 @@ def test_check_that_runs_no_property_could_not_run(capsys, tmp_path, argv, why):
     assert out.rstrip().splitlines()[-1].startswith(f"COULD NOT RUN: {why}"), out
 
 
+def test_the_summary_json_says_why_a_property_was_skipped(capsys, tmp_path):
+    if _real_suite_missing():
+        pytest.skip(_real_suite_missing())
+    summary = tmp_path / "summary.json"
+    cli.main(["check", "--backend", "model", "-k", "determinism_at_scale", "--failures-dir", str(tmp_path),
+              "--summary-json", str(summary)])
+    result = json.loads(summary.read_text())["properties"]["determinism_at_scale"]
+    assert result["verdict"] == "skip" and result["skip_reason"].startswith("runs on a GPU backend only"), result
+    assert f"skip ({result['skip_reason']})" in capsys.readouterr().out  # what the table shows
+
+
 def test_check_counts_a_failing_propertys_cases_alike_in_the_progress_line_and_the_table(capsys, tmp_path):
     # Shrinking the failure reruns the property many times: neither count may include those reruns.
     if _real_suite_missing():
