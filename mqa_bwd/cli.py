@@ -309,7 +309,7 @@ def build_parser() -> argparse.ArgumentParser:
     promote.add_argument("--property", metavar="NAME", help="replay it for this property only (default: the "
                          "property the failure file names; all properties for bare Case JSON)")
     promote.add_argument("--regressions-dir", type=Path, default=REGRESSIONS_DIR, metavar="DIR",
-                         help=f"the suite's regressions (default: {REGRESSIONS_DIR})")
+                         help=f"the suite's regressions, created if missing (default: {REGRESSIONS_DIR})")
     promote.set_defaults(handler=cmd_promote)
 
     repro = sub.add_parser("repro", help="replay a case or a capture N times: determinism and accuracy",
@@ -637,8 +637,13 @@ def cmd_promote(args) -> int:
         record["property"] = prop
     else:
         record.pop("property", None)
-    if not args.regressions_dir.is_dir():
+    if args.regressions_dir.exists() and not args.regressions_dir.is_dir():
         raise ValueError(f"--regressions-dir: {str(args.regressions_dir)!r} is not a folder")
+    try:  # a first regression starts its folder
+        args.regressions_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--regressions-dir: cannot create {str(args.regressions_dir)!r} "
+                         f"({e.strerror or e})") from None
     path = args.regressions_dir / regression_name(prop, case)
     write_json_atomic(path, record)
     print(f"promoted {args.source} -> {path} (replayed first by "

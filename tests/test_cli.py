@@ -680,6 +680,17 @@ def test_promote_makes_a_failure_a_replayed_regression(tmp_path, capsys):
     assert json.loads(saved.read_text())["report"] == "dkv: run 1 differs"
 
 
+def test_promote_creates_a_regressions_folder_but_refuses_a_file(tmp_path, capsys):
+    failure = tmp_path / "agreement-x.json"
+    failure.write_text(json.dumps({"case": {"H": 2}, "property": "agreement"}))
+    regressions = tmp_path / "new" / "regressions"
+    assert cli.main(["promote", str(failure), "--regressions-dir", str(regressions)]) == 0
+    assert [p.name for p in regressions.iterdir()] == [p.name for p in regressions.glob("agreement-*.json")] != []
+    capsys.readouterr()
+    assert cli.main(["promote", str(failure), "--regressions-dir", str(failure)]) == 2
+    assert "--regressions-dir" in capsys.readouterr().err and json.loads(failure.read_text())["property"] == "agreement"
+
+
 def test_promote_refuses_what_is_not_a_case(tmp_path, capsys):
     junk = tmp_path / "junk.json"
     junk.write_text('{"nothing": 1}')
