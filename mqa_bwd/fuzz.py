@@ -564,7 +564,9 @@ def _signals_stop_the_run():
             received.append(signum)
             raise Stopped(signum)
 
-    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # A signal this process ignores (as a background job ignores SIGINT) stays ignored.
+    previous = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)
+                if signal.getsignal(sig) is not signal.SIG_IGN}
     try:
         yield
     finally:

@@ -526,7 +526,9 @@ def test_check_stopped_by_a_signal_stops_its_pytest_and_fails(stub, signum):
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(stub), str(ROOT)]))
     command = [sys.executable, "-m", "mqa_bwd", "check", "--backend", "model", "--profile", "fuzz",
                "--tests", str(stub / "test_properties.py"), *NO_PLUGIN]
-    parent = subprocess.Popen(command, cwd=stub, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    # SIGINT at its default even where this run ignores it (a background job): check honours an ignored one.
+    parent = subprocess.Popen(command, cwd=stub, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     children = []
     try:
         for _ in range(600):  # the fuzz profile's 100000 examples keep pytest busy long after this
