@@ -669,6 +669,10 @@ def cmd_fuzz(args) -> int:
     failures_dir = failures_dir.resolve()
     logs = failures_dir / "logs"
     logs.mkdir(exist_ok=True)
+    # The round logs are this run's: an earlier run's would be appended to, and pile up, where the
+    # failing cases and crash records it saved stay until the user removes them.
+    for old_log in logs.glob("round*.log"):
+        old_log.unlink()
     before = set(failures_dir.iterdir())
     target = impl or backend
     known_failures = _known_failures(args)

@@ -702,3 +702,26 @@ def test_promote_refuses_what_is_not_a_case(tmp_path, capsys):
     good.write_text(json.dumps({"case": {"H": 2}, "property": "agreement"}))
     assert cli.main(["promote", str(good), "--property", "nonsense", "--regressions-dir", str(tmp_path)]) == 2
     assert "--property" in capsys.readouterr().err
+
+
+def test_a_fuzz_run_keeps_its_own_round_logs_and_the_cases_saved_before(tmp_path, monkeypatch, capsys):
+    failures = tmp_path / "fuzz-failures"
+    (failures / "logs").mkdir(parents=True)
+    (failures / "logs" / "round1.log").write_text("an earlier run's round\n")
+    (failures / "logs" / "round7.log").write_text("an earlier run's round\n")
+    earlier_case = failures / "agreement-earlier.json"
+    earlier_case.write_text("{}")
+    rounds = []
+
+    def one_round(command, *, log_path, **kwargs):  # a round stopped at once, as by a signal
+        rounds.append(log_path)
+        Path(log_path).write_text("this run's round\n")
+        return fuzz.SuiteRun(list(command), 2, Path(log_path), {}, None, "stopped by SIGTERM", [], 0.0)
+
+    monkeypatch.setattr(fuzz, "run_suite", one_round)
+    cli.main(["fuzz", "--backend", "model", "--minutes", "1", "--failures-dir", str(failures)])
+    capsys.readouterr()
+    assert rounds == [failures.resolve() / "logs" / "round1.log"]
+    assert [p.name for p in (failures / "logs").iterdir()] == ["round1.log"]
+    assert (failures / "logs" / "round1.log").read_text() == "this run's round\n"
+    assert earlier_case.exists()
