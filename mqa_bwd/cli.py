@@ -566,10 +566,18 @@ def _check_report(console, run, failures_dir: Path, before: set, summary_path: P
         console.print(f"{'DOES NOT HOLD' if failed else 'DID NOT FINISH'}: {run.interrupted} after "
                       f"{_fmt_seconds(run.seconds)}; {passed} of {len(verdicts)} properties had passed", markup=False)
         return 1 if failed else 2
-    if not (held or failed):  # no property ran: exit code 2, as for any command that could not do its job
+    # Exit code 2 only where pytest says nothing was run for a reason of the invocation (usage
+    # error, nothing selected) or every property skipped. A pytest that died (a crash of the
+    # implementation: a signal's negative code) or stopped on an error found something: 1.
+    if not (held or failed) and (run.returncode in (4, 5) or run.returncode == 0):
         console.print(f"COULD NOT RUN: {_why_no_property_ran(run, properties)} (pytest exit code {run.returncode} "
                       f"after {_fmt_seconds(run.seconds)})", markup=False)
         return 2
+    if not (held or failed):
+        console.print(f"DOES NOT HOLD: pytest ended abnormally (exit code {run.returncode}: a crash of the "
+                      f"implementation, or of pytest) after {_fmt_seconds(run.seconds)}; {passed} of {len(verdicts)} "
+                      f"properties had passed", markup=False)
+        return 1
     # A skipped property (a GPU-only probe on the CPU) did not run: it counts neither way.
     console.print(f"{'HOLDS' if held else 'DOES NOT HOLD'}: {passed} of {len(verdicts) - skipped} properties passed"
                   + (f", {known} known failure{'s' if known > 1 else ''} (the ledger)" if known else "")
@@ -603,9 +611,7 @@ def _why_no_property_ran(run, properties: dict) -> str:
         return "the property suite wrote no summary (the end of its output is above)"
     reasons = {r.get("skip_reason") for r in properties.values()}
     reasons = sorted(filter(None, reasons | {p.reason for p in run.progress.values() if p.outcome == "skipped"}))
-    if properties and all(r.get("verdict") == "skip" for r in properties.values()):
-        return "every property was skipped" + (f": {reasons[0]}" if len(reasons) == 1 else " (see the table)")
-    return "pytest stopped before any property ran"
+    return "every property was skipped" + (f": {reasons[0]}" if len(reasons) == 1 else " (see the table)")
 
 
 # ---------------------------------------------------------------------------

@@ -496,6 +496,15 @@ def test_fuzz_keeps_the_case_of_a_crashed_worker_for_repro(in_stub, tmp_path, ca
                      "--runs", "2"]) == 0
 
 
+def test_check_fails_when_the_implementation_kills_pytest(in_stub, tmp_path, capsys):
+    # A crash is a finding, not a run that could not start: exit 1, as for any failing property.
+    code = cli.main(["check", "--impl", "stub_impls:crashy", "--backend", "model", "--heads", "3-3", "-k", "oracle",
+                     "--failures-dir", str(tmp_path / "f"), "--tests", str(in_stub / "test_properties.py"), *NO_PLUGIN])
+    out = capsys.readouterr().out
+    assert code == 1, out[-3000:]
+    assert "DOES NOT HOLD: pytest ended abnormally (exit code -9" in out, out[-3000:]
+
+
 def _children(pid: int) -> list:
     """The pids whose parent is ``pid`` (Linux /proc)."""
     found = []
@@ -518,7 +527,7 @@ def _group_alive(pgid: int) -> bool:
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
-def test_check_stopped_by_a_signal_stops_its_pytest_and_fails(stub, signum):
+def test_check_stopped_by_a_signal_stops_its_pytest_and_could_not_finish(stub, signum):
     # What 'timeout' does in CI (SIGTERM), or Ctrl-C: the pytest child runs in its own process
     # group, so check must end that group itself rather than leave it running, orphaned.
     if not Path("/proc/self/stat").exists():
@@ -540,7 +549,7 @@ def test_check_stopped_by_a_signal_stops_its_pytest_and_fails(stub, signum):
         time.sleep(2.0)  # let pytest start its tests
         parent.send_signal(signum)
         out = parent.communicate(timeout=120)[0].decode()
-        assert parent.returncode not in (0, None), out[-3000:]
+        assert parent.returncode == 2 and "DID NOT FINISH: " in out, out[-3000:]  # nothing had failed
         assert not [pid for pid in children if _group_alive(pid)], out[-3000:]
     finally:
         if parent.poll() is None:
