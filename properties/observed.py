@@ -7,6 +7,8 @@ input tried; shrinking a failure, explaining it and replaying it at the end
 run the property again on the same failure, and are not cases.
 """
 
+import contextlib
+
 #: Hypothesis phases whose test cases are new inputs tried (not shrinks or replays of a failure).
 SEARCH_PHASES = ("explicit", "reuse", "generate", "target")
 
@@ -19,12 +21,42 @@ def test_case_kind(observation) -> tuple | None:
         if observation.get("type") != "test_case":
             return None
         status, phase = observation.get("status"), (observation.get("metadata") or {}).get("phase")
+        how = observation.get("how_generated")
     else:
         if getattr(observation, "type", None) != "test_case":
             return None
         status, phase = observation.status, getattr(observation.metadata, "phase", None)
-    kind = "gave_up" if status == "gave_up" else ("case" if phase in SEARCH_PHASES else "shrink")
+        how = getattr(observation, "how_generated", None)
+    # An explicit example (a replayed regression) names no phase, only how it was generated.
+    explicit = how == "explicit example"
+    kind = "gave_up" if status == "gave_up" else ("case" if phase in SEARCH_PHASES or explicit else "shrink")
     return kind, status == "failed"
+
+
+@contextlib.contextmanager
+def watching(callback):
+    """``callback(observation)`` for every Hypothesis observation on this thread while the block
+    runs; yields whether it could be registered. Observability costs every Hypothesis test, so it
+    is on only for the block (a property test), not for every test of a session the plugin is
+    loaded into."""
+    try:
+        from hypothesis.internal import observability
+    except ImportError:  # pragma: no cover - Hypothesis without observability
+        yield False
+        return
+    if not hasattr(observability, "remove_observability_callback"):  # pragma: no cover - before the callback API
+        yield False
+        return
+    coverage = getattr(observability, "OBSERVABILITY_COLLECT_COVERAGE", None)
+    if coverage is not None:  # coverage collection is what observability costs on Python <= 3.11
+        observability.OBSERVABILITY_COLLECT_COVERAGE = False
+    observability.add_observability_callback(callback)
+    try:
+        yield True
+    finally:
+        observability.remove_observability_callback(callback)
+        if coverage is not None:
+            observability.OBSERVABILITY_COLLECT_COVERAGE = coverage
 
 
 def watch(callback) -> bool:

@@ -48,6 +48,7 @@ failure of a property.
 """
 
 import collections
+import contextlib
 import dataclasses
 import hashlib
 import importlib.util
@@ -475,20 +476,8 @@ def pytest_configure(config):
     except ValueError as err:
         raise pytest.UsageError(str(err)) from None
     profiles.load(profile)
-    _count_observed_cases()
     config._mqa_summary = {}  # property -> {"outcomes": [...], "cases": n, "seconds": t, ...}
     config._mqa_outside = None  # the outside-domain findings, once probed
-
-
-_WATCHING = []  # the observation callback, registered once per process
-
-
-def _count_observed_cases() -> None:
-    """Count cases from Hypothesis' observations (properties.observed): the harness cannot tell a
-    new input from a rerun that shrinks a failure, but the phase each observation names can."""
-    if not _WATCHING:
-        _WATCHING.append(observed.watch(lambda observation: harness().observe(observation)))
-    harness().counts_observed = _WATCHING[0]
 
 
 def pytest_report_header(config):
@@ -532,10 +521,16 @@ def pytest_runtest_call(item):
     h = harness()
     h.current_item = item
     h.started[item.nodeid] = time.time()
+    # Count a property test's cases from Hypothesis' observations (properties.observed): the harness
+    # cannot tell a new input from a rerun that shrinks a failure, but the phase each names can.
+    counting = observed.watching(h.observe) if "mqa" in getattr(item, "fixturenames", ()) \
+        else contextlib.nullcontext(False)
     try:
-        yield
+        with counting as h.counts_observed:
+            yield
     finally:
         h.current_item = None
+        h.counts_observed = False
 
 
 def _settle(report, item, h: Harness) -> None:
