@@ -228,7 +228,7 @@ def _print_repro(console, result, scope: str = "") -> None:
             verdicts.append(f"{r.implementation}: bitwise reproducible but outside the oracle tolerance")
         else:
             verdicts.append(f"{r.implementation}: bitwise reproducible" + (", within tolerance" if r.oracle else ""))
-    outcome = "OK: " if result.ok else ("REFUSED: " if result.refused else "FAILED: ")
+    outcome = "OK: " if result.ok else ("REFUSED: " if result.refused and not result.failed_outright else "FAILED: ")
     console.print(scope + outcome + "; ".join(verdicts), markup=False)
 
 

@@ -400,6 +400,12 @@ class ReproResult:
         return [r for r in (self.primary, self.other) if r is not None and r.rejected]
 
     @property
+    def failed_outright(self) -> bool:
+        """An implementation that ran (did not refuse the call) failed: whatever another refused,
+        that is a failure to report, not bad input."""
+        return any(r is not None and not r.rejected and not r.ok for r in (self.primary, self.other))
+
+    @property
     def ok(self) -> bool:
         if self.source.structure_error is not None:
             return bool(self.rejected_as_spec_requires)
@@ -430,15 +436,17 @@ def replay(source: Source, impl: Implementation, runs: int = 100, against: Imple
     result = ReproResult(source, primary, other)
     if source.structure_error is not None:
         result.oracle_skipped = f"the recorded call breaks SPEC ({source.structure_error}): it must be rejected"
-    elif oracle and any(r.run0 for r in (primary, other) if r is not None):  # else no output to judge
+    elif not oracle:
+        result.oracle_skipped = "skipped on request (--no-oracle)"
+    elif not any(r.run0 for r in (primary, other) if r is not None):
+        result.oracle_skipped = "no implementation returned outputs to compare"
+    else:
         from properties.case import expected
 
         want = expected(source.inputs)
         for report in (primary, other):
             if report is not None:
                 check_against_oracle(report, want)
-    else:
-        result.oracle_skipped = "skipped on request (--no-oracle)"
     if other is not None:
         result.cross = cross_compare(primary, other)
     return result

@@ -438,6 +438,32 @@ def test_cli_repro_replays_the_property_a_failure_file_records(tmp_path, capsys,
     assert capsys.readouterr().out.rstrip().splitlines()[-1].startswith(f"OK: property '{prop}' holds")
 
 
+def wrong_dq(*args, **kwargs):
+    """Ours with dq doubled: outside the oracle tolerance, bitwise reproducible."""
+    dq, dkv, dsink = mqa_latent_sparse_bwd(*args, **kwargs)
+    return dq * 2, dkv, dsink
+
+
+def test_cli_repro_fails_an_implementation_that_ran_wrong_whatever_the_other_refused(tmp_path, capsys):
+    path = tmp_path / "case.json"
+    path.write_text(SMALL.to_json())
+    code = cli.main(["repro", str(path), "--runs", "2", "--backend", "model", "--impl", f"{__name__}:wrong_dq",
+                     "--against", f"{__name__}:refuses_with_a_subclass"])
+    out = capsys.readouterr().out
+    assert code == 1, out[-3000:]
+    assert out.rstrip().splitlines()[-1].startswith("FAILED: "), out[-3000:]
+
+
+def test_cli_repro_of_a_call_every_implementation_refuses_says_why_no_oracle_ran(tmp_path, capsys):
+    path = tmp_path / "case.json"
+    path.write_text(SMALL.to_json())
+    report = tmp_path / "report.json"
+    assert cli.main(["repro", str(path), "--runs", "2", "--impl", f"{__name__}:refuses_with_a_subclass",
+                     "--json", str(report)]) == 2
+    capsys.readouterr()
+    assert json.loads(report.read_text())["oracle_skipped"] == "no implementation returned outputs to compare"
+
+
 def test_cli_repro_of_a_call_the_implementation_refuses_cannot_run(tmp_path, capsys):
     # A scratch budget below what the call needs is refused with a ValueError naming it, as
     # SPEC allows: bad input, so exit code 2 and the reason, not a failure of the implementation.
