@@ -690,7 +690,7 @@ def cmd_fuzz(args) -> int:
     deadline = start + args.minutes * 60.0
     totals = {}  # nodeid -> dict(cases, outcome, reason, seconds)
     findings = {}  # property -> finding -> {"held": n, "failed": m}, over the rounds
-    records, done, stop_reason, round_no, first_summary = [], set(), None, 0, None
+    records, done, stop_reason, round_no, first_summary, signalled = [], set(), None, 0, None, False
     with tempfile.TemporaryDirectory(prefix="mqa-bwd-fuzz-") as tmp:
         while True:
             round_no += 1
@@ -733,7 +733,7 @@ def cmd_fuzz(args) -> int:
                 if p.outcome in ("failed", "crashed") or fuzz.is_known_failure(p):
                     done.add(nodeid)
             if run.interrupted:
-                stop_reason = run.interrupted
+                stop_reason, signalled = run.interrupted, run.signalled
                 break
             if not run.progress or run.returncode not in (0, 1):
                 stop_reason = f"pytest exit code {run.returncode}"
@@ -749,7 +749,7 @@ def cmd_fuzz(args) -> int:
                 stop_reason = "every property has failed (or is a known failure)"
                 break
     return _fuzz_report(console, totals, records, failures_dir, before, stop_reason, time.time() - start, findings,
-                        first_summary)
+                        first_summary, signalled)
 
 
 def findings_lines(findings: dict) -> list:
@@ -770,7 +770,7 @@ def findings_lines(findings: dict) -> list:
 
 
 def _fuzz_report(console, totals, records, failures_dir, before, stop_reason, seconds, findings=None,
-                 summary=None) -> int:
+                 summary=None, signalled=False) -> int:
     from rich.table import Table
 
     from properties.ledger import KNOWN_FAILURE
@@ -805,6 +805,9 @@ def _fuzz_report(console, totals, records, failures_dir, before, stop_reason, se
         console.print(f"{kind}: {path}\n    replay: mqa-bwd repro {path}", markup=False)
     failed = any(t["outcome"] in ("failed", "crashed") for t in totals.values()) or bool(records) or bool(saved)
     total = sum(t["cases"] for t in totals.values())
+    if signalled and not failed:  # cut short before its time: nothing found is not "no failure"
+        console.print(f"DID NOT FINISH: {stop_reason} after {total} cases; nothing had failed", markup=False)
+        return 2
     console.print(f"{'FAILURES FOUND' if failed else 'no failure'}: {total} cases, {len(saved)} failing case files, "
                   f"{len(records)} crash records", markup=False)
     return 1 if failed else 0

@@ -440,6 +440,7 @@ class SuiteRun:
     interrupted: str | None  # why the driver stopped pytest, or None
     records: list  # crash-* / stalled-* paths written during the run
     seconds: float
+    signalled: bool = False  # a SIGINT or SIGTERM stopped it, not its time budget
 
 
 def build_pytest_command(tests, *, profile, summary_json, failures_dir=None, backend=None, impl=None, heads=None,
@@ -498,7 +499,7 @@ def run_suite(command, *, cwd, progress_dir: Path, records_dir: Path | None, log
     if deadline is not None:
         environment[ENV_DEADLINE] = repr(deadline)
     records = []
-    interrupted = None
+    interrupted, signalled = None, False
     proc = None
     with open(log_path, "ab") as log, _signals_stop_the_run():
         try:
@@ -516,7 +517,7 @@ def run_suite(command, *, cwd, progress_dir: Path, records_dir: Path | None, log
                     interrupted = f"still running {grace_s:.0f} s after the time budget ended"
                     _stop(proc)
         except KeyboardInterrupt as stop:  # Stopped, or a Ctrl-C where no handler could be set
-            interrupted = getattr(stop, "reason", "interrupted by the user")
+            interrupted, signalled = getattr(stop, "reason", "interrupted by the user"), True
         finally:
             if proc is not None and proc.poll() is None:
                 _stop(proc)
@@ -531,7 +532,7 @@ def run_suite(command, *, cwd, progress_dir: Path, records_dir: Path | None, log
     if on_update is not None:
         on_update(progress, records)
     return SuiteRun(list(command), None if proc is None else proc.returncode, log_path, progress, summary, interrupted,
-                    records, time.time() - started)
+                    records, time.time() - started, signalled)
 
 
 class Stopped(KeyboardInterrupt):

@@ -725,11 +725,12 @@ def test_a_fuzz_run_keeps_its_own_round_logs_and_the_cases_saved_before(tmp_path
     def one_round(command, *, log_path, **kwargs):  # a round stopped at once, as by a signal
         rounds.append(log_path)
         Path(log_path).write_text("this run's round\n")
-        return fuzz.SuiteRun(list(command), 2, Path(log_path), {}, None, "stopped by SIGTERM", [], 0.0)
+        return fuzz.SuiteRun(list(command), 2, Path(log_path), {}, None, "stopped by SIGTERM", [], 0.0, True)
 
     monkeypatch.setattr(fuzz, "run_suite", one_round)
-    cli.main(["fuzz", "--backend", "model", "--minutes", "1", "--failures-dir", str(failures)])
-    capsys.readouterr()
+    # Stopped by a signal with nothing found: it could not finish its run, which is no pass.
+    assert cli.main(["fuzz", "--backend", "model", "--minutes", "1", "--failures-dir", str(failures)]) == 2
+    assert "DID NOT FINISH: stopped by SIGTERM" in capsys.readouterr().out
     assert rounds == [failures.resolve() / "logs" / "round1.log"]
     assert [p.name for p in (failures / "logs").iterdir()] == ["round1.log"]
     assert (failures / "logs" / "round1.log").read_text() == "this run's round\n"
