@@ -576,7 +576,9 @@ def _signals_stop_the_run():
 
 
 def _stop(proc, patience_s: float = 20.0) -> None:
-    """SIGINT to the whole group (so a worker's call can clean up its record), then SIGKILL."""
+    """SIGINT to the whole group (so a worker's call can clean up its record), then SIGKILL; and
+    SIGKILL to what is left of the group once pytest itself has ended (a worker stuck in a long
+    native call outlives its controller)."""
     for sig, wait in ((signal.SIGINT, patience_s), (signal.SIGKILL, 10.0)):
         try:
             os.killpg(proc.pid, sig)
@@ -584,9 +586,13 @@ def _stop(proc, patience_s: float = 20.0) -> None:
             return
         try:
             proc.wait(timeout=wait)
-            return
+            break
         except subprocess.TimeoutExpired:
             continue
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
 
 
 def name_real_target(path: Path, target: str, ours: str = "mqa_bwd:mqa_latent_sparse_bwd") -> bool:

@@ -526,6 +526,25 @@ def _group_alive(pgid: int) -> bool:
     return True
 
 
+def test_stopping_the_suite_ends_a_worker_that_outlives_pytest():
+    # A worker deaf to SIGINT (stuck in a native call) outlives its controller, which does not.
+    worker = "import signal, time; signal.signal(signal.SIGINT, signal.SIG_IGN); print('up', flush=True); time.sleep(300)"
+    leader = (f"import subprocess, sys, time; w = subprocess.Popen([sys.executable, '-c', {worker!r}], "
+              "stdout=subprocess.PIPE); w.stdout.readline(); print('ready', flush=True); time.sleep(300)")
+    proc = subprocess.Popen([sys.executable, "-c", leader], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert proc.stdout.readline().strip() == b"ready"
+        fuzz._stop(proc, patience_s=5.0)
+        for _ in range(50):  # SIGKILL is asynchronous: the worker may take a moment to go
+            if not _group_alive(proc.pid):
+                break
+            time.sleep(0.1)
+        assert not _group_alive(proc.pid)
+    finally:
+        if _group_alive(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+
+
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
 def test_check_stopped_by_a_signal_stops_its_pytest_and_could_not_finish(stub, signum):
     # What 'timeout' does in CI (SIGTERM), or Ctrl-C: the pytest child runs in its own process
