@@ -24,8 +24,10 @@ $(STAMP): pyproject.toml Makefile
 		$(BIN)/pip install -q torch; \
 	else \
 		echo "no GPU: installing the CPU build of torch ($(TORCH_CPU))"; \
-		$(BIN)/pip install -q "$(TORCH_CPU)" 2>/dev/null \
-			|| $(BIN)/pip install -q --extra-index-url "$(TORCH_CPU_INDEX)" "$(TORCH_CPU)"; \
+		$(BIN)/pip install -q "$(TORCH_CPU)" \
+			$(if $(TORCH_CPU_INDEX),|| { echo "not on pip's indexes: trying $(TORCH_CPU_INDEX)"; \
+			     $(BIN)/pip install -q --extra-index-url "$(TORCH_CPU_INDEX)" "$(TORCH_CPU)"; }) \
+			|| exit 1; \
 	fi
 	$(BIN)/pip freeze | grep -i '^torch==' > $(VENV)/constraints.txt
 	$(BIN)/pip install -q -c $(VENV)/constraints.txt -e ".[tilelang,paddle,test]"
@@ -40,7 +42,7 @@ test: $(STAMP)
 # The wheel built from this checkout, installed into a fresh virtualenv, runs the gate from an empty
 # directory (tests/test_wheel.py): what a user who pip-installs the project gets.
 wheel-test: $(STAMP)
-	CUDA_HOME=$${CUDA_HOME:-/usr/local/cuda} MQA_TORCH_SPEC="$(TORCH_CPU)" $(BIN)/python -m pytest -m wheel tests/test_wheel.py
+	CUDA_HOME=$${CUDA_HOME:-/usr/local/cuda} MQA_TORCH_SPEC="$(TORCH_CPU)" MQA_TORCH_INDEX="$(TORCH_CPU_INDEX)" $(BIN)/python -m pytest -m wheel tests/test_wheel.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .hypothesis
