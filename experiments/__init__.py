@@ -121,6 +121,11 @@
                             each), so that the next row's loads, which wait for warpgroup 1's
                             last GEMMs of the row, come from L2 rather than HBM. ptxas at
                             d_k = 576: the lanes 68/84 bytes spilled, the control none.
+                            Measured (twentieth session, 522235a, the same bits): det's main
+                            kernel 4.5 % faster at fleet and 6 % at dsv32 H=128, level at dsv32
+                            H=64; its call 2.6 %, 2.3 % and 0 %. persistent_rows alone loses at
+                            dsv32 (+2.4 % at H=64). The GPU suite and the sanitizers pass on the
+                            prefetch tree; landing needs the compile tests rewritten for it.
 
 git history holds the others (the wrapper's layout steps as kernels became the product's,
 mqa_bwd.kernels.prologue; early_gather.patch, block 0's gather beside the row's prologue, is at
