@@ -569,7 +569,7 @@ def _check_report(console, run, failures_dir: Path, before: set, summary_path: P
     # Exit code 2 only where pytest says nothing was run for a reason of the invocation (usage
     # error, nothing selected) or every property skipped. A pytest that died (a crash of the
     # implementation: a signal's negative code) or stopped on an error found something: 1.
-    if not (held or failed) and (run.returncode in (4, 5) or run.returncode == 0):
+    if not (held or failed) and run.returncode in (0, 4, 5):
         console.print(f"COULD NOT RUN: {_why_no_property_ran(run, properties)} (pytest exit code {run.returncode} "
                       f"after {_fmt_seconds(run.seconds)})", markup=False)
         return 2

@@ -148,6 +148,7 @@ class _Progress:
 
 
 _PROGRESS: _Progress | None = None
+_WATCHING = contextlib.ExitStack()  # the progress's observation callback, while pytest runs
 
 
 def pytest_configure(config):
@@ -160,10 +161,16 @@ def pytest_configure(config):
     _PROGRESS = _Progress(Path(directory), worker, float(deadline) if deadline else None,
                           int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1))
     if worker != "controller":
-        from properties.observed import watch
+        from properties.observed import watching
 
-        watch(_PROGRESS.observe)  # without observability (old Hypothesis) no live case counts
+        # For the worker's whole run (it runs only the suite); without observability (old
+        # Hypothesis) no live case counts.
+        _WATCHING.enter_context(watching(_PROGRESS.observe))
     _PROGRESS.write(force=True)
+
+
+def pytest_unconfigure(config):
+    _WATCHING.close()
 
 
 def _is_xdist_controller(config) -> bool:

@@ -35,44 +35,30 @@ def test_case_kind(observation) -> tuple | None:
 
 @contextlib.contextmanager
 def watching(callback):
-    """``callback(observation)`` for every Hypothesis observation on this thread while the block
-    runs; yields whether it could be registered. Observability costs every Hypothesis test, so it
-    is on only for the block (a property test), not for every test of a session the plugin is
-    loaded into."""
+    """``callback(observation)`` for every Hypothesis observation (on this thread, where Hypothesis
+    has the callback API) while the block runs; yields whether it could be registered: without
+    observability nothing can be counted this way. Observability costs every Hypothesis test, so
+    the plugin turns it on for a property test only, not for every test of a session it is loaded
+    into; the fuzz driver's workers, which run nothing else, for their whole run."""
     try:
         from hypothesis.internal import observability
     except ImportError:  # pragma: no cover - Hypothesis without observability
         yield False
         return
-    if not hasattr(observability, "remove_observability_callback"):  # pragma: no cover - before the callback API
+    if hasattr(observability, "remove_observability_callback"):
+        add, remove = observability.add_observability_callback, observability.remove_observability_callback
+    elif hasattr(observability, "TESTCASE_CALLBACKS"):  # pragma: no cover - Hypothesis before the callback API
+        add, remove = observability.TESTCASE_CALLBACKS.append, observability.TESTCASE_CALLBACKS.remove
+    else:  # pragma: no cover
         yield False
         return
     coverage = getattr(observability, "OBSERVABILITY_COLLECT_COVERAGE", None)
     if coverage is not None:  # coverage collection is what observability costs on Python <= 3.11
         observability.OBSERVABILITY_COLLECT_COVERAGE = False
-    observability.add_observability_callback(callback)
+    add(callback)
     try:
         yield True
     finally:
-        observability.remove_observability_callback(callback)
+        remove(callback)
         if coverage is not None:
             observability.OBSERVABILITY_COLLECT_COVERAGE = coverage
-
-
-def watch(callback) -> bool:
-    """Call ``callback(observation)`` for every Hypothesis observation from now on. False where this
-    Hypothesis has no observability: nothing can be counted this way."""
-    try:
-        from hypothesis.internal import observability
-    except ImportError:  # pragma: no cover - Hypothesis without observability
-        return False
-    # Coverage collection is what observability costs on Python <= 3.11; the counts need none.
-    if hasattr(observability, "OBSERVABILITY_COLLECT_COVERAGE"):
-        observability.OBSERVABILITY_COLLECT_COVERAGE = False
-    if hasattr(observability, "add_observability_callback"):
-        observability.add_observability_callback(callback)
-    elif hasattr(observability, "TESTCASE_CALLBACKS"):  # pragma: no cover - Hypothesis before the callback API
-        observability.TESTCASE_CALLBACKS.append(callback)
-    else:  # pragma: no cover
-        return False
-    return True
