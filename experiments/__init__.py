@@ -59,7 +59,7 @@
                             the two halves of a line, 4 rows x 128 bytes. The same instructions,
                             bytes and registers' spills (8/20 and 0); half the requests. They take
                             10-12 % off the det main kernel and 6-7 % off the control's
-                            (docs/performance-log.md, seventeenth session). On eb34a30 or later:
+                            (docs/performance-log.md, seventeenth session). On eb34a30:
 
         REV=eb34a30 bash scripts/ab-packages.sh experiments/lanes_whole_lines.patch \
             experiments/control_whole_lines.patch
@@ -75,59 +75,17 @@
                             pair, or its first chunk). The same bits expected; compiled, not run
                             (the eighteenth session's device time ran out). ptxas at d_k = 576,
                             the lanes kernel: 44/88 and 64/104 bytes spilled (the product 24/44);
-                            the control and d_k = 512 spill nothing. On 18bf2b2 or later:
+                            the control and d_k = 512 spill nothing. On 18bf2b2 to c2cb52c (the one-row CTA):
 
-        REV=HEAD bash scripts/ab-packages.sh experiments/gather_before_adds.patch \
+        REV=c2cb52c bash scripts/ab-packages.sh experiments/gather_before_adds.patch \
             experiments/gather_between_adds.patch
         python benchmarks/package_ab.py --against .ab/gather_before_adds/mqa_bwd \
             --against .ab/gather_between_adds/mqa_bwd --shapes dsv32,fleet --trace 2
 
-  persistent_rows.patch     the wide tile persistent: min(R x tiles, SMs) CTAs, each taking the
-                            (row, tile) items cta, cta + ctas, ... in turn, counted from the last
-                            row (a causal call's short first rows end the CTAs' lists), its
-                            warpgroups on their own rows, so that warpgroup 0 gathers the next
-                            row's first block
-                            (after KV_FREE), loads its Q and dO, and its heads' lse and Delta,
-                            by cp.async (after PDS_FREE: no registers hold them, no round trip) and
-                            forms its S and dP while warpgroup 1 still adds the row before: a
-                            row's fill and drain overlap, where a CTA a row ran them one after
-                            the other (a two-shape fit of the eighteenth session's main kernels
-                            gives det some 14 us of one SM a row, the control 21, cuDNN 3 to 6;
-                            docs/performance-log.md, nineteenth session). Blocks are counted
-                            across rows, so the handoffs and the double buffers run on; each
-                            warpgroup counts a row's blocks itself (no CTA barrier). The same bits
-                            expected; compiled, not run (nineteenth session). ptxas at d_k = 576:
-                            the lanes 68/84 bytes spilled (the product 24/44), warpgroup 0 none,
-                            warpgroup 1 some four stores and nine loads a block; the control and
-                            d_k = 512 nothing, the redo 12/20; the lanes tile keeps the
-                            product's 232448 bytes of shared memory (a review caught 64 bytes
-                            over the limit in the first build: the row counts now sit after
-                            the mbarriers). Per block, the same
-                            instructions as the product's loops (2251 and 1930 against 2235 and
-                            1962). persistent_handoffs.py runs the patch's order of waits and
-                            arrivals under random schedules of random rows (no deadlock, no
-                            parity aliasing, no buffer refilled before its last reads; dropping
-                            either of a row start's waits fails it). Run it under a timeout
-                            (a missed handoff hangs the call):
-
-        REV=HEAD bash scripts/ab-packages.sh experiments/persistent_rows.patch \
-            experiments/persistent_prefetch.patch
-        timeout 300 python benchmarks/package_ab.py --against .ab/persistent_rows/mqa_bwd \
-            --against .ab/persistent_prefetch/mqa_bwd --shapes dsv32,fleet --trace 2
-
-  persistent_prefetch.patch persistent_rows.patch and, at the start of a row's last block,
-                            warpgroup 0's first thread prefetching the CTA's next item's Q and
-                            dO rows into L2 (cp.async.bulk.prefetch.L2, one contiguous range
-                            each), so that the next row's loads, which wait for warpgroup 1's
-                            last GEMMs of the row, come from L2 rather than HBM. ptxas at
-                            d_k = 576: the lanes 68/84 bytes spilled, the control none.
-                            Measured (twentieth session, 522235a, the same bits): det's main
-                            kernel 4.5 % faster at fleet and 6 % at dsv32 H=128, level at dsv32
-                            H=64; its call 2.6 %, 2.3 % and 0 %. persistent_rows alone loses at
-                            dsv32 (+2.4 % at H=64). The GPU suite and the sanitizers pass on the
-                            prefetch tree; landing needs the compile tests rewritten for it.
-
-git history holds the others (the wrapper's layout steps as kernels became the product's,
+git history holds the others (persistent_rows.patch and persistent_prefetch.patch, the wide
+tile's persistent CTAs without and with the L2 prefetch of the next row's Q and dO, became the
+product's wide tile in the twenty-first session, the one-row CTA is at c2cb52c, and their
+protocol model, persistent_handoffs.py, became tests/test_wide_handoffs.py; the wrapper's layout steps as kernels became the product's,
 mqa_bwd.kernels.prologue; early_gather.patch, block 0's gather beside the row's prologue, is at
 78bd4a7 and became the product's wide tile; transposed_lanes.patch, the dKV chunks formed
 transposed, became the product's wide tile with warpgroup 0's chunks, and is at 02bb267;

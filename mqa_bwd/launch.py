@@ -14,6 +14,7 @@ a test can prove that a rejected call launched and allocated nothing.
 """
 
 import dataclasses
+import functools
 
 import torch
 
@@ -199,6 +200,12 @@ class Launcher:
 _GATES_OPEN: dict = {}
 
 
+@functools.lru_cache(maxsize=None)
+def _sm_count(device: torch.device) -> int:
+    """The SMs of ``device``: the persistent wide tile's CTAs, one an SM."""
+    return torch.cuda.get_device_properties(device).multi_processor_count
+
+
 def _gate_open(device: torch.device) -> torch.Tensor:
     """A [1] int32 one on ``device``: the Gate of a wide launch that always runs (kernels read it,
     never write it), made once rather than a launch on every call: by a blocking copy, so that it
@@ -299,7 +306,7 @@ class TileLangLauncher(Launcher):
                 bound = torch.empty((kv.shape[0],), dtype=torch.int64, device=kv.device)
             if gate is None:
                 gate = _gate_open(kv.device)
-            last = (bound, gate, config.tiles)
+            last = (bound, gate, config.tiles, min(q.shape[0] * config.tiles, _sm_count(kv.device)))
         else:
             # The narrow kernels' last two arguments (shard_base, n_shards) are unused by the kept
             # configurations; they stay in the signature so that the generated code is unchanged.

@@ -190,7 +190,7 @@ class _TileALaunch(TileALaunch, launch.TileLangLauncher):
 @pytest.mark.parametrize("H", [128, 160, 192])
 @pytest.mark.parametrize("gain,redone", [(None, 0), (30, 1)])
 def test_one_wide_grid_gives_the_bits_of_a_launch_a_tile(H, gain, redone):
-    # A CTA a row and tile in one grid (blockIdx.y the tile) must add what the same tiles add
+    # One persistent grid over the (row, tile) items must add what the same tiles add
     # launched apart: the head offset of each tile, in the lanes and in their int64 redo. H=160
     # puts a lone 32-head group after the grid's two tiles; H=192 launches the kernel built for
     # two tiles with three.

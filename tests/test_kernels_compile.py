@@ -86,17 +86,22 @@ def test_only_the_atomic_control_has_floating_point_atomics(config):
         assert found == [], f"{_id(config)} issues atomics: {found}"
 
 
-def test_the_wide_grid_takes_its_tile_count_at_launch():
+def test_the_wide_grid_is_persistent_and_takes_its_counts_at_launch():
     one = K.MainConfig(64, 576, 512, "lanes")
     two, three = dataclasses.replace(one, tiles=2), dataclasses.replace(one, tiles=3)
     assert K.compiled(three) is K.compiled(two) is not K.compiled(one)
-    # The row is blockIdx.x and the tile blockIdx.y (special registers, read again at no register
-    # cost); the one-tile kernel has no tile index, so its head offset stays uniform (and TileLang
-    # drops the argument it never reads from the device function, not from the launch).
-    source = K.compiled(two).get_kernel_source()
-    assert re.search(r"main_bwd_kernel\([^)]*int tiles\)", source), "tiles is not the kernel's last argument"
-    assert "blockIdx.y" in source and "% tiles" not in source and "/ tiles" not in source
-    assert "blockIdx.y" not in K.compiled(one).get_kernel_source()
+    # A one-dimensional grid of ``ctas`` CTAs (launch.py: at most one an SM), each walking the
+    # items blockIdx.x, blockIdx.x + ctas, ...: the tile count and the CTA count are launch
+    # arguments, so one build serves every shape. The one-tile kernel has no tile count (its
+    # items are the rows; TileLang drops the argument it never reads from the device function,
+    # not from the launch).
+    signature = lambda config: re.search(r"main_bwd_kernel\(([^)]*)\) \{", K.compiled(config).get_kernel_source())[1]
+    assert "int ctas" in signature(two) and "int tiles" in signature(two), signature(two)
+    assert "int ctas" in signature(one) and "int tiles" not in signature(one), signature(one)
+    for config in (one, two):
+        source = K.compiled(config).get_kernel_source()
+        assert "blockIdx.y" not in source and "blockIdx.z" not in source, _id(config)
+        assert "blockIdx.x" in source and "% ctas" in source, _id(config)
 
 
 def test_wide_tile_split_leaves_warpgroup_1_a_chunk_and_two_dq_gemms():
@@ -137,6 +142,12 @@ HANDOFF = re.compile(r"mqa_handoff_(wait|arrive)\(\(\(void\*\)\(\(char\*\)buf_dy
 
 
 WGMMA_WAIT = "tl::wait_wgmma<0>();"
+#: A persistent CTA's loop over its (row, tile) items: the counter and its bound.
+ITEM_LOOP = re.compile(r"for \(int (k\w*) = 0; \1 < (.*?); \+\+\1\) \{\n\s*at[01]\[0\] = ")
+#: A warpgroup's count of its row's blocks: (target, row, Lp, NKV, bars, words, thread, block slots,
+#: parity, barrier).
+ROW_BLOCKS = re.compile(r"(live[01])\[0\] = ws_row_blocks\(Indices, (\w+), (\w+), (\w+), \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ 0\)\), "
+                        r"(\d+), ([^,]+), (\d+), \((\w+) & 1\), (\d+)\);")
 #: The dKV chunks' adds of each design (kernels/wide.py's device functions).
 CHUNK_ADDS = {"lanes": "ws_add_chunk_lanes(", "fixed": "ws_add_chunk_fixed(", "atomic": "ws_add_chunk_atomic("}
 
@@ -150,9 +161,12 @@ def test_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
     # other. A wait on any parity but the block's passes at once: a race.
     source = K.compiled(config).get_kernel_source()
     source = source[source.index('extern "C" __global__'):]
-    # The roles start once the row's block count is read (warpgroup 0's threads issue block 0's
-    # gather in the prologue, in a branch of the same head).
-    roles = source.index(WARPGROUP_0, source.index("live_blocks[0] = "))
+    # One thread sets the mbarriers up, a __syncthreads publishes them, then the roles start.
+    init = source.index("ws_bars_init(")
+    assert source.rindex("if (((int)threadIdx.x) == 0)", 0, init) > source.rfind("}", 0, init)
+    published = source.index("__syncthreads();", init)
+    roles = source.index(WARPGROUP_0, published)
+    assert source[published + len("__syncthreads();"):roles].strip() == "", f"{_id(config)}: code before the roles"
     first, end = branch_at(source, WARPGROUP_0, roles)
     second, _ = branch_at(source, WARPGROUP_1, end)
     assert source[end:source.index(WARPGROUP_1, end)].strip() == "", f"{_id(config)}: code between the branches"
@@ -162,48 +176,89 @@ def test_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
         assert "__syncthreads" not in body, f"{_id(config)}: __syncthreads inside {name}'s branch"
         wide = [m for m in NAMED_BARRIER.findall(body) if m[2] != str(W.WARPGROUP)]
         assert not wide, f"{_id(config)}: barriers of more than one warpgroup inside {name}'s branch: {wide}"
-        own = {m[1] for m in NAMED_BARRIER.findall(body)} | set(WARPGROUP_BARRIER.findall(body))
+        own = ({m[1] for m in NAMED_BARRIER.findall(body)} | set(WARPGROUP_BARRIER.findall(body))
+               | {m[-1] for m in ROW_BLOCKS.findall(body)})
         own_barriers.append(own)
-    # Both walk the same blocks, up to the row's last valid slot (ws_live_blocks, counted before
-    # the branches): a block one walks and the other skips leaves a handoff phase unmatched.
-    loops = [re.findall(r"for \(int (t\w*) = 0; \1 < ([^;]*);", body) for body in (first, second)]
-    assert [[bound for _, bound in found] for found in loops] == [["live_blocks[0]"]] * 2, f"{_id(config)}: {loops}"
-    assert source.index("ws_live_blocks(") < roles
     # 128 arrivals from both warpgroups on one id would complete a barrier meant for one.
     assert not own_barriers[0] & own_barriers[1], f"{_id(config)}: both warpgroups sync on {own_barriers[0] & own_barriers[1]}"
+    # Persistent: both warpgroups walk the CTA's items in the same order, and each counts its row's
+    # blocks itself (ws_row_blocks, of the same row and slots): an item or a block one walks and
+    # the other skips leaves a handoff phase unmatched. The blocks are numbered across rows (base
+    # plus the block's index in its row), so the phases run on from row to row.
+    walks = []
+    for name, body, w in (("warpgroup 0", first, "0"), ("warpgroup 1", second, "1")):
+        items = ITEM_LOOP.findall(body)
+        assert len(items) == 1, f"{_id(config)}: {name}'s item loops: {items}"
+        item, bound = items[0]
+        counts = ROW_BLOCKS.findall(body)
+        assert len(counts) == 1, f"{_id(config)}: {name} counts its row's blocks {len(counts)} times"
+        row_expr, head_expr = (re.search(rf"at{w}\[{i}\] = (.*);", body)[1] for i in (0, 1))
+        target, row, *_, parity, _ = counts[0]
+        assert target == f"live{w}" and parity == item and f"int {row} = at{w}[0];" in body, f"{_id(config)}: {counts[0]}"
+        blocks = re.findall(rf"for \(int (\w+) = 0; \1 < live{w}\[0\]; \+\+\1\)", body)
+        assert len(blocks) == 1, f"{_id(config)}: {name}'s block loops: {blocks}"
+        assert f"base{w}[0] = 0;" in body[:body.index(ITEM_LOOP.search(body)[0])]
+        assert body.count(f"base{w}[0] = (base{w}[0] + live{w}[0]);") == 1, f"{_id(config)}: {name}'s block numbering"
+        block = re.search(rf"int (\w+) = \(base{w}\[0\] \+ {blocks[0]}\);", body)
+        assert block, f"{_id(config)}: {name} numbers no block from base{w}"
+        names = {item: "ITEM"}
+        same = lambda text: re.sub(r"\b(rmod|rdiv)(_\d+)?\b", r"\1", re.sub(r"\b\w+\b", lambda m: names.get(m[0], m[0]), text))
+        walks.append((same(bound), same(row_expr), same(head_expr), counts[0], block[1]))
+    (*item0, count0, t0), (*item1, count1, t1) = walks
+    assert item0 == item1, f"{_id(config)}: the warpgroups walk different items: {walks}"
+    # The same row's slots (Lp, NKV, block slots), each warpgroup's thread index and its own words
+    # of its parity, 4 a parity, after the 4 mbarriers and inside their allocation.
+    assert count0[2:4] == count1[2:4] and count0[6] == count1[6], f"{_id(config)}: {count0} against {count1}"
+    assert (count0[5], count1[5]) == ("((int)threadIdx.x)", f"(((int)threadIdx.x) - {W.WARPGROUP})"), _id(config)
+    words = sorted((int(count0[4]), int(count1[4])))
+    bars_bytes = dict((n, math.prod(int(d) for d in s.split(",") if d.strip()) * 8)
+                      for n, s, dtype in SHARED_ALLOCATION.findall(K.program_of(config).script()) if n == "bars")["bars"]
+    assert 4 * 2 <= words[0] and words[0] + 8 <= words[1] and (words[1] + 8) * 4 <= bars_bytes, f"{_id(config)}: {words}"
     # Warpgroup 0 waits until warpgroup 1's dQ GEMMs have read KV_s and its dKV GEMMs P_s and
     # dS_s (block t - 1), then says P, dS and the slots are in; warpgroup 1 waits for that,
     # then says KV_s and then P_s and dS_s are free. The lanes' warpgroup 0 also says its
     # chunks' maxima are in, which warpgroup 1 waits for before it frees P_s and dS_s: after,
     # warpgroup 0 could complete the next block's phase too, and the wait would never return.
-    previous = "((t + 1) & 1)"  # (t - 1) % 2 as TileLang writes it
+    # A row's start waits on the same phases of its block before: KV_FREE before block 0's
+    # gather, PDS_FREE (warpgroup 1's last GEMMs read Q_s and dO_s) before its Q and dO.
+    # (tests/test_wide_handoffs.py runs this order under random schedules: no deadlock, no race.)
+    row_before = "((base0[0] + 1) & 1)"  # (base - 1) % 2 as TileLang writes it
+    previous = f"(({t0} + 1) & 1)"
     lanes = config.accumulate == "lanes"
-    expected = ([("wait", W.KV_FREE, previous), ("wait", W.PDS_FREE, previous), ("arrive", W.PDS_READY, "")]
+    expected = ([("wait", W.KV_FREE, row_before), ("wait", W.PDS_FREE, row_before),
+                 ("wait", W.KV_FREE, previous), ("wait", W.PDS_FREE, previous), ("arrive", W.PDS_READY, "")]
                 + [("arrive", W.PEAKS_READY, "")] * lanes,
-                [("wait", W.PDS_READY, "(t_1 & 1)"), ("arrive", W.KV_FREE, "")]
-                + [("wait", W.PEAKS_READY, "(t_1 & 1)")] * lanes + [("arrive", W.PDS_FREE, "")])
+                [("wait", W.PDS_READY, f"({t1} & 1)"), ("arrive", W.KV_FREE, "")]
+                + [("wait", W.PEAKS_READY, f"({t1} & 1)")] * lanes + [("arrive", W.PDS_FREE, "")])
     offsets = set()
     for name, body, want in zip(("warpgroup 0", "warpgroup 1"), (first, second), expected):
         found = [(m[1], int(m[3]), m[4] or "") for m in HANDOFF.finditer(body)]
         assert found == want, f"{_id(config)}: {name}'s handoffs are {found}, not {want}"
         offsets |= {m[2] for m in HANDOFF.finditer(body)}
-    assert len(HANDOFF.findall(source)) == 6 + 2 * lanes, f"{_id(config)}: handoffs outside the two branches"
+    assert len(HANDOFF.findall(source)) == 8 + 2 * lanes, f"{_id(config)}: handoffs outside the two branches"
+    assert f"buf_dyn_shmem + {offsets.pop()}" in source[init:init + 80] and not offsets
+    # The row's start: block 0's gather (whole) after its KV_FREE wait, Q and dO after the
+    # PDS_FREE wait, both before the block loop; no row start waits on the first row's (base 0).
+    block_loop = first.index(re.search(r"for \(int (\w+) = 0; \1 < live0\[0\]; \+\+\1\)", first)[0])
+    waits = [m for m in HANDOFF.finditer(first) if m.start() < block_loop]
+    gather, q_load = first.index("((bfloat16_t*)KV_s)["), first.index("((bfloat16_t*)Q_s)[")
+    assert waits[0].end() < gather < waits[1].start() < q_load < block_loop, f"{_id(config)}: the row start's order"
+    for wait in waits:
+        assert first.rindex("if (0 < base0[0]) {", 0, wait.start()) > first.rfind("}", 0, wait.start()), _id(config)
+    # One thread prefetches the next item's Q and dO rows into L2, in the row's last block.
+    assert first.count("ws_prefetch_l2(") == 2 and "ws_prefetch_l2(" not in second, _id(config)
     # Warpgroup 0's dQ GEMM takes dS from its registers (the one RS wgmma), issued before the wait
     # for P_s and dS_s to be free, so that it runs under the wait and the stores of P and dS.
-    pds_free_wait = next(m.start() for m in HANDOFF.finditer(first) if m[1] == "wait" and int(m[3]) == W.PDS_FREE)
+    loop = first[block_loop:]
+    pds_free_wait = next(m.start() for m in HANDOFF.finditer(loop) if m[1] == "wait" and int(m[3]) == W.PDS_FREE)
     assert first.count("tl::wgmma_rs<") == 1 and "wgmma_rs" not in second, f"{_id(config)}: RS GEMMs"
-    rs = first.index("tl::wgmma_rs<")
+    rs = loop.index("tl::wgmma_rs<")
     assert rs < pds_free_wait, f"{_id(config)}: warpgroup 0's dQ GEMM after the PDS_FREE wait"
-    assert "wait_wgmma<" not in first[rs:pds_free_wait], f"{_id(config)}: a wgmma wait before the PDS_FREE wait"
+    assert "wait_wgmma<" not in loop[rs:pds_free_wait], f"{_id(config)}: a wgmma wait before the PDS_FREE wait"
     # PTX leaves reading an in-flight wgmma's A registers undefined: dS goes to shared memory from
     # acc_dp, and the fragment is touched again only by fences until the GEMMs' wait.
-    issued = first.index("tl::warpgroup_commit_batch();", rs)
-    assert "dS_r[" not in first[issued:first.index("tl::wait_wgmma<", issued)], f"{_id(config)}: dS_r read in flight"
-    # One thread sets the mbarriers up before the branches, a __syncthreads publishes them.
-    init = source.index("ws_bars_init(")
-    assert f"buf_dyn_shmem + {offsets.pop()}" in source[init:init + 80] and not offsets
-    assert source.rindex("if (((int)threadIdx.x) == 0)", 0, init) > source.rfind("}", 0, init)
-    assert init < source.index("__syncthreads();", init) < roles, f"{_id(config)}: setup order"
+    issued = loop.index("tl::warpgroup_commit_batch();", rs)
+    assert "dS_r[" not in loop[issued:loop.index("tl::wait_wgmma<", issued)], f"{_id(config)}: dS_r read in flight"
     # The dKV adds, a 64-column chunk at a time: warpgroup 0's last wg0_chunks at one site;
     # warpgroup 1's two sites in the loop over pairs of chunks, and the last one or two after it
     # (an odd or even count); the lanes' warpgroup 1, one site in its loop over chunk pairs
@@ -229,15 +284,6 @@ def test_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
     assert (gate >= 0) == (config.accumulate == "fixed"), f"{_id(config)}: gated = {gate >= 0}"
     if gate >= 0:
         assert gate < init and "__sync" not in source[:gate], f"{_id(config)}: the gate is not the kernel's first step"
-    # Block 0's gather goes out in the prologue, by warpgroup 0's threads, in a branch of its own
-    # with no barrier inside (the other warpgroup never reaches it), before Q's loads and after
-    # the gate (a redo that leaves issues nothing).
-    early_start = source.index(WARPGROUP_0)
-    early, early_end = branch_at(source, WARPGROUP_0)
-    assert early_start < roles and "mqa_cp_async16(" in early and "mqa_cp_async_commit();" in early, _id(config)
-    assert not any(name in early for name in ("__sync", "mqa_handoff", "ws_bar_sync_wg")), f"{_id(config)}: {early}"
-    assert early_end < source.index("Q_s)"), f"{_id(config)}: block 0's gather after Q's copy"
-    assert gate < early_start, f"{_id(config)}: block 0's gather before the gate"
 
 
 @pytest.mark.parametrize("config", MAIN_CONFIGS, ids=_id)
@@ -250,17 +296,20 @@ def test_main_kernel_spills_within_its_spill_budget(config):
         assert info[field] <= budget.get(field, 0), f"{_id(config)}: {field} over {budget.get(field, 0)}: {info}"
 
 
-#: Bytes of spills a kernel had when it was timed, per (heads, d_k, accumulate): the wide lanes
-#: tile's two warpgroups share one 255-register allocation; the transposed adds fit it only with
-#: ptxas's scheduling held in check (wide.py's ws_opaque, the adds' wait for the peak,
-#: __syncwarp). Two words spill (8 bytes), uniform values stored before the slot loops: warpgroup
-#: 0 loads one once a block and twice after its loop, warpgroup 1 each once a block (20 bytes of
-#: loads). The peaks' reduce-scatter that costs the second word, and block 0's gather issued
-#: beside the prologue that costs the fifth load, are faster (docs/performance-log.md, twelfth
-#: and fourteenth sessions). Warpgroup 1's chunk pairs (ws_add_pair_lanes) add four words, stored
-#: and loaded once a block around its PEAKS_READY wait (24 bytes of stores, 44 of loads), and are
-#: faster (seventeenth session).
-SPILL_BUDGET = {(64, 576, "lanes"): {"spill_stores": 24, "spill_loads": 44, "stack": 24}}
+#: Bytes of spills a kernel had when it was timed, per (heads, d_k, accumulate), the largest over
+#: its tile counts: the wide tile's two warpgroups share one 255-register allocation; the lanes'
+#: transposed adds fit it only with ptxas's scheduling held in check (wide.py's ws_opaque, the
+#: adds' wait for the peak, __syncwarp). The one-row CTA spilled 24 bytes of stores and 44 of
+#: loads there, uniform values stored before the slot loops and loaded once a block (the peaks'
+#: reduce-scatter, block 0's gather beside the prologue, warpgroup 1's chunk pairs: each faster
+#: for its spill; docs/performance-log.md, twelfth, fourteenth and seventeenth sessions). The
+#: persistent CTA's item loop holds each warpgroup's row, heads and block base besides: 68 bytes
+#: of stores, 84 of loads, warpgroup 1 some four stores and nine loads a block, and is faster than
+#: the one-row CTA that spilled less (twentieth session). The int64 redo (fixed), launched on
+#: every call but run only where a lanes bound failed, spills 12/20 bytes at one tile and 36/44
+#: at two.
+SPILL_BUDGET = {(64, 576, "lanes"): {"spill_stores": 68, "spill_loads": 84, "stack": 64},
+                (64, 576, "fixed"): {"spill_stores": 36, "spill_loads": 44, "stack": 24}}
 
 
 CP_ASYNC = re.compile(r"cp\.async\.(?:ca|cg)\.shared\.global\S*\s+\[[^\]]+\],\s*\[[^\]]+\],\s*\d+(?P<src_size>,\s*[^;]+)?;")

@@ -640,8 +640,8 @@ def test_the_launch_policy_pairs_groups_where_a_pair_kernel_exists():
 
 @pytest.mark.parametrize("deterministic", [True, False])
 def test_every_pair_of_32_head_groups_runs_in_one_wide_grid(deterministic):
-    # The wide tile's 64-head tiles of a call go in one launch (a CTA a row and tile): one
-    # grid has one last partial wave where a launch a tile had one each. The tile count is
+    # The wide tile's 64-head tiles of a call go in one launch (one persistent grid over the
+    # (row, tile) items), where a launch a tile would end on a partial wave each. The tile count is
     # a launch argument: every count of two or more runs one kernel.
     def shape(launches):
         return [(g, c.heads, c.tiles, c.groups) for g, c in launches]

@@ -1,9 +1,10 @@
 """The 64-head tile: a warp-specialised main backward over 64-slot blocks, dKV added from registers.
 
-Built from a wide ``MainConfig`` (two 32-head groups, one CTA a query row and 64-head tile). The
-launch contract is main_bwd.py's (the same tensors, a head range read in place), with Lp a
-multiple of WIDE_SLOTS and three more arguments: Bound and Gate (the lanes design, below), and
-the count of consecutive 64-head tiles from head_base (MainConfig.tiles), each a CTA a row.
+Built from a wide ``MainConfig`` (two 32-head groups). The launch contract is main_bwd.py's (the
+same tensors, a head range read in place), with Lp a multiple of WIDE_SLOTS and four more
+arguments: Bound and Gate (the lanes design, below), the count of consecutive 64-head tiles from
+head_base (MainConfig.tiles), and the count of CTAs (launch.py: at most one an SM). The kernel is
+persistent: each CTA takes its share of the (query row, 64-head tile) items in turn.
 
 Why this shape:
 - Slot blocks of 64: every wgmma is m64n64 or wider, so each operand byte read from shared
@@ -36,7 +37,13 @@ Why this shape:
   reads, right after that GEMM; the rest once warpgroup 1's dQ GEMMs have read them
   (KV_FREE). S and dP start on the first part while the second lands: warpgroup 0's serial
   gather is otherwise the kernel's critical path. A row's first block is gathered whole, by
-  warpgroup 0's threads before Q and dO load, so that it lands during the row's prologue.
+  warpgroup 0 before it loads the row's Q and dO, so that it lands during the row's prologue.
+- Persistent CTAs whose warpgroups each run their own row: warpgroup 0 starts the next row
+  (its block count, block 0's gather, Q and dO by cp.async) while warpgroup 1 still forms and
+  adds the last block of the row before, so a row's fill and drain overlap where a CTA a row
+  ran them one after the other. One thread prefetches the next row's Q and dO into L2 during a
+  row's last block: the next row's loads wait for warpgroup 1's last GEMMs of the row, and from
+  HBM they would sit on the row's critical path.
 
 How a CTA adds dKV (config.accumulate):
   "lanes"   (deterministic) two columns a 64-bit word of two signed 32-bit lanes, lo + 2^32 hi
@@ -55,16 +62,18 @@ How a CTA adds dKV (config.accumulate):
             without a host sync.
   "atomic"  fp32 red.global.add.v4.f32 (the control).
 
-A CTA walks its row's blocks up to the last one with a valid slot (ws_live_blocks): the wrapper
-sorts a row's valid slots first, so a causal prefix row skips its empty tail.
+Each warpgroup walks a row's blocks up to the last one with a valid slot (ws_row_blocks): the
+wrapper sorts a row's valid slots first, so a causal prefix row skips its empty tail.
 
 Handoffs are mbarriers, one phase a block (named barriers are racecheck's blind spot):
 PDS_READY (warpgroup 0's 128 threads arrive: P, dS, the block's slots and scales are in
 shared memory), KV_FREE and PDS_FREE (warpgroup 1's 128 arrive: its last read of KV_s, of
-P_s and dS_s), and for the lanes PEAKS_READY (warpgroup 0's 128: its chunks' slot maxima are
+P_s, dS_s, Q_s and dO_s), and for the lanes PEAKS_READY (warpgroup 0's 128: its chunks' slot maxima are
 in; warpgroup 1 waits for it before PDS_FREE). Slots and scales (one {kv row, scale} pair a
 slot, the lanes' {row offset, scale}, so that an add reads two slots' in one 16-byte load) are
 double-buffered by block parity: warpgroup 1 still adds block t while warpgroup 0 lays out block t + 1.
+Blocks are counted across a CTA's rows, so the phases and the parities run on from row to row; a
+row's start waits for the block before's KV_FREE (block 0's gather) and PDS_FREE (Q and dO).
 """
 
 from .config import (LANE_BLOCK, LOG2E, WIDE_CHUNK, WIDE_DQ_PIECE, WIDE_SLOTS, MainConfig, _tl, lane_chunk_words,
@@ -131,15 +140,29 @@ __device__ __forceinline__ void ws_lanes_store_slot(void* info, int i, int row, 
   slot[0] = static_cast<int>(static_cast<unsigned>(ok ? row : spread % nkv) * row_units);
   slot[1] = ok ? __float_as_int(row_scale[row]) : WS_LANES_INVALID;
 }
-// The blocks of the row up to the last one with a valid slot, into *blocks (zero before; atomicMax
-// of every thread's): the blocks after it add nothing, and the wrapper sorts a row's valid slots
-// first, so the rows of a causal prefix skip their empty tail.
-__device__ __forceinline__ void ws_live_blocks(const int* slots, int lp, int nkv, void* blocks, int t, int threads,
-                                               int block_slots) {
+// A warpgroup's count of its row's blocks up to the last with a valid slot (the blocks after it add
+// nothing, and the wrapper sorts a row's valid slots first, so a causal prefix row skips its empty
+// tail). No CTA barrier: the persistent CTA's warpgroups run different rows at a time. Each
+// thread's last valid slot of its stride, a warp's maximum by shuffles, the four warps' through
+// words of the row's parity (a row's reads and the row after next's writes have a barrier between).
+__device__ __forceinline__ int ws_row_blocks(const int* indices, int row, int lp, int nkv, void* info, int words_at, int t,
+                                             int block_slots, int parity, int bar) {
+  const int* slots = indices + static_cast<long>(row) * lp;
+  void* words = static_cast<int*>(info) + words_at;
   unsigned live = 0;
-  for (int j = t; j < lp; j += threads)
+  for (int j = t; j < lp; j += 128)
     if (static_cast<unsigned>(slots[j]) < static_cast<unsigned>(nkv)) live = j / block_slots + 1;
-  if (live) atomicMax(static_cast<unsigned*>(blocks), live);
+  #pragma unroll
+  for (int o = 16; o; o >>= 1) live = max(live, __shfl_xor_sync(0xffffffffu, live, o));
+  volatile unsigned* w = static_cast<volatile unsigned*>(words) + 4 * parity;
+  if ((t & 31) == 0) w[t >> 5] = live;
+  ws_bar_sync_wg(bar);
+  return static_cast<int>(max(max(w[0], w[1]), max(w[2], w[3])));
+}
+// The persistent tile's next row of Q or dO into L2 while this row's last block runs: its loads at the
+// row's start then come from L2, not HBM (one bulk prefetch of a contiguous range, by one thread).
+__device__ __forceinline__ void ws_prefetch_l2(const void* p, unsigned bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ void ws_red_f32x4_if(float* p, float a, float b, float c, float d, bool ok) {
   asm volatile("{\n .reg .pred q;\n setp.ne.u32 q, %5, 0;\n @q red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n}"
@@ -441,6 +464,20 @@ def wide_program(config: MainConfig):
                               T.address_of(KV[T.max(T.min(row_j, NKV - 1), 0), c]), (row_j >= 0) and (row_j < NKV))
 
     @T.macro
+    def load_rows(dst, src, r, h0, width, tid):
+        """cp.async of src[r, h0 : h0 + H, 0:width] into dst by one warpgroup, as gather_columns
+        lays out its rows (8 threads a head row, 16 rows a pass): no registers hold the rows on
+        their way, where a copy through registers held them beside the warpgroup's accumulators.
+        The thread index goes through ws_opaque, so that the addresses are formed at each row,
+        not hoisted out of the row loop and spilled."""
+        t = T.call_extern("int32", "ws_opaque", tid)
+        for rows in T.unroll(H // (WARPGROUP // 8)):
+            h = rows * (WARPGROUP // 8) + t // 8
+            for k in T.unroll(width // 64):
+                c = k * 64 + (t % 8) * 8
+                T.call_extern("handle", "mqa_cp_async16", T.address_of(dst[h, c]), T.address_of(src[r, h0 + h, c]), True)
+
+    @T.macro
     def dkv_chunk(Q_s, dO_s, dS_s, P_s, acc, c):
         """dKV columns [c * CHUNK, (c + 1) * CHUNK) of the block into ``acc``, dS^T Q + P^T dO over
         the heads; issued, not waited for. The deterministic launches form it transposed
@@ -543,6 +580,10 @@ def wide_program(config: MainConfig):
                 peaks_then_pds_free(bars, p)
             add_chunk(dKV, acc, slot_info_s, c, p, NKV, peak, thread)
 
+    def item_of(item, head_base):
+        """Row and first head of an item of the launch: items run tile by tile, rows within a tile."""
+        return T.truncmod(item, R), head_base + T.truncdiv(item, R) * H
+
     @T.prim_func
     def main_bwd(
         Q: T.Tensor((R, HQ, Dk), bf16),
@@ -561,11 +602,17 @@ def wide_program(config: MainConfig):
         Bound: T.Tensor((NKV,), i64),
         Gate: T.Tensor((1,), i32),
         tiles: T.int32,
+        ctas: T.int32,
     ):
-        # The grid's x is the row, its y the tile: both are special registers, which ptxas reads
-        # again where a row or head index computed from one CTA index would hold registers. The
-        # one-tile kernel has no tile index (its head addresses stay uniform).
-        with T.Kernel(R, tiles if config.tiles > 1 else 1, threads=2 * WARPGROUP) as (r, tile):
+        # Persistent: ``ctas`` CTAs (at most one an SM: the tile takes its shared memory), each
+        # taking the (row, tile) items cta, cta + ctas, ... in turn, counted from the last row: a
+        # causal call's first rows, which have the fewest blocks, come last, so that the CTAs
+        # that take one item more than the others end on a short one. Its warpgroups run their own
+        # rows: warpgroup 0 loads the next row's Q and dO and gathers its first block while
+        # warpgroup 1 still adds the last block of the row before, so a row's fill and drain
+        # overlap where a CTA a row ran them one after the other. The handoffs count blocks
+        # across rows (t), so their phases and the double buffers run on unchanged.
+        with T.Kernel(ctas, threads=2 * WARPGROUP) as cta:
             scale_log2 = sm_scale * LOG2E
             Q_s = T.alloc_shared((H, Dk), bf16)
             dO_s = T.alloc_shared((H, Dv), bf16)
@@ -583,7 +630,11 @@ def wide_program(config: MainConfig):
             peaks1 = 2 * BS * 2
             peaks0 = peaks1 + PEAK_WORDS
             slot_info_s = T.alloc_shared((peaks1 + (PEAK_WORDS + WG0_PEAK_WORDS if accumulate == "lanes" else 0),), i32)
-            bars = T.alloc_shared((4,), "uint64")
+            # The four mbarriers, then each warpgroup's 2 x 4 words of its rows' block counts
+            # (ws_row_blocks; int32 offsets rows0 and rows1): in the bytes TileLang leaves before
+            # the 1024-aligned tiles, where in slot_info_s they took the lanes tile past 227 KiB.
+            bars = T.alloc_shared((4 + 8,), "uint64")
+            rows0, rows1 = 8, 16
 
             acc_s = T.alloc_fragment((H, BS), f32)
             acc_dp = T.alloc_fragment((H, BS), f32)
@@ -598,163 +649,192 @@ def wide_program(config: MainConfig):
                 mass_row = T.alloc_fragment((H,), f32)
             peak = T.alloc_local((BS // 8,), "uint32")  # warpgroup 1's lanes bound of this thread's 16 slots
             peak0 = T.alloc_local((BS // 8,), "uint32")  # warpgroup 0's
-            live_blocks = T.alloc_local((1,), i32)
+            live0 = T.alloc_local((1,), i32)  # warpgroup 0's blocks of its row, and its blocks before the row
+            base0 = T.alloc_local((1,), i32)
+            live1 = T.alloc_local((1,), i32)
+            base1 = T.alloc_local((1,), i32)
+            # Each warpgroup's item as {row, first head}, computed once a row: an index expression of
+            # the item would divide by R at every use.
+            at0 = T.alloc_local((2,), i32)
+            at1 = T.alloc_local((2,), i32)
             tid = T.get_thread_binding()
             tid1 = tid - WARPGROUP  # a thread's index in warpgroup 1
-            h0 = head_base + tile * H
+            items = R * (tiles if config.tiles > 1 else 1)
+            item_rows = T.ceildiv(items - cta, ctas)  # this CTA's
 
             T.import_source(GATHER_SOURCE + HANDOFF_SOURCE + WS_SOURCE)
             if accumulate == "fixed":  # before any barrier: the whole CTA leaves
                 T.call_extern("handle", "ws_exit_unless", Gate.data)
-            # Block 0's gather goes out first, by warpgroup 0's threads as in its loop, so that it
-            # lands while Q and dO load: a row's pipeline fill overlaps its prologue.
-            if tid < WARPGROUP:
-                gather_columns(KV_s, KV, Indices, r, 0, 0, Dk, NKV, tid)
-                T.call_extern("handle", "mqa_cp_async_commit")
-            T.copy(Q[r, h0 : h0 + H, 0:Dk], Q_s)
-            T.copy(dO[r, h0 : h0 + H, 0:Dv], dO_s)
-            for h in T.Parallel(H):
-                lse_s[h] = Lse2[r, h0 + h]
-                delta_s[h] = Delta[r, h0 + h]
-            # The blocks up to the row's last valid slot (ws_live_blocks), counted in the word of
-            # parity 1's first slot, which block 1 is the first to write.
-            live_word = 2 * BS
             if tid == 0:
                 T.call_extern("handle", "ws_bars_init", bars.data)
-                T.call_extern("handle", "mqa_st_shared_i32", slot_info_s.data, live_word, 0)
             T.sync_threads()
-            T.call_extern("handle", "ws_live_blocks", T.address_of(Indices[r, 0]), Lp, NKV,
-                          T.address_of(slot_info_s[live_word]), tid, 2 * WARPGROUP, BS)
-            T.sync_threads()
-            live_blocks[0] = slot_info_s[live_word]
 
             with T.ws(0):
-                T.clear(acc_dq0)
                 for i in T.serial(BS // 8):
                     peak0[i] = T.cast(0, "uint32")
                 if accumulate == "lanes":  # its slot maxima start at zero (ws_merge_peaks), one word a thread
                     T.call_extern("handle", "mqa_st_shared_i32", slot_info_s.data, peaks0 + tid, 0)
-                if scaled:
-                    T.clear(mass_row)
-                for t in T.serial(live_blocks[0]):
-                    p = t % 2
-                    if t > 0:  # warpgroup 1's dQ GEMMs of block t - 1 have read KV_s
-                        T.call_extern("handle", "mqa_handoff_wait", bars.data, KV_FREE, (t - 1) % 2)
-                    # The block's slots (and their row scales) for both warpgroups; warpgroup 1
-                    # reads parity p only after PDS_READY of this block.
-                    if tid < BS:
-                        row = Indices[r, t * BS + tid]
-                        if accumulate == "lanes":  # its row's offset in the words; invalid: scale -0.0
-                            T.call_extern("handle", "ws_lanes_store_slot", slot_info_s.data, p * BS + tid, row, NKV,
-                                          (r % NKV) + tid, ROW_UNITS, RowScale.data)
-                        else:
-                            T.call_extern("handle", "mqa_st_shared_i32", slot_info_s.data, 2 * (p * BS + tid), row)
-                        if scaled and accumulate != "lanes":
-                            T.call_extern("handle", "mqa_st_shared_f32", slot_info_s.data, 2 * (p * BS + tid) + 1,
-                                          T.if_then_else((row >= 0) and (row < NKV), RowScale[T.max(T.min(row, NKV - 1), 0)],
-                                                         T.cast(0, f32)))
-                    if t == 0:  # issued before the prologue
-                        T.call_extern("handle", "mqa_cp_async_wait_all")
-                    else:  # columns [0, dq_split) went out after the previous block's dQ GEMM
-                        gather_columns(KV_s, KV, Indices, r, t, dq_split, Dk, NKV, tid)
+                base0[0] = 0
+                for k in T.serial(item_rows):
+                    at0[0], at0[1] = item_of(items - 1 - cta - k * ctas, head_base)
+                    r, h0 = at0[0], at0[1]
+                    # Its barrier also keeps this row's stores of lse_s and delta_s after the last
+                    # reads of the row before (the softmax of its last block).
+                    live0[0] = T.call_extern("int32", "ws_row_blocks", Indices.data, r, Lp, NKV, bars.data, rows0,
+                                             tid, BS, k % 2, GATHER_BARRIER)
+                    if live0[0] > 0:  # block 0 whole, once warpgroup 1's dQ GEMMs of the block before have read KV_s
+                        if base0[0] > 0:
+                            T.call_extern("handle", "mqa_handoff_wait", bars.data, KV_FREE, (base0[0] - 1) % 2)
+                        gather_columns(KV_s, KV, Indices, r, 0, 0, Dk, NKV, tid)
                         T.call_extern("handle", "mqa_cp_async_commit")
-                        T.call_extern("handle", "ws_cp_async_wait_one")
-                    T.call_extern("handle", "ws_fence_proxy_async")
-                    T.call_extern("handle", "ws_bar_sync_wg", GATHER_BARRIER)
-
-                    # S = Q KV^T and dP = dO V^T, both 64 x 64 over the heads; the first
-                    # columns' GEMMs while the rest of the gather lands.
-                    T.clear(acc_s)
-                    T.clear(acc_dp)
-                    T.wgmma_gemm(Q_s[0:H, 0:dq_split], KV_s[0:BS, 0:dq_split], acc_s, transpose_B=True, clear_accum=True)
-                    T.wgmma_gemm(dO_s[0:H, 0:dq_split], KV_s[0:BS, 0:dq_split], acc_dp, transpose_B=True, clear_accum=True)
-                    if t > 0:
-                        T.call_extern("handle", "mqa_cp_async_wait_all")
+                    if live0[0] > 0:
+                        if base0[0] > 0:  # warpgroup 1 is done with Q_s and dO_s (its last GEMMs of the row before)
+                            T.call_extern("handle", "mqa_handoff_wait", bars.data, PDS_FREE, (base0[0] - 1) % 2)
+                        load_rows(Q_s, Q, r, h0, Dk, tid)
+                        load_rows(dO_s, dO, r, h0, Dv, tid)
+                        # lse and Delta of the row's heads by cp.async too, 4 heads a thread: no round
+                        # trip to L2 before the row's first block (the heads' floats are 16-byte aligned:
+                        # HQ and h0 are multiples of 32).
+                        if tid < H // 4:
+                            T.call_extern("handle", "mqa_cp_async16", T.address_of(lse_s[tid * 4]),
+                                          T.address_of(Lse2[r, h0 + tid * 4]), True)
+                        elif tid < H // 2:
+                            T.call_extern("handle", "mqa_cp_async16", T.address_of(delta_s[(tid - H // 4) * 4]),
+                                          T.address_of(Delta[r, h0 + (tid - H // 4) * 4]), True)
+                        T.call_extern("handle", "mqa_cp_async_commit")  # waited for with block 0's gather
+                    T.clear(acc_dq0)
+                    if scaled:
+                        T.clear(mass_row)
+                    for tl_ in T.serial(live0[0]):
+                        t = base0[0] + tl_
+                        p = t % 2
+                        if tl_ > 0:  # warpgroup 1's dQ GEMMs of block t - 1 have read KV_s
+                            T.call_extern("handle", "mqa_handoff_wait", bars.data, KV_FREE, (t - 1) % 2)
+                        if tl_ == live0[0] - 1 and tid == 0 and k + 1 < item_rows:
+                            # The next item's Q and dO rows (contiguous: its heads are consecutive) into L2.
+                            next_r, next_h0 = item_of(items - 1 - cta - (k + 1) * ctas, head_base)
+                            T.call_extern("handle", "ws_prefetch_l2", T.address_of(Q[next_r, next_h0, 0]), H * Dk * 2)
+                            T.call_extern("handle", "ws_prefetch_l2", T.address_of(dO[next_r, next_h0, 0]), H * Dv * 2)
+                        if tid < BS:
+                            row = Indices[r, tl_ * BS + tid]
+                            if accumulate == "lanes":  # its row's offset in the words; invalid: scale -0.0
+                                T.call_extern("handle", "ws_lanes_store_slot", slot_info_s.data, p * BS + tid, row, NKV,
+                                              (r % NKV) + tid, ROW_UNITS, RowScale.data)
+                            else:
+                                T.call_extern("handle", "mqa_st_shared_i32", slot_info_s.data, 2 * (p * BS + tid), row)
+                            if scaled and accumulate != "lanes":
+                                T.call_extern("handle", "mqa_st_shared_f32", slot_info_s.data, 2 * (p * BS + tid) + 1,
+                                              T.if_then_else((row >= 0) and (row < NKV), RowScale[T.max(T.min(row, NKV - 1), 0)],
+                                                             T.cast(0, f32)))
+                        if tl_ == 0:  # gathered whole at the row's start
+                            T.call_extern("handle", "mqa_cp_async_wait_all")
+                        else:  # columns [0, dq_split) went out after the previous block's dQ GEMM
+                            gather_columns(KV_s, KV, Indices, r, tl_, dq_split, Dk, NKV, tid)
+                            T.call_extern("handle", "mqa_cp_async_commit")
+                            T.call_extern("handle", "ws_cp_async_wait_one")
                         T.call_extern("handle", "ws_fence_proxy_async")
                         T.call_extern("handle", "ws_bar_sync_wg", GATHER_BARRIER)
-                    T.wgmma_gemm(Q_s[0:H, dq_split:Dk], KV_s[0:BS, dq_split:Dk], acc_s, transpose_B=True)
-                    T.wgmma_gemm(dO_s[0:H, dq_split:Dv], KV_s[0:BS, dq_split:Dv], acc_dp, transpose_B=True)
-                    T.wait_wgmma(0)
-                    T.warpgroup_fence_operand(acc_s, num_regs=H * BS // WARPGROUP)
-                    T.warpgroup_fence_operand(acc_dp, num_regs=H * BS // WARPGROUP)
-                    for h, j in T.Parallel(H, BS):  # parity p's slots were stored before the barrier above
-                        acc_s[h, j] = T.if_then_else(slot_valid(slot_info_s, p, j, NKV),
-                                                     T.exp2(acc_s[h, j] * scale_log2 - lse_s[h]), T.cast(0, f32))
-                    if scaled:
-                        T.reduce_sum(acc_s, mass_row, dim=1, clear=False)
-                    for h, j in T.Parallel(H, BS):
-                        acc_dp[h, j] = acc_s[h, j] * (acc_dp[h, j] - delta_s[h]) * sm_scale
-                    T.copy(acc_dp, dS_r)
-                    # dQ[:, :dq_split] += dS KV (this warpgroup's columns) with dS from registers: it
-                    # runs while this warpgroup waits for dS_s to be free and stores P and dS.
-                    T.wgmma_gemm(dS_r, KV_s[0:BS, 0:dq_split], acc_dq0)
-                    if t > 0:  # warpgroup 1 is done with block t - 1's P, dS and slots
-                        T.call_extern("handle", "mqa_handoff_wait", bars.data, PDS_FREE, (t - 1) % 2)
-                    T.copy(acc_s, P_s)  # stmatrix
-                    T.copy(acc_dp, dS_s)  # dS_r is the pending GEMM's operand: PTX forbids touching it before the wait
-                    T.call_extern("handle", "ws_fence_proxy_async")
-                    T.call_extern("handle", "mqa_handoff_arrive", bars.data, PDS_READY)
-                    # The first of its dKV chunks.
-                    dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv0, n1)
-                    if wg0_pair:  # its second chunk in the scores' accumulator, free once P is stored
-                        dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_s, n1 + 1)
-                    T.wait_wgmma(0)
-                    T.warpgroup_fence_operand(dS_r, num_regs=H * BS // WARPGROUP // 2)  # read by the dQ GEMM until here
-                    T.warpgroup_fence_operand(acc_dq0, num_regs=H * dq_split // WARPGROUP)
-                    T.warpgroup_fence_operand(acc_dkv0, num_regs=BS * CHUNK // WARPGROUP)
-                    if wg0_pair:
+
+                        # S = Q KV^T and dP = dO V^T, both 64 x 64 over the heads; the first
+                        # columns' GEMMs while the rest of the gather lands.
+                        T.clear(acc_s)
+                        T.clear(acc_dp)
+                        T.wgmma_gemm(Q_s[0:H, 0:dq_split], KV_s[0:BS, 0:dq_split], acc_s, transpose_B=True, clear_accum=True)
+                        T.wgmma_gemm(dO_s[0:H, 0:dq_split], KV_s[0:BS, 0:dq_split], acc_dp, transpose_B=True, clear_accum=True)
+                        if tl_ > 0:
+                            T.call_extern("handle", "mqa_cp_async_wait_all")
+                            T.call_extern("handle", "ws_fence_proxy_async")
+                            T.call_extern("handle", "ws_bar_sync_wg", GATHER_BARRIER)
+                        T.wgmma_gemm(Q_s[0:H, dq_split:Dk], KV_s[0:BS, dq_split:Dk], acc_s, transpose_B=True)
+                        T.wgmma_gemm(dO_s[0:H, dq_split:Dv], KV_s[0:BS, dq_split:Dv], acc_dp, transpose_B=True)
+                        T.wait_wgmma(0)
                         T.warpgroup_fence_operand(acc_s, num_regs=H * BS // WARPGROUP)
-                    # Only this warpgroup reads KV_s[:, :dq_split]: refill it now.
-                    if t + 1 < live_blocks[0]:
-                        gather_columns(KV_s, KV, Indices, r, t + 1, 0, dq_split, NKV, tid)
-                        T.call_extern("handle", "mqa_cp_async_commit")
-                    # Its dKV chunks' adds go out while the gather lands.
-                    if wg0_pair:
-                        add_pair(dKV, acc_dkv0, acc_s, slot_info_s, n1, p, peak0, tid)
-                    for c in T.unroll(n1 + 2 * wg0_pair, chunks):
-                        if c > n1:
-                            dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv0, c)
-                            T.wait_wgmma(0)
-                            T.warpgroup_fence_operand(acc_dkv0, num_regs=BS * CHUNK // WARPGROUP)
-                        add_chunk(dKV, acc_dkv0, slot_info_s, c, p, NKV, peak0, tid)
-                    if accumulate == "lanes":  # its maxima, for warpgroup 1's bounds of the block
-                        T.call_extern("handle", "ws_merge_peaks", peak0.data, T.address_of(slot_info_s[peaks0 + p * BS]), tid)
-                        T.call_extern("handle", "mqa_handoff_arrive", bars.data, PEAKS_READY)
-                if live_blocks[0] == 0:  # no block ran: block 0's gather lands before the CTA ends
-                    T.call_extern("handle", "mqa_cp_async_wait_all")
-                if scaled:
-                    for h in T.Parallel(H):
-                        if (mass_row[h] > Allowance[r, h0 + h]) or T.isnan(mass_row[h]):
-                            Flag[r] = 1
-                T.copy(acc_dq0, dQ[r, h0 : h0 + H, 0:dq_split])
+                        T.warpgroup_fence_operand(acc_dp, num_regs=H * BS // WARPGROUP)
+                        for h, j in T.Parallel(H, BS):  # parity p's slots were stored before the barrier above
+                            acc_s[h, j] = T.if_then_else(slot_valid(slot_info_s, p, j, NKV),
+                                                         T.exp2(acc_s[h, j] * scale_log2 - lse_s[h]), T.cast(0, f32))
+                        if scaled:
+                            T.reduce_sum(acc_s, mass_row, dim=1, clear=False)
+                        for h, j in T.Parallel(H, BS):
+                            acc_dp[h, j] = acc_s[h, j] * (acc_dp[h, j] - delta_s[h]) * sm_scale
+                        T.copy(acc_dp, dS_r)
+                        # dQ[:, :dq_split] += dS KV (this warpgroup's columns) with dS from registers: it
+                        # runs while this warpgroup waits for dS_s to be free and stores P and dS.
+                        T.wgmma_gemm(dS_r, KV_s[0:BS, 0:dq_split], acc_dq0)
+                        if t > 0:  # warpgroup 1 is done with block t - 1's P, dS and slots
+                            T.call_extern("handle", "mqa_handoff_wait", bars.data, PDS_FREE, (t - 1) % 2)
+                        T.copy(acc_s, P_s)  # stmatrix
+                        T.copy(acc_dp, dS_s)  # dS_r is the pending GEMM's operand: PTX forbids touching it before the wait
+                        T.call_extern("handle", "ws_fence_proxy_async")
+                        T.call_extern("handle", "mqa_handoff_arrive", bars.data, PDS_READY)
+                        # The first of its dKV chunks.
+                        dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv0, n1)
+                        if wg0_pair:  # its second chunk in the scores' accumulator, free once P is stored
+                            dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_s, n1 + 1)
+                        T.wait_wgmma(0)
+                        T.warpgroup_fence_operand(dS_r, num_regs=H * BS // WARPGROUP // 2)  # read by the dQ GEMM until here
+                        T.warpgroup_fence_operand(acc_dq0, num_regs=H * dq_split // WARPGROUP)
+                        T.warpgroup_fence_operand(acc_dkv0, num_regs=BS * CHUNK // WARPGROUP)
+                        if wg0_pair:
+                            T.warpgroup_fence_operand(acc_s, num_regs=H * BS // WARPGROUP)
+                        # Only this warpgroup reads KV_s[:, :dq_split]: refill it now.
+                        if tl_ + 1 < live0[0]:
+                            gather_columns(KV_s, KV, Indices, r, tl_ + 1, 0, dq_split, NKV, tid)
+                            T.call_extern("handle", "mqa_cp_async_commit")
+                        # Its dKV chunks' adds go out while the gather lands.
+                        if wg0_pair:
+                            add_pair(dKV, acc_dkv0, acc_s, slot_info_s, n1, p, peak0, tid)
+                        for c in T.unroll(n1 + 2 * wg0_pair, chunks):
+                            if c > n1:
+                                dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv0, c)
+                                T.wait_wgmma(0)
+                                T.warpgroup_fence_operand(acc_dkv0, num_regs=BS * CHUNK // WARPGROUP)
+                            add_chunk(dKV, acc_dkv0, slot_info_s, c, p, NKV, peak0, tid)
+                        if accumulate == "lanes":  # its maxima, for warpgroup 1's bounds of the block
+                            T.call_extern("handle", "ws_merge_peaks", peak0.data, T.address_of(slot_info_s[peaks0 + p * BS]), tid)
+                            T.call_extern("handle", "mqa_handoff_arrive", bars.data, PEAKS_READY)
+                    if scaled:
+                        for h in T.Parallel(H):
+                            if (mass_row[h] > Allowance[r, h0 + h]) or T.isnan(mass_row[h]):
+                                Flag[r] = 1
+                    T.copy(acc_dq0, dQ[r, h0 : h0 + H, 0:dq_split])
+                    base0[0] = base0[0] + live0[0]
 
             with T.ws(1):
-                T.clear(acc_dq1)
-                T.clear(acc_dq2)
                 for i in T.serial(BS // 8):
                     peak[i] = T.cast(0, "uint32")
-                for t in T.serial(live_blocks[0]):
-                    p = t % 2
-                    T.call_extern("handle", "mqa_handoff_wait", bars.data, PDS_READY, p)
-                    T.wgmma_gemm(dS_s, KV_s[0:BS, c1 : c1 + w1], acc_dq1)
-                    T.wgmma_gemm(dS_s, KV_s[0:BS, c2 : c2 + w2], acc_dq2)
-                    T.wait_wgmma(0)
-                    T.warpgroup_fence_operand(acc_dq1, num_regs=H * w1 // WARPGROUP)
-                    T.warpgroup_fence_operand(acc_dq2, num_regs=H * w2 // WARPGROUP)
-                    T.call_extern("handle", "mqa_handoff_arrive", bars.data, KV_FREE)
-                    if pairs:
-                        paired_chunks(dKV, Q_s, dO_s, dS_s, P_s, acc_dkv, acc_dkv2, slot_info_s, bars, p, NKV, peak, tid1)
-                    else:
-                        ping_pong_chunks(dKV, Q_s, dO_s, dS_s, P_s, acc_dkv, acc_dkv2, slot_info_s, bars, p, NKV, peak, tid1)
-                    if accumulate == "lanes":  # the block's bounds, one add a slot
-                        T.call_extern("handle", "ws_bar_sync_wg", BOUNDS_BARRIER)
-                        T.call_extern("handle", "ws_stage_peaks", peak.data, T.address_of(slot_info_s[peaks1]),
-                                      tid1)
-                        T.call_extern("handle", "ws_bar_sync_wg", BOUNDS_BARRIER)
-                        T.call_extern("handle", "ws_add_bounds", T.address_of(slot_info_s[peaks1]),
-                                      T.address_of(slot_info_s[peaks0 + p * BS]), Bound.data,
-                                      T.address_of(slot_info_s[p * BS * 2]), ROW_UNITS, tid1)
-                T.copy(acc_dq1, dQ[r, h0 : h0 + H, c1 : c1 + w1])
-                T.copy(acc_dq2, dQ[r, h0 : h0 + H, c2 : c2 + w2])
+                base1[0] = 0
+                for k in T.serial(item_rows):
+                    at1[0], at1[1] = item_of(items - 1 - cta - k * ctas, head_base)
+                    r, h0 = at1[0], at1[1]
+                    live1[0] = T.call_extern("int32", "ws_row_blocks", Indices.data, r, Lp, NKV, bars.data, rows1,
+                                             tid1, BS, k % 2, BOUNDS_BARRIER)
+                    T.clear(acc_dq1)
+                    T.clear(acc_dq2)
+                    for tl_ in T.serial(live1[0]):
+                        t = base1[0] + tl_
+                        p = t % 2
+                        T.call_extern("handle", "mqa_handoff_wait", bars.data, PDS_READY, p)
+                        T.wgmma_gemm(dS_s, KV_s[0:BS, c1 : c1 + w1], acc_dq1)
+                        T.wgmma_gemm(dS_s, KV_s[0:BS, c2 : c2 + w2], acc_dq2)
+                        T.wait_wgmma(0)
+                        T.warpgroup_fence_operand(acc_dq1, num_regs=H * w1 // WARPGROUP)
+                        T.warpgroup_fence_operand(acc_dq2, num_regs=H * w2 // WARPGROUP)
+                        T.call_extern("handle", "mqa_handoff_arrive", bars.data, KV_FREE)
+                        if pairs:
+                            paired_chunks(dKV, Q_s, dO_s, dS_s, P_s, acc_dkv, acc_dkv2, slot_info_s, bars, p, NKV, peak, tid1)
+                        else:
+                            ping_pong_chunks(dKV, Q_s, dO_s, dS_s, P_s, acc_dkv, acc_dkv2, slot_info_s, bars, p, NKV, peak, tid1)
+                        if accumulate == "lanes":  # the block's bounds, one add a slot
+                            T.call_extern("handle", "ws_bar_sync_wg", BOUNDS_BARRIER)
+                            T.call_extern("handle", "ws_stage_peaks", peak.data, T.address_of(slot_info_s[peaks1]),
+                                          tid1)
+                            T.call_extern("handle", "ws_bar_sync_wg", BOUNDS_BARRIER)
+                            T.call_extern("handle", "ws_add_bounds", T.address_of(slot_info_s[peaks1]),
+                                          T.address_of(slot_info_s[peaks0 + p * BS]), Bound.data,
+                                          T.address_of(slot_info_s[p * BS * 2]), ROW_UNITS, tid1)
+                    T.copy(acc_dq1, dQ[r, h0 : h0 + H, c1 : c1 + w1])
+                    T.copy(acc_dq2, dQ[r, h0 : h0 + H, c2 : c2 + w2])
+                    base1[0] = base1[0] + live1[0]
 
     return main_bwd
