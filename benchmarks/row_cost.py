@@ -3,9 +3,10 @@
     python benchmarks/row_cost.py [--slots 8388608] [--L 512,1024,2048] [--S_kv N] [--H 64]
         [--backends tilelang,tilelang-atomic,cudnn] [--indices uniform] [--repeats 6]
 
-The main kernels give a query row one CTA: its prologue (Q and dO in), the gather that fills
-its pipeline, its drain and its epilogue (dQ out) are paid once a row, however few slot blocks
-the row has. At a fixed number of (row, slot) pairs the slots' work is the same at every L,
+A query row's prologue (Q and dO in), the gather that fills its pipeline, its drain and its
+epilogue (dQ out) are paid once a row, however few slot blocks the row has (the narrow main
+kernels give a row a CTA; the persistent wide tile overlaps one row's fill with the row
+before's drain, so what is left of it there is what the overlap does not hide). At a fixed number of (row, slot) pairs the slots' work is the same at every L,
 so timing calls at S = slots / L for several L and fitting
 
     time = k + a * S

@@ -19,7 +19,8 @@
                             bounds' atomics, keeping the handoffs and barriers (the same bits
                             where no bound fails, Bound stays 0; rebuilt for 7940e99 and later in
                             the nineteenth session, ptxas at d_k = 576: no spill where the
-                            product spills 24/44 bytes; the 2d0ce1d form is at 11b45cd); no_adds
+                            one-row CTA spilled 24/44 bytes, 8/8 on the persistent tile where
+                            it spills 68/84; the 2d0ce1d form is at 11b45cd); no_adds
                             turns each red.global.add.u64 into a store that is never taken (wrong
                             dKV; the conversions stay); control_no_adds predicates the control's
                             red.v4.f32 on a NaN no accumulator holds (wrong dKV; the shuffles

@@ -164,8 +164,8 @@ class ModelLauncher(Launcher):
         if not isinstance(config, K.MainConfig):
             raise ValueError(f"config: expected a kernels.MainConfig, got {config!r}")
         self.launched(kernel)
-        # The wide tile's tiles are CTAs of one grid, each adding its own 64 heads' sums: as
-        # many launches of one tile.
+        # The wide tile's (row, tile) items are one persistent grid's, each adding its own 64
+        # heads' sums (integer adds, or atomics in no set order): as many launches of one tile.
         one_tile = dataclasses.replace(config, tiles=1)
         for tile in range(config.tiles):
             self._main_tile(q, kv, grad_out, indices, lse2, delta, dq, dkv, one_tile, sm_scale, heads,

@@ -20,6 +20,7 @@ pytest.importorskip("tilelang")
 
 from mqa_bwd import kernels as K  # noqa: E402
 from mqa_bwd.kernels import wide as W  # noqa: E402
+import wide_handoffs as WH  # noqa: E402
 
 pytestmark = pytest.mark.skipif(K.nvcc_path() is None, reason="needs nvcc (CUDA_HOME=/usr/local/cuda) to compile for sm_90a")
 
@@ -121,6 +122,27 @@ OTHER_SPLITS = [K.MainConfig(K.WIDE_HEADS, 576, 512, "lanes", wg0_chunks=w) for 
     K.MainConfig(K.WIDE_HEADS, 576, 512, "lanes", dq_split=320)]
 
 
+def _enclosing_heads(body: str, pos: int) -> list:
+    """The heads (``if (...)``, ``for (...)``, ...) of the blocks around ``pos``, innermost first."""
+    heads, depth = [], 0
+    for i in range(pos - 1, -1, -1):
+        if body[i] == "}":
+            depth += 1
+        elif body[i] == "{":
+            if depth == 0:
+                heads.append(body[body.rfind("\n", 0, i) + 1:i].strip())
+            else:
+                depth -= 1
+    return heads
+
+
+def _enclosing_condition(body: str, pos: int):
+    """The condition of the innermost block around ``pos`` if that block is an if, else None."""
+    heads = _enclosing_heads(body, pos)
+    match = re.fullmatch(r"if \((.*)\)", heads[0]) if heads else None
+    return match[1] if match else None
+
+
 def branch_at(source: str, head: str, start: int = 0) -> tuple:
     """(body, end) of the first block ``head {...}`` at or after ``start``: the text
     between its braces and the index just past its closing brace."""
@@ -203,8 +225,8 @@ def test_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
         assert block, f"{_id(config)}: {name} numbers no block from base{w}"
         names = {item: "ITEM"}
         same = lambda text: re.sub(r"\b(rmod|rdiv)(_\d+)?\b", r"\1", re.sub(r"\b\w+\b", lambda m: names.get(m[0], m[0]), text))
-        walks.append((same(bound), same(row_expr), same(head_expr), counts[0], block[1]))
-    (*item0, count0, t0), (*item1, count1, t1) = walks
+        walks.append((same(bound), same(row_expr), same(head_expr), counts[0], block[1], blocks[0], item))
+    (*item0, count0, t0, local0, k0), (*item1, count1, t1, _, _) = walks
     assert item0 == item1, f"{_id(config)}: the warpgroups walk different items: {walks}"
     # The same row's slots (Lp, NKV, block slots), each warpgroup's thread index and its own words
     # of its parity, 4 a parity, after the 4 mbarriers and inside their allocation.
@@ -214,39 +236,54 @@ def test_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
     bars_bytes = dict((n, math.prod(int(d) for d in s.split(",") if d.strip()) * 8)
                       for n, s, dtype in SHARED_ALLOCATION.findall(K.program_of(config).script()) if n == "bars")["bars"]
     assert 4 * 2 <= words[0] and words[0] + 8 <= words[1] and (words[1] + 8) * 4 <= bars_bytes, f"{_id(config)}: {words}"
-    # Warpgroup 0 waits until warpgroup 1's dQ GEMMs have read KV_s and its dKV GEMMs P_s and
-    # dS_s (block t - 1), then says P, dS and the slots are in; warpgroup 1 waits for that,
-    # then says KV_s and then P_s and dS_s are free. The lanes' warpgroup 0 also says its
-    # chunks' maxima are in, which warpgroup 1 waits for before it frees P_s and dS_s: after,
-    # warpgroup 0 could complete the next block's phase too, and the wait would never return.
-    # A row's start waits on the same phases of its block before: KV_FREE before block 0's
-    # gather, PDS_FREE (warpgroup 1's last GEMMs read Q_s and dO_s) before its Q and dO.
-    # (tests/test_wide_handoffs.py runs this order under random schedules: no deadlock, no race.)
-    row_before = "((base0[0] + 1) & 1)"  # (base - 1) % 2 as TileLang writes it
-    previous = f"(({t0} + 1) & 1)"
+    # Each warpgroup makes its program's waits and arrivals (tests/wide_handoffs.py: warpgroup 0's
+    # at a row's start and at each block, warpgroup 1's at each block; tests/test_wide_handoffs.py
+    # runs them under random schedules: no deadlock, no race), in the program's order, on its
+    # phases; warpgroup 0's each under its guard (the innermost if around it: none where it always
+    # runs; warpgroup 1's last two sit in its loop over chunks, at the last chunk's turn).
     lanes = config.accumulate == "lanes"
-    expected = ([("wait", W.KV_FREE, row_before), ("wait", W.PDS_FREE, row_before),
-                 ("wait", W.KV_FREE, previous), ("wait", W.PDS_FREE, previous), ("arrive", W.PDS_READY, "")]
-                + [("arrive", W.PEAKS_READY, "")] * lanes,
-                [("wait", W.PDS_READY, f"({t1} & 1)"), ("arrive", W.KV_FREE, "")]
-                + [("wait", W.PEAKS_READY, f"({t1} & 1)")] * lanes + [("arrive", W.PDS_FREE, "")])
+    block_loop = first.index(re.search(rf"for \(int {local0} = 0; {local0} < live0\[0\]; \+\+{local0}\)", first)[0])
+    parity = {"row before": "((base0[0] + 1) & 1)",  # (base - 1) % 2 as TileLang writes it
+              "block before": f"(({t0} + 1) & 1)", "this block": f"({t1} & 1)", None: ""}
+    row_guards = {"after a block": "0 < base0[0]", None: None, "lanes": None}
+    block_guards = {"after a block": f"0 < {t0}", "not first of row": f"0 < {local0}", None: None, "lanes": None}
+    programs = (("warpgroup 0", first, [(s, row_guards) for s in WH.handoffs(WH.ROW_START_0, lanes)]
+                 + [(s, block_guards) for s in WH.handoffs(WH.BLOCK_0, lanes)]),
+                ("warpgroup 1", second, [(s, None) for s in WH.handoffs(WH.BLOCK_1, lanes)]))
     offsets = set()
-    for name, body, want in zip(("warpgroup 0", "warpgroup 1"), (first, second), expected):
-        found = [(m[1], int(m[3]), m[4] or "") for m in HANDOFF.finditer(body)]
-        assert found == want, f"{_id(config)}: {name}'s handoffs are {found}, not {want}"
+    for name, body, program in programs:
+        found = [(m[1], int(m[3]), m[4] or "", _enclosing_condition(body, m.start()))
+                 for m in HANDOFF.finditer(body)]
+        assert len(found) == len(program), f"{_id(config)}: {name}'s handoffs are {found}, its program's {program}"
+        want = [(what, bar, parity[phase], guards[when] if guards else found_guard)
+                for ((what, bar, phase, when), guards), (*_, found_guard) in zip(program, found)]
+        assert found == want, f"{_id(config)}: {name}'s handoffs (what, mbarrier, parity, guard) are {found}, not {want}"
         offsets |= {m[2] for m in HANDOFF.finditer(body)}
     assert len(HANDOFF.findall(source)) == 8 + 2 * lanes, f"{_id(config)}: handoffs outside the two branches"
     assert f"buf_dyn_shmem + {offsets.pop()}" in source[init:init + 80] and not offsets
-    # The row's start: block 0's gather (whole) after its KV_FREE wait, Q and dO after the
-    # PDS_FREE wait, both before the block loop; no row start waits on the first row's (base 0).
-    block_loop = first.index(re.search(r"for \(int (\w+) = 0; \1 < live0\[0\]; \+\+\1\)", first)[0])
+    # The row's start, in the program's order: block 0's gather (whole) after its KV_FREE wait, Q
+    # and dO after the PDS_FREE wait, both before the block loop; lse and Delta after the row's
+    # block count, whose barrier orders them after the row before's last reads. Every copy and
+    # commit of a row's start only where the row has blocks: an empty row's would refill KV_s
+    # under warpgroup 1's reads, or leave a copy in flight when the CTA ends.
+    start = first.index(ITEM_LOOP.search(first)[0])
     waits = [m for m in HANDOFF.finditer(first) if m.start() < block_loop]
     gather, q_load = first.index("((bfloat16_t*)KV_s)["), first.index("((bfloat16_t*)Q_s)[")
     assert waits[0].end() < gather < waits[1].start() < q_load < block_loop, f"{_id(config)}: the row start's order"
-    for wait in waits:
-        assert first.rindex("if (0 < base0[0]) {", 0, wait.start()) > first.rfind("}", 0, wait.start()), _id(config)
-    # One thread prefetches the next item's Q and dO rows into L2, in the row's last block.
-    assert first.count("ws_prefetch_l2(") == 2 and "ws_prefetch_l2(" not in second, _id(config)
+    counted = first.index(ROW_BLOCKS.search(first)[0])
+    for buffer in ("((float*)lse_s)[", "((float*)delta_s)["):
+        assert counted < first.index(buffer) < block_loop, f"{_id(config)}: {buffer} before the row's block count"
+    for copy in re.finditer(r"mqa_cp_async16\(|mqa_cp_async_commit\(", first[start:block_loop]):
+        heads = _enclosing_heads(first, start + copy.start())
+        assert "if (0 < live0[0])" in heads, f"{_id(config)}: a row start's {copy[0]} outside if (0 < live0[0]): {heads}"
+    # One thread prefetches the next item's Q and dO rows into L2, in the row's last block, and
+    # only where there is a next item (the last item's next would lie before Q).
+    prefetches = [m.start() for m in re.finditer(r"ws_prefetch_l2\(", first)]
+    assert len(prefetches) == 2 and "ws_prefetch_l2(" not in second, _id(config)
+    for at in prefetches:
+        guard = " ".join(_enclosing_heads(first, at))
+        for term in (f"({local0} == (live0[0] - 1))", "(((int)threadIdx.x) == 0)", f"(({k0} + 1) < "):
+            assert term in guard, f"{_id(config)}: the prefetch's guard lacks {term}: {guard}"
     # Warpgroup 0's dQ GEMM takes dS from its registers (the one RS wgmma), issued before the wait
     # for P_s and dS_s to be free, so that it runs under the wait and the stores of P and dS.
     loop = first[block_loop:]
@@ -291,13 +328,12 @@ def test_main_kernel_spills_within_its_spill_budget(config):
     # One CTA per SM at up to 255 registers a thread: a kernel change that
     # pushes live values past that spills to local memory inside the slot loop.
     info = K.ptxas_info(config)
-    budget = SPILL_BUDGET.get((config.heads, config.d_k, config.accumulate), {})
+    budget = SPILL_BUDGET.get((config.heads, config.d_k, config.accumulate, config.tiles), {})
     for field in ("spill_stores", "spill_loads", "stack"):
         assert info[field] <= budget.get(field, 0), f"{_id(config)}: {field} over {budget.get(field, 0)}: {info}"
 
 
-#: Bytes of spills a kernel had when it was timed, per (heads, d_k, accumulate), the largest over
-#: its tile counts: the wide tile's two warpgroups share one 255-register allocation; the lanes'
+#: Bytes of spills a kernel had when it was timed, per (heads, d_k, accumulate, tiles): the wide tile's two warpgroups share one 255-register allocation; the lanes'
 #: transposed adds fit it only with ptxas's scheduling held in check (wide.py's ws_opaque, the
 #: adds' wait for the peak, __syncwarp). The one-row CTA spilled 24 bytes of stores and 44 of
 #: loads there, uniform values stored before the slot loops and loaded once a block (the peaks'
@@ -308,8 +344,10 @@ def test_main_kernel_spills_within_its_spill_budget(config):
 #: the one-row CTA that spilled less (twentieth session). The int64 redo (fixed), launched on
 #: every call but run only where a lanes bound failed, spills 12/20 bytes at one tile and 36/44
 #: at two.
-SPILL_BUDGET = {(64, 576, "lanes"): {"spill_stores": 68, "spill_loads": 84, "stack": 64},
-                (64, 576, "fixed"): {"spill_stores": 36, "spill_loads": 44, "stack": 24}}
+SPILL_BUDGET = {(64, 576, "lanes", 1): {"spill_stores": 68, "spill_loads": 84, "stack": 64},
+                (64, 576, "lanes", K.MULTI_TILE): {"spill_stores": 68, "spill_loads": 84, "stack": 64},
+                (64, 576, "fixed", 1): {"spill_stores": 12, "spill_loads": 20, "stack": 16},
+                (64, 576, "fixed", K.MULTI_TILE): {"spill_stores": 36, "spill_loads": 44, "stack": 24}}
 
 
 CP_ASYNC = re.compile(r"cp\.async\.(?:ca|cg)\.shared\.global\S*\s+\[[^\]]+\],\s*\[[^\]]+\],\s*\d+(?P<src_size>,\s*[^;]+)?;")

@@ -206,9 +206,9 @@ class MainConfig:
     groups in one warp-specialised CTA over 64-slot blocks (wide.py), whose
     deterministic launches add in "lanes" (and "fixed" as their redo). cluster:
     2 runs two consecutive 16-head groups as one thread block cluster (fixed only).
-    tiles: the wide tile's consecutive 64-head tiles one launch covers, a CTA each
-    a query row, in one grid (a launch argument of the kernel that every count above
-    one shares: MainConfig.kernel). wg0_chunks and dq_split: how the wide tile shares
+    tiles: the wide tile's consecutive 64-head tiles one launch covers, its persistent
+    CTAs walking the (query row, tile) items (a launch argument of the kernel that
+    every count above one shares: MainConfig.kernel). wg0_chunks and dq_split: how the wide tile shares
     its dKV chunks and its dQ columns between its warpgroups (default_wg0_chunks,
     WIDE_DQ_SPLIT).
     """
@@ -294,8 +294,8 @@ def main_launches(groups: int, heads: int, d_k: int, d_v: int, deterministic: bo
     """((first group, MainConfig), ...) covering ``groups`` head groups of ``heads`` heads:
     pairs where a pair has a kernel (the fixed cluster of two 16-head groups, the wide
     tile for 32-head groups of either accumulation), a single group for the rest. The
-    wide tile's pairs all go in one launch (MainConfig.tiles): one grid has one last
-    partial wave of CTAs where a launch a pair had one each.
+    wide tile's pairs all go in one launch (MainConfig.tiles), one persistent grid over
+    all their (row, tile) items, where a launch a pair would fill and drain the GPU each.
     Memoised: the wrapper asks for it several times a call, on the host's critical path."""
     pairs = main_tile_heads(heads) == 32 or (deterministic and main_tile_heads(heads) == 16)
     launches, g = [], 0
