@@ -208,9 +208,9 @@ class MainConfig:
     2 runs two consecutive 16-head groups as one thread block cluster (fixed only).
     tiles: the wide tile's consecutive 64-head tiles one launch covers, its persistent
     CTAs walking the (query row, tile) items (a launch argument of the kernel that
-    every count above one shares: MainConfig.kernel). wg0_chunks and dq_split: how the wide tile shares
-    its dKV chunks and its dQ columns between its warpgroups (default_wg0_chunks,
-    WIDE_DQ_SPLIT).
+    every count above one shares: MainConfig.kernel). wg0_chunks and dq_split: how
+    the wide tile shares its dKV chunks and its dQ columns between its warpgroups
+    (default_wg0_chunks, WIDE_DQ_SPLIT).
     """
 
     heads: int
