@@ -83,7 +83,9 @@
         python benchmarks/package_ab.py --against .ab/gather_before_adds/mqa_bwd \
             --against .ab/gather_between_adds/mqa_bwd --shapes dsv32,fleet --trace 2
 
-git history holds the others (persistent_rows.patch and persistent_prefetch.patch, the wide
+git history holds the others (pair_sync_every_other.patch, ws_add_pair_lanes' warp sync on every
+other chunk pair, measured no faster in the twenty-first session, is at 7018d61;
+persistent_rows.patch and persistent_prefetch.patch, the wide
 tile's persistent CTAs without and with the L2 prefetch of the next row's Q and dO, became the
 product's wide tile in the twenty-first session, the one-row CTA is at c2cb52c, and their
 protocol model, persistent_handoffs.py, became tests/test_wide_handoffs.py; the wrapper's layout steps as kernels became the product's,
