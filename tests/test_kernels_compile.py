@@ -233,8 +233,7 @@ def test_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
     assert count0[2:4] == count1[2:4] and count0[6] == count1[6], f"{_id(config)}: {count0} against {count1}"
     assert (count0[5], count1[5]) == ("((int)threadIdx.x)", f"(((int)threadIdx.x) - {W.WARPGROUP})"), _id(config)
     words = sorted((int(count0[4]), int(count1[4])))
-    bars_bytes = dict((n, math.prod(int(d) for d in s.split(",") if d.strip()) * 8)
-                      for n, s, dtype in SHARED_ALLOCATION.findall(K.program_of(config).script()) if n == "bars")["bars"]
+    bars_bytes = _shared_bytes(config)["bars"]
     assert 4 * 2 <= words[0] and words[0] + 8 <= words[1] and (words[1] + 8) * 4 <= bars_bytes, f"{_id(config)}: {words}"
     # Each warpgroup makes its program's waits and arrivals (tests/wide_handoffs.py: warpgroup 0's
     # at a row's start and at each block, warpgroup 1's at each block; tests/test_wide_handoffs.py
@@ -387,14 +386,19 @@ SHARED_BUFFER = re.compile(r"void\* (\w+) = \(\(void\*\)\(\(char\*\)buf_dyn_shme
 SHARED_ALLOCATION = re.compile(r'(\w+) = T\.\w*alloc_buffer\(\(([\d, ]+)\)(?:, "(\w+)")?, scope="shared\.dyn"\)')
 
 
+def _shared_bytes(config) -> dict:
+    """Bytes of each shared buffer the TileLang program of ``config`` allocates, by name."""
+    return {name: math.prod(int(d) for d in shape.split(",") if d.strip()) * getattr(torch, dtype or "float32").itemsize
+            for name, shape, dtype in SHARED_ALLOCATION.findall(K.program_of(config).script())}
+
+
 @pytest.mark.parametrize("config", WIDE_CONFIGS, ids=_id)
 def test_wide_tile_buffers_do_not_share_shared_memory(config):
     # Every buffer of the warp-specialised tile lives through the whole slot loop, but TileLang's
     # planner reads the warpgroups' branches as one sequence: a buffer touched only through calls
     # in warpgroup 1's branch it placed on delta_s and lse_s, which warpgroup 0 still reads, and
     # dq came back wrong on the H200 (docs/performance-log.md, 2026-12-03, eighth session).
-    sizes = {name: math.prod(int(d) for d in shape.split(",") if d.strip()) * getattr(torch, dtype or "float32").itemsize
-             for name, shape, dtype in SHARED_ALLOCATION.findall(K.program_of(config).script())}
+    sizes = _shared_bytes(config)
     placed = sorted((int(offset), name) for name, offset in SHARED_BUFFER.findall(K.compiled(config).get_kernel_source()))
     # (a buffer the kernel never touches, the control's scales, gets no place)
     assert placed and {name for _, name in placed} <= set(sizes), f"{_id(config)}: placed {placed}, allocated {sizes}"
