@@ -898,7 +898,7 @@ def cmd_repro(args) -> int:
     _print_repro(console, result, scope="call replay " if prop else "")
     report = result.as_dict()
     # A refused call is bad input (the case or the call options), not a failure: nothing was replayed.
-    code = 0 if result.ok else (2 if result.refused and not result.failed_outright else 1)
+    code = 0 if result.ok else (2 if result.bad_input else 1)
     if prop:
         code = _replay_recorded_property(console, repro, source, impl, prop, report, code)
     if args.json:

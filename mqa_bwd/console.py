@@ -158,7 +158,7 @@ def _print_repro(console, result, scope: str = "") -> None:
     for report in (result.primary, result.other):
         if report is None:
             continue
-        if any(report is r for r in result.refused):  # no run to tabulate: say why instead
+        if result.was_refused(report):  # no run to tabulate: say why instead
             console.print(f"{report.implementation} refused the call: {type(report.run0_error).__name__}: "
                           f"{report.run0_error}", markup=False)
             continue
@@ -216,7 +216,7 @@ def _print_repro(console, result, scope: str = "") -> None:
         if result.rejected_as_spec_requires is not None:
             verdicts.append(f"{r.implementation}: " + ("rejected the call with a ValueError, as SPEC requires" if r.rejected
                                                       else "did NOT reject a call that breaks SPEC with a ValueError"))
-        elif any(r is x for x in result.refused):
+        elif result.was_refused(r):
             verdicts.append(f"{r.implementation}: refused the call with a ValueError (above); nothing was replayed "
                             "on it: the case or the call options are outside what it accepts")
         elif r.problems:
@@ -228,7 +228,7 @@ def _print_repro(console, result, scope: str = "") -> None:
             verdicts.append(f"{r.implementation}: bitwise reproducible but outside the oracle tolerance")
         else:
             verdicts.append(f"{r.implementation}: bitwise reproducible" + (", within tolerance" if r.oracle else ""))
-    outcome = "OK: " if result.ok else ("REFUSED: " if result.refused and not result.failed_outright else "FAILED: ")
+    outcome = "OK: " if result.ok else ("REFUSED: " if result.bad_input else "FAILED: ")
     console.print(scope + outcome + "; ".join(verdicts), markup=False)
 
 

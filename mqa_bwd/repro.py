@@ -406,6 +406,15 @@ class ReproResult:
         return any(r is not None and not r.rejected and not r.ok for r in (self.primary, self.other))
 
     @property
+    def bad_input(self) -> bool:
+        """Not OK only because an implementation refused the call: REFUSED (exit 2), not FAILED."""
+        return not self.ok and bool(self.refused) and not self.failed_outright
+
+    def was_refused(self, report) -> bool:
+        """Whether ``report`` (the primary's or the other's) is of an implementation that refused the call."""
+        return any(report is r for r in self.refused)
+
+    @property
     def ok(self) -> bool:
         if self.source.structure_error is not None:
             return bool(self.rejected_as_spec_requires)
