@@ -28,7 +28,8 @@ Why this shape:
                  for warpgroup 1 to free P_s and dS_s), and the block's last wg0_chunks dKV
                  chunks with their adds;
     warpgroup 1: dQ[:, dq_split:] and the block's other dKV chunks, one at a time (the lanes: a
-                 pair at a time), with their adds.
+                 pair at a time, the first pair's GEMMs issued behind the dQ GEMMs, before it
+                 waits for those), with their adds.
   Warpgroup 0 gathers block t + 1 and forms its scores while warpgroup 1 still forms and
   adds block t's dKV (which reads Q, dO, P and dS, never KV). One warp a scheduler issuing
   adds is latency-bound, so warpgroup 1's chunk chain set the pace while warpgroup 0 waited
@@ -168,6 +169,14 @@ __device__ __forceinline__ void ws_red_f32x4_if(float* p, float a, float b, floa
   asm volatile("{\n .reg .pred q;\n setp.ne.u32 q, %5, 0;\n @q red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n}"
                :: "l"(p), "f"(a), "f"(b), "f"(c), "f"(d), "r"(static_cast<unsigned>(ok)) : "memory");
 }
+// P of a score with no branch: exp2 of x, or 0 for an invalid slot. ex2.approx.ftz is the MUFU.EX2
+// that exp2f issues, without exp2f's rescaling of arguments below -126 (a compare and two
+// predicated multiplies a score): those results, below 2^-126, flush to 0.
+__device__ __forceinline__ float ws_masked_exp2(float x, bool valid) {
+  float e;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(x));
+  return valid ? e : 0.0f;
+}
 // max that keeps a NaN (fmaxf drops it): a NaN contribution must fail its row's bound.
 __device__ __forceinline__ float ws_max_nan(float a, float b) {
   float r;
@@ -266,24 +275,23 @@ __device__ __forceinline__ void ws_add_chunk_lanes(const float* acc, const void*
   #pragma unroll
   for (int n8 = 0; n8 < 8; ++n8) {
     const int4 pair = next;
+    if (n8 < 7) next = ws_slot_pair(slot_info, 8 * (n8 + 1) + 2 * k);  // a pair ahead: its latency under this one
     const float s0 = __int_as_float(pair.y), s1 = __int_as_float(pair.w);
     const float x00 = acc[4 * n8] * s0, x01 = acc[4 * n8 + 2] * s0;      // slot e = 0: columns c, c + 8
     const float x10 = acc[4 * n8 + 1] * s1, x11 = acc[4 * n8 + 3] * s1;  // slot e = 1
     const unsigned m0 = __float_as_uint(ws_max_nan(fabsf(x00), fabsf(x01)));
     const unsigned m1 = __float_as_uint(ws_max_nan(fabsf(x10), fabsf(x11)));
     peak[n8] = __vmaxu2(peak[n8], __byte_perm(m0, m1, 0x7632));
-    // A peak's halves are at most 0x7fff, so `stale` is 0: it makes the next pair's load, and the
-    // last pair's adds, wait for the peak, where ptxas would sink the peak to the block's end and
-    // keep (spill) the scaled values.
+    // A peak's halves are at most 0x7fff, so `stale` is 0: it makes this pair's first add wait for
+    // the peak, where ptxas would sink the peak to the block's end and keep (spill) the scaled
+    // values. Not the next pair's load: that load would then wait for this pair's whole peak chain.
     const unsigned stale = peak[n8] >> 31;
-    if (n8 < 7) next = ws_slot_pair(slot_info, 8 * (n8 + 1) + 2 * k + 2 * stale);  // a pair ahead: its latency under this one
     // lo sign-extended: the words' sum is sum(lo) + 2^32 sum(hi) mod 2^64 (fixed_point.decode_lane_words).
     const int lo0 = __float2int_rn(x00), hi0 = __float2int_rn(x01);
     const int lo1 = __float2int_rn(x10), hi1 = __float2int_rn(x11);
     // Every slot adds (ws_lanes_store_slot): an invalid one 0, to a valid row.
-    const unsigned last = n8 == 7 ? stale : 0u;
-    ws_red_u64_at(base, static_cast<unsigned>(pair.x) | last, ws_lane_word(lo0, hi0));
-    ws_red_u64_at(base, static_cast<unsigned>(pair.z) | last, ws_lane_word(lo1, hi1));
+    ws_red_u64_at(base, static_cast<unsigned>(pair.x) | stale, ws_lane_word(lo0, hi0));
+    ws_red_u64_at(base, static_cast<unsigned>(pair.z), ws_lane_word(lo1, hi1));
     __syncwarp();  // keeps ptxas from hoisting every pair's slot load to the top of the chunk (spills)
   }
 }
@@ -304,6 +312,10 @@ __device__ __forceinline__ void ws_add_pair_lanes(const float* acc_a, const floa
   #pragma unroll
   for (int n8 = 0; n8 < 8; ++n8) {
     const int4 lo = next_lo, hi = next_hi;  // slots 8 n8 + 2 k0 + {0, 1}, then + {2, 3}
+    if (n8 < 7) {  // a pair ahead: its latency under this one
+      next_lo = ws_slot_pair(slot_info, 8 * (n8 + 1) + 2 * k0);
+      next_hi = ws_slot_pair(slot_info, 8 * (n8 + 1) + 2 * k0 + 2);
+    }
     const int4 own = odd ? hi : lo;         // this thread's: 8 n8 + 2 k + {0, 1}
     const float s0 = __int_as_float(own.y), s1 = __int_as_float(own.w);
     const float a00 = acc_a[4 * n8] * s0, a01 = acc_a[4 * n8 + 2] * s0;  // slot e = 0: columns c, c + 8
@@ -314,10 +326,6 @@ __device__ __forceinline__ void ws_add_pair_lanes(const float* acc_a, const floa
     const unsigned m1 = __float_as_uint(ws_max_nan(ws_max_nan(fabsf(a10), fabsf(a11)), ws_max_nan(fabsf(b10), fabsf(b11))));
     peak[n8] = __vmaxu2(peak[n8], __byte_perm(m0, m1, 0x7632));
     const unsigned stale = peak[n8] >> 31;  // 0, as in ws_add_chunk_lanes
-    if (n8 < 7) {
-      next_lo = ws_slot_pair(slot_info, 8 * (n8 + 1) + 2 * k0 + 2 * stale);
-      next_hi = ws_slot_pair(slot_info, 8 * (n8 + 1) + 2 * k0 + 2 + 2 * stale);
-    }
     const unsigned long long a0 = ws_lane_word(__float2int_rn(a00), __float2int_rn(a01));
     const unsigned long long a1 = ws_lane_word(__float2int_rn(a10), __float2int_rn(a11));
     const unsigned long long b0 = ws_lane_word(__float2int_rn(b00), __float2int_rn(b01));
@@ -325,11 +333,10 @@ __device__ __forceinline__ void ws_add_pair_lanes(const float* acc_a, const floa
     // Even k sends chunk B's words of its slots, odd k chunk A's.
     const unsigned long long r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
     const unsigned long long r1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
-    const unsigned last = n8 == 7 ? stale : 0u;
-    ws_red_u64_at(base, static_cast<unsigned>(lo.x) | last, odd ? r0 : a0);  // slot 8 n8 + 2 k0
-    ws_red_u64_at(base, static_cast<unsigned>(lo.z) | last, odd ? r1 : a1);  // + 1
-    ws_red_u64_at(base, static_cast<unsigned>(hi.x) | last, odd ? b0 : r0);  // + 2
-    ws_red_u64_at(base, static_cast<unsigned>(hi.z) | last, odd ? b1 : r1);  // + 3
+    ws_red_u64_at(base, static_cast<unsigned>(lo.x) | stale, odd ? r0 : a0);  // slot 8 n8 + 2 k0
+    ws_red_u64_at(base, static_cast<unsigned>(lo.z), odd ? r1 : a1);          // + 1
+    ws_red_u64_at(base, static_cast<unsigned>(hi.x), odd ? b0 : r0);          // + 2
+    ws_red_u64_at(base, static_cast<unsigned>(hi.z), odd ? b1 : r1);          // + 3
     __syncwarp();
   }
 }
@@ -554,11 +561,9 @@ def wide_program(config: MainConfig):
 
     @T.macro
     def paired_chunks(dKV, Q_s, dO_s, dS_s, P_s, acc, acc2, slot_info_s, bars, p, NKV, peak, thread):
-        """The lanes' chunks of warpgroup 1: a pair's two GEMMs, then its adds a line at a time
-        (add_pair), which need both chunks' words, so the next pair's GEMMs wait for them; then
-        any chunk left, one at a time."""
-        dkv_chunk(Q_s, dO_s, dS_s, P_s, acc, 0)
-        dkv_chunk(Q_s, dO_s, dS_s, P_s, acc2, 1)
+        """The lanes' chunks of warpgroup 1: a pair's two GEMMs (the first pair's issued under its
+        dQ GEMMs: first_pair_gemms), then its adds a line at a time (add_pair), which need both
+        chunks' words, so the next pair's GEMMs wait for them; then any chunk left, one at a time."""
         T.wait_wgmma(0)
         T.warpgroup_fence_operand(acc, num_regs=BS * CHUNK // WARPGROUP)
         T.warpgroup_fence_operand(acc2, num_regs=BS * CHUNK // WARPGROUP)
@@ -579,6 +584,15 @@ def wide_program(config: MainConfig):
             if c == n1 - 1:
                 peaks_then_pds_free(bars, p)
             add_chunk(dKV, acc, slot_info_s, c, p, NKV, peak, thread)
+
+    @T.macro
+    def first_pair_gemms(Q_s, dO_s, dS_s, P_s, acc, acc2):
+        """Warpgroup 1's first chunk pair's GEMMs, issued behind its dQ GEMMs and before it waits
+        for those: the tensor cores go on to them while the dQ GEMMs' wait and KV_FREE arrival
+        run. Leaves the dQ GEMMs' groups done and the pair's pending."""
+        dkv_chunk(Q_s, dO_s, dS_s, P_s, acc, 0)
+        dkv_chunk(Q_s, dO_s, dS_s, P_s, acc2, 1)
+        T.wait_wgmma(2 + (0 < value_chunks) + (1 < value_chunks))
 
     def item_of(item, head_base):
         """Row and first head of an item of the launch: items run tile by tile, rows within a tile."""
@@ -751,8 +765,8 @@ def wide_program(config: MainConfig):
                         T.warpgroup_fence_operand(acc_s, num_regs=H * BS // WARPGROUP)
                         T.warpgroup_fence_operand(acc_dp, num_regs=H * BS // WARPGROUP)
                         for h, j in T.Parallel(H, BS):  # parity p's slots were stored before the barrier above
-                            acc_s[h, j] = T.if_then_else(slot_valid(slot_info_s, p, j, NKV),
-                                                         T.exp2(acc_s[h, j] * scale_log2 - lse_s[h]), T.cast(0, f32))
+                            acc_s[h, j] = T.call_extern(f32, "ws_masked_exp2", acc_s[h, j] * scale_log2 - lse_s[h],
+                                                        slot_valid(slot_info_s, p, j, NKV))
                         if scaled:
                             T.reduce_sum(acc_s, mass_row, dim=1, clear=False)
                         for h, j in T.Parallel(H, BS):
@@ -817,7 +831,10 @@ def wide_program(config: MainConfig):
                         T.call_extern("handle", "mqa_handoff_wait", bars.data, PDS_READY, p)
                         T.wgmma_gemm(dS_s, KV_s[0:BS, c1 : c1 + w1], acc_dq1)
                         T.wgmma_gemm(dS_s, KV_s[0:BS, c2 : c2 + w2], acc_dq2)
-                        T.wait_wgmma(0)
+                        if pairs:
+                            first_pair_gemms(Q_s, dO_s, dS_s, P_s, acc_dkv, acc_dkv2)
+                        else:
+                            T.wait_wgmma(0)
                         T.warpgroup_fence_operand(acc_dq1, num_regs=H * w1 // WARPGROUP)
                         T.warpgroup_fence_operand(acc_dq2, num_regs=H * w2 // WARPGROUP)
                         T.call_extern("handle", "mqa_handoff_arrive", bars.data, KV_FREE)
