@@ -322,6 +322,36 @@ def test_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
         assert gate < init and "__sync" not in source[:gate], f"{_id(config)}: the gate is not the kernel's first step"
 
 
+#: A wgmma wait of generated CUDA: the count of commit groups it leaves pending.
+WGMMA_WAIT_ANY = re.compile(r"tl::wait_wgmma<(\d+)>\(\);")
+
+
+@pytest.mark.parametrize("config", WIDE_CONFIGS + OTHER_SPLITS, ids=_id)
+def test_wide_tile_frees_kv_only_once_its_dq_gemms_have_read_it(config):
+    # Warpgroup 1's dQ GEMMs read KV_s, and its KV_FREE arrival lets warpgroup 0 gather the next
+    # block into it. GEMMs issued between the dQ GEMMs and that arrival's wait (the lanes' first
+    # chunk pair, which reads Q, dO, P and dS, never KV_s) may stay pending, and no more: wgmma
+    # commit groups complete in order, so a wait that leaves n pending has finished every group
+    # but the last n. Every wait is followed by the fence of what it waited for.
+    source = K.compiled(config).get_kernel_source()
+    source = source[source.index('extern "C" __global__'):]
+    _, end = branch_at(source, WARPGROUP_0, source.index(WARPGROUP_0))
+    second, _ = branch_at(source, WARPGROUP_1, end)
+    arrive = next(m for m in HANDOFF.finditer(second) if m[1] == "arrive" and int(m[3]) == W.KV_FREE)
+    before = second[:arrive.start()]
+    dq_gemm = before.rindex("(acc_dq2 + 0))")
+    dq_done = before.index("tl::warpgroup_commit_batch();", dq_gemm)
+    waits = list(WGMMA_WAIT_ANY.finditer(before, dq_done))
+    assert waits, f"{_id(config)}: no wgmma wait between the dQ GEMMs and KV_FREE"
+    between = before[dq_done + len("tl::warpgroup_commit_batch();"):waits[-1].start()]
+    issued = between.count("tl::warpgroup_commit_batch();")
+    assert int(waits[-1][1]) <= issued, f"{_id(config)}: waits leaving {waits[-1][1]} groups, {issued} issued after dQ's"
+    assert "KV_s" not in between, f"{_id(config)}: a GEMM that reads KV_s issued before KV_FREE's wait"
+    assert (issued > 0) == (W.lane_pairs(config) > 0), f"{_id(config)}: {issued} groups issued under the dQ GEMMs"
+    for wait in WGMMA_WAIT_ANY.finditer(source):
+        assert source[wait.end():].strip().startswith("tl::warpgroup_fence_operand("), f"{_id(config)}: a wait without its fence"
+
+
 @pytest.mark.parametrize("config", MAIN_CONFIGS, ids=_id)
 def test_main_kernel_spills_within_its_spill_budget(config):
     # One CTA per SM at up to 255 registers a thread: a kernel change that
