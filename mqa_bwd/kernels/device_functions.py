@@ -16,6 +16,19 @@ __device__ __forceinline__ void mqa_cp_async_wait_all() { asm volatile("cp.async
 __device__ __forceinline__ void mqa_st_shared_i32(void* base, int i, int v) { static_cast<int*>(base)[i] = v; }
 """
 
+# P of a score with no branch, for every main kernel: exp2 of x, or 0 for an invalid slot.
+# ex2.approx.ftz is the MUFU.EX2 that exp2f issues, without exp2f's rescaling of arguments below
+# -126 (a compare and two predicated multiplies a score, which the slot's validity predicated
+# too): those results, below 2^-126, flush to 0. One function, so that every head tile forms the
+# same P (pad heads inert compares the 32-head tile with the wide one bit for bit).
+SOFTMAX_SOURCE = r"""
+__device__ __forceinline__ float mqa_masked_exp2(float x, bool valid) {
+  float e;
+  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(x));
+  return valid ? e : 0.0f;
+}
+"""
+
 # Max |x| of bf16 rows as bf16 bits, for the fixed-point plan (PeakDO in the Delta kernel, PeakQ in
 # the slot marks). bf16 is sign and magnitude: |x| orders as its low 15 bits do, and every NaN's
 # bits lie above inf's, so an integer max is exact and keeps a NaN. mqa_magnitudes: the two 16-bit

@@ -6,7 +6,7 @@ wide tile is built by wide.py.
 """
 
 from .config import BLOCK_SLOTS, LOG2E, MainConfig, _tl
-from .device_functions import CLUSTER_SOURCE, GATHER_SOURCE
+from .device_functions import CLUSTER_SOURCE, GATHER_SOURCE, SOFTMAX_SOURCE
 
 #: Words of padding per fp32 row of dKV_s (row stride Dv + 8, 8 mod 32 banks).
 #: A warp stores an mma accumulator fragment as float2 per lane: rows
@@ -100,7 +100,7 @@ def main_bwd_program(config: MainConfig):
     f32, bf16, i32 = "float32", "bfloat16", "int32"
     dkv_shape = (NKV, Dk)
     # The device functions the kernel calls.
-    device_source = GATHER_SOURCE + (CLUSTER_SOURCE if cluster > 1 else "")
+    device_source = GATHER_SOURCE + SOFTMAX_SOURCE + (CLUSTER_SOURCE if cluster > 1 else "")
     # The global adds of slot block t are issued during block t + 1, a quarter
     # at a time (dKV_s is rewritten only at the end of a block), so the
     # load-store queue drains while the tensor cores work instead of stalling
@@ -189,11 +189,8 @@ def main_bwd_program(config: MainConfig):
     def probabilities(acc_s, slot, lse_s, scale_log2, NKV):
         """The scores in acc_s become P = exp2(score * scale * log2e - Lse2), 0 on invalid slots."""
         for h, j in T.Parallel(block_H, BS):
-            acc_s[h, j] = T.if_then_else(
-                (slot[j] >= 0) and (slot[j] < NKV),
-                T.exp2(acc_s[h, j] * scale_log2 - lse_s[h]),
-                T.cast(0, f32),
-            )
+            acc_s[h, j] = T.call_extern(f32, "mqa_masked_exp2", acc_s[h, j] * scale_log2 - lse_s[h],
+                                        (slot[j] >= 0) and (slot[j] < NKV))
 
     @T.prim_func
     def main_bwd(

@@ -79,7 +79,7 @@ row's start waits for the block before's KV_FREE (block 0's gather) and PDS_FREE
 
 from .config import (LANE_BLOCK, LOG2E, WIDE_CHUNK, WIDE_DQ_PIECE, WIDE_SLOTS, MainConfig, _tl, lane_chunk_words,
                      require_wide_widths)
-from .device_functions import GATHER_SOURCE, HANDOFF_SOURCE
+from .device_functions import GATHER_SOURCE, HANDOFF_SOURCE, SOFTMAX_SOURCE
 
 #: Heads of the tile.
 HEADS = 64
@@ -168,14 +168,6 @@ __device__ __forceinline__ void ws_prefetch_l2(const void* p, unsigned bytes) {
 __device__ __forceinline__ void ws_red_f32x4_if(float* p, float a, float b, float c, float d, bool ok) {
   asm volatile("{\n .reg .pred q;\n setp.ne.u32 q, %5, 0;\n @q red.global.add.v4.f32 [%0], {%1, %2, %3, %4};\n}"
                :: "l"(p), "f"(a), "f"(b), "f"(c), "f"(d), "r"(static_cast<unsigned>(ok)) : "memory");
-}
-// P of a score with no branch: exp2 of x, or 0 for an invalid slot. ex2.approx.ftz is the MUFU.EX2
-// that exp2f issues, without exp2f's rescaling of arguments below -126 (a compare and two
-// predicated multiplies a score): those results, below 2^-126, flush to 0.
-__device__ __forceinline__ float ws_masked_exp2(float x, bool valid) {
-  float e;
-  asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(e) : "f"(x));
-  return valid ? e : 0.0f;
 }
 // max that keeps a NaN (fmaxf drops it): a NaN contribution must fail its row's bound.
 __device__ __forceinline__ float ws_max_nan(float a, float b) {
@@ -484,6 +476,10 @@ def wide_program(config: MainConfig):
                 c = k * 64 + (t % 8) * 8
                 T.call_extern("handle", "mqa_cp_async16", T.address_of(dst[h, c]), T.address_of(src[r, h0 + h, c]), True)
 
+    def chunk_gemms(c):
+        """The GEMMs (wgmma commit groups) dkv_chunk issues for chunk c: dO's too where c has value columns."""
+        return 1 + (c < value_chunks)
+
     @T.macro
     def dkv_chunk(Q_s, dO_s, dS_s, P_s, acc, c):
         """dKV columns [c * CHUNK, (c + 1) * CHUNK) of the block into ``acc``, dS^T Q + P^T dO over
@@ -592,7 +588,7 @@ def wide_program(config: MainConfig):
         run. Leaves the dQ GEMMs' groups done and the pair's pending."""
         dkv_chunk(Q_s, dO_s, dS_s, P_s, acc, 0)
         dkv_chunk(Q_s, dO_s, dS_s, P_s, acc2, 1)
-        T.wait_wgmma(2 + (0 < value_chunks) + (1 < value_chunks))
+        T.wait_wgmma(chunk_gemms(0) + chunk_gemms(1))
 
     def item_of(item, head_base):
         """Row and first head of an item of the launch: items run tile by tile, rows within a tile."""
@@ -676,7 +672,7 @@ def wide_program(config: MainConfig):
             items = R * (tiles if config.tiles > 1 else 1)
             item_rows = T.ceildiv(items - cta, ctas)  # this CTA's
 
-            T.import_source(GATHER_SOURCE + HANDOFF_SOURCE + WS_SOURCE)
+            T.import_source(GATHER_SOURCE + HANDOFF_SOURCE + SOFTMAX_SOURCE + WS_SOURCE)
             if accumulate == "fixed":  # before any barrier: the whole CTA leaves
                 T.call_extern("handle", "ws_exit_unless", Gate.data)
             if tid == 0:
@@ -765,7 +761,7 @@ def wide_program(config: MainConfig):
                         T.warpgroup_fence_operand(acc_s, num_regs=H * BS // WARPGROUP)
                         T.warpgroup_fence_operand(acc_dp, num_regs=H * BS // WARPGROUP)
                         for h, j in T.Parallel(H, BS):  # parity p's slots were stored before the barrier above
-                            acc_s[h, j] = T.call_extern(f32, "ws_masked_exp2", acc_s[h, j] * scale_log2 - lse_s[h],
+                            acc_s[h, j] = T.call_extern(f32, "mqa_masked_exp2", acc_s[h, j] * scale_log2 - lse_s[h],
                                                         slot_valid(slot_info_s, p, j, NKV))
                         if scaled:
                             T.reduce_sum(acc_s, mass_row, dim=1, clear=False)
