@@ -697,7 +697,6 @@ def wide_program(config: MainConfig):
                             T.call_extern("handle", "mqa_handoff_wait", bars.data, KV_FREE, (base0[0] - 1) % 2)
                         gather_columns(KV_s, KV, Indices, r, 0, 0, Dk, NKV, tid)
                         T.call_extern("handle", "mqa_cp_async_commit")
-                    if live0[0] > 0:
                         if base0[0] > 0:  # warpgroup 1 is done with Q_s and dO_s (its last GEMMs of the row before)
                             T.call_extern("handle", "mqa_handoff_wait", bars.data, PDS_FREE, (base0[0] - 1) % 2)
                         load_rows(Q_s, Q, r, h0, Dk, tid)
