@@ -6,13 +6,15 @@ two revisions.
 
     git archive <commit> mqa_bwd | tar -x -C /tmp/other     # where git is (not on the device)
     python benchmarks/package_ab.py --against /tmp/other/mqa_bwd [--against ...] [--shapes dsv32,fleet]
-        [--shape B=1,S=4096,S_kv=4096,H=64,L=2048 --indices indexer] [--repeats 12] [--trace 3]
+        [--shape B=1,S=4096,S_kv=4096,H=64,L=2048 --indices indexer] [--repeats 12] [--trace 3] [--errors]
 
 Each other package is imported under a name of its own, so all run in one
 process: per shape, every version's deterministic call and atomic control,
 interleaved (bench.time_interleaved), with medians, minima and the
 ratio to this tree's control, and whether each deterministic call gives this tree's bits;
-with --trace, each call's GPU kernels, so that a kernel's change shows beside the whole call's.
+with --trace, each call's GPU kernels, so that a kernel's change shows beside the whole call's;
+with --errors, each call's error against the float64 reference (bench.oracle_errors) and its
+ratio to this tree's control: issue 30's standard for a version whose bits differ.
 """
 
 import argparse
@@ -38,6 +40,24 @@ def load_package(path: str, name: str = OTHER):
     return package
 
 
+def error_lines(errors: dict, control: str) -> list:
+    """One line a call of ``errors`` (label -> {output: relative L2 error against the float64
+    reference}): each output's error and its ratio to ``control``'s, and, for the others, whether
+    every ratio meets issue 30's standard (at most bench.ADMISSIBLE_ERROR_RATIO)."""
+    lines = []
+    for label, error in errors.items():
+        ratios = {name: bench.error_ratio(value, errors[control][name]) for name, value in error.items()}
+        cells = ", ".join(f"{name} {value:.3e} ({ratios[name]:.2f}x)" for name, value in error.items())
+        if label == control:
+            verdict = "the control"
+        elif all(ratio <= bench.ADMISSIBLE_ERROR_RATIO for ratio in ratios.values()):
+            verdict = "admissible"
+        else:
+            verdict = f"NOT admissible (over {bench.ADMISSIBLE_ERROR_RATIO}x)"
+        lines.append(f"  error, {label}: {cells}; {verdict}")
+    return lines
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--against", required=True, action="append",
@@ -46,6 +66,9 @@ def main():
     parser.add_argument("--repeats", type=int, default=12)
     parser.add_argument("--trace", type=int, default=0, metavar="CALLS",
                         help="also profile CALLS more calls of each and print its GPU kernels (bench.kernel_trace)")
+    parser.add_argument("--errors", action="store_true",
+                        help="also print each call's error against the float64 reference and its ratio to "
+                             "this tree's control (issue 30's standard)")
     a = parser.parse_args()
     if len({os.path.abspath(p) for p in a.against}) < len(a.against):
         raise ValueError(f"--against: the same package twice in {a.against}")
@@ -68,6 +91,9 @@ def main():
         for label, _, _ in others:
             print(f"{shape}, {a.indices} indices: fixed bits equal, this tree and {label}: "
                   f"{bench.same_bits(mine, calls[f'fixed, {label}']())}")
+        if a.errors:
+            errors = bench.oracle_errors(args, {label: call() for label, call in calls.items()})
+            print("\n".join(error_lines(errors, "atomic, this tree")))
         print("\n".join(bench.interleaved_report(calls, "atomic, this tree", a.repeats)))
         for label, call in calls.items() if a.trace > 0 else ():
             print("\n".join(bench.trace_lines(label, bench.kernel_trace(call, a.trace))))

@@ -292,6 +292,22 @@ def test_package_ab_refuses_one_package_twice_before_loading_any(monkeypatch, tm
         tool.main()
 
 
+def test_package_ab_judges_each_version_by_this_trees_control():
+    # A version whose bits differ is judged by issue 30's standard: each output's error at most
+    # 1.1x this tree's control's; a control that is exact where a version is not is an inf ratio.
+    control = "atomic, this tree"
+    lines = _tool("package_ab").error_lines({
+        control: {"dq": 1e-3, "dkv": 2e-3, "d_attn_sink": 0.0},
+        "fixed, within": {"dq": 1.05e-3, "dkv": 2e-3, "d_attn_sink": 0.0},
+        "fixed, dkv over": {"dq": 1e-3, "dkv": 2.4e-3, "d_attn_sink": 0.0},
+        "fixed, sink not exact": {"dq": 1e-3, "dkv": 2e-3, "d_attn_sink": 1e-9},
+    }, control)
+    assert lines[0] == "  error, atomic, this tree: dq 1.000e-03 (1.00x), dkv 2.000e-03 (1.00x), d_attn_sink 0.000e+00 (1.00x); the control"
+    assert "dq 1.050e-03 (1.05x)" in lines[1] and lines[1].endswith("; admissible")
+    assert "dkv 2.400e-03 (1.20x)" in lines[2] and lines[2].endswith("NOT admissible (over 1.1x)")
+    assert "d_attn_sink 1.000e-09 (infx)" in lines[3] and "NOT admissible" in lines[3]
+
+
 def test_config_ab_compiles_each_value_for_every_wide_launch():
     # Each value must time the kernels the wrapper launches (lanes, their int64 redo and the
     # control, at every width), differing only in the field: the default value, the product's own.
