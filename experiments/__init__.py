@@ -83,6 +83,24 @@
         python benchmarks/package_ab.py --against .ab/gather_before_adds/mqa_bwd \
             --against .ab/gather_between_adds/mqa_bwd --shapes dsv32,fleet --trace 2
 
+  gather_row_address.patch  three cuts to warpgroup 0's block loop, compiled, not run (no device
+  unmasked_full_blocks.patch in the twenty-third session): gather_row_address forms a gathered
+  ds_fma.patch              KV row's address once (32-bit offset, one wide multiply-add) with the
+  wg0_three_cuts.patch      copies' column offsets as immediates, where indexing KV clamped the
+                            row in 64 bits at every copy (the same bytes); unmasked_full_blocks
+                            takes the gather barrier as bar.red.and of the slots' validity and
+                            forms P unmasked in blocks whose 64 slots are all valid (the same
+                            bits); ds_fma forms dS = P fma(dP, sm_scale, -Delta sm_scale) in every
+                            main kernel (other bits: judge them by package_ab --errors);
+                            wg0_three_cuts is all three. SASS at d_k = 576 and ptxas
+                            (docs/performance-log.md, twenty-third session). On 8511817:
+
+        REV=8511817 bash scripts/ab-packages.sh experiments/gather_row_address.patch \
+            experiments/unmasked_full_blocks.patch experiments/ds_fma.patch experiments/wg0_three_cuts.patch
+        python benchmarks/package_ab.py --against .ab/gather_row_address/mqa_bwd \
+            --against .ab/unmasked_full_blocks/mqa_bwd --against .ab/ds_fma/mqa_bwd \
+            --against .ab/wg0_three_cuts/mqa_bwd --shapes dsv32,fleet --errors
+
 git history holds the others (pair_sync_every_other.patch, ws_add_pair_lanes' warp sync on every
 other chunk pair, measured no faster in the twenty-first session, is at 7018d61;
 persistent_rows.patch and persistent_prefetch.patch, the wide
