@@ -292,6 +292,27 @@ def test_package_ab_refuses_one_package_twice_before_loading_any(monkeypatch, tm
         tool.main()
 
 
+def test_score_chain_forms_issue_their_gemms_and_keep_them():
+    # The separate form is S's 36 and dP's 32 m64n64k16 GEMMs a chain; the stacked one 32 m64n128k16
+    # and 4 m64n64k16; warpgroup 1 contends with six chunks of two 4-step m64n64k16 GEMMs. ptxas
+    # drops a wgmma whose accumulator nobody reads (the chains then time nothing): every GEMM's
+    # accumulator is stored to Sink after its loop.
+    if kernels.nvcc_path() is None:
+        pytest.skip("needs nvcc (CUDA toolkit)")
+    tool = _tool("score_chain")
+    gemm = re.compile(r"for \(int (\w+) = 0; \1 < (\d+); \+\+\1\) \{\s*tl::wgmma_ss<[^>]*?kFloat32, 64, (\d+), 16,")
+    expected = {"separate": [("36", "64"), ("32", "64")], "stacked": [("32", "128"), ("4", "64")]}
+    for form, contended in tool.variants():
+        source = kernels.compile_program(tool.chain_program(form, contended)).get_kernel_source()
+        found = [(steps, n) for _, steps, n in gemm.findall(source)]
+        assert found == expected[form] + [("4", "64"), ("4", "64")] * contended, (form, contended, found)
+        accumulators = set(re.findall(r"\(\(uint32_t\*\)\((\w+) \+ 0\)\)", source))
+        stored = set(re.findall(r"\*\(float2\*\)\(Sink \+ .*? = \*\(float2\*\)\((\w+) \+", source))
+        assert accumulators and accumulators <= stored, (form, contended, accumulators - stored)
+    with pytest.raises(ValueError, match="form"):
+        tool.chain_program("merged", False)
+
+
 def test_package_ab_judges_each_version_by_this_trees_control():
     # A version whose bits differ is judged by issue 30's standard: each output's error at most
     # 1.1x this tree's control's; a control that is exact where a version is not is an inf ratio.
