@@ -16,13 +16,18 @@ Forms (FORMS):
   stacked   S^T and dP^T into one 64 x 128 accumulator, S^T's last columns into a third
 each with warpgroup 1 idle or contending: forming, back to back, the six 64 x 64 dKV chunks a
 block that it forms in the wide tile (8 m64n64k16 GEMMs each from shared memory, Q^T times a
-64 x 64 operand), for twice warpgroup 0's trips, so that it contends until warpgroup 0 is done. One persistent CTA an SM; every chain waits for its GEMMs, as warpgroup 0 does
+64 x 64 operand), for twice warpgroup 0's trips, so that it contends until warpgroup 0 is done:
+GEMMs back to back without the tile's adds between them, an upper bound on the pressure it puts
+on the shared pipe. One persistent CTA an SM; every chain waits for its GEMMs, as warpgroup 0 does
 before P. The operands are constants in shared memory (no gather, no softmax: the chain alone),
 and every chain adds into the accumulators, which the kernel stores at its end: ptxas drops a
 wgmma whose result nobody reads. Per form and contention it prints the
 median over CTAs of warpgroup 0's clocks a chain (clock64 around its loop), warpgroup 1's
 clocks a block where it contends, the launch's median time, and the stacked form's ratio to the
-separate one: below 1 under contention says the shared pipe holds today's chain back.
+separate one: below 1 under contention says the shared pipe holds today's chain back. That is
+necessary, not sufficient, for the rebuilt tile to pay: its scores come transposed (slots x
+heads), which changes the softmax, the mass check, the stores and warpgroup 0's dQ GEMM
+(docs/performance-log.md), and takes 32 more accumulator registers a thread.
 """
 
 import argparse
@@ -53,7 +58,7 @@ __device__ __forceinline__ long long sc_clock() {
 def chain_program(form: str, contended: bool):
     """The kernel of one form (FORMS), warpgroup 1 contending or idle: grid (ctas,), 256 threads;
     Clocks[cta, 0] gets warpgroup 0's clocks over its ``blocks`` chains, Clocks[cta, 1]
-    warpgroup 1's over twice as many blocks of chunks (0 where it is idle)."""
+    warpgroup 1's over its first ``blocks`` blocks of chunks (not written where it is idle)."""
     if form not in FORMS:
         raise ValueError(f"form: {form!r} (one of {FORMS})")
     tilelang, T = K._tl()
@@ -113,8 +118,11 @@ def chain_program(form: str, contended: bool):
             with T.ws(1):
                 start[0] = T.call_extern(i64, "sc_clock")
                 if contended:
-                    # Twice warpgroup 0's trips, so that it contends until warpgroup 0 is done.
-                    for _ in T.unroll(2 * blocks, unroll_factor=1):  # one block's chunks a trip
+                    # Twice warpgroup 0's trips, so that it contends until warpgroup 0 is done; its
+                    # clocks over the first half, which run beside warpgroup 0's chains.
+                    for trip in T.unroll(2 * blocks, unroll_factor=1):  # one block's chunks a trip
+                        if trip == blocks and T.get_thread_binding() == 128:
+                            Clocks[cta, 1] = T.call_extern(i64, "sc_clock") - start[0]
                         for c in T.unroll(CONTENDER_CHUNKS):
                             # A transposed dKV chunk's two GEMMs: Q^T times a heads x slots operand.
                             T.wgmma_gemm(QdO_s[0:HEADS, c * CHUNK:(c + 1) * CHUNK], KV_s[0:HEADS, 0:SLOTS], acc_kv,
@@ -123,8 +131,6 @@ def chain_program(form: str, contended: bool):
                                          acc_kv, transpose_A=True)
                             T.wait_wgmma(0)
                             T.warpgroup_fence_operand(acc_kv, num_regs=CHUNK * SLOTS // 128)
-                if T.get_thread_binding() == 128:
-                    Clocks[cta, 1] = T.call_extern(i64, "sc_clock") - start[0]
                 T.copy(acc_kv, Sink[cta, 2 * SLOTS:2 * SLOTS + CHUNK, 0:SLOTS])
 
     return chain
@@ -151,7 +157,7 @@ def time_chains(blocks: int, repeats: int) -> None:
         launch()
         ms = statistics.median(bench._event_time(launch) for _ in range(repeats))
         wg0 = statistics.median(clocks[:, 0].tolist()) / blocks
-        wg1 = statistics.median(clocks[:, 1].tolist()) / (2 * blocks)
+        wg1 = statistics.median(clocks[:, 1].tolist()) / blocks
         per_chain[form, contended] = wg0
         busy = f", warpgroup 1 {wg1:8.0f} clocks a block" if contended else ""
         print(f"{form:9s} {'contended' if contended else 'alone':9s}: {ms:8.3f} ms, warpgroup 0 {wg0:7.0f} clocks a chain "
