@@ -83,28 +83,31 @@
         python benchmarks/package_ab.py --against .ab/gather_before_adds/mqa_bwd \
             --against .ab/gather_between_adds/mqa_bwd --shapes dsv32,fleet --trace 2
 
-  gather_row_address.patch  four cuts to warpgroup 0's block loop, compiled, not run (no device in
-  unmasked_full_blocks.patch the twenty-third session); they stack in any order. gather_row_address
-  ds_fma.patch              forms a gathered KV row's address once (32-bit offset, one wide
-  own_barriers.patch        multiply-add) with the copies' column offsets as immediates, where
-  wg0_cuts.patch            indexing KV clamped the row in 64 bits at every copy (the same bytes);
-                            unmasked_full_blocks takes the gather barrier as bar.red.and of the
-                            slots' validity and forms P unmasked in blocks whose 64 slots are all
-                            valid (the same bits); ds_fma forms dS = P fma(dP, sm_scale, -Delta
-                            sm_scale) in every main kernel (other bits: judge them by package_ab
-                            --errors); own_barriers turns TileLang's thread-sync pass off for the
-                            wide tile, which then syncs warpgroup 0 once after its P and dS
-                            stores where TileLang put three (the same bits); wg0_cuts is all four.
-                            SASS at d_k = 576 and ptxas: docs/performance-log.md, twenty-third
-                            session. On bc95d64 and later:
+  gather_row_address.patch  five cuts to warpgroup 0's block loop, compiled, not run (no device in
+  unmasked_full_blocks.patch the twenty-third session). gather_row_address forms a gathered KV
+  ds_fma.patch              row's address once (32-bit offset, one wide multiply-add) with the
+  own_barriers.patch        copies' column offsets as immediates, where indexing KV clamped the
+  gather_first.patch        row in 64 bits at every copy (the same bytes); unmasked_full_blocks
+  wg0_cuts.patch            takes the gather barrier as bar.red.and of the slots' validity and
+                            forms P unmasked in blocks whose 64 slots are all valid (the same
+                            bits); ds_fma forms dS = P fma(dP, sm_scale, -Delta sm_scale) in every
+                            main kernel (other bits: judge them by package_ab --errors);
+                            own_barriers turns TileLang's thread-sync pass off for the wide tile,
+                            which then syncs warpgroup 0 once after its P and dS stores where
+                            TileLang put three (the same bits); gather_first issues the rest of a
+                            block's gather right after KV_FREE, before the slots' layout (the same
+                            bits). The first four stack in any order; gather_first applies to HEAD
+                            alone (its context overlaps unmasked_full_blocks'); wg0_cuts is all
+                            five. SASS at d_k = 576 and ptxas: docs/performance-log.md,
+                            twenty-third session. On 9450a14 and later:
 
         REV=HEAD bash scripts/ab-packages.sh experiments/gather_row_address.patch \
             experiments/unmasked_full_blocks.patch experiments/ds_fma.patch \
-            experiments/own_barriers.patch experiments/wg0_cuts.patch
+            experiments/own_barriers.patch experiments/gather_first.patch experiments/wg0_cuts.patch
         python benchmarks/package_ab.py --against .ab/gather_row_address/mqa_bwd \
             --against .ab/unmasked_full_blocks/mqa_bwd --against .ab/ds_fma/mqa_bwd \
-            --against .ab/own_barriers/mqa_bwd --against .ab/wg0_cuts/mqa_bwd \
-            --shapes dsv32,fleet --errors
+            --against .ab/own_barriers/mqa_bwd --against .ab/gather_first/mqa_bwd \
+            --against .ab/wg0_cuts/mqa_bwd --shapes dsv32 --errors    # then --shapes fleet
 
 git history holds the others (pair_sync_every_other.patch, ws_add_pair_lanes' warp sync on every
 other chunk pair, measured no faster in the twenty-first session, is at 7018d61;
