@@ -103,11 +103,24 @@
 
         REV=HEAD bash scripts/ab-packages.sh experiments/gather_row_address.patch \
             experiments/unmasked_full_blocks.patch experiments/ds_fma.patch \
-            experiments/own_barriers.patch experiments/gather_first.patch experiments/wg0_cuts.patch
+            experiments/own_barriers.patch experiments/gather_first.patch experiments/wg0_cuts.patch \
+            experiments/wg0_cuts_early_gather.patch
         python benchmarks/package_ab.py --against .ab/gather_row_address/mqa_bwd \
             --against .ab/unmasked_full_blocks/mqa_bwd --against .ab/ds_fma/mqa_bwd \
             --against .ab/own_barriers/mqa_bwd --against .ab/gather_first/mqa_bwd \
-            --against .ab/wg0_cuts/mqa_bwd --shapes dsv32 --errors    # then --shapes fleet
+            --against .ab/wg0_cuts/mqa_bwd --against .ab/wg0_cuts_early_gather/mqa_bwd \
+            --shapes dsv32 --errors    # then --shapes fleet
+
+  wg0_cuts_early_gather.patch the first four of those cuts, and the rest of a block's KV gather
+                            (columns [dq_split, d_k)) issued during the block before's adds, after
+                            warpgroup 0's first add site, once that block's KV_FREE phase completes
+                            (gather_rest), where the product issues it at the block's start: it
+                            then has a block's adds to land, not S and dP's first columns. The
+                            eighteenth session's gather_between_adds.patch, rebuilt on the
+                            persistent tile; tests/wide_handoffs.py's model of warpgroup 0 changes
+                            with it (a block waits for its own KV_FREE phase, guarded by "not last
+                            of row") and its random schedules hold, a mutant without the wait
+                            caught. Compiled, not run; the same bits expected.
 
 git history holds the others (pair_sync_every_other.patch, ws_add_pair_lanes' warp sync on every
 other chunk pair, measured no faster in the twenty-first session, is at 7018d61;
