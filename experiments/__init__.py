@@ -76,7 +76,9 @@
                             pair, or its first chunk). The same bits expected; compiled, not run
                             (the eighteenth session's device time ran out). ptxas at d_k = 576,
                             the lanes kernel: 44/88 and 64/104 bytes spilled (the product 24/44);
-                            the control and d_k = 512 spill nothing. On 18bf2b2 to c2cb52c (the one-row CTA):
+                            the control and d_k = 512 spill nothing. wg0_cuts_early_gather.patch
+                            rebuilds between_adds on the persistent tile. On 18bf2b2 to c2cb52c
+                            (the one-row CTA):
 
         REV=c2cb52c bash scripts/ab-packages.sh experiments/gather_before_adds.patch \
             experiments/gather_between_adds.patch
