@@ -46,11 +46,11 @@ def error_lines(errors: dict, control: str) -> list:
     every ratio meets issue 30's standard (at most bench.ADMISSIBLE_ERROR_RATIO)."""
     lines = []
     for label, error in errors.items():
-        ratios = {name: bench.error_ratio(value, errors[control][name]) for name, value in error.items()}
+        ratios = bench.error_ratios(error, errors[control])
         cells = ", ".join(f"{name} {value:.3e} ({ratios[name]:.2f}x)" for name, value in error.items())
         if label == control:
             verdict = "the control"
-        elif all(ratio <= bench.ADMISSIBLE_ERROR_RATIO for ratio in ratios.values()):
+        elif bench.within_standard(ratios):
             verdict = "admissible"
         else:
             verdict = f"NOT admissible (over {bench.ADMISSIBLE_ERROR_RATIO}x)"

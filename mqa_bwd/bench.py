@@ -782,13 +782,23 @@ def error_ratio(error: float, control: float) -> float:
     return 1.0 if error == 0 else math.inf
 
 
+def error_ratios(error: dict, control: dict) -> dict:
+    """Output name -> ``error``'s over ``control``'s (error_ratio), for every output of ``error``."""
+    return {name: error_ratio(error[name], control[name]) for name in error}
+
+
+def within_standard(ratios: dict) -> bool:
+    """Issue 30's standard on error_ratios: every output at most ADMISSIBLE_ERROR_RATIO."""
+    return all(ratio <= ADMISSIBLE_ERROR_RATIO for ratio in ratios.values())
+
+
 def with_error_ratios(rows) -> list:
     """Fill error_over_atomic (per output) on every row with errors whose shape has an
     atomic-control row with errors; the control's own stays None."""
     control = {r.shape: r.error for r in rows if is_atomic_control(r.backend) and r.error}
     for r in rows:
         if r.error and r.shape in control and not is_atomic_control(r.backend):
-            r.error_over_atomic = {name: error_ratio(r.error[name], control[r.shape][name]) for name in r.error}
+            r.error_over_atomic = error_ratios(r.error, control[r.shape])
     return rows
 
 
@@ -797,7 +807,7 @@ def admissible(row) -> bool | None:
     control's; None where there is no ratio to judge."""
     if not row.error_over_atomic:
         return None
-    return all(ratio <= ADMISSIBLE_ERROR_RATIO for ratio in row.error_over_atomic.values())
+    return within_standard(row.error_over_atomic)
 
 
 @dataclasses.dataclass(frozen=True)
