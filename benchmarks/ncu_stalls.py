@@ -21,7 +21,19 @@ prints:
   the pace;
 - with ``DIR/details.csv`` beside the CSV: the floor the shared-memory data
   pipe sets (all shared wavefronts, wgmma operand reads included, at one
-  per SM per cycle) against the launch's duration.
+  per SM per cycle) against the launch's duration;
+- what the launch asks of the L2 (``l2_traffic``): per global or local memory
+  opcode, its sectors (ncu's theoretical count: excess from uncoalesced
+  addresses included), requests and instructions, and, from details.csv,
+  how busy ncu found the L2 and the DRAM: a launch at 80 % or more of the
+  L2's throughput is bound by it, whatever its SM does.
+
+``compare`` sets profiles side by side (their totals, and each one's L2
+view), e.g. the deterministic kernel, the atomic control and cuDNN's:
+
+    python benchmarks/ncu_stalls.py profile --program "python3 -m mqa_bwd bench --backends cudnn --shape \
+        B=1,S=4096,S_kv=8192,H=64,L=2048 --repeats 1" --kernel regex:dsa_bwd_sm90F --out DIR   # GPU, cuDNN's
+    python benchmarks/ncu_stalls.py compare det=DIR1 atomic=DIR2 cudnn=DIR3                       # anywhere
 
 Both wins of the 2026-11-30 stop came from this view: 4-way conflicted float2
 stores of the dKV tile, and barriers that waited on global loads issued just
@@ -39,6 +51,10 @@ import subprocess
 import sys
 
 SAMPLES = "Warp Stall Sampling (All Samples)"
+#: The per-instruction L2 counters: sectors of global and of local (spilled) memory, and requests.
+L2_SECTORS, L2_EXCESS, L2_LOCAL = ("L2 Theoretical Sectors Global", "L2 Theoretical Sectors Global Excessive",
+                                   "L2 Theoretical Sectors Local")
+L2_REQUESTS = "L1 Tag Requests Global"
 WAVEFRONTS, IDEAL = "L1 Wavefronts Shared", "L1 Wavefronts Shared Ideal"
 EXECUTED = "Instructions Executed"
 SECTIONS = ("SpeedOfLight", "WarpStateStats", "SourceCounters", "SchedulerStats", "MemoryWorkloadAnalysis", "LaunchStats")
@@ -264,6 +280,55 @@ def shared_pipe(shared: list, details: dict) -> dict:
     return result
 
 
+#: details.csv's figures of the memory system that ``l2_traffic`` reports, by name.
+MEMORY_DETAILS = {
+    "l2_busy": ("GPU Speed Of Light Throughput", "L2 Cache Throughput"),
+    "dram_busy": ("GPU Speed Of Light Throughput", "DRAM Throughput"),
+    "l2_hit_rate": ("Memory Workload Analysis", "L2 Hit Rate"),
+    "spill_requests": ("Memory Workload Analysis", "Local Memory Spilling Requests"),
+}
+
+
+def l2_traffic(rows, details: dict) -> dict:
+    """What one launch asks of the L2: per full opcode with any global or local sectors,
+    (opcode, sectors, excess sectors, local sectors, requests, instructions), most sectors
+    first; their totals; and MEMORY_DETAILS's figures and the launch's duration_ms where
+    ``details`` has them (percent of peak for l2_busy and dram_busy). Local sectors are spills: they reach the L2 whenever
+    the L1 misses, which it mostly does beside a tile that fills shared memory."""
+    by = collections.defaultdict(lambda: [0.0] * 5)
+    for r in rows:
+        sectors, local = _number(r.get(L2_SECTORS)), _number(r.get(L2_LOCAL))
+        if sectors <= 0 and local <= 0:
+            continue
+        entry = by[opcode(r["Source"], full=True)]
+        for k, value in enumerate((sectors, _number(r.get(L2_EXCESS)), local, _number(r.get(L2_REQUESTS)),
+                                   _number(r.get(EXECUTED)))):
+            entry[k] += value
+    table = sorted(((op, *v) for op, v in by.items()), key=lambda x: -(x[1] + x[3]))
+    totals = dict(zip(("sectors", "excess", "local", "requests", "instructions"),
+                      (sum(x[k] for x in table) for k in range(1, 6))))
+    found = {name: details[key][0] for name, key in MEMORY_DETAILS.items() if key in details}
+    duration = details.get(("GPU Speed Of Light Throughput", "Duration"))
+    if duration and duration[1] in TO_MS:
+        found["duration_ms"] = duration[0] * TO_MS[duration[1]]
+    return {"opcodes": table, **totals, **found}
+
+
+def print_l2(l2: dict, top: int = 8) -> None:
+    if not l2["opcodes"]:
+        print("\nL2: no sector counts in this export")
+        return
+    busy = ", ".join(f"{label} {l2[key]:.1f} %" for key, label in (
+        ("l2_busy", "L2 throughput"), ("dram_busy", "DRAM throughput"), ("l2_hit_rate", "L2 hit rate")) if key in l2)
+    print(f"\nL2: {l2['sectors'] / 1e6:.1f}M global sectors ({l2['excess'] / 1e6:.1f}M excess), {l2['local'] / 1e6:.1f}M "
+          f"local (spills), {l2['requests'] / 1e6:.1f}M global requests" + (f"; {busy}" if busy else ""))
+    print("opcode                               sectors   excess    local  requests  sectors/req  instructions")
+    for op, sectors, excess, local, requests, n in l2["opcodes"][:top]:
+        per = f"{sectors / requests:11.2f}" if requests else f"{'-':>11}"
+        print(f"{op[:34]:<34} {sectors / 1e6:9.1f}M {excess / 1e6:7.1f}M {local / 1e6:7.1f}M {requests / 1e6:8.1f}M "
+              f"{per} {n / 1e6:12.1f}M")
+
+
 def print_summary(s: dict, top_opcodes: int = 15) -> None:
     name = lambda reason: reason[len("stall_"):]  # noqa: E731
     print(f"{s['samples']:.0f} warp samples")
@@ -281,6 +346,8 @@ def print_summary(s: dict, top_opcodes: int = 15) -> None:
                  else " (no SM count, clock or duration in details.csv: no floor)")
         print(f"shared-memory pipe: {pipe['wavefronts'] / 1e6:.1f}M wavefronts, {pipe['gmma_share']:.1f} % of them wgmma "
               f"operand reads{floor}")
+    if s.get("l2"):
+        print_l2(s["l2"])
     if s.get("handoffs"):
         print("\nregion (the listing cut at its EXITs)        samples  where its samples are (mbarriers: the wide tile's "
               "names unless --mbarriers)")
@@ -333,9 +400,40 @@ def summary_of(listing: str, top: int, mbarriers=HANDOFFS) -> dict:
     header, rows = read_listing(listing)
     s = summarize(header, rows, top=top)
     s["handoffs"] = handoffs(rows, mbarriers)
-    details = os.path.join(os.path.dirname(os.path.abspath(listing)), "details.csv")
-    s["pipe"] = shared_pipe(s["shared"], read_details(details) if os.path.exists(details) else {})
+    path = os.path.join(os.path.dirname(os.path.abspath(listing)), "details.csv")
+    details = read_details(path) if os.path.exists(path) else {}
+    s["pipe"] = shared_pipe(s["shared"], details)
+    s["l2"] = l2_traffic(rows, details)
     return s
+
+
+def compare(profiles: list, top: int = 6) -> None:
+    """Profiles side by side: ``profiles`` is [(label, summary_of's dict)]; one line of totals
+    each (launch time, warp samples, shared wavefronts, L2 sectors and requests, how busy the
+    L2 was), then each one's L2 view."""
+    print(f"{'profile':<12} {'ms':>7} {'samples':>9} {'shared':>9} {'L2 sectors':>11} {'local':>7} {'requests':>9} "
+          f"{'L2 busy':>8} {'L2 busy ms':>10}")
+    for label, s in profiles:
+        pipe, l2 = s["pipe"], s["l2"]
+        ms, busy = l2.get("duration_ms", math.nan), l2.get("l2_busy", math.nan)
+        print(f"{label[:12]:<12} {ms:7.2f} {s['samples'] / 1e3:8.0f}k {pipe['wavefronts'] / 1e6:8.1f}M "
+              f"{l2['sectors'] / 1e6:10.1f}M {l2['local'] / 1e6:6.1f}M {l2['requests'] / 1e6:8.1f}M {busy:7.1f}% "
+              f"{ms * busy / 100:10.2f}")
+    print("(L2 busy ms: the launch's time at the L2 throughput ncu measured, the time the same L2 work "
+          "would take at its peak)")
+    for label, s in profiles:
+        print(f"\n== {label}", end="")
+        print_l2(s["l2"], top)
+
+
+def _profile_dir(text: str) -> tuple:
+    """'label=DIR' (or a bare DIR, labelled by its name) -> (label, DIR/sass.csv)."""
+    label, _, folder = text.rpartition("=")
+    folder = folder or label
+    listing = os.path.join(folder, "sass.csv")
+    if not os.path.exists(listing):
+        raise argparse.ArgumentTypeError(f"{folder}: no sass.csv (a folder that 'profile --out' wrote)")
+    return label or os.path.basename(os.path.normpath(folder)), listing
 
 
 def main():
@@ -358,9 +456,13 @@ def main():
     s.add_argument("--mbarriers", type=lambda text: tuple(text.split(",")), default=HANDOFFS, metavar="NAME,...",
                    help="names of the kernel's mbarriers from the lowest address (default: the wide tile's, "
                         + ",".join(HANDOFFS) + ")")
+    c = sub.add_parser("compare", help="profiles side by side: their totals and L2 views")
+    c.add_argument("profiles", nargs="+", type=_profile_dir, metavar="LABEL=DIR")
     a = parser.parse_args()
     if a.command == "profile":
         profile(a)
+    elif a.command == "compare":
+        compare([(label, summary_of(listing, top=1)) for label, listing in a.profiles])
     else:
         print_summary(summary_of(a.csv, a.top, a.mbarriers))
 

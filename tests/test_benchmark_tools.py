@@ -164,6 +164,49 @@ def test_ncu_stalls_shared_pipe_floor(tmp_path):
     assert "floor_ms" not in tool.summary_of(str(tmp_path / "sass.csv"), top=1)["pipe"]
 
 
+def test_ncu_stalls_l2_traffic_counts_sectors_spills_and_requests(tmp_path, capsys):
+    # Sectors and requests summed per full opcode (predicates are not opcodes), spills as local
+    # sectors, rows without either left out; the L2's busy share comes from details.csv, and
+    # compare's "L2 busy ms" is the launch's time at that share.
+    import csv
+
+    tool = _tool("ncu_stalls")
+    header = ["Address", "Source", "Warp Stall Sampling (All Samples)", "Instructions Executed", "stall_wait",
+              tool.L2_SECTORS, tool.L2_EXCESS, tool.L2_LOCAL, tool.L2_REQUESTS]
+    rows = [["0x0", "      REDG.E.ADD.64.STRONG.GPU desc[UR60][R20.64], R22", "5", "10", "5", "80", "0", "0", "20"],
+            ["0x10", "@!P0  REDG.E.ADD.64.STRONG.GPU desc[UR60][R8.64], R10", "5", "10", "5", "80", "8", "0", "25"],
+            ["0x20", "      STL.64 [R1+0x28], R2", "1", "4", "1", "0", "0", "16", "0"],
+            ["0x30", "      LDGSTS.E.BYPASS.128 desc[UR60][R4.64], [R23+0x400]", "2", "3", "2", "48", "0", "0", "12"],
+            ["0x40", "      FFMA R1, R2, R3, R4", "9", "50", "9", "0", "0", "0", "0"]]
+    for name in ("det", "other"):
+        (tmp_path / name).mkdir()
+        with open(tmp_path / name / "sass.csv", "w", newline="") as f:
+            writer = csv.writer(f)
+            writer.writerow(["Kernel Name", "main_bwd_kernel", ""])
+            writer.writerow(header)
+            writer.writerows(rows)
+    with open(tmp_path / "det" / "details.csv", "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow(["ID", "Section Name", "Metric Name", "Metric Unit", "Metric Value"])
+        w.writerow(["0", "GPU Speed Of Light Throughput", "L2 Cache Throughput", "%", "80.00"])
+        w.writerow(["0", "GPU Speed Of Light Throughput", "Duration", "ms", "2.50"])
+        w.writerow(["0", "Memory Workload Analysis", "Local Memory Spilling Requests", "", "1,024"])
+    s = tool.summary_of(str(tmp_path / "det" / "sass.csv"), top=1)
+    l2 = s["l2"]
+    assert [x[0] for x in l2["opcodes"]] == ["REDG.E.ADD.64.STRONG.GPU", "LDGSTS.E.BYPASS.128", "STL.64"]
+    assert l2["opcodes"][0][1:] == (160.0, 8.0, 0.0, 45.0, 20.0)
+    assert (l2["sectors"], l2["excess"], l2["local"], l2["requests"]) == (208.0, 8.0, 16.0, 57.0)
+    assert l2["l2_busy"] == 80.0 and l2["spill_requests"] == 1024.0 and "dram_busy" not in l2
+    assert "l2_busy" not in tool.summary_of(str(tmp_path / "other" / "sass.csv"), top=1)["l2"]  # no details.csv
+    tool.compare([("det", s)])
+    out = capsys.readouterr().out
+    assert "det" in out and " 2.00" in out.splitlines()[1]  # 2.5 ms at 80 % busy: 2.0 ms of L2 work
+    assert tool._profile_dir(f"x={tmp_path / 'det'}") == ("x", str(tmp_path / "det" / "sass.csv"))
+    assert tool._profile_dir(str(tmp_path / "other"))[0] == "other"
+    with pytest.raises(Exception, match="no sass.csv"):
+        tool._profile_dir(str(tmp_path))
+
+
 def _write_sass(path, lines):
     """_write_listing of (SASS, warp samples) lines at consecutive addresses, every sample a
     barrier stall."""
@@ -282,6 +325,29 @@ def test_ab_tools_time_the_default_sets_unless_a_shape_of_their_own_is_given():
     assert bench.ab_shapes("fleet", (given,)) == bench.SHAPES["fleet"] + [bench.parse_shape(given)]
     with pytest.raises(ValueError, match="--shapes"):
         bench.ab_shapes("dsv33")
+
+
+def test_precompile_of_one_width_and_head_group_holds_what_the_bench_shapes_launch():
+    # A package A/B compiles each copy's kernels on the device: --d_k 576 --group-heads 32 must
+    # hold every main launch of dsv32 (H=64, 128) and fleet, with the lanes' int64 redo, and
+    # nothing of d_k = 512; a width or group the wrapper never launches is refused by name.
+    from mqa_bwd import kernels
+    from mqa_bwd.kernels.__main__ import chosen_configs
+
+    narrow = set(chosen_configs(576, 32))
+    assert narrow < set(chosen_configs())
+    for groups in (2, 4):
+        for deterministic in (True, False):
+            for _, config in kernels.main_launches(groups, 32, 576, 512, deterministic):
+                assert config.kernel in narrow or config in narrow
+                if config.accumulate == "lanes":
+                    assert kernels.lanes_redo(config).kernel in narrow or kernels.lanes_redo(config) in narrow
+    assert all(c.d_k == 576 for c in narrow if isinstance(c, kernels.MainConfig))
+    assert not any(isinstance(c, kernels.MainConfig) and c.heads == 16 for c in narrow)
+    with pytest.raises(ValueError, match="--d_k"):
+        chosen_configs(575)
+    with pytest.raises(ValueError, match="--group-heads"):
+        chosen_configs(None, 8)
 
 
 def test_package_ab_refuses_one_package_twice_before_loading_any(monkeypatch, tmp_path):
