@@ -358,7 +358,11 @@ SMALL_KINDS = {"delta": 1, "delta_max": 1, "mark_slots": 1, "plan": 1, "dsink_re
 SLOT_INDEX_DTYPES = ("int32", "int64")
 
 
-def gpu_configs(widths=GPU_WIDTHS, group_widths=(16, 32)):
+#: The head group sizes the wrapper launches (SPEC: 16, or 32 where H is a multiple of 32).
+GROUP_WIDTHS = (16, 32)
+
+
+def gpu_configs(widths=GPU_WIDTHS, group_widths=GROUP_WIDTHS):
     """Every kernel configuration the wrapper can launch for these widths, each once."""
     configs = [KernelConfig("dsink_reduce"), *(KernelConfig("plan", (stage,)) for stage in ("terms", "peaks", "scales")),
                KernelConfig("kernel_lse"), KernelConfig("place_slots"),
