@@ -85,8 +85,11 @@
         python benchmarks/package_ab.py --against .ab/gather_before_adds/mqa_bwd \
             --against .ab/gather_between_adds/mqa_bwd --shapes dsv32,fleet --trace 2
 
-  gather_row_address.patch  five cuts to warpgroup 0's block loop, compiled, not run (no device in
-  unmasked_full_blocks.patch the twenty-third session). gather_row_address forms a gathered KV
+  gather_row_address.patch  five cuts to warpgroup 0's block loop, 7.6 % of its instructions,
+  unmasked_full_blocks.patch that buy at most 0.9 % of det on an H100 (docs/performance-log.md,
+                            twenty-fourth session: the L2, not warpgroup 0, sets the pace; the
+                            cuts without ds_fma give the product's bits, ds_fma's bits have its
+                            error). gather_row_address forms a gathered KV
   ds_fma.patch              row's address once (32-bit offset, one wide multiply-add) with the
   own_barriers.patch        copies' column offsets as immediates, where indexing KV clamped the
   gather_first.patch        row in 64 bits at every copy (the same bytes); unmasked_full_blocks
@@ -122,7 +125,8 @@
                             persistent tile; tests/wide_handoffs.py's model of warpgroup 0 changes
                             with it (a block waits for its own KV_FREE phase, guarded by "not last
                             of row") and its random schedules hold, a mutant without the wait
-                            caught. Compiled, not run; the same bits expected.
+                            caught. Timed in the twenty-fourth session: no faster than
+                            wg0_cuts, bits as wg0_cuts'.
 
 git history holds the others (pair_sync_every_other.patch, ws_add_pair_lanes' warp sync on every
 other chunk pair, measured no faster in the twenty-first session, is at 7018d61;
