@@ -293,8 +293,9 @@ def l2_traffic(rows, details: dict) -> dict:
     """What one launch asks of the L2: per full opcode with any global or local sectors,
     (opcode, sectors, excess sectors, local sectors, requests, instructions), most sectors
     first; their totals; and MEMORY_DETAILS's figures and the launch's duration_ms where
-    ``details`` has them (percent of peak for l2_busy and dram_busy). Local sectors are spills: they reach the L2 whenever
-    the L1 misses, which it mostly does beside a tile that fills shared memory."""
+    ``details`` has them (percent of peak for l2_busy and dram_busy). Local sectors are spills:
+    they reach the L2 whenever the L1 misses, which it mostly does beside a tile that fills
+    shared memory."""
     by = collections.defaultdict(lambda: [0.0] * 5)
     for r in rows:
         sectors, local = _number(r.get(L2_SECTORS)), _number(r.get(L2_LOCAL))
@@ -320,8 +321,9 @@ def print_l2(l2: dict, top: int = 8) -> None:
         return
     busy = ", ".join(f"{label} {l2[key]:.1f} %" for key, label in (
         ("l2_busy", "L2 throughput"), ("dram_busy", "DRAM throughput"), ("l2_hit_rate", "L2 hit rate")) if key in l2)
+    spills = f" in {l2['spill_requests'] / 1e6:.1f}M requests" if "spill_requests" in l2 else ""
     print(f"\nL2: {l2['sectors'] / 1e6:.1f}M global sectors ({l2['excess'] / 1e6:.1f}M excess), {l2['local'] / 1e6:.1f}M "
-          f"local (spills), {l2['requests'] / 1e6:.1f}M global requests" + (f"; {busy}" if busy else ""))
+          f"local (spills{spills}), {l2['requests'] / 1e6:.1f}M global requests" + (f"; {busy}" if busy else ""))
     print("opcode                               sectors   excess    local  requests  sectors/req  instructions")
     for op, sectors, excess, local, requests, n in l2["opcodes"][:top]:
         per = f"{sectors / requests:11.2f}" if requests else f"{'-':>11}"

@@ -201,6 +201,7 @@ def test_ncu_stalls_l2_traffic_counts_sectors_spills_and_requests(tmp_path, caps
     tool.compare([("det", s)])
     out = capsys.readouterr().out
     assert "det" in out and " 2.00" in out.splitlines()[1]  # 2.5 ms at 80 % busy: 2.0 ms of L2 work
+    assert "spills in 0.0M requests" in out
     assert tool._profile_dir(f"x={tmp_path / 'det'}") == ("x", str(tmp_path / "det" / "sass.csv"))
     assert tool._profile_dir(str(tmp_path / "other"))[0] == "other"
     with pytest.raises(Exception, match="no sass.csv"):
