@@ -128,6 +128,23 @@
                             caught. Timed in the twenty-fourth session: no faster than
                             wg0_cuts, bits as wg0_cuts'.
 
+  dq_vector_stores.patch    dQ stored 16 bytes a thread (ws_store_dq), where TileLang's copy of the
+                            wide tile's dQ accumulators stores a bf16 pair, 4 bytes, a thread: the
+                            quad's lanes swap their pairs of four 8-column tiles (two butterflies,
+                            4 shuffles) so each holds one tile's 8 columns, and a warp store covers
+                            8 rows x 64 bytes instead of 8 x 16. On an H100 dQ's stores were 18.9 M
+                            of det's 265 M L2 requests at twice the ideal sectors (docs/performance-
+                            log.md, twenty-fourth session); this sends a quarter of the requests and
+                            the ideal sectors, with the same bits (cvt.rn.bf16x2.f32, TileLang's
+                            rounding). Compiled, not run: STG.E.128 x 36 where STG.E x 144 were,
+                            warpgroup 1's block loop 1928 instructions against 1924, wg0's 2240
+                            against 2251; ptxas 80/88 bytes spilled for the lanes (64/76), 20/28 for
+                            the int64 redo (12/20), the new bytes at a row's end. The patch carries
+                            its compile test and the spill budgets. On f2a81b1 and later:
+
+        REV=HEAD bash scripts/ab-packages.sh experiments/dq_vector_stores.patch
+        python benchmarks/package_ab.py --against .ab/dq_vector_stores/mqa_bwd --shapes dsv32,fleet
+
 git history holds the others (pair_sync_every_other.patch, ws_add_pair_lanes' warp sync on every
 other chunk pair, measured no faster in the twenty-first session, is at 7018d61;
 persistent_rows.patch and persistent_prefetch.patch, the wide
