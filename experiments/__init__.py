@@ -139,8 +139,11 @@
                             rounding). Compiled, not run: STG.E.128 x 36 where STG.E x 144 were,
                             warpgroup 1's block loop 1928 instructions against 1924, wg0's 2240
                             against 2251; ptxas 80/88 bytes spilled for the lanes (64/76), 20/28 for
-                            the int64 redo (12/20), the new bytes at a row's end. The patch carries
-                            its compile test and the spill budgets. On f2a81b1 and later:
+                            the int64 redo (12/20), the new bytes at a row's end. A review checked
+                            every element's address against TileLang's copy (21 width and offset
+                            cases, d_k 576 and 512) and the rounding against cuda_bf16.hpp. The
+                            patch carries its compile test and the spill budgets. On f2a81b1 and
+                            later:
 
         REV=HEAD bash scripts/ab-packages.sh experiments/dq_vector_stores.patch
         python benchmarks/package_ab.py --against .ab/dq_vector_stores/mqa_bwd --shapes dsv32,fleet
