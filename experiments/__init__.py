@@ -148,6 +148,25 @@
         REV=HEAD bash scripts/ab-packages.sh experiments/dq_vector_stores.patch
         python benchmarks/package_ab.py --against .ab/dq_vector_stores/mqa_bwd --shapes dsv32,fleet
 
+  thread_again.patch        the adds' thread index read again from %tid.x (ws_thread_again, mod
+  l2_request_cuts.patch     128: every caller's index in its warpgroup) where an opaque move of the
+                            caller's register (ws_opaque) kept it live across the block loop: ptxas
+                            then stored and loaded it, and the dKV words' base formed from it, once
+                            a block in warpgroup 1's loop (3 stores and 5 loads a block, 26 M of
+                            det's L2 sectors on the H100; docs/performance-log.md, twenty-fourth
+                            session). With it: lanes 52/68 bytes spilled (64/76), the int64 redo
+                            12/12 (12/20), no spill store in warpgroup 1's block loop, the same
+                            bits. l2_request_cuts is this and dq_vector_stores together: 44/60 and
+                            4/4, warpgroup 1's block loop 4 loads a block and no store, its length
+                            unchanged (1924 instructions). Compiled, not run; each carries its
+                            tests and spill budgets. On 3c17fb6 and later:
+
+        REV=HEAD bash scripts/ab-packages.sh experiments/thread_again.patch \
+            experiments/dq_vector_stores.patch experiments/l2_request_cuts.patch
+        python benchmarks/package_ab.py --against .ab/thread_again/mqa_bwd \
+            --against .ab/dq_vector_stores/mqa_bwd --against .ab/l2_request_cuts/mqa_bwd \
+            --shapes dsv32,fleet
+
 git history holds the others (pair_sync_every_other.patch, ws_add_pair_lanes' warp sync on every
 other chunk pair, measured no faster in the twenty-first session, is at 7018d61;
 persistent_rows.patch and persistent_prefetch.patch, the wide
