@@ -263,6 +263,13 @@ def read_details(path: str) -> dict:
     return found
 
 
+def launch_ms(details: dict):
+    """The launch's duration in ms from ``read_details``' figures; None where it is missing or in
+    a unit TO_MS does not know."""
+    duration = details.get(("GPU Speed Of Light Throughput", "Duration"))
+    return duration[0] * TO_MS[duration[1]] if duration and duration[1] in TO_MS else None
+
+
 def shared_pipe(shared: list, details: dict) -> dict:
     """What the shared-memory data pipe costs the launch: its wavefronts (``summarize``'s
     "shared" rows), the share of them that wgmma operand reads take, and, where ``details``
@@ -271,11 +278,11 @@ def shared_pipe(shared: list, details: dict) -> dict:
     total = sum(w for _, w, _, _ in shared)
     gmma = sum(w for op, w, _, _ in shared if op.startswith("HGMMA"))
     result = {"wavefronts": total, "gmma_share": 100 * gmma / total if total else math.nan}
-    sms, clock, duration = (details.get(key) for key in (
-        ("Launch Statistics", "# SMs"), ("GPU Speed Of Light Throughput", "SM Frequency"),
-        ("GPU Speed Of Light Throughput", "Duration")))
-    if sms and clock and duration and clock[1] in TO_GHZ and duration[1] in TO_MS:
-        ghz, ms = clock[0] * TO_GHZ[clock[1]], duration[0] * TO_MS[duration[1]]
+    sms, clock = (details.get(key) for key in (
+        ("Launch Statistics", "# SMs"), ("GPU Speed Of Light Throughput", "SM Frequency")))
+    ms = launch_ms(details)
+    if sms and clock and ms is not None and clock[1] in TO_GHZ:
+        ghz = clock[0] * TO_GHZ[clock[1]]
         result.update(sms=sms[0], ghz=ghz, duration_ms=ms, floor_ms=total / sms[0] / (ghz * 1e9) * 1e3)
     return result
 
@@ -309,9 +316,9 @@ def l2_traffic(rows, details: dict) -> dict:
     totals = dict(zip(("sectors", "excess", "local", "requests", "instructions"),
                       (sum(x[k] for x in table) for k in range(1, 6))))
     found = {name: details[key][0] for name, key in MEMORY_DETAILS.items() if key in details}
-    duration = details.get(("GPU Speed Of Light Throughput", "Duration"))
-    if duration and duration[1] in TO_MS:
-        found["duration_ms"] = duration[0] * TO_MS[duration[1]]
+    ms = launch_ms(details)
+    if ms is not None:
+        found["duration_ms"] = ms
     return {"opcodes": table, **totals, **found}
 
 
