@@ -1,5 +1,6 @@
 """The benchmark tools (CPU: no GPU needed to check their probes, parsers and counts)."""
 
+import argparse
 import importlib.util
 import json
 import os
@@ -204,7 +205,7 @@ def test_ncu_stalls_l2_traffic_counts_sectors_spills_and_requests(tmp_path, caps
     assert "spills in 0.0M requests" in out
     assert tool._profile_dir(f"x={tmp_path / 'det'}") == ("x", str(tmp_path / "det" / "sass.csv"))
     assert tool._profile_dir(str(tmp_path / "other"))[0] == "other"
-    with pytest.raises(Exception, match="no sass.csv"):
+    with pytest.raises(argparse.ArgumentTypeError, match="no sass.csv"):
         tool._profile_dir(str(tmp_path))
 
 
