@@ -128,46 +128,10 @@
                             caught. Timed in the twenty-fourth session: no faster than
                             wg0_cuts, bits as wg0_cuts'.
 
-  dq_vector_stores.patch    dQ stored 16 bytes a thread (ws_store_dq), where TileLang's copy of the
-                            wide tile's dQ accumulators stores a bf16 pair, 4 bytes, a thread: the
-                            quad's lanes swap their pairs of four 8-column tiles (two butterflies,
-                            4 shuffles) so each holds one tile's 8 columns, and a warp store covers
-                            8 rows x 64 bytes instead of 8 x 16. On an H100 dQ's stores were 18.9 M
-                            of det's 265 M L2 requests at twice the ideal sectors (docs/performance-
-                            log.md, twenty-fourth session); this sends a quarter of the requests and
-                            the ideal sectors, with the same bits (cvt.rn.bf16x2.f32, TileLang's
-                            rounding). Compiled, not run: STG.E.128 x 36 where STG.E x 144 were,
-                            warpgroup 1's block loop 1928 instructions against 1924, wg0's 2240
-                            against 2251; ptxas 80/88 bytes spilled for the lanes (64/76), 20/28 for
-                            the int64 redo (12/20), the new bytes at a row's end. A review checked
-                            every element's address against TileLang's copy (21 width and offset
-                            cases, d_k 576 and 512) and the rounding against cuda_bf16.hpp. The
-                            patch carries its compile test and the spill budgets. On f2a81b1 and
-                            later:
-
-        REV=HEAD bash scripts/ab-packages.sh experiments/dq_vector_stores.patch
-        python benchmarks/package_ab.py --against .ab/dq_vector_stores/mqa_bwd --shapes dsv32,fleet
-
-  thread_again.patch        the adds' thread index read again from %tid.x (ws_thread_again, mod
-  l2_request_cuts.patch     128: every caller's index in its warpgroup) where an opaque move of the
-                            caller's register (ws_opaque) kept it live across the block loop: ptxas
-                            then stored and loaded it, and the dKV words' base formed from it, once
-                            a block in warpgroup 1's loop (3 stores and 5 loads a block, 26 M of
-                            det's L2 sectors on the H100; docs/performance-log.md, twenty-fourth
-                            session). With it: lanes 52/68 bytes spilled (64/76), the int64 redo
-                            12/12 (12/20), no spill store in warpgroup 1's block loop, the same
-                            bits. l2_request_cuts is this and dq_vector_stores together: 44/60 and
-                            4/4, warpgroup 1's block loop 4 loads a block and no store, its length
-                            unchanged (1924 instructions). Compiled, not run; each carries its
-                            tests and spill budgets. On 3c17fb6 and later:
-
-        REV=HEAD bash scripts/ab-packages.sh experiments/thread_again.patch \
-            experiments/dq_vector_stores.patch experiments/l2_request_cuts.patch
-        python benchmarks/package_ab.py --against .ab/thread_again/mqa_bwd \
-            --against .ab/dq_vector_stores/mqa_bwd --against .ab/l2_request_cuts/mqa_bwd \
-            --shapes dsv32,fleet
-
-git history holds the others (pair_sync_every_other.patch, ws_add_pair_lanes' warp sync on every
+git history holds the others (dq_vector_stores.patch, thread_again.patch and
+l2_request_cuts.patch, dQ stored 16 bytes a thread and the adds' thread index read again from
+%tid.x, became the product's wide tile in the twenty-sixth session and are at 6b46aa0;
+pair_sync_every_other.patch, ws_add_pair_lanes' warp sync on every
 other chunk pair, measured no faster in the twenty-first session, is at 7018d61;
 persistent_rows.patch and persistent_prefetch.patch, the wide
 tile's persistent CTAs without and with the L2 prefetch of the next row's Q and dO, became the

@@ -363,7 +363,7 @@ def test_main_kernel_spills_within_its_spill_budget(config):
 
 
 #: Bytes of spills a kernel had when it was timed, per (heads, d_k, accumulate, tiles): the wide tile's two warpgroups share one 255-register allocation; the lanes'
-#: transposed adds fit it only with ptxas's scheduling held in check (wide.py's ws_opaque, the
+#: transposed adds fit it only with ptxas's scheduling held in check (wide.py's ws_thread_again, the
 #: adds' wait for the peak, __syncwarp). The one-row CTA spilled 24 bytes of stores and 44 of
 #: loads there, uniform values stored before the slot loops and loaded once a block (the peaks'
 #: reduce-scatter, block 0's gather beside the prologue, warpgroup 1's chunk pairs: each faster
@@ -371,13 +371,15 @@ def test_main_kernel_spills_within_its_spill_budget(config):
 #: persistent CTA's item loop holds each warpgroup's row, heads and block base besides: 68 bytes
 #: of stores, 84 of loads, warpgroup 1 some four stores and nine loads a block, and is faster than
 #: the one-row CTA that spilled less (twentieth session); since the peak orders a slot pair's
-#: first add rather than the next pair's slot load, 64 and 76 (twenty-second session). The int64
-#: redo (fixed), launched on every call but run only where a lanes bound failed, spills 12/20
-#: bytes at one tile and at two.
-SPILL_BUDGET = {(64, 576, "lanes", 1): {"spill_stores": 64, "spill_loads": 76, "stack": 48},
-                (64, 576, "lanes", K.MULTI_TILE): {"spill_stores": 64, "spill_loads": 76, "stack": 48},
-                (64, 576, "fixed", 1): {"spill_stores": 12, "spill_loads": 20, "stack": 16},
-                (64, 576, "fixed", K.MULTI_TILE): {"spill_stores": 12, "spill_loads": 20, "stack": 16}}
+#: first add rather than the next pair's slot load, 64 and 76 (twenty-second session); since the
+#: adds read their thread index again from %tid.x (ws_thread_again) and dQ leaves through
+#: ws_store_dq, 44 and 60, with no spill store left in warpgroup 1's block loop. The int64 redo
+#: (fixed), launched on every call but run only where a lanes bound failed, spills 4/4 bytes at
+#: one tile and at two.
+SPILL_BUDGET = {(64, 576, "lanes", 1): {"spill_stores": 44, "spill_loads": 60, "stack": 40},
+                (64, 576, "lanes", K.MULTI_TILE): {"spill_stores": 44, "spill_loads": 60, "stack": 40},
+                (64, 576, "fixed", 1): {"spill_stores": 4, "spill_loads": 4, "stack": 8},
+                (64, 576, "fixed", K.MULTI_TILE): {"spill_stores": 4, "spill_loads": 4, "stack": 8}}
 
 
 CP_ASYNC = re.compile(r"cp\.async\.(?:ca|cg)\.shared\.global\S*\s+\[[^\]]+\],\s*\[[^\]]+\],\s*\d+(?P<src_size>,\s*[^;]+)?;")
@@ -577,6 +579,22 @@ def test_wide_tile_adds_from_registers(config):
     assert STORES_FROM_DKV_ACCUMULATOR.findall(narrow), "the pattern must find the 32-head tile's staging"
     staged = STORES_FROM_DKV_ACCUMULATOR.findall(source)
     assert not staged, f"{_id(config)}: dKV staged: {staged[:2]}"
+
+
+@pytest.mark.parametrize("config", WIDE_CONFIGS, ids=_id)
+def test_wide_tile_stores_dq_sixteen_bytes_a_thread(config):
+    # dQ leaves through ws_store_dq: a quad's lanes swap their bf16 pairs so that each holds 8
+    # consecutive columns, and a warp's 16-byte stores cover 8 rows x 64 bytes, where TileLang's
+    # copy of the accumulator stores 4 bytes a thread (8 rows x 16 bytes: twice the ideal
+    # sectors, four times the L2's requests; docs/performance-log.md, twenty-fourth session).
+    source = K.compiled(config).get_kernel_source()
+    kernel = source[source.index("__global__"):]
+    widths = [int(w) for w in re.findall(r"ws_store_dq<(\d+)>", kernel)]
+    assert len(widths) == 3 and sum(widths) == config.d_k and all(w % 32 == 0 for w in widths), widths
+    assert not re.search(r"\(dQ \+|\bdQ\[[^\]]*\]\s*=[^=]", kernel), f"{_id(config)}: dQ stored element-wise"
+    # Each thread's 16-byte stores: d_k columns x 64 rows x 2 bytes over 256 threads, 16 bytes each.
+    stores = re.findall(r"st\.global\.v4\.(?:u32|b32)", _ptx(config))
+    assert len(stores) == config.d_k // 16, f"{_id(config)}: {len(stores)} 16-byte stores"
 
 
 #: An assignment that reads a dKV accumulator (acc_dkv, acc_dkv2, ...): the staging of the 16- and

@@ -176,13 +176,15 @@ __device__ __forceinline__ float ws_max_nan(float a, float b) {
   return r;
 }
 
-// t through an opaque move: what the adds derive from the thread index (their column's address)
-// is then formed at each call, not hoisted out of the slot loop as one 64-bit register a chunk
-// (spills at Dk = 576).
-__device__ __forceinline__ int ws_opaque(int t) {
+// `thread`, the caller's index in its warpgroup (every caller's is tid.x mod 128), read again from
+// %tid.x by an opaque move: what the adds derive from it (their column's address) is then formed
+// at each call, neither hoisted out of the slot loop as one 64-bit register a chunk nor kept live
+// across the block loop, where ptxas spilled it and values formed from it once a block (at
+// Dk = 576: 64/76 bytes where this leaves 52/68, and no spill store in warpgroup 1's block loop).
+__device__ __forceinline__ int ws_thread_again(int thread) {
   int r;
-  asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(t));
-  return r;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r));
+  return r & 127;
 }
 // The slots of a block sit in shared memory as pairs {kv row (the lanes: its offset in the words),
 // row scale's bits}: slots 2i, 2i + 1 are one 16-byte load.
@@ -228,7 +230,7 @@ __device__ __forceinline__ void ws_add_chunk_atomic(const float* acc, const void
 // The int64 redo: one word a column, at the lanes' scale (the same integers).
 __device__ __forceinline__ void ws_add_chunk_fixed(const float* acc, const void* dkv, const void* slot_info, int col0,
                                                    int ld, int nkv, int thread) {
-  const int t = ws_opaque(thread), lane = t & 31, warp = t >> 5, k = lane & 3;
+  const int t = ws_thread_again(thread), lane = t & 31, warp = t >> 5, k = lane & 3;
   const unsigned long long* base = static_cast<const unsigned long long*>(dkv) + col0 + 16 * warp + (lane >> 2);
   int4 next = ws_slot_pair(slot_info, 2 * k);
   #pragma unroll
@@ -261,7 +263,7 @@ __device__ __forceinline__ unsigned long long ws_lane_word(int lo, int hi) {
 // from max.NaN is 0x7fffffff); ws_add_bounds takes the maximum over both warpgroups' warps.
 __device__ __forceinline__ void ws_add_chunk_lanes(const float* acc, const void* words, const void* slot_info, int word0,
                                                    int warp_words, int thread, unsigned* peak) {
-  const int t = ws_opaque(thread), lane = t & 31, warp = t >> 5, k = lane & 3;
+  const int t = ws_thread_again(thread), lane = t & 31, warp = t >> 5, k = lane & 3;
   const unsigned long long* base = static_cast<const unsigned long long*>(words) + word0 + warp_words * warp + (lane >> 2);
   int4 next = ws_slot_pair(slot_info, 2 * k);
   #pragma unroll
@@ -296,7 +298,7 @@ __device__ __forceinline__ void ws_add_chunk_lanes(const float* acc, const void*
 // in ws_add_chunk_lanes.
 __device__ __forceinline__ void ws_add_pair_lanes(const float* acc_a, const float* acc_b, const void* words,
                                                   const void* slot_info, int word0, int thread, unsigned* peak) {
-  const int t = ws_opaque(thread), lane = t & 31, warp = t >> 5, k0 = lane & 2;
+  const int t = ws_thread_again(thread), lane = t & 31, warp = t >> 5, k0 = lane & 2;
   const bool odd = lane & 1;
   const unsigned long long* base =
       static_cast<const unsigned long long*>(words) + word0 + 16 * warp + 8 * static_cast<int>(odd) + (lane >> 2);
@@ -330,6 +332,45 @@ __device__ __forceinline__ void ws_add_pair_lanes(const float* acc_a, const floa
     ws_red_u64_at(base, static_cast<unsigned>(hi.x), odd ? b0 : r0);          // + 2
     ws_red_u64_at(base, static_cast<unsigned>(hi.z), odd ? b1 : r1);          // + 3
     __syncwarp();
+  }
+}
+// dQ's bf16 from a warpgroup's m64nN accumulator (N a multiple of 32) at dq (row 0, the piece's
+// first column; ld elements a row), 16 bytes a store. Thread t holds row 16 (t / 32) + 8 h +
+// (t % 32) / 4 and columns 8 j + 2 (t % 4) + {0, 1} of each 8-column tile j (acc[4 j + 2 h] and
+// + 1): one 4-byte pair a tile, so a warp's store of them covers 8 rows x 16 bytes. The quad's
+// four lanes swap their pairs of 4 tiles (a butterfly on lane bit 1, then on bit 0: 4 shuffles)
+// so that lane k holds tile 4 g + k's 8 columns whole: a warp's store then covers 8 rows x 64
+// contiguous bytes, a quarter of the L2's requests. The same bits: cvt.rn.bf16x2.f32, the
+// conversion of TileLang's copy (__float22bfloat162_rn). Rows at or past `rows` (heads past HQ)
+// are not stored.
+template <int N>
+__device__ __forceinline__ void ws_store_dq(const float* acc, void* dq, int ld, int rows, int thread) {
+  const int lane = thread & 31, warp = thread >> 5;
+  const bool lo = lane & 1, hi = lane & 2;
+  #pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const int row = 16 * warp + 8 * h + (lane >> 2);
+    uint4* out = reinterpret_cast<uint4*>(static_cast<unsigned short*>(dq) + static_cast<long long>(row) * ld) + (lane & 3);
+    #pragma unroll
+    for (int g = 0; g < N / 32; ++g) {
+      unsigned w[4];
+      #pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int i = 4 * (4 * g + j) + 2 * h;
+        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[j]) : "f"(acc[i + 1]), "f"(acc[i]));  // acc[i] low
+      }
+      // Bit 1: keep tiles 2 hi + {0, 1} (a0, a1, this lane's), take them from lane k ^ 2 (b0, b1).
+      const unsigned a0 = hi ? w[2] : w[0], a1 = hi ? w[3] : w[1];
+      const unsigned b0 = __shfl_xor_sync(0xffffffffu, hi ? w[0] : w[2], 2);
+      const unsigned b1 = __shfl_xor_sync(0xffffffffu, hi ? w[1] : w[3], 2);
+      // Bit 0: keep tile 2 hi + lo, from lanes k (s0) and k ^ 2 (s2); take it from k ^ 1 and k ^ 3.
+      const unsigned s0 = lo ? a1 : a0, s2 = lo ? b1 : b0;
+      const unsigned r1 = __shfl_xor_sync(0xffffffffu, lo ? a0 : a1, 1);
+      const unsigned r3 = __shfl_xor_sync(0xffffffffu, lo ? b0 : b1, 1);
+      // Column pair s of the tile came from lane s: the word from lane k ^ d sits at s = k ^ d.
+      const unsigned v0 = lo ? r1 : s0, v1 = lo ? s0 : r1, v2 = lo ? r3 : s2, v3 = lo ? s2 : r3;
+      if (row < rows) out[4 * g] = hi ? make_uint4(v2, v3, v0, v1) : make_uint4(v0, v1, v2, v3);
+    }
   }
 }
 // The block's bounds. The 8 lanes of a warp that share t % 4 hold the same slots: a reduce-scatter
@@ -467,9 +508,9 @@ def wide_program(config: MainConfig):
         """cp.async of src[r, h0 : h0 + H, 0:width] into dst by one warpgroup, as gather_columns
         lays out its rows (8 threads a head row, 16 rows a pass): no registers hold the rows on
         their way, where a copy through registers held them beside the warpgroup's accumulators.
-        The thread index goes through ws_opaque, so that the addresses are formed at each row,
-        not hoisted out of the row loop and spilled."""
-        t = T.call_extern("int32", "ws_opaque", tid)
+        The thread index goes through ws_thread_again, so that the addresses are formed at each
+        row, not hoisted out of the row loop and spilled."""
+        t = T.call_extern("int32", "ws_thread_again", tid)
         for rows in T.unroll(H // (WARPGROUP // 8)):
             h = rows * (WARPGROUP // 8) + t // 8
             for k in T.unroll(width // 64):
@@ -806,7 +847,8 @@ def wide_program(config: MainConfig):
                         for h in T.Parallel(H):
                             if (mass_row[h] > Allowance[r, h0 + h]) or T.isnan(mass_row[h]):
                                 Flag[r] = 1
-                    T.copy(acc_dq0, dQ[r, h0 : h0 + H, 0:dq_split])
+                    T.call_extern("handle", f"ws_store_dq<{dq_split}>", acc_dq0.data, T.address_of(dQ[r, h0, 0]), Dk,
+                                  HQ - h0, tid)
                     base0[0] = base0[0] + live0[0]
 
             with T.ws(1):
@@ -845,8 +887,10 @@ def wide_program(config: MainConfig):
                             T.call_extern("handle", "ws_add_bounds", T.address_of(slot_info_s[peaks1]),
                                           T.address_of(slot_info_s[peaks0 + p * BS]), Bound.data,
                                           T.address_of(slot_info_s[p * BS * 2]), ROW_UNITS, tid1)
-                    T.copy(acc_dq1, dQ[r, h0 : h0 + H, c1 : c1 + w1])
-                    T.copy(acc_dq2, dQ[r, h0 : h0 + H, c2 : c2 + w2])
+                    T.call_extern("handle", f"ws_store_dq<{w1}>", acc_dq1.data, T.address_of(dQ[r, h0, c1]), Dk, HQ - h0,
+                                  tid1)
+                    T.call_extern("handle", f"ws_store_dq<{w2}>", acc_dq2.data, T.address_of(dQ[r, h0, c2]), Dk, HQ - h0,
+                                  tid1)
                     base1[0] = base1[0] + live1[0]
 
     return main_bwd
