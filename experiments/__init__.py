@@ -20,7 +20,8 @@
                             where no bound fails, Bound stays 0; rebuilt for 7940e99 and later in
                             the nineteenth session, ptxas at d_k = 576: no spill where the
                             one-row CTA spilled 24/44 bytes, 8/8 on the persistent tile where
-                            it spills 68/84; the 2d0ce1d form is at 11b45cd); no_adds
+                            it spills 68/84; the 2d0ce1d form is at 11b45cd; rebuilt for e137a4c in
+                            the twenty-sixth session: 4/4 where the product spills 44/60); no_adds
                             turns each red.global.add.u64 into a store that is never taken (wrong
                             dKV; the conversions stay); control_no_adds predicates the control's
                             red.v4.f32 on a NaN no accumulator holds (wrong dKV; the shuffles
@@ -30,6 +31,16 @@
 
         REV=HEAD bash scripts/ab-packages.sh experiments/no_bounds.patch experiments/no_adds.patch \
             experiments/control_no_adds.patch
+
+  balanced_ctas.patch       the persistent wide tile's grid as the fewest CTAs that take its items in
+                            as many turns as one CTA an SM (launch.persistent_ctas: 128 CTAs of 32
+                            rows at 4096 items on 132 SMs, where 4 CTAs of 132 take a 32nd row while
+                            the others idle). The same bits; no faster on an H100 (8.521 against
+                            8.562 ms at dsv32 H=64, level at H=128 and fleet; docs/performance-log.md,
+                            twenty-sixth session). On e137a4c and later:
+
+        REV=HEAD bash scripts/ab-packages.sh experiments/balanced_ctas.patch
+        python benchmarks/package_ab.py --against .ab/balanced_ctas/mqa_bwd --shapes dsv32,fleet
 
   warp_bounds.patch         the lanes' Bound as one word per kv row and warp (a warp's columns are
                             its own), each lane adding its two slots' bounds after the peaks'
