@@ -42,6 +42,30 @@
         REV=HEAD bash scripts/ab-packages.sh experiments/balanced_ctas.patch
         python benchmarks/package_ab.py --against .ab/balanced_ctas/mqa_bwd --shapes dsv32,fleet
 
+  l2_stream_first.patch     L2 eviction priorities as cuDNN's SM90 backward sets them. l2_stream_first
+  l2_dkv_last.patch         loads a row's Q and dO by cp.async with an evict_first policy and stores
+  l2_hints.patch            its dQ streaming (st.global.cs); l2_dkv_last gives the dKV adds (the
+                            lanes' red.u64, the control's red.v4.f32) evict_last; l2_hints is both.
+                            On the H100 det's L2 is busy 84.8 % of its launch against cuDNN's 92.5 %,
+                            its hit rate 95.8 % against 97.4 % (docs/performance-log.md,
+                            twenty-sixth session); evict_last on the fifth session's skeleton cut
+                            DRAM writes, not time. The same bits. l2_hints timed on an H100: level
+                            with e137a4c (det 8.083 against 8.065 ms at dsv32 H=64, 15.717 against
+                            15.745 at H=128, 5.900 against 5.903 at fleet; the control level too;
+                            docs/performance-log.md, twenty-sixth session): not kept. The other two
+                            not run. ptxas at d_k = 576 (one tile, two), the lanes
+                            spill 48/64 and 48/64 bytes with l2_stream_first, 40/56 and 44/60 with
+                            l2_dkv_last, 44/60 and 48/64 with l2_hints, where the product spills
+                            44/60; the int64 redo 8/8 with l2_stream_first and l2_hints (4/4).
+                            Each carries its compile
+                            tests' changes (a cache hint is not another atomic; dQ's 16-byte
+                            stores may be .cs). On e137a4c and later:
+
+        REV=HEAD bash scripts/ab-packages.sh experiments/l2_stream_first.patch \
+            experiments/l2_dkv_last.patch experiments/l2_hints.patch
+        python benchmarks/package_ab.py --against .ab/l2_stream_first/mqa_bwd \
+            --against .ab/l2_dkv_last/mqa_bwd --against .ab/l2_hints/mqa_bwd --shapes dsv32,fleet
+
   warp_bounds.patch         the lanes' Bound as one word per kv row and warp (a warp's columns are
                             its own), each lane adding its two slots' bounds after the peaks'
                             reduce-scatter: no shared staging, no named barriers, no PEAKS_READY
