@@ -35,9 +35,9 @@
   balanced_ctas.patch       the persistent wide tile's grid as the fewest CTAs that take its items in
                             as many turns as one CTA an SM (launch.persistent_ctas: 128 CTAs of 32
                             rows at 4096 items on 132 SMs, where 4 CTAs of 132 take a 32nd row while
-                            the others idle). The same bits; no faster on an H100 (8.521 against
-                            8.562 ms at dsv32 H=64, level at H=128 and fleet; docs/performance-log.md,
-                            twenty-sixth session). On e137a4c and later:
+                            the others idle). The same bits; no faster on an H100 at the bench
+                            shapes (docs/performance-log.md, twenty-sixth session). On e137a4c and
+                            later:
 
         REV=HEAD bash scripts/ab-packages.sh experiments/balanced_ctas.patch
         python benchmarks/package_ab.py --against .ab/balanced_ctas/mqa_bwd --shapes dsv32,fleet
@@ -48,18 +48,16 @@
                             lanes' red.u64, the control's red.v4.f32) evict_last; l2_hints is both.
                             On the H100 det's L2 is busy 84.8 % of its launch against cuDNN's 92.5 %,
                             its hit rate 95.8 % against 97.4 % (docs/performance-log.md,
-                            twenty-sixth session); evict_last on the fifth session's skeleton cut
-                            DRAM writes, not time. The same bits. l2_hints timed on an H100: level
-                            with e137a4c (det 8.083 against 8.065 ms at dsv32 H=64, 15.717 against
-                            15.745 at H=128, 5.900 against 5.903 at fleet; the control level too;
-                            docs/performance-log.md, twenty-sixth session): not kept. The other two
-                            not run. ptxas at d_k = 576 (one tile, two), the lanes
-                            spill 48/64 and 48/64 bytes with l2_stream_first, 40/56 and 44/60 with
-                            l2_dkv_last, 44/60 and 48/64 with l2_hints, where the product spills
-                            44/60; the int64 redo 8/8 with l2_stream_first and l2_hints (4/4).
-                            Each carries its compile
-                            tests' changes (a cache hint is not another atomic; dQ's 16-byte
-                            stores may be .cs). On e137a4c and later:
+                            twenty-sixth session); evict_last on an earlier skeleton cut DRAM
+                            writes, not time (2026-11-30, add_width.py's u64last). The same bits.
+                            l2_hints timed on an H100: level with e137a4c at every bench shape, the
+                            control too (twenty-sixth session): not kept. The other two not run.
+                            ptxas at d_k = 576 (one tile, two): the lanes spill 48/64 and 48/64
+                            bytes with l2_stream_first, 40/56 and 44/60 with l2_dkv_last, 44/60
+                            and 48/64 with l2_hints, where the product spills 44/60; the int64
+                            redo 8/8 with l2_stream_first and l2_hints (4/4). Each carries its
+                            compile tests' changes (a cache hint is not another atomic; dQ's
+                            16-byte stores may be .cs). On e137a4c and later:
 
         REV=HEAD bash scripts/ab-packages.sh experiments/l2_stream_first.patch \
             experiments/l2_dkv_last.patch experiments/l2_hints.patch

@@ -180,7 +180,8 @@ __device__ __forceinline__ float ws_max_nan(float a, float b) {
 // %tid.x by an opaque move: what the adds derive from it (their column's address) is then formed
 // at each call, neither hoisted out of the slot loop as one 64-bit register a chunk nor kept live
 // across the block loop, where ptxas spilled it and values formed from it once a block (at
-// Dk = 576: 64/76 bytes where this leaves 52/68, and no spill store in warpgroup 1's block loop).
+// Dk = 576 this leaves no spill store in warpgroup 1's block loop; the bytes: SPILL_BUDGET in
+// tests/test_kernels_compile.py).
 __device__ __forceinline__ int ws_thread_again(int thread) {
   int r;
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r));
