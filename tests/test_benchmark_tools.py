@@ -681,3 +681,33 @@ def test_the_drift_overhead_benchmark_parses_and_refuses_a_cpu(capsys):
         pytest.skip("a Hopper GPU is here: the benchmark would run")
     assert tool.main([]) == 2
     assert "needs a Hopper GPU" in capsys.readouterr().err
+
+
+def test_host_lines_clocks_every_statement_and_changes_no_bits():
+    # The line clock recompiles the wrapper's path from its source: it must run the same code
+    # (the same bits as the call it stands for) and put each statement's time on its own line.
+    import inspect
+    import time
+
+    from mqa_bwd import edge, wrapper
+    from mqa_bwd.contract import SPEC_ARGS
+    from mqa_bwd.model import ModelLauncher
+    from properties.case import Case, to_framework
+
+    host_lines = _tool("host_lines")
+    named = to_framework(Case(B=1, S=3, S_kv=40, H=64, L=70, d_k=576, d_v=512, sink="random", seed=4).inputs())
+    inputs = tuple(named[k] for k in SPEC_ARGS)
+    marks = []
+    call = host_lines.lined_call(inputs, ModelLauncher, True, marks)
+    got = call()
+    want = wrapper.backward_with(ModelLauncher(True), *inputs)
+    assert all(edge.same_bits(a, b) for a, b in zip(got, want))
+    costs = host_lines.line_costs(call, marks, 2, synchronize=lambda: None)
+    lines = host_lines.report(costs, 2, min_us=0.0)
+    source, first = inspect.getsourcelines(wrapper.run)
+    main_lines = {str(first + i) for i, text in enumerate(source) if "launcher.main_bwd(" in text}
+    assert any(line.split()[:1] and line.split()[0] in main_lines and float(line.split()[1]) > 0 for line in lines), lines
+    assert lines[0].startswith("== wrapper.run:") and lines[-1].startswith("== all the listed functions:")
+    # Every clock read is a statement of a listed function, each call's reads in time order.
+    assert all(isinstance(key, tuple) and key[1] > 0 for key, _ in marks[:-1]) and marks[-1][0] is None
+    assert [t for _, t in marks] == sorted(t for _, t in marks) and time.perf_counter() >= marks[-1][1]
