@@ -24,8 +24,9 @@ from . import layout
 from .contract import Instruments
 
 
-#: The floating dtype of each element width (bytes), through which zeros_together fills.
-_FLOAT_OF_WIDTH = {2: torch.float16, 4: torch.float32, 8: torch.float64}
+#: The float dtype zeros_together fills each element width through: one multi-tensor fill for every
+#: width that is whole 4-byte words.
+_FILL_VIEW = {2: torch.float16, 4: torch.float32, 8: torch.float32}
 
 
 class Launcher:
@@ -77,18 +78,19 @@ class Launcher:
 
     def zeros_together(self, *specs) -> list:
         """A zeroed tensor of each (shape, dtype) of ``specs``, each its own allocation (guard
-        bands keep one around each), zeroed by one multi-tensor fill an element size: the wrapper
-        zeroes several buffers before its main launch, where each fill is a launch of host time.
-        The fill goes through float views of the same width (zero bits either way): torch's CUDA
-        multi-tensor zero takes only floating dtypes in some releases."""
+        bands keep one around each), zeroed by one multi-tensor fill: the wrapper zeroes several
+        buffers before its main launch, where each fill is a launch of host time. The fill goes
+        through float32 views of every buffer whose elements are whole 4-byte words (zero bits
+        either way: torch's CUDA multi-tensor zero takes only floating dtypes in some releases),
+        float16 views of 2-byte ones; anything else is zeroed by itself."""
         tensors = [self._allocate(shape, dtype) for shape, dtype in specs]
         groups: dict = {}
         for t in tensors:
-            as_float = _FLOAT_OF_WIDTH.get(t.element_size())
-            if as_float is None:
+            as_float = _FILL_VIEW.get(t.element_size())
+            if as_float is None or not t.is_contiguous():
                 t.zero_()
             else:
-                groups.setdefault(as_float, []).append(t.view(as_float))
+                groups.setdefault(as_float, []).append((t if t.dim() else t.view(1)).view(as_float))
         for views in groups.values():
             torch._foreach_zero_(views)
         return tensors

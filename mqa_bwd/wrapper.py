@@ -354,7 +354,7 @@ def validate(query, kv, out, grad_out, lse, attn_sink, token_indices, sm_scale, 
 
     # The budget bounds the scratch that grows with the query rows (SPEC). The
     # fixed design has no chunked variant, so a budget below what it needs is refused.
-    if design is not None:
+    if design is not None and problem.dkv_buf_bytes is not None:
         require_budget(problem.dkv_buf_bytes, problem.scratch_bytes(design), problem.rows, "mqa_bwd.scratch_bytes")
     return problem
 
@@ -425,18 +425,19 @@ def global_slots(token_indices: torch.Tensor, problem: "Problem", launcher: L.La
     fused = order is canonical_order and p.sorts_in_one_step
     slots = launcher.empty((p.rows, p.padded_slots), torch.int32)
     keys = None if fused else launcher.empty((min(step, p.rows), p.L), torch.int32)
+    whole = step >= p.rows  # one step: the tensors themselves, no slices (host time before the main launch)
     for r0 in range(0, p.rows, step):
         r1 = min(p.rows, r0 + step)
-        part = flat[r0:r1]
+        part, step_slots = (flat, slots) if whole else (flat[r0:r1], slots[r0:r1])
         if str(part.dtype).removeprefix("torch.") not in K.SLOT_INDEX_DTYPES:
             part = part.to(torch.int64)
         if fused:
-            step_marks = None if marks is None else (marks[0], *(m[r0:r1] for m in marks[1:]))
-            launcher.sorted_slots(part.contiguous(), slots[r0:r1], r0, p.S, p.S_kv, nkv, step_marks)
+            step_marks = marks if whole or marks is None else (marks[0], *(m[r0:r1] for m in marks[1:]))
+            launcher.sorted_slots(part.contiguous(), step_slots, r0, p.S, p.S_kv, nkv, step_marks)
             continue
-        step_keys = keys[: r1 - r0]
+        step_keys = keys if whole else keys[: r1 - r0]
         launcher.slot_keys(part.contiguous(), step_keys, r0, p.S, p.S_kv, nkv)
-        launcher.place_slots(order(step_keys), slots[r0:r1], nkv)
+        launcher.place_slots(order(step_keys), step_slots, nkv)
     if marks is not None and not fused:
         launcher.mark_slots(slots, *marks)
     return slots

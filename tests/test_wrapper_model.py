@@ -688,15 +688,16 @@ def test_instruments_count_every_launch_and_allocation():
 
 
 def test_buffers_zeroed_together_are_each_an_allocation_of_their_own():
-    # The fixed design zeroes its marks, row flags, words and bounds with one fill an element
-    # width (Launcher.zeros_together, through float views; a width with no float dtype by itself);
+    # The fixed design zeroes its marks, row flags, words and bounds with one fill (Launcher.
+    # zeros_together, through float32 views; 2-byte elements through float16, others by themselves);
     # each stays an allocation of its own, inside its own guard bands, zeroed to its last byte and
     # no further, in its own dtype.
     from properties.guards import GuardBands
 
     bands = GuardBands()
     launcher = ModelLauncher(instruments=bands.instruments())
-    specs = [((7,), torch.int32), ((3, 5), torch.int64), ((2,), torch.float32), ((9,), torch.int64), ((5,), torch.uint8)]
+    specs = [((7,), torch.int32), ((3, 5), torch.int64), ((2,), torch.float32), ((9,), torch.int64), ((5,), torch.uint8),
+             ((), torch.int64), ((4,), torch.bfloat16)]
     tensors = launcher.zeros_together(*specs)
     assert [(tuple(t.shape), t.dtype) for t in tensors] == specs
     assert not any(bool(t.any()) for t in tensors)
@@ -741,15 +742,15 @@ for _name in _KERNELS:
 
 
 @pytest.mark.parametrize("deterministic,H,accumulations,fills", [
-    (True, 64, ["lanes", "fixed"], ["_foreach_zero_", "_foreach_zero_"]),  # the wide tile, then its gated redo
-    (True, 48, ["fixed", "fixed"], ["_foreach_zero_", "_foreach_zero_"]),  # 16-head groups: a cluster and one alone
+    (True, 64, ["lanes", "fixed"], ["_foreach_zero_"]),  # the wide tile, then its gated redo
+    (True, 48, ["fixed", "fixed"], ["_foreach_zero_"]),  # 16-head groups: a cluster and one alone
     (False, 64, ["atomic"], ["zero_"]),
 ])
 def test_before_its_main_launch_the_wrapper_launches_only_its_fills(deterministic, H, accumulations, fills):
     # The host sets the pace before the main launch (docs/performance-log.md): beyond the
-    # kernels, the wrapper's own device work there is its fills, one an element width for the fixed
-    # design's zeroed buffers (Launcher.zeros_together: the int64 ones are the lanes' words and
-    # bounds, or the int64 accumulator), the accumulator's for the control. A torch op added to
+    # kernels, the wrapper's own device work there is its fills: one for all the fixed design's
+    # zeroed buffers (Launcher.zeros_together: the marks and row flags, the lanes' words and bounds,
+    # or the int64 accumulator), the accumulator's for the control. A torch op added to
     # that path shows here.
     from torch.utils._python_dispatch import TorchDispatchMode
 
