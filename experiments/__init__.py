@@ -161,6 +161,24 @@
                             caught. Timed in the twenty-fourth session: no faster than
                             wg0_cuts, bits as wg0_cuts'.
 
+  pair_rows.patch           ws_add_pair_lanes choosing between partners on the slots' rows, not on
+                            the words: each thread adds its own chunk's words of its own slots, then
+                            its partner's at the partner's rows, so that no select waits on the
+                            shuffle; with ws_add_pair_lanes<true> at a call site, the words it
+                            receives go out one slot group later. The same bits, 12 % slower on an
+                            H100 (docs/performance-log.md, twenty-seventh session): an add
+                            instruction's even and odd lanes then address different kv rows, 4 rows
+                            x 64 bytes where the product's covers 2 x 128. On a4f928a:
+
+        REV=a4f928a bash scripts/ab-packages.sh experiments/pair_rows.patch
+
+  delta_beside.patch        the Delta launch on a side stream (Launcher.fork, beside, join), beside
+                            the slot layout, joined before the plan. The same bits, 0.28 ms slower
+                            on an H200 whose host sets the pace before the main launch
+                            (docs/performance-log.md, twenty-seventh session). On a4f928a:
+
+        REV=a4f928a bash scripts/ab-packages.sh experiments/delta_beside.patch
+
 git history holds the others (dq_vector_stores.patch, thread_again.patch and
 l2_request_cuts.patch, dQ stored 16 bytes a thread and the adds' thread index read again from
 %tid.x, became the product's wide tile in the twenty-sixth session and are at 6b46aa0;
