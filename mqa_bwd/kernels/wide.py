@@ -176,13 +176,13 @@ __device__ __forceinline__ float ws_max_nan(float a, float b) {
   return r;
 }
 
-// `thread`, the caller's index in its warpgroup (every caller's is tid.x mod 128), read again from
-// %tid.x by an opaque move: what the adds derive from it (their column's address) is then formed
-// at each call, neither hoisted out of the slot loop as one 64-bit register a chunk nor kept live
+// The caller's index in its warpgroup (tid.x mod 128), read from %tid.x by an opaque move at each
+// call, not passed in: what the adds derive from it (their column's address) is then formed at
+// each call, neither hoisted out of the slot loop as one 64-bit register a chunk nor kept live
 // across the block loop, where ptxas spilled it and values formed from it once a block (at
 // Dk = 576 this leaves no spill store in warpgroup 1's block loop; the bytes: SPILL_BUDGET in
 // tests/test_kernels_compile.py).
-__device__ __forceinline__ int ws_thread_again(int thread) {
+__device__ __forceinline__ int ws_thread_again() {
   int r;
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(r));
   return r & 127;
@@ -230,8 +230,8 @@ __device__ __forceinline__ void ws_add_chunk_atomic(const float* acc, const void
 
 // The int64 redo: one word a column, at the lanes' scale (the same integers).
 __device__ __forceinline__ void ws_add_chunk_fixed(const float* acc, const void* dkv, const void* slot_info, int col0,
-                                                   int ld, int nkv, int thread) {
-  const int t = ws_thread_again(thread), lane = t & 31, warp = t >> 5, k = lane & 3;
+                                                   int ld, int nkv) {
+  const int t = ws_thread_again(), lane = t & 31, warp = t >> 5, k = lane & 3;
   const unsigned long long* base = static_cast<const unsigned long long*>(dkv) + col0 + 16 * warp + (lane >> 2);
   int4 next = ws_slot_pair(slot_info, 2 * k);
   #pragma unroll
@@ -263,8 +263,8 @@ __device__ __forceinline__ unsigned long long ws_lane_word(int lo, int hi) {
 // block's chunks (two slots a register; an inf or NaN gives 0x7f80 or more, never 0x8000: a NaN
 // from max.NaN is 0x7fffffff); ws_add_bounds takes the maximum over both warpgroups' warps.
 __device__ __forceinline__ void ws_add_chunk_lanes(const float* acc, const void* words, const void* slot_info, int word0,
-                                                   int warp_words, int thread, unsigned* peak) {
-  const int t = ws_thread_again(thread), lane = t & 31, warp = t >> 5, k = lane & 3;
+                                                   int warp_words, unsigned* peak) {
+  const int t = ws_thread_again(), lane = t & 31, warp = t >> 5, k = lane & 3;
   const unsigned long long* base = static_cast<const unsigned long long*>(words) + word0 + warp_words * warp + (lane >> 2);
   int4 next = ws_slot_pair(slot_info, 2 * k);
   #pragma unroll
@@ -298,8 +298,8 @@ __device__ __forceinline__ void ws_add_chunk_lanes(const float* acc, const void*
 // L2's requests, for one shuffle of a word an add. Rounding, peaks (over both chunks) and slots as
 // in ws_add_chunk_lanes.
 __device__ __forceinline__ void ws_add_pair_lanes(const float* acc_a, const float* acc_b, const void* words,
-                                                  const void* slot_info, int word0, int thread, unsigned* peak) {
-  const int t = ws_thread_again(thread), lane = t & 31, warp = t >> 5, k0 = lane & 2;
+                                                  const void* slot_info, int word0, unsigned* peak) {
+  const int t = ws_thread_again(), lane = t & 31, warp = t >> 5, k0 = lane & 2;
   const bool odd = lane & 1;
   const unsigned long long* base =
       static_cast<const unsigned long long*>(words) + word0 + 16 * warp + 8 * static_cast<int>(odd) + (lane >> 2);
@@ -505,13 +505,13 @@ def wide_program(config: MainConfig):
                               T.address_of(KV[T.max(T.min(row_j, NKV - 1), 0), c]), (row_j >= 0) and (row_j < NKV))
 
     @T.macro
-    def load_rows(dst, src, r, h0, width, tid):
+    def load_rows(dst, src, r, h0, width):
         """cp.async of src[r, h0 : h0 + H, 0:width] into dst by one warpgroup, as gather_columns
         lays out its rows (8 threads a head row, 16 rows a pass): no registers hold the rows on
         their way, where a copy through registers held them beside the warpgroup's accumulators.
         The thread index goes through ws_thread_again, so that the addresses are formed at each
         row, not hoisted out of the row loop and spilled."""
-        t = T.call_extern("int32", "ws_thread_again", tid)
+        t = T.call_extern("int32", "ws_thread_again")
         for rows in T.unroll(H // (WARPGROUP // 8)):
             h = rows * (WARPGROUP // 8) + t // 8
             for k in T.unroll(width // 64):
@@ -540,22 +540,23 @@ def wide_program(config: MainConfig):
     @T.macro
     def add_chunk(dKV, acc, slot_info_s, c, p, NKV, peak, thread):
         """The global adds of chunk c's accumulator, for the block of parity p, by the warpgroup
-        whose thread index (0..127) is ``thread``."""
+        whose thread index (0..127) is ``thread`` (the deterministic adds read it from %tid.x
+        themselves: ws_thread_again)."""
         info = T.address_of(slot_info_s[p * BS * 2])
         if accumulate == "lanes":
             word0, warp_words = lane_chunk_words(c, Dk, T.if_then_else)
-            T.call_extern("handle", "ws_add_chunk_lanes", acc.data, dKV.data, info, word0, warp_words, thread, peak.data)
+            T.call_extern("handle", "ws_add_chunk_lanes", acc.data, dKV.data, info, word0, warp_words, peak.data)
         elif accumulate == "atomic":
             T.call_extern("handle", "ws_add_chunk_atomic", acc.data, dKV.data, info, c * CHUNK, Dk, NKV, thread)
         else:
-            T.call_extern("handle", "ws_add_chunk_fixed", acc.data, dKV.data, info, c * CHUNK, Dk, NKV, thread)
+            T.call_extern("handle", "ws_add_chunk_fixed", acc.data, dKV.data, info, c * CHUNK, Dk, NKV)
 
     @T.macro
-    def add_pair(dKV, acc_a, acc_b, slot_info_s, c, p, peak, thread):
+    def add_pair(dKV, acc_a, acc_b, slot_info_s, c, p, peak):
         """The lanes' adds of chunks c (in acc_a) and c + 1 (acc_b), a whole LANE_BLOCK, a line at a time."""
         word0, _ = lane_chunk_words(c, Dk, T.if_then_else)
         T.call_extern("handle", "ws_add_pair_lanes", acc_a.data, acc_b.data, dKV.data,
-                      T.address_of(slot_info_s[p * BS * 2]), word0, thread, peak.data)
+                      T.address_of(slot_info_s[p * BS * 2]), word0, peak.data)
 
     @T.macro
     def peaks_then_pds_free(bars, p):
@@ -608,7 +609,7 @@ def wide_program(config: MainConfig):
         for pair in T.unroll(pairs):
             if 2 * pair + 2 == n1:  # the block's last GEMM has been waited for
                 peaks_then_pds_free(bars, p)
-            add_pair(dKV, acc, acc2, slot_info_s, 2 * pair, p, peak, thread)
+            add_pair(dKV, acc, acc2, slot_info_s, 2 * pair, p, peak)
             if pair + 1 < pairs:
                 dkv_chunk(Q_s, dO_s, dS_s, P_s, acc, 2 * pair + 2)
                 dkv_chunk(Q_s, dO_s, dS_s, P_s, acc2, 2 * pair + 3)
@@ -741,8 +742,8 @@ def wide_program(config: MainConfig):
                         T.call_extern("handle", "mqa_cp_async_commit")
                         if base0[0] > 0:  # warpgroup 1 is done with Q_s and dO_s (its last GEMMs of the row before)
                             T.call_extern("handle", "mqa_handoff_wait", bars.data, PDS_FREE, (base0[0] - 1) % 2)
-                        load_rows(Q_s, Q, r, h0, Dk, tid)
-                        load_rows(dO_s, dO, r, h0, Dv, tid)
+                        load_rows(Q_s, Q, r, h0, Dk)
+                        load_rows(dO_s, dO, r, h0, Dv)
                         # lse and Delta of the row's heads by cp.async too, 4 heads a thread: no round
                         # trip to L2 before the row's first block (the heads' floats are 16-byte aligned:
                         # HQ and h0 are multiples of 32).
@@ -834,7 +835,7 @@ def wide_program(config: MainConfig):
                             T.call_extern("handle", "mqa_cp_async_commit")
                         # Its dKV chunks' adds go out while the gather lands.
                         if wg0_pair:
-                            add_pair(dKV, acc_dkv0, acc_s, slot_info_s, n1, p, peak0, tid)
+                            add_pair(dKV, acc_dkv0, acc_s, slot_info_s, n1, p, peak0)
                         for c in T.unroll(n1 + 2 * wg0_pair, chunks):
                             if c > n1:
                                 dkv_chunk(Q_s, dO_s, dS_s, P_s, acc_dkv0, c)
