@@ -9,10 +9,11 @@ enqueue them (``benchmarks/host_overhead.py`` says how much less). This says whe
 time goes: the wrapper's functions and the launcher's methods on the path (FUNCTIONS) are
 recompiled from their source with a clock read before every statement, and a prepared call
 (validation, then ``wrapper.run``, the public call's steps) runs ``--calls`` times, each on an
-idle GPU. For every statement, the median microseconds from its clock read to the next one
-(any function's: a call into another listed function is that function's lines, not the
-caller's), in source order; statements under ``--min-us`` are left out. The clock reads
-themselves cost some 0.1 us each.
+idle GPU. For every statement, the median over the calls of its microseconds a call, from its
+clock read to the next one (any function's: a call into another listed function is that
+function's lines, not the caller's; a statement in a loop summed within the call), in source
+order; statements under ``--min-us`` are left out. The clock reads themselves cost some 0.1 us
+each.
 """
 
 import argparse
@@ -99,44 +100,46 @@ def lined_call(args, launcher_class, deterministic: bool, marks: list):
     return call
 
 
-def line_costs(call, marks: list, calls: int, synchronize=torch.cuda.synchronize) -> dict:
-    """{(file, line): [microseconds]} over ``calls`` calls, each after ``synchronize`` (on a GPU:
-    each on an idle GPU, as a call timed alone runs)."""
+def line_costs(call, marks: list, calls: int, synchronize=torch.cuda.synchronize) -> tuple:
+    """({(file, line): [microseconds a call]}, {(file, line): times it runs a call}) over ``calls``
+    calls, each after ``synchronize`` (on a GPU: each on an idle GPU, as a call timed alone runs);
+    a statement that runs several times a call (in a loop) is summed within the call."""
     costs: dict = {}
+    runs: dict = {}
     for _ in range(calls):
         synchronize()
         marks.clear()
         call()
+        this_call: dict = {}
         for (line, start), (_, end) in zip(marks, marks[1:]):
-            costs.setdefault(line, []).append((end - start) * 1e6)
+            total, count = this_call.get(line, (0.0, 0))
+            this_call[line] = (total + (end - start) * 1e6, count + 1)
+        for line, (total, count) in this_call.items():
+            costs.setdefault(line, []).append(total)
+            runs[line] = count
     synchronize()
-    return costs
+    return costs, runs
 
 
-def report(costs: dict, calls: int, min_us: float) -> list:
-    """Lines of text: each function of FUNCTIONS with its statements' median microseconds."""
+def report(costs: dict, runs: dict, min_us: float) -> list:
+    """Lines of text: each function of FUNCTIONS with its statements' median microseconds a call
+    (line_costs' figures), those under ``min_us`` left out, and the functions' totals."""
     out = []
     grand = 0.0
     for owner, name in FUNCTIONS:
         function = getattr(owner, name)
         lines, first = inspect.getsourcelines(function)
         file = inspect.getsourcefile(function)
-        rows = []
-        for i, text in enumerate(lines):
-            got = costs.get((file, first + i))
-            if got:
-                # A line that runs several times a call (a loop) is summed per call.
-                rows.append((first + i, sum(got) / calls, statistics.median(got), len(got) / calls, text.strip()))
+        rows = [(first + i, statistics.median(costs[key]), runs[key], text.strip())
+                for i, text in enumerate(lines) if (key := (file, first + i)) in costs]
         if not rows:
             continue
-        total = sum(r[1] for r in rows)
+        total = sum(row[1] for row in rows)
         grand += total
-        qual = f"{owner.__name__.rpartition('.')[2]}.{name}"
-        out.append(f"== {qual}: {total:8.1f} us a call")
-        for line, per_call, median, times, text in rows:
-            if per_call >= min_us:
-                runs = f" x{times:.0f}" if times > 1 else ""
-                out.append(f"   {line:5d} {per_call:8.1f} us{runs:5}  {text[:100]}")
+        out.append(f"== {owner.__name__.rpartition('.')[2]}.{name}: {total:8.1f} us a call")
+        for line, us, times, text in rows:
+            if us >= min_us:
+                out.append(f"   {line:5d} {us:8.1f} us{f' x{times}' if times > 1 else '':5}  {text[:100]}")
     out.append(f"== all the listed functions: {grand:.1f} us a call")
     return out
 
@@ -155,7 +158,7 @@ def main():
         call()
     print(f"B={a.B} S={a.S} S_kv={a.S_kv} H={a.H} L={a.L}, {'atomic' if a.atomic else 'deterministic'}, "
           f"{a.calls} calls")
-    print("\n".join(report(line_costs(call, marks, a.calls), a.calls, a.min_us)))
+    print("\n".join(report(*line_costs(call, marks, a.calls), a.min_us)))
 
 
 if __name__ == "__main__":

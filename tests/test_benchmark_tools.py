@@ -702,8 +702,9 @@ def test_host_lines_clocks_every_statement_and_changes_no_bits():
     got = call()
     want = wrapper.backward_with(ModelLauncher(True), *inputs)
     assert all(edge.same_bits(a, b) for a, b in zip(got, want))
-    costs = host_lines.line_costs(call, marks, 2, synchronize=lambda: None)
-    lines = host_lines.report(costs, 2, min_us=0.0)
+    costs, runs = host_lines.line_costs(call, marks, 2, synchronize=lambda: None)
+    assert all(len(per_call) == 2 for per_call in costs.values()) and set(runs) == set(costs)
+    lines = host_lines.report(costs, runs, min_us=0.0)
     source, first = inspect.getsourcelines(wrapper.run)
     main_lines = {str(first + i) for i, text in enumerate(source) if "launcher.main_bwd(" in text}
     assert any(line.split()[:1] and line.split()[0] in main_lines and float(line.split()[1]) > 0 for line in lines), lines
