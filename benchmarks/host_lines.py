@@ -18,6 +18,7 @@ each.
 
 import argparse
 import ast
+import dataclasses
 import inspect
 import statistics
 import textwrap
@@ -87,8 +88,9 @@ def lined_call(args, launcher_class, deterministic: bool, marks: list):
                if isinstance(owner, type) and issubclass(launcher_class, owner)}
     launcher = type("Lined", (launcher_class,), methods)(deterministic)
     own = {name: clocked(getattr(owner, name), marks) for owner, name in FUNCTIONS if not isinstance(owner, type)}
-    steps = wrapper.Steps(validate=own["validate"], require_dtype=wrapper.require_dtype, pad_heads=own["pad_heads"],
-                          kernel_lse=own["kernel_lse"], global_slots=own["global_slots"])
+    # The public steps, each one FUNCTIONS lists clocked.
+    steps = dataclasses.replace(wrapper.STEPS, **{f.name: own[f.name] for f in dataclasses.fields(wrapper.Steps)
+                                                  if f.name in own})
     run = own["run"]
 
     def call():
