@@ -369,14 +369,14 @@ def print_summary(s: dict, top_opcodes: int = 15) -> None:
 
 def main_launches_per_call(H: int, design: str) -> int:
     """main_bwd launches of one call (kernels.main_launches: one per head group, or per pair
-    of groups or grid of wide tiles that runs as one launch), with the gated int64 redo that
-    follows a deterministic call's lanes launches (the same kernel name)."""
+    of groups or grid of wide tiles that runs as one launch), with the corrections launch and
+    the gated int64 redo that follow a deterministic call's lanes launches (the same kernel name)."""
     from mqa_bwd import kernels
 
     block_h = 32 if H % 32 == 0 else 16  # the wrapper's default width (SPEC)
     groups = -(-H // block_h)
     launches = kernels.main_launches(groups, block_h, 576, 512, design == "fixed")
-    return len(launches) + sum(config.accumulate == "lanes" for _, config in launches)
+    return len(launches) + 2 * sum(config.accumulate == "lanes" for _, config in launches)
 
 
 def profile(a) -> None:

@@ -179,6 +179,17 @@
 
         REV=a4f928a bash scripts/ab-packages.sh experiments/delta_beside.patch
 
+  magic_correct.patch       the lanes rounded by FFMA (the product's since the twenty-eighth session)
+  magic_prepass.patch       with an exact fallback to F2I inside the adds, where the product runs a
+                            corrections launch for flagged rows: magic_correct adds each word's
+                            correction after a chunk's, or a chunk pair's, whole loop where its warp
+                            saw a value past 2^22; magic_prepass takes a pair's peaks first, then one
+                            warp vote picks an F2I loop or an FFMA one. The same bits; both spill
+                            more (64/92 and 68/96 bytes) and were 9 % and 4 % slower than HEAD on an
+                            H200 (docs/performance-log.md, twenty-eighth session). On 2453f82:
+
+        REV=2453f82 bash scripts/ab-packages.sh experiments/magic_correct.patch experiments/magic_prepass.patch
+
 git history holds the others (dq_vector_stores.patch, thread_again.patch and
 l2_request_cuts.patch, dQ stored 16 bytes a thread and the adds' thread index read again from
 %tid.x, became the product's wide tile in the twenty-sixth session and are at 6b46aa0;

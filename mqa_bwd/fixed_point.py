@@ -210,12 +210,22 @@ def _plan_small(mq, mdo, mv, delta, referenced, live_row, *, B, S, H, d_v, scale
     return scales, allowance.to(torch.float32).view(R, H)
 
 
+#: Bits of the main kernels' per-row flags: a head's softmax mass over its allowance (or NaN), and a
+#: value of the wide tile's lanes past the range of their rounding by FFMA (its corrections launch
+#: runs the row: kernels/wide.py).
+FLAG_MASS = 1
+FLAG_MAGIC = 2
+#: The lanes' rounding by FFMA is exact for |scaled value| <= 2**22 (kernels/wide.py, ws_magic_word).
+MAGIC_RANGE = 2.0**22
+
+
 def poison_flagged(row_scale: torch.Tensor, row_flags: torch.Tensor, batch: int) -> torch.Tensor:
     """row_scale with NaN for every kv row of a batch element one of whose query rows the kernel flagged.
 
-    row_flags [R] int32 holds the kernel's per-row flags (R = batch * S).
+    row_flags [R] int32 holds the kernel's per-row flags (R = batch * S): bit 0 (FLAG_MASS) a
+    mass over its allowance or NaN; bit 1 is the lanes' rounding's (kernels/wide.py), not a fault.
     """
-    flagged = row_flags.view(batch, -1).amax(dim=1, keepdim=True) > 0  # [B, 1]
+    flagged = (row_flags.view(batch, -1) & FLAG_MASS).amax(dim=1, keepdim=True) > 0  # [B, 1]
     return torch.where(flagged, math.nan, row_scale.view(batch, -1)).view(-1)
 
 

@@ -111,6 +111,30 @@ def lane_words(ints: np.ndarray) -> np.ndarray:
     return lo + (hi << np.uint64(32))
 
 
+#: fma(x, s, MAGIC) has the bits MAGIC_BITS + rint(x s) wherever |x s| <= 2**22 (kernels/wide.py, ws_magic_word).
+MAGIC = np.float64(1.5 * 2**23)
+MAGIC_BITS = np.uint64(0x4B400000)
+
+
+def magic_words(scaled: np.ndarray) -> np.ndarray:
+    """[n, C] fp32 scaled values -> [n, C / 2] uint64 words as the lanes launch forms them (wide.py,
+    ws_magic_word): each value's bits after fma(x, s, 1.5 * 2**23) (the fp64 sum is exact where
+    the result can be an integer's, and rounds to the float32 one elsewhere), the two lanes' bits
+    as lo + 2**32 hi less 0x4b400000 each, mod 2**64. lane_words' where every |value| <= 2**22."""
+    columns = np.array(lane_word_columns(scaled.shape[1]), dtype=np.int64)
+    with np.errstate(invalid="ignore", over="ignore"):
+        bits = (scaled.astype(np.float64) + MAGIC).astype(np.float32).view(np.uint32).astype(np.uint64)
+    lo, hi = bits[:, columns[:, 0]], bits[:, columns[:, 1]]
+    return lo + (hi << np.uint64(32)) - (MAGIC_BITS + (MAGIC_BITS << np.uint64(32)))
+
+
+def beyond_magic(scaled: np.ndarray) -> np.ndarray:
+    """[n] bool: contributions (rows of fp32 ``scaled``) with a value past the FFMA rounding's range
+    (|value| >= 2**22, or NaN), whose query row a lanes launch flags (fixed_point.FLAG_MAGIC)."""
+    with np.errstate(invalid="ignore"):
+        return ~(np.abs(scaled.astype(np.float32)).max(axis=1) < np.float32(fixed_point.MAGIC_RANGE))
+
+
 def contribution_bounds(scaled: np.ndarray) -> np.ndarray:
     """What each contribution (a row of ``scaled``, fp32) adds to its kv row's Bound, as the
     kernel forms it (wide.py, ws_add_bounds): h, the upper 16 bits of max |x| over the columns,
@@ -240,17 +264,24 @@ class ModelLauncher(Launcher):
                 dq_parts.append(dq_g)
                 masses.append(mass_g)
                 contrib = contrib_g if contrib is None else contrib + contrib_g
+            valid = (slot >= 0) & (slot < NKV)
+            if config.corrections:  # only the rows the lanes launch flagged; no dQ, flags or bounds
+                flagged = (flag[step] & fixed_point.FLAG_MAGIC) != 0
+                keep = valid & flagged.view(-1, 1)
+                self._lanes_correct(dkv, slot[keep], contrib[keep], row_scale)
+                continue
             dq[step, group] = torch.cat(dq_parts, dim=1)
             mass = torch.cat(masses, dim=1)
-            valid = (slot >= 0) & (slot < NKV)
             if scaled:
                 # As the kernel: row r's CTA flags a mass over its allowance, or a NaN one.
                 over = (mass > allowance[step, group]) | torch.isnan(mass)
-                flag[step[over.any(dim=1)]] = 1
+                flag[step[over.any(dim=1)]] |= fixed_point.FLAG_MASS
             if mode == "fixed":
                 self._fixed_add(dkv, slot[valid], contrib[valid], row_scale)
             elif mode == "lanes":
-                self._lanes_add(dkv, bound, slot[valid], contrib[valid], row_scale)
+                beyond = self._lanes_add(dkv, bound, slot[valid], contrib[valid], row_scale)
+                row_of_slot = step.view(-1, 1).expand_as(slot)[valid]
+                flag[row_of_slot[beyond]] |= fixed_point.FLAG_MAGIC
             else:
                 atomic_parts.append((slot[valid], contrib[valid]))
         if mode == "atomic":
@@ -307,16 +338,27 @@ class ModelLauncher(Launcher):
 
     @staticmethod
     def _lanes_add(words: torch.Tensor, bound: torch.Tensor, rows: torch.Tensor, contrib: torch.Tensor,
-                   row_scale: torch.Tensor):
+                   row_scale: torch.Tensor) -> torch.Tensor:
         """The wide tile's lanes (kernels/wide.py): each contribution x = c * RowScale[row] (fp32,
-        exact) as cvt.rni.s32.f32 (half to even, saturating, NaN -> 0), two columns one word
-        lo + 2**32 hi (lo sign-extended; lane_words' layout) added mod 2**64; Bound[row] grows by
-        contribution_bounds: one bound add a slot, as the kernel's (a slot lies in one block)."""
+        exact) rounded by FFMA (magic_words: two columns one word, lane_words' layout) and added
+        mod 2**64; Bound[row] grows by contribution_bounds: one bound add a slot, as the kernel's
+        (a slot lies in one block). Returns, per contribution, whether a value was past the
+        rounding's range (beyond_magic): its query row is flagged for the corrections launch."""
+        if rows.numel() == 0:
+            return torch.zeros((0,), dtype=torch.bool)
+        scaled = (contrib * row_scale[rows].view(-1, 1)).numpy()  # fp32, exact: a power of two
+        np.add.at(words.numpy().view(np.uint64), rows.numpy(), magic_words(scaled))
+        np.add.at(bound.numpy(), rows.numpy(), contribution_bounds(scaled))
+        return torch.from_numpy(beyond_magic(scaled))
+
+    @staticmethod
+    def _lanes_correct(words: torch.Tensor, rows: torch.Tensor, contrib: torch.Tensor, row_scale: torch.Tensor):
+        """The corrections launch: each word's exact value (cvt.rni.s32.f32 of both columns: half to
+        even, saturating, NaN -> 0; lane_words) less the lanes launch's magic_words, mod 2**64."""
         if rows.numel() == 0:
             return
-        scaled = (contrib * row_scale[rows].view(-1, 1)).numpy()  # fp32, exact: a power of two
-        np.add.at(words.numpy().view(np.uint64), rows.numpy(), lane_words(float_to_int32_rn(scaled)))
-        np.add.at(bound.numpy(), rows.numpy(), contribution_bounds(scaled))
+        scaled = (contrib * row_scale[rows].view(-1, 1)).numpy()
+        np.add.at(words.numpy().view(np.uint64), rows.numpy(), lane_words(float_to_int32_rn(scaled)) - magic_words(scaled))
 
     @staticmethod
     def _atomic_add(acc: torch.Tensor, parts):

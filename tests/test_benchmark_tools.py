@@ -285,11 +285,12 @@ def test_ncu_stalls_rejects_an_export_without_source_counters(tmp_path):
 
 def test_ncu_stalls_counts_main_launches_per_call():
     tool = _tool("ncu_stalls")
-    assert tool.main_launches_per_call(64, "fixed") == 2  # two 32-head groups: one wide tile, then its gated redo
+    # two 32-head groups: one wide tile, then its corrections and its gated redo
+    assert tool.main_launches_per_call(64, "fixed") == 3
     assert tool.main_launches_per_call(64, "atomic") == 1  # the pair runs as one 64-head CTA
     assert tool.main_launches_per_call(128, "atomic") == 1  # both 64-head tiles in one grid
-    assert tool.main_launches_per_call(128, "fixed") == 2
-    assert tool.main_launches_per_call(96, "fixed") == 3  # the wide tile, the lone group, the redo
+    assert tool.main_launches_per_call(128, "fixed") == 3
+    assert tool.main_launches_per_call(96, "fixed") == 4  # the wide tile, the lone group, the corrections, the redo
     assert tool.main_launches_per_call(40, "atomic") == 3  # 16-head groups of the control are never paired
     assert tool.main_launches_per_call(40, "fixed") == 2  # three 16-head groups: a cluster and one alone
 
@@ -343,7 +344,8 @@ def test_precompile_of_one_width_and_head_group_holds_what_the_bench_shapes_laun
             for _, config in kernels.main_launches(groups, 32, 576, 512, deterministic):
                 assert config.kernel in narrow or config in narrow
                 if config.accumulate == "lanes":
-                    assert kernels.lanes_redo(config).kernel in narrow or kernels.lanes_redo(config) in narrow
+                    for follower in (kernels.lanes_corrections(config), kernels.lanes_redo(config)):
+                        assert follower.kernel in narrow or follower in narrow
     assert all(c.d_k == 576 for c in narrow if isinstance(c, kernels.MainConfig))
     assert not any(isinstance(c, kernels.MainConfig) and c.heads == 16 for c in narrow)
     with pytest.raises(ValueError, match="--d_k"):

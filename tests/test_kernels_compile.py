@@ -39,7 +39,7 @@ def _id(config):
             f"-{config.cluster}" if config.cluster > 1 else "") + (
             f"-wg0_{config.wg0_chunks}" if config.wide and config.wg0_chunks != K.default_wg0_chunks(config.accumulate, config.d_k) else "") + (
             f"-dq{config.dq_split}" if config.wide and config.dq_split != K.WIDE_DQ_SPLIT else "") + (
-            f"-tiles{config.tiles}" if config.tiles > 1 else "")
+            f"-tiles{config.tiles}" if config.tiles > 1 else "") + ("-corrections" if config.corrections else "")
     return "-".join(str(c) for c in (config.kind,) + config.args)
 
 
@@ -84,8 +84,8 @@ def test_only_the_atomic_control_has_floating_point_atomics(config):
         assert any(op.startswith(("atom.global.add", "red.global.add")) and op.endswith(".f32") for op in found), found
     elif _mode(config) in ("fixed", "lanes"):  # the lanes' words and bounds are 64-bit integers too
         # (and the wide tile's count of live blocks, and the lanes' slot maxima, are merged in
-        # shared memory by an integer max)
-        allowed = INTEGER_ADDS | ({"atom.shared.max.u32"} if config.wide else set())
+        # shared memory by an integer max; its row flags are set by an integer or)
+        allowed = INTEGER_ADDS | ({"atom.shared.max.u32", "atom.global.or.b32"} if config.wide else set())
         assert found and set(found) <= allowed, f"{_id(config)}: expected 64-bit integer adds only, got {found}"
     else:
         assert found == [], f"{_id(config)} issues atomics: {found}"
@@ -175,9 +175,9 @@ ITEM_LOOP = re.compile(r"for \(int (k\w*) = 0; \1 < (.*?); \+\+\1\) \{\n\s*at[01
 #: A warpgroup's count of its row's blocks: (target, row, Lp, NKV, bars, words, thread, block slots,
 #: parity, barrier).
 ROW_BLOCKS = re.compile(r"(live[01])\[0\] = ws_row_blocks\(Indices, (\w+), (\w+), (\w+), \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ 0\)\), "
-                        r"(\d+), ([^,]+), (\d+), \((\w+) & 1\), (\d+)\);")
+                        r"(\d+), ([^,]+), (\d+), \(([\w\[\]]+) & 1\), (\d+)\);")
 #: The dKV chunks' adds of each design (kernels/wide.py's device functions).
-CHUNK_ADDS = {"lanes": "ws_add_chunk_lanes(", "fixed": "ws_add_chunk_fixed(", "atomic": "ws_add_chunk_atomic("}
+CHUNK_ADDS = {"lanes": "ws_add_chunk_lanes<", "fixed": "ws_add_chunk_fixed(", "atomic": "ws_add_chunk_atomic("}
 
 
 @pytest.mark.parametrize("config", WIDE_CONFIGS + OTHER_SPLITS, ids=_id)
@@ -222,7 +222,12 @@ def test_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
         assert len(counts) == 1, f"{_id(config)}: {name} counts its row's blocks {len(counts)} times"
         row_expr, head_expr = (re.search(rf"at{w}\[{i}\] = (.*);", body)[1] for i in (0, 1))
         target, row, *_, parity, _ = counts[0]
-        assert target == f"live{w}" and parity == item and f"int {row} = at{w}[0];" in body, f"{_id(config)}: {counts[0]}"
+        # A corrections launch counts the blocks of the rows its lanes launch flagged only, its words
+        # by the parity of those rows (row_blocks); the rows it skips have no blocks in either warpgroup.
+        expected = f"done{w}[0]" if config.corrections else item
+        assert target == f"live{w}" and parity == expected and f"int {row} = at{w}[0];" in body, f"{_id(config)}: {counts[0]}"
+        if config.corrections:
+            assert f"ws_row_flagged(Flag, {row})" in body and body.count(f"done{w}[0] = (done{w}[0] + 1);") == 1, _id(config)
         blocks = re.findall(rf"for \(int (\w+) = 0; \1 < live{w}\[0\]; \+\+\1\)", body)
         assert len(blocks) == 1, f"{_id(config)}: {name}'s block loops: {blocks}"
         assert f"base{w}[0] = 0;" in body[:body.index(ITEM_LOOP.search(body)[0])]
@@ -309,17 +314,21 @@ def test_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
     adds, n1 = CHUNK_ADDS[config.accumulate], config.d_k // W.CHUNK - config.wg0_chunks
     pairs = W.lane_pairs(config)
     sites = (n1 > 2 * pairs) if pairs else 2 + 2 - n1 % 2
-    assert (pairs > 0) == (config.accumulate == "lanes") and second.count("ws_add_pair_lanes(") == (pairs > 0)
+    assert (pairs > 0) == (config.accumulate == "lanes") and second.count("ws_add_pair_lanes<") == (pairs > 0)
     wg0_pair = W.wg0_pairs(config)  # its first two chunks a pair, at one site of their own
-    assert first.count("ws_add_pair_lanes(") == wg0_pair
+    assert first.count("ws_add_pair_lanes<") == wg0_pair
+    # The lanes launch adds the FFMA words, its corrections launch their corrections (the template argument).
+    other = "<false>(" if config.corrections else "<true>("
+    assert other not in source, f"{_id(config)}: adds of the other launch's words"
     assert first.count(adds) == (config.wg0_chunks > 2 * wg0_pair), f"{_id(config)}: {first.count(adds)} chunk add sites in warpgroup 0"
     assert second.count(adds) == sites, f"{_id(config)}: {second.count(adds)} chunk add sites in warpgroup 1"
     for wait in WGMMA_WAIT_ANY.finditer(source):
         assert source[wait.end():].strip().startswith("tl::warpgroup_fence_operand("), f"{_id(config)}: a wait without its fence"
     # The lanes add their bounds once a block, the warpgroup's peaks staged between two of its
     # barriers; the int64 redo leaves at once where its gate is 0, before any barrier.
-    assert (second.count("ws_add_bounds(") == 1) == (config.accumulate == "lanes") and "ws_add_bounds(" not in first
-    if config.accumulate == "lanes":
+    bounded = config.accumulate == "lanes" and not config.corrections
+    assert (second.count("ws_add_bounds(") == 1) == bounded and "ws_add_bounds(" not in first
+    if bounded:
         bounds = second[second.index("ws_stage_peaks(") - 200 : second.index("ws_add_bounds(")]
         assert bounds.count(f"ws_bar_sync_wg({W.BOUNDS_BARRIER})") == 2, f"{_id(config)}: the bounds' barriers"
     gate = source.find("ws_exit_unless(")
@@ -373,11 +382,13 @@ def test_main_kernel_spills_within_its_spill_budget(config):
 #: the one-row CTA that spilled less (twentieth session); since the peak orders a slot pair's
 #: first add rather than the next pair's slot load, 64 and 76 (twenty-second session); since the
 #: adds read their thread index again from %tid.x (ws_thread_again) and dQ leaves through
-#: ws_store_dq, 44 and 60, with no spill store left in warpgroup 1's block loop. The int64 redo
+#: ws_store_dq, 44 and 60, with no spill store left in warpgroup 1's block loop; since the lanes
+#: round by FFMA and flag the rows past its range (twenty-eighth session), 48 and 56. Their
+#: corrections launch (no dQ, so far fewer live values) spills nothing. The int64 redo
 #: (fixed), launched on every call but run only where a lanes bound failed, spills 4/4 bytes at
 #: one tile and at two.
-SPILL_BUDGET = {(64, 576, "lanes", 1): {"spill_stores": 44, "spill_loads": 60, "stack": 40},
-                (64, 576, "lanes", K.MULTI_TILE): {"spill_stores": 44, "spill_loads": 60, "stack": 40},
+SPILL_BUDGET = {(64, 576, "lanes", 1): {"spill_stores": 48, "spill_loads": 56, "stack": 32},
+                (64, 576, "lanes", K.MULTI_TILE): {"spill_stores": 48, "spill_loads": 56, "stack": 32},
                 (64, 576, "fixed", 1): {"spill_stores": 4, "spill_loads": 4, "stack": 8},
                 (64, 576, "fixed", K.MULTI_TILE): {"spill_stores": 4, "spill_loads": 4, "stack": 8}}
 
@@ -581,7 +592,7 @@ def test_wide_tile_adds_from_registers(config):
     assert not staged, f"{_id(config)}: dKV staged: {staged[:2]}"
 
 
-@pytest.mark.parametrize("config", WIDE_CONFIGS, ids=_id)
+@pytest.mark.parametrize("config", [c for c in WIDE_CONFIGS if not c.corrections], ids=_id)
 def test_wide_tile_stores_dq_sixteen_bytes_a_thread(config):
     # dQ leaves through ws_store_dq: a quad's lanes swap their bf16 pairs so that each holds 8
     # consecutive columns, and a warp's 16-byte stores cover 8 rows x 64 bytes, where TileLang's
@@ -595,6 +606,26 @@ def test_wide_tile_stores_dq_sixteen_bytes_a_thread(config):
     # Each thread's 16-byte stores: d_k columns x 64 rows x 2 bytes over 256 threads, 16 bytes each.
     stores = re.findall(r"st\.global\.v4\.(?:u32|b32)", _ptx(config))
     assert len(stores) == config.d_k // 16, f"{_id(config)}: {len(stores)} 16-byte stores"
+
+
+@pytest.mark.parametrize("tiles", [1, K.MULTI_TILE])
+def test_lanes_round_by_ffma_and_only_their_corrections_convert(tiles):
+    # The lanes launch rounds each value by FFMA (ws_magic_word: no cvt.rni, a quarter-rate
+    # conversion) and flags, by an atomic or, the rows with a value past that rounding's range.
+    # Its corrections launch forms each word both ways and adds the difference; dQ, the flags and
+    # the bounds are the lanes launch's: it stores no 16-byte dQ, sets no flag, adds no bound.
+    def count(config, pattern):
+        return len(re.findall(pattern, _ptx(config)))
+
+    lanes = K.MainConfig(64, 576, 512, "lanes", tiles=tiles)
+    fixes = K.lanes_corrections(lanes)
+    words = 576 // 2 * K.WIDE_SLOTS // 2 // 128  # a thread's words of a block: two FFMAs each
+    assert count(lanes, r"cvt\.rni\.s32\.f32") == 0 and count(lanes, r"fma\.rn\.f32") >= 2 * words
+    assert count(lanes, r"atom\.global\.or\.b32") >= 2 and count(lanes, r"atom\.global\.add\.u64") == 1
+    assert count(fixes, r"cvt\.rni\.s32\.f32") == count(fixes, r"fma\.rn\.f32") == count(lanes, r"fma\.rn\.f32")
+    assert count(fixes, r"st\.global\.v4") == 0, "the corrections launch stores dQ"
+    assert count(fixes, r"atom\.global\.(?:or|add)") == 0, "the corrections launch sets flags or bounds"
+    assert "ws_row_flagged" in K.compiled(fixes).get_kernel_source()
 
 
 #: An assignment that reads a dKV accumulator (acc_dkv, acc_dkv2, ...): the staging of the 16- and

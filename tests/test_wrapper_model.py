@@ -243,13 +243,14 @@ def test_head_groups_are_read_in_place_not_copied(deterministic, H, block_h, exp
     if block_h == 16 and not deterministic:  # the control pairs no 16-head groups
         expected = [(16, 0, 16), (16, 16, 16), (16, 32, 16)]
     wide = deterministic and block_h == 32
-    if wide:  # the wide tile adds in lanes; its int64 redo launches after the others, gated
-        expected = expected + [expected[0]]
-        assert [x["config"].accumulate for x in launcher.launches] == ["lanes", "fixed", "fixed"]
+    if wide:  # the wide tile adds in lanes; its corrections and its int64 redo (gated) launch after the others
+        expected = expected + [expected[0], expected[0]]
+        assert [(x["config"].accumulate, x["config"].corrections) for x in launcher.launches] == [
+            ("lanes", False), ("fixed", False), ("lanes", True), ("fixed", False)]
         assert launcher.launches[-1]["gate"] is launcher.lanes_redone
     assert launches == expected
-    pairs = len(expected) == 2 or wide  # every launch but the last (of the first pass) runs a pair of groups
-    assert [x["config"].groups for x in launcher.launches] == ([2, 1, 2] if wide else [2, 1] if pairs else [1, 1, 1])
+    pairs = len(expected) == 2 or wide  # every launch but the lone group's runs a pair of groups
+    assert [x["config"].groups for x in launcher.launches] == ([2, 1, 2, 2] if wide else [2, 1] if pairs else [1, 1, 1])
     for x in launcher.launches:
         assert x["q"].data_ptr() == inputs["query"].data_ptr()
         assert x["dO"].data_ptr() == inputs["grad_out"].data_ptr()
@@ -259,15 +260,17 @@ def test_head_groups_are_read_in_place_not_copied(deterministic, H, block_h, exp
 @pytest.mark.parametrize("deterministic", [True, False])
 def test_the_wide_tiles_of_a_call_run_in_one_grid(deterministic):
     # H=160 in 32-head groups: groups 0-3 as one wide grid of two 64-head tiles from head 0,
-    # group 4 alone; the deterministic call's gated int64 redo launches the same grid.
+    # group 4 alone; the deterministic call's corrections and gated int64 redo launch the same grid.
     inputs = to_framework(Case(B=2, S=5, S_kv=9, H=160, L=33, d_k=32, d_v=16, seed=4).inputs())
     launcher = _LaunchLog(deterministic)
     wrapper.backward_with(launcher, *[inputs[k] for k in ARGS], block_h=32)
-    launches = [(x["head_base"], x["config"].heads, x["config"].tiles, x["config"].accumulate) for x in launcher.launches]
+    launches = [(x["head_base"], x["config"].heads, x["config"].tiles, x["config"].accumulate, x["config"].corrections)
+                for x in launcher.launches]
     if deterministic:
-        assert launches == [(0, 64, 2, "lanes"), (128, 32, 1, "fixed"), (0, 64, 2, "fixed")]
+        assert launches == [(0, 64, 2, "lanes", False), (128, 32, 1, "fixed", False), (0, 64, 2, "lanes", True),
+                            (0, 64, 2, "fixed", False)]
     else:
-        assert launches == [(0, 64, 2, "atomic"), (128, 32, 1, "atomic")]
+        assert launches == [(0, 64, 2, "atomic", False), (128, 32, 1, "atomic", False)]
 
 
 class _ModelTileALaunch(TileALaunch, ModelLauncher):
@@ -742,7 +745,7 @@ for _name in _KERNELS:
 
 
 @pytest.mark.parametrize("deterministic,H,accumulations,fills", [
-    (True, 64, ["lanes", "fixed"], ["_foreach_zero_"]),  # the wide tile, then its gated redo
+    (True, 64, ["lanes", "lanes", "fixed"], ["_foreach_zero_"]),  # the wide tile, its corrections, its gated redo
     (True, 48, ["fixed", "fixed"], ["_foreach_zero_"]),  # 16-head groups: a cluster and one alone
     (False, 64, ["atomic"], ["zero_"]),
 ])

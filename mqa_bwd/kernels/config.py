@@ -206,6 +206,9 @@ class MainConfig:
     groups in one warp-specialised CTA over 64-slot blocks (wide.py), whose
     deterministic launches add in "lanes" (and "fixed" as their redo). cluster:
     2 runs two consecutive 16-head groups as one thread block cluster (fixed only).
+    corrections: a lanes launch that adds, for the rows a lanes launch flagged (a value past the
+    FFMA rounding's range: kernels/wide.py, ws_magic_word), each word's exact value less the one
+    that launch added (lanes_corrections).
     tiles: the wide tile's consecutive 64-head tiles one launch covers, its persistent
     CTAs walking the (query row, tile) items (a launch argument of the kernel that
     every count above one shares: MainConfig.kernel). wg0_chunks and dq_split: how
@@ -221,6 +224,7 @@ class MainConfig:
     wg0_chunks: int | None = None
     tiles: int = 1
     dq_split: int | None = None
+    corrections: bool = False
 
     def __post_init__(self):
         _require("heads", self.heads in TILE_HEADS, self.heads, f"one of {TILE_HEADS}")
@@ -235,6 +239,8 @@ class MainConfig:
         _require("cluster", self.cluster == 1 or (self.accumulate == "fixed" and self.heads == 16), self.cluster,
                  "a cluster of 2 is built for 16-head groups of the fixed accumulation; two 32-head groups run as one wide tile")
         _require("tiles", isinstance(self.tiles, int) and self.tiles > 0, self.tiles, "a positive int")
+        _require("corrections", self.corrections in (False, True) and (not self.corrections or self.accumulate == "lanes"),
+                 self.corrections, "a bool, True for a lanes launch only")
         if not self.wide:
             _require("wg0_chunks", self.wg0_chunks is None, self.wg0_chunks, "the wide tile's only")
             _require("dq_split", self.dq_split is None, self.dq_split, "the wide tile's only")
@@ -312,8 +318,14 @@ def main_launches(groups: int, heads: int, d_k: int, d_v: int, deterministic: bo
 @functools.lru_cache(maxsize=64)
 def lanes_redo(config: MainConfig) -> MainConfig:
     """The int64 launch that redoes a lanes launch where a bound failed (the same tile)."""
-    _require("config", config.accumulate == "lanes", config, "a lanes launch")
+    _require("config", config.accumulate == "lanes" and not config.corrections, config, "a lanes launch")
     return dataclasses.replace(config, accumulate="fixed")
+
+
+def lanes_corrections(config: MainConfig) -> MainConfig:
+    """The launch that corrects a lanes launch's words on the rows it flagged (the same tile)."""
+    _require("config", config.accumulate == "lanes" and not config.corrections, config, "a lanes launch")
+    return dataclasses.replace(config, corrections=True)
 
 
 #: Threads of prologue.sorted_slots and the keys a thread can take: one CTA sorts a row of up to
@@ -378,5 +390,6 @@ def gpu_configs(widths=GPU_WIDTHS, group_widths=GROUP_WIDTHS):
             for deterministic in (True, False):
                 for groups in (1, 2, 2 * MULTI_TILE):  # a lone group, a pair, pairs in one grid
                     for _, config in main_launches(groups, heads, d_k, d_v, deterministic):
-                        configs += [config, lanes_redo(config)] if config.accumulate == "lanes" else [config]
+                        configs += ([config, lanes_corrections(config), lanes_redo(config)] if config.accumulate == "lanes"
+                                    else [config])
     return list(dict.fromkeys(configs))

@@ -58,6 +58,11 @@ How a CTA adds dKV (config.accumulate):
             host (wrapper.run) reruns the launch in "fixed" where a bound failed. A slot holds
             its row's offset in the words, so an add's address is a shift-add; every slot of a
             block adds, with no branch: an invalid one adds 0 to a valid row (ws_lanes_store_slot).
+            A word is rounded by FFMA (ws_magic_word), exact while every |scaled value| is below
+            2^22: a query row with a larger one (or a NaN) gets bit 1 of Flag[row]
+            (ws_add_bounds), and a second launch of the same tile with config.corrections runs
+            only those rows, adding each word's exact value less the FFMA one (mod 2^64, so the
+            sums are the exact words'). Neither launch has a branch on the value in its adds.
   "fixed"   int64 fixed point at the same scale, one word a column (the lanes design's redo):
             every CTA ends at once unless Gate[0] != 0, so the redo launches on every call
             without a host sync.
@@ -256,12 +261,36 @@ __device__ __forceinline__ unsigned long long ws_lane_word(int lo, int hi) {
   asm("mov.b64 %0, {%1, %2};" : "=l"(word) : "r"(lo), "r"(static_cast<unsigned>(hi) + static_cast<unsigned>(lo >> 31)));
   return word;
 }
+// The same word from fma(x, s, 1.5 x 2^23), whose bits are 0x4b400000 + rint(x s) wherever |x s| <= 2^22
+// (the binade [2^23, 2^24) has a unit step, and the fused product is rounded once, half to even, as
+// cvt.rni rounds the product, s being a power of two): the two results' bits less 0x4b400000 each,
+// one 64-bit subtract. No F2I (a quarter-rate pipe) and no word forming. An invalid slot's scale
+// -0.0 gives 0 here too. Past 2^22 (or for a NaN) the word is not the exact one: the corrections.
+#define WS_MAGIC 12582912.0f
+__device__ __forceinline__ unsigned long long ws_magic_word(float lo, float hi, float scale) {
+  unsigned long long word;
+  asm("mov.b64 %0, {%1, %2};" : "=l"(word) : "r"(__float_as_uint(__fmaf_rn(lo, scale, WS_MAGIC))),
+      "r"(__float_as_uint(__fmaf_rn(hi, scale, WS_MAGIC))));
+  return word - 0x4b4000004b400000ull;
+}
+// A slot's peak half (the upper 16 bits of its largest |scaled value|) at or above this: some value
+// is 2^22 or more, or NaN, and its FFMA word may not be the exact one.
+#define WS_MAGIC_PEAK 0x4a80u
+// The word a lanes launch adds (FFMA), or what its corrections launch adds: the exact word less
+// that one (0 wherever |x s| <= 2^22).
+template <bool correct>
+__device__ __forceinline__ unsigned long long ws_lanes_word(float lo, float hi, float scale) {
+  return correct ? ws_lane_word(__float2int_rn(lo * scale), __float2int_rn(hi * scale)) - ws_magic_word(lo, hi, scale)
+                 : ws_magic_word(lo, hi, scale);
+}
 // The lanes: a lane's two columns c and c + 8 of one slot go as one word lo + 2^32 hi (a warp's 8 words
-// of the chunk start at word0 + warp_words warp: config.lane_chunk_words), cvt.rni.s32
-// of each (round half to even, saturating, NaN -> 0). peak[n8] keeps, for this thread's slots
+// of the chunk start at word0 + warp_words warp: config.lane_chunk_words), each rounded half to
+// even (ws_lanes_word: by FFMA in the lanes launch, the exact word's difference from that in its
+// corrections launch). peak[n8] keeps, for this thread's slots
 // 8 n8 + 2 (t % 4) + {0, 1}, the upper 16 bits of the largest |scaled value|'s float bits over the
 // block's chunks (two slots a register; an inf or NaN gives 0x7f80 or more, never 0x8000: a NaN
 // from max.NaN is 0x7fffffff); ws_add_bounds takes the maximum over both warpgroups' warps.
+template <bool correct>
 __device__ __forceinline__ void ws_add_chunk_lanes(const float* acc, const void* words, const void* slot_info, int word0,
                                                    int warp_words, unsigned* peak) {
   const int t = ws_thread_again(), lane = t & 31, warp = t >> 5, k = lane & 3;
@@ -272,21 +301,21 @@ __device__ __forceinline__ void ws_add_chunk_lanes(const float* acc, const void*
     const int4 pair = next;
     if (n8 < 7) next = ws_slot_pair(slot_info, 8 * (n8 + 1) + 2 * k);  // a pair ahead: its latency under this one
     const float s0 = __int_as_float(pair.y), s1 = __int_as_float(pair.w);
-    const float x00 = acc[4 * n8] * s0, x01 = acc[4 * n8 + 2] * s0;      // slot e = 0: columns c, c + 8
-    const float x10 = acc[4 * n8 + 1] * s1, x11 = acc[4 * n8 + 3] * s1;  // slot e = 1
-    const unsigned m0 = __float_as_uint(ws_max_nan(fabsf(x00), fabsf(x01)));
-    const unsigned m1 = __float_as_uint(ws_max_nan(fabsf(x10), fabsf(x11)));
-    peak[n8] = __vmaxu2(peak[n8], __byte_perm(m0, m1, 0x7632));
+    const float a00 = acc[4 * n8], a01 = acc[4 * n8 + 2];      // slot e = 0: columns c, c + 8
+    const float a10 = acc[4 * n8 + 1], a11 = acc[4 * n8 + 3];  // slot e = 1
+    // max |x s| = |s| max |x|: rounding is monotonic, so the same bits as the maximum of the products.
+    const unsigned m0 = __float_as_uint(ws_max_nan(fabsf(a00), fabsf(a01)) * fabsf(s0));
+    const unsigned m1 = __float_as_uint(ws_max_nan(fabsf(a10), fabsf(a11)) * fabsf(s1));
+    const unsigned here = __byte_perm(m0, m1, 0x7632);
+    peak[n8] = __vmaxu2(peak[n8], here);
     // A peak's halves are at most 0x7fff, so `stale` is 0: it makes this pair's first add wait for
     // the peak, where ptxas would sink the peak to the block's end and keep (spill) the scaled
     // values. Not the next pair's load: that load would then wait for this pair's whole peak chain.
     const unsigned stale = peak[n8] >> 31;
     // lo sign-extended: the words' sum is sum(lo) + 2^32 sum(hi) mod 2^64 (fixed_point.decode_lane_words).
-    const int lo0 = __float2int_rn(x00), hi0 = __float2int_rn(x01);
-    const int lo1 = __float2int_rn(x10), hi1 = __float2int_rn(x11);
     // Every slot adds (ws_lanes_store_slot): an invalid one 0, to a valid row.
-    ws_red_u64_at(base, static_cast<unsigned>(pair.x) | stale, ws_lane_word(lo0, hi0));
-    ws_red_u64_at(base, static_cast<unsigned>(pair.z), ws_lane_word(lo1, hi1));
+    ws_red_u64_at(base, static_cast<unsigned>(pair.x) | stale, ws_lanes_word<correct>(a00, a01, s0));
+    ws_red_u64_at(base, static_cast<unsigned>(pair.z), ws_lanes_word<correct>(a10, a11, s1));
     __syncwarp();  // keeps ptxas from hoisting every pair's slot load to the top of the chunk (spills)
   }
 }
@@ -297,6 +326,7 @@ __device__ __forceinline__ void ws_add_chunk_lanes(const float* acc, const void*
 // add instruction covers 2 kv rows x 128 bytes where ws_add_chunk_lanes' covers 4 x 64: half the
 // L2's requests, for one shuffle of a word an add. Rounding, peaks (over both chunks) and slots as
 // in ws_add_chunk_lanes.
+template <bool correct>
 __device__ __forceinline__ void ws_add_pair_lanes(const float* acc_a, const float* acc_b, const void* words,
                                                   const void* slot_info, int word0, unsigned* peak) {
   const int t = ws_thread_again(), lane = t & 31, warp = t >> 5, k0 = lane & 2;
@@ -313,18 +343,17 @@ __device__ __forceinline__ void ws_add_pair_lanes(const float* acc_a, const floa
     }
     const int4 own = odd ? hi : lo;         // this thread's: 8 n8 + 2 k + {0, 1}
     const float s0 = __int_as_float(own.y), s1 = __int_as_float(own.w);
-    const float a00 = acc_a[4 * n8] * s0, a01 = acc_a[4 * n8 + 2] * s0;  // slot e = 0: columns c, c + 8
-    const float a10 = acc_a[4 * n8 + 1] * s1, a11 = acc_a[4 * n8 + 3] * s1;
-    const float b00 = acc_b[4 * n8] * s0, b01 = acc_b[4 * n8 + 2] * s0;
-    const float b10 = acc_b[4 * n8 + 1] * s1, b11 = acc_b[4 * n8 + 3] * s1;
-    const unsigned m0 = __float_as_uint(ws_max_nan(ws_max_nan(fabsf(a00), fabsf(a01)), ws_max_nan(fabsf(b00), fabsf(b01))));
-    const unsigned m1 = __float_as_uint(ws_max_nan(ws_max_nan(fabsf(a10), fabsf(a11)), ws_max_nan(fabsf(b10), fabsf(b11))));
-    peak[n8] = __vmaxu2(peak[n8], __byte_perm(m0, m1, 0x7632));
+    const float a00 = acc_a[4 * n8], a01 = acc_a[4 * n8 + 2];  // slot e = 0: columns c, c + 8
+    const float a10 = acc_a[4 * n8 + 1], a11 = acc_a[4 * n8 + 3];
+    const float b00 = acc_b[4 * n8], b01 = acc_b[4 * n8 + 2];
+    const float b10 = acc_b[4 * n8 + 1], b11 = acc_b[4 * n8 + 3];
+    const unsigned m0 = __float_as_uint(ws_max_nan(ws_max_nan(fabsf(a00), fabsf(a01)), ws_max_nan(fabsf(b00), fabsf(b01))) * fabsf(s0));
+    const unsigned m1 = __float_as_uint(ws_max_nan(ws_max_nan(fabsf(a10), fabsf(a11)), ws_max_nan(fabsf(b10), fabsf(b11))) * fabsf(s1));
+    const unsigned here = __byte_perm(m0, m1, 0x7632);
+    peak[n8] = __vmaxu2(peak[n8], here);
     const unsigned stale = peak[n8] >> 31;  // 0, as in ws_add_chunk_lanes
-    const unsigned long long a0 = ws_lane_word(__float2int_rn(a00), __float2int_rn(a01));
-    const unsigned long long a1 = ws_lane_word(__float2int_rn(a10), __float2int_rn(a11));
-    const unsigned long long b0 = ws_lane_word(__float2int_rn(b00), __float2int_rn(b01));
-    const unsigned long long b1 = ws_lane_word(__float2int_rn(b10), __float2int_rn(b11));
+    const unsigned long long a0 = ws_lanes_word<correct>(a00, a01, s0), a1 = ws_lanes_word<correct>(a10, a11, s1);
+    const unsigned long long b0 = ws_lanes_word<correct>(b00, b01, s0), b1 = ws_lanes_word<correct>(b10, b11, s1);
     // Even k sends chunk B's words of its slots, odd k chunk A's.
     const unsigned long long r0 = __shfl_xor_sync(0xffffffffu, odd ? a0 : b0, 1);
     const unsigned long long r1 = __shfl_xor_sync(0xffffffffu, odd ? a1 : b1, 1);
@@ -411,12 +440,27 @@ __device__ __forceinline__ void ws_merge_peaks(unsigned* peak, void* slot_peaks,
   #pragma unroll
   for (int i = 0; i < 8; ++i) peak[i] = 0u;
 }
+// Flag[row] bits: WS_FLAG_MASS where a head's softmax mass is over its allowance or NaN (every launch's
+// check; the host poisons the batch element), WS_FLAG_MAGIC where a lanes launch's FFMA rounding may
+// be inexact (its corrections launch runs the row). Set by atomicOr: one CTA a tile of the row sets
+// each, and a plain store of one would drop the other's.
+#define WS_FLAG_MASS 1
+#define WS_FLAG_MAGIC 2
+__device__ __forceinline__ void ws_flag_row(const int* flag, int row, int bit) {
+  atomicOr(const_cast<int*>(flag) + row, bit);
+}
+__device__ __forceinline__ bool ws_row_flagged(const int* flag, int row) { return flag[row] & WS_FLAG_MAGIC; }
+// Warpgroup 1 at a row's end: WS_FLAG_MAGIC where one of its threads saw a slot past the FFMA's range.
+__device__ __forceinline__ void ws_flag_magic(const int* flag, int row, unsigned* beyond, int t) {
+  if (__any_sync(0xffffffffu, *beyond) && (t & 31) == 0) ws_flag_row(flag, row, WS_FLAG_MAGIC);
+  *beyond = 0u;
+}
 // ws_add_bounds: Bound[kv] += the bound of each valid slot's contribution in the block, from h, the
 // upper 16 bits of its largest |scaled value| over all columns (warpgroup 1's 4 warps' maxima and
 // warpgroup 0's): that value is below the bf16 one step above h, so min(ceil(bf16 h + 1), 2^40);
 // 2^40 where h + 1 is inf or NaN; 0 where h is 0 (every value below 2^-133, which rounds to 0).
 __device__ __forceinline__ void ws_add_bounds(const void* peak_buf, void* slot_peaks, const void* bound,
-                                              const void* slot_info, unsigned row_units, int t) {
+                                              const void* slot_info, unsigned row_units, unsigned* beyond, int t) {
   if (t >= 64) return;
   const unsigned* peaks_s = static_cast<const unsigned*>(peak_buf);
   const int word = t / 2;
@@ -424,6 +468,9 @@ __device__ __forceinline__ void ws_add_bounds(const void* peak_buf, void* slot_p
   unsigned* slot_peak = static_cast<unsigned*>(slot_peaks) + t;
   const unsigned half = max((t & 1) ? (m >> 16) : (m & 0xffffu), *slot_peak);
   *slot_peak = 0u;  // for warpgroup 0's block t + 2, which waits for this warpgroup's PDS_FREE of t + 1
+  // Any slot, valid or not (an invalid one's NaN, from 0 * inf, went to a valid row's words): the
+  // row's flag goes out at its end (ws_flag_magic), where a store here kept more values live.
+  *beyond |= half >= WS_MAGIC_PEAK;
   const int* slot = static_cast<const int*>(slot_info) + 2 * t;
   if (slot[1] != WS_LANES_INVALID && half != 0u)
     atomicAdd(const_cast<unsigned long long*>(static_cast<const unsigned long long*>(bound)) + static_cast<unsigned>(slot[0]) / row_units,
@@ -469,6 +516,8 @@ def wide_program(config: MainConfig):
     dkv_dtype = f32 if accumulate == "atomic" else i64
     dkv_shape = (NKV, Dk // 2) if accumulate == "lanes" else (NKV, Dk)
     scaled = accumulate != "atomic"  # a row scale per slot, and the mass check
+    corrections = config.corrections  # the rows a lanes launch flagged, their words' corrections only
+    correct = "true" if corrections else "false"
     transposed = scaled  # dKV chunks as columns x slots (WS_SOURCE says why)
     chunks = Dk // CHUNK
     n1 = chunks - config.wg0_chunks  # warpgroup 1's chunks: [0, n1); warpgroup 0's: [n1, chunks)
@@ -545,7 +594,7 @@ def wide_program(config: MainConfig):
         info = T.address_of(slot_info_s[p * BS * 2])
         if accumulate == "lanes":
             word0, warp_words = lane_chunk_words(c, Dk, T.if_then_else)
-            T.call_extern("handle", "ws_add_chunk_lanes", acc.data, dKV.data, info, word0, warp_words, peak.data)
+            T.call_extern("handle", f"ws_add_chunk_lanes<{correct}>", acc.data, dKV.data, info, word0, warp_words, peak.data)
         elif accumulate == "atomic":
             T.call_extern("handle", "ws_add_chunk_atomic", acc.data, dKV.data, info, c * CHUNK, Dk, NKV, thread)
         else:
@@ -555,7 +604,7 @@ def wide_program(config: MainConfig):
     def add_pair(dKV, acc_a, acc_b, slot_info_s, c, p, peak):
         """The lanes' adds of chunks c (in acc_a) and c + 1 (acc_b), a whole LANE_BLOCK, a line at a time."""
         word0, _ = lane_chunk_words(c, Dk, T.if_then_else)
-        T.call_extern("handle", "ws_add_pair_lanes", acc_a.data, acc_b.data, dKV.data,
+        T.call_extern("handle", f"ws_add_pair_lanes<{correct}>", acc_a.data, acc_b.data, dKV.data,
                       T.address_of(slot_info_s[p * BS * 2]), word0, peak.data)
 
     @T.macro
@@ -633,6 +682,22 @@ def wide_program(config: MainConfig):
         dkv_chunk(Q_s, dO_s, dS_s, P_s, acc2, 1)
         T.wait_wgmma(chunk_gemms(0) + chunk_gemms(1))
 
+    @T.macro
+    def row_blocks(live, done, Indices, Flag, r, Lp, NKV, bars, words_at, t, k, bar):
+        """live[0]: the row's blocks up to its last with a valid slot (ws_row_blocks); in a
+        corrections launch, 0 for a row its lanes launch did not flag. ``done`` counts the rows
+        that took ws_row_blocks, whose words go by that count's parity (a flagged row's reads and
+        the next flagged row but one's writes have a barrier between)."""
+        if corrections:
+            live[0] = 0
+            if T.call_extern("bool", "ws_row_flagged", Flag.data, r):
+                live[0] = T.call_extern("int32", "ws_row_blocks", Indices.data, r, Lp, NKV, bars.data, words_at, t, BS,
+                                        done[0] % 2, bar)
+                done[0] = done[0] + 1
+        else:
+            live[0] = T.call_extern("int32", "ws_row_blocks", Indices.data, r, Lp, NKV, bars.data, words_at, t, BS, k % 2,
+                                    bar)
+
     def item_of(item, head_base):
         """Row and first head of an item of the launch: items run tile by tile, rows within a tile."""
         return T.truncmod(item, R), head_base + T.truncdiv(item, R) * H
@@ -706,6 +771,9 @@ def wide_program(config: MainConfig):
             base0 = T.alloc_local((1,), i32)
             live1 = T.alloc_local((1,), i32)
             base1 = T.alloc_local((1,), i32)
+            done0 = T.alloc_local((1,), i32)  # the rows each warpgroup took ws_row_blocks for (row_blocks)
+            done1 = T.alloc_local((1,), i32)
+            beyond1 = T.alloc_local((1,), "uint32")  # warpgroup 1's: a slot of its row past the FFMA's range
             # Each warpgroup's item as {row, first head}, computed once a row: an index expression of
             # the item would divide by R at every use.
             at0 = T.alloc_local((2,), i32)
@@ -728,13 +796,13 @@ def wide_program(config: MainConfig):
                 if accumulate == "lanes":  # its slot maxima start at zero (ws_merge_peaks), one word a thread
                     T.call_extern("handle", "mqa_st_shared_i32", slot_info_s.data, peaks0 + tid, 0)
                 base0[0] = 0
+                done0[0] = 0
                 for k in T.serial(item_rows):
                     at0[0], at0[1] = item_of(items - 1 - cta - k * ctas, head_base)
                     r, h0 = at0[0], at0[1]
                     # Its barrier also keeps this row's stores of lse_s and delta_s after the last
                     # reads of the row before (the softmax of its last block).
-                    live0[0] = T.call_extern("int32", "ws_row_blocks", Indices.data, r, Lp, NKV, bars.data, rows0,
-                                             tid, BS, k % 2, GATHER_BARRIER)
+                    row_blocks(live0, done0, Indices, Flag, r, Lp, NKV, bars, rows0, tid, k, GATHER_BARRIER)
                     if live0[0] > 0:  # block 0 whole, once warpgroup 1's dQ GEMMs of the block before have read KV_s
                         if base0[0] > 0:
                             T.call_extern("handle", "mqa_handoff_wait", bars.data, KV_FREE, (base0[0] - 1) % 2)
@@ -845,23 +913,25 @@ def wide_program(config: MainConfig):
                         if accumulate == "lanes":  # its maxima, for warpgroup 1's bounds of the block
                             T.call_extern("handle", "ws_merge_peaks", peak0.data, T.address_of(slot_info_s[peaks0 + p * BS]), tid)
                             T.call_extern("handle", "mqa_handoff_arrive", bars.data, PEAKS_READY)
-                    if scaled:
-                        for h in T.Parallel(H):
-                            if (mass_row[h] > Allowance[r, h0 + h]) or T.isnan(mass_row[h]):
-                                Flag[r] = 1
-                    T.call_extern("handle", f"ws_store_dq<{dq_split}>", acc_dq0.data, T.address_of(dQ[r, h0, 0]), Dk,
-                                  HQ - h0, tid)
+                    if not corrections:  # a corrections launch's lanes launch checked the masses and stored dQ
+                        if scaled:
+                            for h in T.Parallel(H):
+                                if (mass_row[h] > Allowance[r, h0 + h]) or T.isnan(mass_row[h]):
+                                    T.call_extern("handle", "ws_flag_row", Flag.data, r, 1)  # WS_FLAG_MASS
+                        T.call_extern("handle", f"ws_store_dq<{dq_split}>", acc_dq0.data, T.address_of(dQ[r, h0, 0]), Dk,
+                                      HQ - h0, tid)
                     base0[0] = base0[0] + live0[0]
 
             with T.ws(1):
                 for i in T.serial(BS // 8):
                     peak[i] = T.cast(0, "uint32")
                 base1[0] = 0
+                done1[0] = 0
+                beyond1[0] = T.cast(0, "uint32")
                 for k in T.serial(item_rows):
                     at1[0], at1[1] = item_of(items - 1 - cta - k * ctas, head_base)
                     r, h0 = at1[0], at1[1]
-                    live1[0] = T.call_extern("int32", "ws_row_blocks", Indices.data, r, Lp, NKV, bars.data, rows1,
-                                             tid1, BS, k % 2, BOUNDS_BARRIER)
+                    row_blocks(live1, done1, Indices, Flag, r, Lp, NKV, bars, rows1, tid1, k, BOUNDS_BARRIER)
                     T.clear(acc_dq1)
                     T.clear(acc_dq2)
                     for tl_ in T.serial(live1[0]):
@@ -881,18 +951,21 @@ def wide_program(config: MainConfig):
                             paired_chunks(dKV, Q_s, dO_s, dS_s, P_s, acc_dkv, acc_dkv2, slot_info_s, bars, p, NKV, peak, tid1)
                         else:
                             ping_pong_chunks(dKV, Q_s, dO_s, dS_s, P_s, acc_dkv, acc_dkv2, slot_info_s, bars, p, NKV, peak, tid1)
-                        if accumulate == "lanes":  # the block's bounds, one add a slot
+                        if accumulate == "lanes" and not corrections:  # the block's bounds, one add a slot
                             T.call_extern("handle", "ws_bar_sync_wg", BOUNDS_BARRIER)
                             T.call_extern("handle", "ws_stage_peaks", peak.data, T.address_of(slot_info_s[peaks1]),
                                           tid1)
                             T.call_extern("handle", "ws_bar_sync_wg", BOUNDS_BARRIER)
                             T.call_extern("handle", "ws_add_bounds", T.address_of(slot_info_s[peaks1]),
                                           T.address_of(slot_info_s[peaks0 + p * BS]), Bound.data,
-                                          T.address_of(slot_info_s[p * BS * 2]), ROW_UNITS, tid1)
-                    T.call_extern("handle", f"ws_store_dq<{w1}>", acc_dq1.data, T.address_of(dQ[r, h0, c1]), Dk, HQ - h0,
-                                  tid1)
-                    T.call_extern("handle", f"ws_store_dq<{w2}>", acc_dq2.data, T.address_of(dQ[r, h0, c2]), Dk, HQ - h0,
-                                  tid1)
+                                          T.address_of(slot_info_s[p * BS * 2]), ROW_UNITS, beyond1.data, tid1)
+                    if not corrections:
+                        if accumulate == "lanes":
+                            T.call_extern("handle", "ws_flag_magic", Flag.data, r, beyond1.data, tid1)
+                        T.call_extern("handle", f"ws_store_dq<{w1}>", acc_dq1.data, T.address_of(dQ[r, h0, c1]), Dk,
+                                      HQ - h0, tid1)
+                        T.call_extern("handle", f"ws_store_dq<{w2}>", acc_dq2.data, T.address_of(dQ[r, h0, c2]), Dk,
+                                      HQ - h0, tid1)
                     base1[0] = base1[0] + live1[0]
 
     return main_bwd
