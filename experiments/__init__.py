@@ -179,6 +179,9 @@
 
         REV=a4f928a bash scripts/ab-packages.sh experiments/delta_beside.patch
 
+  magic_only.patch          the lanes rounded by FFMA alone, with no flag and no corrections (wrong
+                            past 2^22: the speed the rounding can buy; the same bits at the bench
+                            shapes). On 2453f82, as the two below.
   magic_correct.patch       the lanes rounded by FFMA (the product's since the twenty-eighth session)
   magic_prepass.patch       with an exact fallback to F2I inside the adds, where the product runs a
                             corrections launch for flagged rows: magic_correct adds each word's
@@ -188,7 +191,8 @@
                             more (64/92 and 68/96 bytes) and were 9 % and 4 % slower than HEAD on an
                             H200 (docs/performance-log.md, twenty-eighth session). On 2453f82:
 
-        REV=2453f82 bash scripts/ab-packages.sh experiments/magic_correct.patch experiments/magic_prepass.patch
+        REV=2453f82 bash scripts/ab-packages.sh experiments/magic_only.patch experiments/magic_correct.patch \
+            experiments/magic_prepass.patch
 
 git history holds the others (dq_vector_stores.patch, thread_again.patch and
 l2_request_cuts.patch, dQ stored 16 bytes a thread and the adds' thread index read again from

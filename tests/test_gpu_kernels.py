@@ -432,7 +432,8 @@ def test_delta_maxima_match_the_model():
 # tile: the control's kernel at H = 64 and 128), one fixed-point group, the
 # wide tile in lanes and its int64 redo (warp-specialised: its warpgroups hand
 # P, dS and KV over on mbarriers), and the cluster of two 16-head groups that
-# swap P and dS tiles (bulk copies, mbarriers). ``launch``: the launch module
+# swap P and dS tiles (bulk copies, mbarriers), and the lanes' corrections launch on every other
+# row (flagged as a lanes launch flags them). ``launch``: the launch module
 # of the package under test. Shared by the sanitizer scripts.
 MAIN_KERNEL_EACH_DESIGN = """
 def main_kernel_each_design(idx, R, HQ, NKV, seed, launch=None):
@@ -448,14 +449,17 @@ def main_kernel_each_design(idx, R, HQ, NKV, seed, launch=None):
     configs = [kernels.main_config(heads, 576, 512, deterministic, cluster) for heads, deterministic, cluster in
                ((32, False, 1), (32, False, 2), (32, True, 1), (32, True, 2), (16, True, 2))]
     configs.insert(4, kernels.lanes_redo(configs[3]))
+    configs.insert(4, kernels.lanes_corrections(configs[3]))
     for config in configs:
         deterministic = config.accumulate != "atomic"
         dq = torch.empty(R, HQ, 576, dtype=torch.bfloat16).cuda()
         width = 576 // 2 if config.accumulate == "lanes" else 576
         dkv = torch.zeros(NKV, width, dtype=torch.int64 if deterministic else torch.float32).cuda()
+        flag = torch.zeros(R, dtype=torch.int32)
+        if config.corrections:
+            flag[1::2] = 2  # fixed_point.FLAG_MAGIC: the rows a lanes launch flagged
         extra = {} if not deterministic else dict(
-            row_scale=torch.ones(NKV).cuda(), flag=torch.zeros(R, dtype=torch.int32).cuda(),
-            allowance=torch.full((R, HQ), float("inf")).cuda())
+            row_scale=torch.ones(NKV).cuda(), flag=flag.cuda(), allowance=torch.full((R, HQ), float("inf")).cuda())
         if config.wide:  # the lanes' bound; the redo runs (gate 1)
             extra.update(bound=torch.zeros(NKV, dtype=torch.int64).cuda(), gate=torch.ones(1, dtype=torch.int32).cuda())
         launch.TileLangLauncher(deterministic=deterministic).main_bwd(
