@@ -544,8 +544,8 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
                               head_base=g * bh, bound=bound if in_lanes else None, **common)
         for g, config in lanes:
             # The rows where the lanes' rounding by FFMA may have been inexact (a value past its range:
-            # every row of a small call, none at the bench shapes), run again for their words'
-            # corrections; a launch that reads a flag a row and ends where none is set.
+            # most rows where a kv row has few contributions, none at the bench shapes), run again for
+            # their words' corrections; a launch that reads a flag a row and ends where none is set.
             launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, words, config=K.lanes_corrections(config),
                               head_base=g * bh, bound=bound, **common)
         if lanes:
