@@ -714,3 +714,33 @@ def test_host_lines_clocks_every_statement_and_changes_no_bits():
     # Every clock read is a statement of a listed function, each call's reads in time order.
     assert all(isinstance(key, tuple) and key[1] > 0 for key, _ in marks[:-1]) and marks[-1][0] is None
     assert [t for _, t in marks] == sorted(t for _, t in marks) and time.perf_counter() >= marks[-1][1]
+
+
+def test_magic_range_names_the_rows_the_model_flags_for_corrections():
+    # magic_range's largest |scaled value| a row, from torch ops, against the CPU model's lanes
+    # launch: the rows the model flags for the corrections launch (fixed_point.FLAG_MAGIC) are the
+    # ones at or past 2^22. At this shape some rows are and most are not (a row within 0.1 % of
+    # 2^22 would be left out: the sums' order differs between the two).
+    import torch
+
+    from mqa_bwd import fixed_point, wrapper
+    from mqa_bwd.model import ModelLauncher
+
+    class FlagsKept(ModelLauncher):
+        flag = None
+
+        def main_bwd(self, *args, config, flag=None, **kw):
+            if config.accumulate == "lanes" and not config.corrections:
+                self.flag = flag
+            super().main_bwd(*args, config=config, flag=flag, **kw)
+
+    study = _tool("magic_range")
+    args = bench.production_inputs(1, 256, 1024, 64, 256, device="cpu")
+    peaks = study.row_peaks(args, range(256))
+    launcher = FlagsKept()
+    wrapper.backward_with(launcher, *args)
+    flagged = (launcher.flag & fixed_point.FLAG_MAGIC) != 0
+    beyond = peaks >= fixed_point.MAGIC_RANGE
+    clear = (peaks / fixed_point.MAGIC_RANGE - 1).abs() > 1e-3
+    assert 0 < int(beyond.sum()) < 256 // 4, int(beyond.sum())
+    assert torch.equal(flagged[clear], beyond[clear]), (torch.nonzero(flagged).view(-1), torch.nonzero(beyond).view(-1))
