@@ -7,7 +7,8 @@ import torch
 
 from mqa_bwd import bench, fixed_point, kernels, wrapper
 from mqa_bwd.contract import SPEC_ARGS, Instruments
-from mqa_bwd.model import BOUND_CAP, ModelLauncher, contribution_bounds, float_to_int32_rn, lane_words
+from mqa_bwd.model import (BOUND_CAP, ModelLauncher, beyond_magic, contribution_bounds, float_to_int32_rn, lane_words,
+                           magic_words)
 from properties.case import ALL_INVALID_KINDS, Case, to_framework
 
 from lanes_redo import ForcedRedo
@@ -51,6 +52,23 @@ def test_the_conversion_is_the_kernels_and_a_nan_fails_the_bound():
     assert contribution_bounds(np.array([[256.5, -1.0], [0.0, 0.0], [1.0, 0.5]], dtype=np.float32)).tolist() == [258, 0, 2]
     assert contribution_bounds(np.array([[np.inf], [3.4e38], [2.0**39]], dtype=np.float32)).tolist() == [BOUND_CAP, BOUND_CAP, 2**39 + 2**32]
     assert contribution_bounds(np.array([[2.0**-134], [2.0**-133]], dtype=np.float32)).tolist() == [0, 1]
+
+
+def test_the_ffma_rounding_is_the_conversion_up_to_its_range_and_flags_past_it():
+    # fma(x, s, 1.5 * 2**23) rounds x s once, half to even, in a binade whose step is 1: the
+    # conversion's integer wherever |x s| <= 2**22, ties and both signs included. Past it (or for a
+    # NaN, or an invalid slot's -0.0 scale times an inf) the word differs and the row is flagged.
+    g = np.random.default_rng(3)
+    ties = np.arange(-20, 20) + 0.5
+    edges = [2.0**22, -(2.0**22), 2.0**22 - 0.5, -(2.0**22) + 0.5, 0.0, -0.0, 2.0**-140, -(2.0**-126)]
+    inside = np.concatenate([ties, edges, g.uniform(-(2.0**22), 2.0**22, 4000), g.normal(0, 1000, 4000)])
+    inside = inside[: len(inside) // 16 * 16].astype(np.float32).reshape(-1, 16)
+    assert (magic_words(inside) == lane_words(float_to_int32_rn(inside))).all()
+    assert not beyond_magic(inside[np.abs(inside).max(1) < 2.0**22]).any()
+    past = np.zeros((5, 16), dtype=np.float32)
+    past[:, 3] = [2.0**22 + 1, -(2.0**22) - 1.5, 3e9, np.nan, 2.0**23 + 1]
+    assert beyond_magic(past).all()
+    assert (magic_words(past) != lane_words(float_to_int32_rn(past))).any(axis=1).all()
 
 
 def test_a_word_holds_columns_q_and_q_plus_8_of_each_16():
