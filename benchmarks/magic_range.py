@@ -20,9 +20,7 @@ import math
 import torch
 
 from mqa_bwd import bench, fixed_point
-
-#: The lanes' tile: its contribution to a kv row sums this many heads (kernels.WIDE_HEADS).
-TILE_HEADS = 64
+from mqa_bwd.kernels import WIDE_HEADS as TILE_HEADS  # the lanes' tile: a contribution sums its heads
 
 
 def row_peaks(args, rows, gain: int = fixed_point.LANES_GAIN) -> torch.Tensor:

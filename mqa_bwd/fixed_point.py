@@ -102,6 +102,7 @@ import torch
 # 2**(k + gain - 30): a bound at or above FP32_SAFE poisons its element, so k
 # stays above PARTIAL_SUM_BITS - 101 and that exponent above -71 at gain 0.
 from .kernels.config import FP32_MAX_EXPONENT, LANE_LIMIT, LANES_GAIN, MASS_LIMIT, PARTIAL_SUM_BITS  # noqa: F401
+from .kernels.config import FLAG_MAGIC, FLAG_MASS, MAGIC_RANGE  # noqa: F401  (the row flags' bits, for the host)
 from .kernels.config import LANE_GROUP, lane_word_of_column
 
 #: fp32 intermediates of the kernel must stay below this (float32 max is ~2**128).
@@ -208,15 +209,6 @@ def _plan_small(mq, mdo, mv, delta, referenced, live_row, *, B, S, H, d_v, scale
     scales = torch.where(unsafe, math.nan, row_scales(bounds).view(B, NKV // B)).view(NKV)
     scales = torch.where(referenced, scales, 1.0)
     return scales, allowance.to(torch.float32).view(R, H)
-
-
-#: Bits of the main kernels' per-row flags: a head's softmax mass over its allowance (or NaN), and a
-#: value of the wide tile's lanes past the range of their rounding by FFMA (its corrections launch
-#: runs the row: kernels/wide.py).
-FLAG_MASS = 1
-FLAG_MAGIC = 2
-#: The lanes' rounding by FFMA is exact for |scaled value| <= 2**22 (kernels/wide.py, ws_magic_word).
-MAGIC_RANGE = 2.0**22
 
 
 def poison_flagged(row_scale: torch.Tensor, row_flags: torch.Tensor, batch: int) -> torch.Tensor:

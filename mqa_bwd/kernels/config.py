@@ -92,6 +92,13 @@ LANES_GAIN = 16
 #: sum, over its contributions, of a ceiling of the largest |scaled value|: kernels/wide.py,
 #: ws_add_bounds) proves it below this.
 LANE_LIMIT = 2**31
+#: The lanes' rounding by FFMA (kernels/wide.py, ws_magic_word) is exact for |scaled value| <= this;
+#: a query row with a value at or past it is run again by the lanes' corrections launch.
+MAGIC_RANGE = 2.0**22
+#: Bits of the main kernels' per-row flags: a head's softmax mass over its allowance (or NaN: the
+#: host poisons the batch element), and a value of the wide tile's lanes at or past MAGIC_RANGE.
+FLAG_MASS = 1
+FLAG_MAGIC = 2
 #: The lanes address a slot's kv row by its offset in 16-byte units, an unsigned 32-bit value
 #: (kernels/wide.py, ws_lanes_store_slot): a row is d_k / 4 units, so B * S_kv * d_k stays within this.
 LANES_ADDRESSABLE = 2**34

@@ -60,7 +60,7 @@ How a CTA adds dKV (config.accumulate):
             block adds, with no branch: an invalid one adds 0 to a valid row (ws_lanes_store_slot).
             A word is rounded by FFMA (ws_magic_word), exact while every |scaled value| is below
             2^22: a query row with a larger one (or a NaN) gets bit 1 of Flag[row]
-            (ws_add_bounds), and a second launch of the same tile with config.corrections runs
+            (ws_add_bounds, ws_flag_magic), and a second launch of the same tile with config.corrections runs
             only those rows, adding each word's exact value less the FFMA one (mod 2^64, so the
             sums are the exact words'). Neither launch has a branch on the value in its adds.
   "fixed"   int64 fixed point at the same scale, one word a column (the lanes design's redo):
@@ -82,8 +82,10 @@ Blocks are counted across a CTA's rows, so the phases and the parities run on fr
 row's start waits for the block before's KV_FREE (block 0's gather) and PDS_FREE (Q and dO).
 """
 
-from .config import (LANE_BLOCK, LOG2E, WIDE_CHUNK, WIDE_DQ_PIECE, WIDE_SLOTS, MainConfig, _tl, lane_chunk_words,
-                     require_wide_widths)
+import struct
+
+from .config import (FLAG_MAGIC, FLAG_MASS, LANE_BLOCK, LOG2E, MAGIC_RANGE, WIDE_CHUNK, WIDE_DQ_PIECE, WIDE_SLOTS, MainConfig,
+                     _tl, lane_chunk_words, require_wide_widths)
 from .device_functions import GATHER_SOURCE, HANDOFF_SOURCE, SOFTMAX_SOURCE
 
 #: Heads of the tile.
@@ -102,7 +104,12 @@ WG0_PEAK_WORDS = 2 * WIDE_SLOTS
 #: What a kv row's Bound grows by at most for one contribution: anything larger (or NaN) fails.
 BOUND_CAP = 2**40
 
-WS_SOURCE = r"""
+# The row flags' bits, and the upper 16 bits of MAGIC_RANGE's float32 bits: a slot's peak half at or
+# above them (WS_MAGIC_PEAK) holds a value at or past the FFMA rounding's range, or a NaN.
+WS_CONSTANTS = (f"#define WS_FLAG_MASS {FLAG_MASS}\n#define WS_FLAG_MAGIC {FLAG_MAGIC}\n"
+                f"#define WS_MAGIC_PEAK {struct.unpack('<I', struct.pack('<f', MAGIC_RANGE))[0] >> 16:#x}u\n")
+
+WS_SOURCE = WS_CONSTANTS + r"""
 __device__ __forceinline__ void ws_bar_sync_wg(int id) { asm volatile("bar.sync %0, 128;" :: "r"(id) : "memory"); }
 // cp.async and generic stores to shared memory become visible to wgmma (the async proxy).
 __device__ __forceinline__ void ws_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
@@ -273,9 +280,6 @@ __device__ __forceinline__ unsigned long long ws_magic_word(float lo, float hi, 
       "r"(__float_as_uint(__fmaf_rn(hi, scale, WS_MAGIC))));
   return word - 0x4b4000004b400000ull;
 }
-// A slot's peak half (the upper 16 bits of its largest |scaled value|) at or above this: some value
-// is 2^22 or more, or NaN, and its FFMA word may not be the exact one.
-#define WS_MAGIC_PEAK 0x4a80u
 // The word a lanes launch adds (FFMA), or what its corrections launch adds: the exact word less
 // that one (0 wherever |x s| <= 2^22).
 template <bool correct>
@@ -306,8 +310,7 @@ __device__ __forceinline__ void ws_add_chunk_lanes(const float* acc, const void*
     // max |x s| = |s| max |x|: rounding is monotonic, so the same bits as the maximum of the products.
     const unsigned m0 = __float_as_uint(ws_max_nan(fabsf(a00), fabsf(a01)) * fabsf(s0));
     const unsigned m1 = __float_as_uint(ws_max_nan(fabsf(a10), fabsf(a11)) * fabsf(s1));
-    const unsigned here = __byte_perm(m0, m1, 0x7632);
-    peak[n8] = __vmaxu2(peak[n8], here);
+    peak[n8] = __vmaxu2(peak[n8], __byte_perm(m0, m1, 0x7632));
     // A peak's halves are at most 0x7fff, so `stale` is 0: it makes this pair's first add wait for
     // the peak, where ptxas would sink the peak to the block's end and keep (spill) the scaled
     // values. Not the next pair's load: that load would then wait for this pair's whole peak chain.
@@ -349,8 +352,7 @@ __device__ __forceinline__ void ws_add_pair_lanes(const float* acc_a, const floa
     const float b10 = acc_b[4 * n8 + 1], b11 = acc_b[4 * n8 + 3];
     const unsigned m0 = __float_as_uint(ws_max_nan(ws_max_nan(fabsf(a00), fabsf(a01)), ws_max_nan(fabsf(b00), fabsf(b01))) * fabsf(s0));
     const unsigned m1 = __float_as_uint(ws_max_nan(ws_max_nan(fabsf(a10), fabsf(a11)), ws_max_nan(fabsf(b10), fabsf(b11))) * fabsf(s1));
-    const unsigned here = __byte_perm(m0, m1, 0x7632);
-    peak[n8] = __vmaxu2(peak[n8], here);
+    peak[n8] = __vmaxu2(peak[n8], __byte_perm(m0, m1, 0x7632));
     const unsigned stale = peak[n8] >> 31;  // 0, as in ws_add_chunk_lanes
     const unsigned long long a0 = ws_lanes_word<correct>(a00, a01, s0), a1 = ws_lanes_word<correct>(a10, a11, s1);
     const unsigned long long b0 = ws_lanes_word<correct>(b00, b01, s0), b1 = ws_lanes_word<correct>(b10, b11, s1);
@@ -440,12 +442,10 @@ __device__ __forceinline__ void ws_merge_peaks(unsigned* peak, void* slot_peaks,
   #pragma unroll
   for (int i = 0; i < 8; ++i) peak[i] = 0u;
 }
-// Flag[row] bits: WS_FLAG_MASS where a head's softmax mass is over its allowance or NaN (every launch's
-// check; the host poisons the batch element), WS_FLAG_MAGIC where a lanes launch's FFMA rounding may
-// be inexact (its corrections launch runs the row). Set by atomicOr: one CTA a tile of the row sets
-// each, and a plain store of one would drop the other's.
-#define WS_FLAG_MASS 1
-#define WS_FLAG_MAGIC 2
+// Flag[row] bits (WS_CONSTANTS): WS_FLAG_MASS where a head's softmax mass is over its allowance or NaN
+// (every launch's check; the host poisons the batch element), WS_FLAG_MAGIC where a lanes launch's
+// FFMA rounding may be inexact (its corrections launch runs the row). Set by atomicOr: one CTA a
+// tile of the row sets each, and a plain store of one would drop the other's.
 __device__ __forceinline__ void ws_flag_row(const int* flag, int row, int bit) {
   atomicOr(const_cast<int*>(flag) + row, bit);
 }
@@ -917,7 +917,7 @@ def wide_program(config: MainConfig):
                         if scaled:
                             for h in T.Parallel(H):
                                 if (mass_row[h] > Allowance[r, h0 + h]) or T.isnan(mass_row[h]):
-                                    T.call_extern("handle", "ws_flag_row", Flag.data, r, 1)  # WS_FLAG_MASS
+                                    T.call_extern("handle", "ws_flag_row", Flag.data, r, FLAG_MASS)
                         T.call_extern("handle", f"ws_store_dq<{dq_split}>", acc_dq0.data, T.address_of(dQ[r, h0, 0]), Dk,
                                       HQ - h0, tid)
                     base0[0] = base0[0] + live0[0]
