@@ -18,6 +18,8 @@ info=/tmp/site/mqa_bwd-0.1.0.dist-info
 mkdir -p "$info"
 printf 'Metadata-Version: 2.1\nName: mqa-bwd\nVersion: 0.1.0\n' > "$info/METADATA"
 printf '[pytest11]\nmqa_bwd = properties.plugin\n\n[console_scripts]\nmqa-bwd = mqa_bwd.cli:main\n' > "$info/entry_points.txt"
+# The sanitizer tests write their whole reports there (a failure shows only a tail).
+export MQA_SANITIZER_REPORTS=${MQA_SANITIZER_REPORTS:-$OUT/sanitizer}
 export PYTHONPATH=/tmp/site:$PWD CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PYTHONUNBUFFERED=1 OUT
 nvidia-smi -L
 python3 -c "import tilelang, torch; print('tilelang', tilelang.__version__, 'torch', torch.__version__)"

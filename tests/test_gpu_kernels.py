@@ -520,11 +520,20 @@ print("sanitized calls done")
 """
 
 
+#: A folder where every sanitizer run writes its whole report (scripts/gpu-run.sh sets it under
+#: $OUT, so that the reports come back from the device): a failure's message shows only the tail.
+SANITIZER_REPORTS = "MQA_SANITIZER_REPORTS"
+SANITIZER_TIMEOUT_S = 900
+
+
 def run_under_compute_sanitizer(tool_name: str, script: str, **env_extra) -> tuple:
-    """(exit code, report tail) of ``script`` run by compute-sanitizer's ``tool_name``
-    (exit code 99: the tool found errors); fails if the script did not finish."""
+    """(exit code, report) of ``script`` run by compute-sanitizer's ``tool_name`` (exit code 99:
+    the tool found errors); fails if the script did not finish. Where $MQA_SANITIZER_REPORTS
+    names a folder, the whole report goes to a file there, named after the test, and the
+    report's last line names that file."""
     import os
     import pathlib
+    import re
     import subprocess
     import sys
 
@@ -536,12 +545,30 @@ def run_under_compute_sanitizer(tool_name: str, script: str, **env_extra) -> tup
                PYTHONPATH=os.pathsep.join(filter(None, (str(root), os.environ.get("PYTHONPATH")))))
     env.pop("DROP_BARRIER", None)  # a mutant only where a test asks for one
     env.update(env_extra)
-    done = subprocess.run([tool, "--tool", tool_name, "--error-exitcode", "99", sys.executable, "-c", script],
-                          capture_output=True, text=True, timeout=900, cwd=root, env=env)
+    command = [tool, "--tool", tool_name, "--error-exitcode", "99", sys.executable, "-c", script]
+    try:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=SANITIZER_TIMEOUT_S, cwd=root, env=env)
+        code, stdout, stderr = done.returncode, done.stdout, done.stderr
+    except subprocess.TimeoutExpired as hung:  # a hung kernel (a mutant's barrier phases): keep what it printed
+        code, stdout, stderr = None, *(as_text(x) + f"\ntimed out after {SANITIZER_TIMEOUT_S} s" for x in
+                                       (hung.stdout, hung.stderr))
     # The tool's report is on stdout; stderr (compile logs) follows it.
-    report = done.stdout + done.stderr
-    assert "sanitized calls done" in done.stdout, report[-4000:]
-    return done.returncode, report
+    report = stdout + stderr
+    folder = os.environ.get(SANITIZER_REPORTS)
+    if folder:
+        test = os.environ.get("PYTEST_CURRENT_TEST", tool_name).split("::")[-1]
+        test = re.sub(r" \((setup|call|teardown)\)$", "", test)
+        path = pathlib.Path(folder) / (re.sub(r"[^\w.-]+", "_", test)[:120] + ".log")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(f"exit code {code}\n{report}")
+        report += f"\nwhole report: {path}\n"
+    assert "sanitized calls done" in stdout, report[-4000:]
+    return code, report
+
+
+def as_text(output) -> str:
+    """A subprocess's captured output as text (a timeout hands it over as bytes, or None)."""
+    return output.decode(errors="replace") if isinstance(output, bytes) else output or ""
 
 
 def sanitizer_count(report: str, pattern: str) -> int:
