@@ -526,9 +526,10 @@ SANITIZER_REPORTS = "MQA_SANITIZER_REPORTS"
 SANITIZER_TIMEOUT_S = 900
 
 
-def run_under_compute_sanitizer(tool_name: str, script: str, **env_extra) -> tuple:
+def run_under_compute_sanitizer(tool_name: str, script: str, finish: bool = True, **env_extra) -> tuple:
     """(exit code, report) of ``script`` run by compute-sanitizer's ``tool_name`` (exit code 99:
-    the tool found errors); fails if the script did not finish. Where $MQA_SANITIZER_REPORTS
+    the tool found errors); fails if the script did not finish, unless ``finish`` is False (a
+    mutant, which may fault once its race has been seen). Where $MQA_SANITIZER_REPORTS
     names a folder, the whole report goes to a file there, named after the test, and the
     report's last line names that file."""
     import os
@@ -562,7 +563,7 @@ def run_under_compute_sanitizer(tool_name: str, script: str, **env_extra) -> tup
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(f"exit code {code}\n{report}")
         report += f"\nwhole report: {path}\n"
-    assert "sanitized calls done" in stdout, report[-4000:]
+    assert not finish or "sanitized calls done" in stdout, report[-4000:]
     return code, report
 
 
@@ -612,8 +613,11 @@ def test_racecheck_sees_a_dropped_barrier(barrier):
     # without the wide tile's wait for PDS_READY, warpgroup 1 reads the block's
     # slots and scales before warpgroup 0 has stored them. (Without warpgroup 0's
     # wait for PDS_FREE instead, racecheck reported no hazard on the H200; what
-    # that wait guards is read by wgmma, through the async proxy.)
-    code, report = run_under_compute_sanitizer("racecheck", SHARED_MEMORY_CALL, DROP_BARRIER=barrier)
+    # that wait guards is read by wgmma, through the async proxy.) The mutant need not
+    # finish: its warpgroup 1 may take a block's kv row offsets before they are stored, and
+    # the lanes' adds trust those offsets (the slot layout makes every one valid), so a
+    # later add may fault; the hazards racecheck printed before that are what counts.
+    code, report = run_under_compute_sanitizer("racecheck", SHARED_MEMORY_CALL, finish=False, DROP_BARRIER=barrier)
     assert sanitizer_count(report, RACECHECK_HAZARDS) > 0, report[-4000:]
 
 
