@@ -329,8 +329,10 @@ def lanes_redo(config: MainConfig) -> MainConfig:
     return dataclasses.replace(config, accumulate="fixed")
 
 
+@functools.lru_cache(maxsize=64)
 def lanes_corrections(config: MainConfig) -> MainConfig:
-    """The launch that corrects a lanes launch's words on the rows it flagged (the same tile)."""
+    """The launch that corrects a lanes launch's words on the rows it flagged (the same tile).
+    Memoised as lanes_redo: the wrapper asks for it on every call."""
     _require("config", config.accumulate == "lanes" and not config.corrections, config, "a lanes launch")
     return dataclasses.replace(config, corrections=True)
 
