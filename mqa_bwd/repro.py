@@ -188,7 +188,7 @@ def _peer_device(function, impl: str, option: str) -> str | None:
 # ---------------------------------------------------------------------------
 
 
-class _Tracker:
+class RerunTracker:
     """One output's runs: equal bytes are found on the device (no copy); a run that differs
     goes to the host, where the comparison engine (properties.compare.RunTally) measures it."""
 
@@ -279,7 +279,7 @@ def run_many(impl: Implementation, host_inputs: dict, runs: int, on_run=None) ->
     pristine = {k: np.ascontiguousarray(v).tobytes() for k, v in host_inputs.items() if isinstance(v, np.ndarray)}
     args = to_framework(host_inputs, impl.framework, impl.device)
     report = RunReport(impl.label, impl.device, runs, {})
-    trackers = {name: _Tracker(name) for name in OUTPUT_NAMES}
+    trackers = {name: RerunTracker(name) for name in OUTPUT_NAMES}
     for run in range(runs):
         try:
             result = impl.function(*[args[k] for k in SPEC_ARGS], **impl.kwargs)

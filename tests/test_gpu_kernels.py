@@ -16,6 +16,7 @@ from mqa_bwd.contract import SPEC_ARGS  # noqa: E402
 from mqa_bwd import fixed_point, launch, mqa_latent_sparse_bwd, wrapper  # noqa: E402
 from mqa_bwd.bench import RACECHECK_HAZARDS, SANITIZER_ERRORS, compute_sanitizer, production_inputs  # noqa: E402
 from mqa_bwd.model import ModelLauncher, lane_words  # noqa: E402
+from mqa_bwd.repro import RerunTracker  # noqa: E402
 from properties.case import INVALID_KINDS, Case, expected, to_framework  # noqa: E402
 from properties.checks import bitwise_difference  # noqa: E402
 from properties.compare import compare, first_difference  # noqa: E402
@@ -99,12 +100,20 @@ def test_atomic_control_agrees_with_oracle_inside_guard_bands(H, L):
 @pytest.mark.parametrize("H", [64, 128])
 def test_bitwise_identical_over_100_reruns_and_atomic_control_differs(H):
     args = production_inputs(B=1, S=4096, S_kv=8192, H=H, L=2048)
-    runs = [mqa_latent_sparse_bwd(*args, backend="tilelang") for _ in range(100)]
-    for i, name in enumerate(("dq", "dkv", "d_attn_sink")):
-        diff = first_difference(name, [r[i] for r in runs])
-        assert diff is None, diff
-    atomic = [mqa_latent_sparse_bwd(*args, backend="tilelang-atomic") for _ in range(10)]
-    assert first_difference("dkv", [r[1] for r in atomic]) is not None, "the atomic control was bitwise stable"
+    for tracker in _reruns(args, "tilelang", 100):
+        assert tracker.stats.report() is None, tracker.stats.report()
+    dkv = _reruns(args, "tilelang-atomic", 10)[1]
+    assert not dkv.stats.bitwise, "the atomic control was bitwise stable"
+
+
+def _reruns(args, backend, runs):
+    """Each output's RerunTracker over ``runs`` calls. Runs are compared with run 0 on the device
+    and dropped: a hundred dsv32 H=128 results (0.6 GB of dq each) do not fit in an H100."""
+    trackers = [RerunTracker(name) for name in ("dq", "dkv", "d_attn_sink")]
+    for _ in range(runs):
+        for tracker, t in zip(trackers, mqa_latent_sparse_bwd(*args, backend=backend)):
+            tracker.add(t)
+    return trackers
 
 
 def _slots_permuted(idx, seed=1):
