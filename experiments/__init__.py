@@ -194,6 +194,23 @@
         REV=2453f82 bash scripts/ab-packages.sh experiments/magic_only.patch experiments/magic_correct.patch \
             experiments/magic_prepass.patch
 
+  block_timeline.patch      an instrument, not a variant: the wide tile's lanes (or control) launch
+                            stamps the SM's clock64 at 16 points of each block (9 of warpgroup 0's,
+                            7 of warpgroup 1's: its handoff waits and arrivals, GEMMs, adds and
+                            bounds) into a Trace [132 CTAs, 64 blocks, 16] argument, from thread 0
+                            of each warpgroup; benchmarks/block_timeline.py prints each phase's
+                            cycles and share of the block period, and the share of time in which
+                            neither warpgroup is adding dKV (the L2 then has only gathers). The
+                            redo's and the corrections' launches stamp nothing. ptxas at d_k = 576:
+                            48/56 bytes spilled on one tile, as the product, 56/68 on two (the
+                            product 48/56: read H=128's timeline with that in mind); the control
+                            none. The tool prints the traced main kernel's time beside the
+                            product's. Not run yet.
+                            On 39cc08a and later:
+
+        bash scripts/ab-packages.sh experiments/block_timeline.patch
+        python benchmarks/block_timeline.py --package .ab/block_timeline/mqa_bwd [--atomic]
+
 git history holds the others (dq_vector_stores.patch, thread_again.patch and
 l2_request_cuts.patch, dQ stored 16 bytes a thread and the adds' thread index read again from
 %tid.x, became the product's wide tile in the twenty-sixth session and are at 6b46aa0;

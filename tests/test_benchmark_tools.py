@@ -9,6 +9,7 @@ import re
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from mqa_bwd import bench, kernels
@@ -744,3 +745,46 @@ def test_magic_range_names_the_rows_the_model_flags_for_corrections():
     clear = (peaks / fixed_point.MAGIC_RANGE - 1).abs() > 1e-3
     assert 0 < int(beyond.sum()) < 256 // 4, int(beyond.sum())
     assert torch.equal(flagged[clear], beyond[clear]), (torch.nonzero(flagged).view(-1), torch.nonzero(beyond).view(-1))
+
+
+def _synthetic_timeline(blocks=4, ctas=2):
+    """A block_timeline trace whose warpgroups take known cycles: warpgroup 0 stamps events 0-8 at
+    fixed offsets in a 1000-cycle period, warpgroup 1 events 9-15; block b starts at 1000 b."""
+    trace = np.zeros((ctas, 8, 16), dtype=np.int64)
+    wg0 = (0, 100, 150, 350, 400, 500, 520, 600, 800)  # wait KV_FREE 100, ..., adds 200, tail 200
+    wg1 = (300, 520, 700, 850, 900, 1100, 1150)  # events 9, 10, 11, 12, 13, 14, 15
+    for c in range(ctas):
+        for b in range(blocks):
+            trace[c, b, :9] = 10_000 + 1000 * b + np.array(wg0)
+            trace[c, b, 9:] = 10_000 + 1000 * b + np.array(wg1)
+    return trace
+
+
+def test_block_timeline_times_each_phase_between_its_stamps():
+    tool = _tool("block_timeline")
+    trace = _synthetic_timeline()
+    found = tool.phase_cycles(trace)
+    assert set(found[(0, "wait for KV_FREE")]) == {100}
+    assert set(found[(0, "its chunks' adds")]) == {200}
+    assert set(found[(1, "wait for PDS_READY")]) == {220}
+    assert (1, "chunks, adds (control)") not in found  # the lanes' pairs say it finer
+    # The next block's start closes a block's tail: three of four blocks have a next one, per CTA.
+    assert found[(0, "peaks, to next block")].tolist() == [200] * 6
+    assert found[(1, "to next block")].tolist() == [150] * 6
+    assert all(set(p) == {1000} for p in tool.periods(trace).values())
+
+
+def test_block_timeline_counts_time_with_adds_under_way():
+    tool = _tool("block_timeline")
+    trace = _synthetic_timeline(blocks=1, ctas=1)
+    # One block, 10000 .. 11150: warpgroup 0 adds over [10600, 10800], warpgroup 1 over
+    # [10700, 11100]; both over [10700, 10800].
+    neither, one, both = tool.adds_overlap(trace)
+    assert both == pytest.approx(100 / 1150)
+    assert one == pytest.approx(400 / 1150)
+    assert neither == pytest.approx(650 / 1150)
+    # A control launch has no events 12 and 13: its pairs' phases are absent, not zero.
+    trace[..., 12:14] = 0
+    found = tool.phase_cycles(trace)
+    assert (1, "first pair's adds") not in found and set(found[(1, "chunks, adds (control)")]) == {400}
+    assert any("dKV adds under way" in line for line in tool.report(trace))

@@ -1,0 +1,164 @@
+"""Where a block's time goes in the 64-head tile, warpgroup by warpgroup (GPU; a patched package).
+
+    bash scripts/ab-packages.sh experiments/block_timeline.patch
+    python benchmarks/block_timeline.py --package .ab/block_timeline/mqa_bwd [--shape B=1,S=4096,S_kv=8192,H=64,L=2048]
+        [--indices uniform] [--atomic]
+
+experiments/block_timeline.patch makes the wide tile's lanes (or control) launch stamp the SM's
+clock64 at fixed points of each block, from thread 0 of each warpgroup, for the first blocks of
+every CTA (wide.py's TRACE_BLOCKS). This runs one call of the patched package and prints, per
+phase between two stamps, its median cycles, its 10th and 90th percentiles and its share of the
+median block period: which warpgroup waits for which handoff, and how long. Then the share of a
+CTA's traced time in which a warpgroup's dKV adds are under way (warpgroup 0 from its chunk
+GEMMs' wait to its last add; warpgroup 1 from KV_FREE to its last pair's adds, which holds its
+pairs' GEMMs too), by neither, one or both: when neither adds, the SM sends the L2 only its
+gathers. The stamps cost a store each and may move ptxas's schedule: the tool prints the traced
+call's main kernel time beside the untraced one's for that reason (ours, the same shape).
+"""
+
+import argparse
+import os
+import sys
+
+import numpy as np
+
+#: Events (wide.py in the patch): warpgroup 0's block starts (0), after its KV_FREE wait (1), the
+#: gather landed (2), S and dP done (3), dQ's GEMM issued (4), after its PDS_FREE wait (5), P and dS
+#: handed over (6), its chunk GEMMs done (7), its adds done (8); warpgroup 1's block starts (9),
+#: after its PDS_READY wait (10), after its KV_FREE arrival (11), its first pair's adds done (12),
+#: after its PEAKS_READY wait and PDS_FREE arrival (13), its chunks done (14), its bounds done (15).
+#: Phases: (warpgroup, name, first event, last event, whether the last is the next block's).
+PHASES = (
+    (0, "wait for KV_FREE", 0, 1, False),
+    (0, "slots, gather lands", 1, 2, False),
+    (0, "S, dP, gather's rest", 2, 3, False),
+    (0, "P, dS, dQ GEMM issued", 3, 4, False),
+    (0, "wait for PDS_FREE", 4, 5, False),
+    (0, "P and dS stored", 5, 6, False),
+    (0, "its chunks' GEMMs", 6, 7, False),
+    (0, "its chunks' adds", 7, 8, False),
+    (0, "peaks, to next block", 8, 0, True),
+    (1, "wait for PDS_READY", 9, 10, False),
+    (1, "dQ GEMMs, first pair's", 10, 11, False),
+    (1, "first pair's adds", 11, 12, False),
+    (1, "pairs to PDS_FREE", 12, 13, False),
+    (1, "last adds", 13, 14, False),
+    (1, "chunks, adds (control)", 11, 14, False),  # where the pairs' stamps are absent
+    (1, "bounds", 14, 15, False),
+    (1, "to next block", 15, 9, True),
+)
+#: The events that open and close each warpgroup's block period.
+PERIOD_EVENT = {0: 0, 1: 9}
+#: Each warpgroup's span of adds (first event, last event).
+ADDS_SPANS = {0: (7, 8), 1: (11, 14)}
+
+
+def phase_cycles(trace: np.ndarray) -> dict:
+    """{(warpgroup, phase name): cycles of every traced block where both its stamps are set}.
+    ``trace`` is the patch's [CTAs, blocks, events] int64 clock64 stamps (0: not stamped). The control's warpgroup 1 has no pairs: one phase from KV_FREE to its
+    chunks' end stands for the lanes' three."""
+    found = {}
+    for wg, name, first, last, next_block in PHASES:
+        start = trace[:, :-1, first] if next_block else trace[:, :, first]
+        end = trace[:, 1:, last] if next_block else trace[:, :, last]
+        both = (start != 0) & (end != 0)
+        if both.any():
+            found[(wg, name)] = (end - start)[both]
+    if (1, "first pair's adds") in found:  # the lanes: their pairs' phases say it finer
+        del found[(1, "chunks, adds (control)")]
+    return found
+
+
+def periods(trace: np.ndarray) -> dict:
+    """{warpgroup: cycles from one block's start to the next's, over the traced blocks}."""
+    out = {}
+    for wg, event in PERIOD_EVENT.items():
+        start, end = trace[:, :-1, event], trace[:, 1:, event]
+        both = (start != 0) & (end != 0)
+        out[wg] = (end - start)[both]
+    return out
+
+
+def adds_overlap(trace: np.ndarray) -> tuple:
+    """(neither, one, both): shares of the CTAs' traced time (each CTA's first to last stamp) in
+    which no warpgroup, one or both are within their span of adds (ADDS_SPANS)."""
+    totals = np.zeros(3)
+    for cta in trace:
+        stamped = cta[cta != 0]
+        if stamped.size == 0:
+            continue
+        lo, hi = int(stamped.min()), int(stamped.max())
+        edges = []  # (time, +1 opens a span, -1 closes one)
+        for first, last in ADDS_SPANS.values():
+            ok = (cta[:, first] != 0) & (cta[:, last] != 0)
+            edges += [(int(t), 1) for t in cta[ok, first]] + [(int(t), -1) for t in cta[ok, last]]
+        edges.sort()
+        depth, now = 0, lo
+        for t, step in edges:
+            totals[min(depth, 2)] += t - now
+            depth, now = depth + step, t
+        totals[min(depth, 2)] += hi - now
+    whole = totals.sum()
+    return tuple(totals / whole) if whole else (float("nan"),) * 3
+
+
+def report(trace: np.ndarray) -> list:
+    """The tool's table, as lines."""
+    lines = []
+    period = periods(trace)
+    found = phase_cycles(trace)
+    for wg in (0, 1):
+        p = period[wg]
+        median = float(np.median(p)) if p.size else float("nan")
+        lines.append(f"warpgroup {wg}: block period median {median:.0f} cycles over {p.size} blocks")
+        for (owner, name), cycles in found.items():
+            if owner != wg:
+                continue
+            q10, q50, q90 = np.percentile(cycles, (10, 50, 90))
+            lines.append(f"  {name:<24} {q50:8.0f} cycles  (p10 {q10:.0f}, p90 {q90:.0f})  {q50 / median:6.1%} of the period")
+    neither, one, both = adds_overlap(trace)
+    lines.append(f"dKV adds under way: neither warpgroup {neither:.1%}, one {one:.1%}, both {both:.1%} of the traced time")
+    return lines
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--package", required=True, help="the patched copy of mqa_bwd (scripts/ab-packages.sh)")
+    parser.add_argument("--shape", default="B=1,S=4096,S_kv=8192,H=64,L=2048")
+    parser.add_argument("--indices", default="uniform")
+    parser.add_argument("--atomic", action="store_true", help="the control's launch instead of the lanes'")
+    a = parser.parse_args()
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import importlib
+
+    import torch
+    from package_ab import load_package
+
+    from mqa_bwd import bench, launch, wrapper
+
+    other = load_package(a.package)
+    traced_launch, traced_wrapper = (importlib.import_module(f"{other.__name__}.{m}") for m in ("launch", "wrapper"))
+    shape = bench.parse_shape(a.shape)
+    args = bench.production_inputs(**shape, indices=a.indices)
+    ours = launch.TileLangLauncher(not a.atomic)
+    traced = traced_launch.TileLangLauncher(not a.atomic)
+    for _ in range(3):  # compile and warm both
+        wrapper.backward_with(ours, *args)
+        traced_wrapper.backward_with(traced, *args)
+    torch.cuda.synchronize()
+    kernels = {}
+    for label, launcher, run in (("untraced", ours, wrapper), ("traced", traced, traced_wrapper)):
+        trace = bench.kernel_trace(lambda: run.backward_with(launcher, *args), calls=2)
+        kernels[label] = sum(ms for name, ms, _ in trace if name.startswith("main_bwd"))
+    traced_wrapper.backward_with(traced, *args)  # its lanes (or control) launch keeps a new Trace
+    torch.cuda.synchronize()
+    stamps = traced.trace.cpu().numpy()
+    print(f"{a.shape}, {a.indices} indices, {'control' if a.atomic else 'lanes'}: main kernel "
+          f"{kernels['traced']:.3f} ms traced, {kernels['untraced']:.3f} untraced")
+    for line in report(stamps):
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
