@@ -55,8 +55,9 @@ ADDS_SPANS = {0: (7, 8), 1: (11, 14)}
 
 def phase_cycles(trace: np.ndarray) -> dict:
     """{(warpgroup, phase name): cycles of every traced block where both its stamps are set}.
-    ``trace`` is the patch's [CTAs, blocks, events] int64 clock64 stamps (0: not stamped). The control's warpgroup 1 has no pairs: one phase from KV_FREE to its
-    chunks' end stands for the lanes' three."""
+    ``trace`` is the patch's [CTAs, blocks, events] int64 clock64 stamps (0: not stamped). The
+    control's warpgroup 1 has no pairs: one phase from KV_FREE to its chunks' end stands for the
+    lanes' three."""
     found = {}
     for wg, name, first, last, next_block in PHASES:
         start = trace[:, :-1, first] if next_block else trace[:, :, first]
