@@ -53,6 +53,15 @@ PERIOD_EVENT = {0: 0, 1: 9}
 ADDS_SPANS = {0: (7, 8), 1: (11, 14)}
 
 
+def _spans(trace: np.ndarray, first: int, last: int, next_block: bool) -> np.ndarray:
+    """Cycles from event ``first`` of each traced block to event ``last`` of the same block (or,
+    with ``next_block``, of the block after it), wherever both were stamped."""
+    start = trace[:, :-1, first] if next_block else trace[:, :, first]
+    end = trace[:, 1:, last] if next_block else trace[:, :, last]
+    both = (start != 0) & (end != 0)
+    return (end - start)[both]
+
+
 def phase_cycles(trace: np.ndarray) -> dict:
     """{(warpgroup, phase name): cycles of every traced block where both its stamps are set}.
     ``trace`` is the patch's [CTAs, blocks, events] int64 clock64 stamps (0: not stamped). The
@@ -60,11 +69,9 @@ def phase_cycles(trace: np.ndarray) -> dict:
     lanes' three."""
     found = {}
     for wg, name, first, last, next_block in PHASES:
-        start = trace[:, :-1, first] if next_block else trace[:, :, first]
-        end = trace[:, 1:, last] if next_block else trace[:, :, last]
-        both = (start != 0) & (end != 0)
-        if both.any():
-            found[(wg, name)] = (end - start)[both]
+        cycles = _spans(trace, first, last, next_block)
+        if cycles.size:
+            found[(wg, name)] = cycles
     if (1, "first pair's adds") in found:  # the lanes: their pairs' phases say it finer
         del found[(1, "chunks, adds (control)")]
     return found
@@ -72,12 +79,7 @@ def phase_cycles(trace: np.ndarray) -> dict:
 
 def periods(trace: np.ndarray) -> dict:
     """{warpgroup: cycles from one block's start to the next's, over the traced blocks}."""
-    out = {}
-    for wg, event in PERIOD_EVENT.items():
-        start, end = trace[:, :-1, event], trace[:, 1:, event]
-        both = (start != 0) & (end != 0)
-        out[wg] = (end - start)[both]
-    return out
+    return {wg: _spans(trace, event, event, next_block=True) for wg, event in PERIOD_EVENT.items()}
 
 
 def adds_overlap(trace: np.ndarray) -> tuple:
@@ -152,7 +154,7 @@ def main():
     for label, launcher, run in (("untraced", ours, wrapper), ("traced", traced, traced_wrapper)):
         trace = bench.kernel_trace(lambda: run.backward_with(launcher, *args), calls=2)
         kernels[label] = sum(ms for name, ms, _ in trace if name.startswith("main_bwd"))
-    traced_wrapper.backward_with(traced, *args)  # its lanes (or control) launch keeps a new Trace
+    traced_wrapper.backward_with(traced, *args)  # the stamps of a call outside the profiler
     torch.cuda.synchronize()
     stamps = traced.trace.cpu().numpy()
     print(f"{a.shape}, {a.indices} indices, {'control' if a.atomic else 'lanes'}: main kernel "

@@ -467,7 +467,7 @@ def main_kernel_each_design(idx, R, HQ, NKV, seed, launch=None):
         dkv = torch.zeros(NKV, width, dtype=torch.int64 if deterministic else torch.float32).cuda()
         flag = torch.zeros(R, dtype=torch.int32)
         if config.corrections:
-            flag[1::2] = 2  # fixed_point.FLAG_MAGIC: the rows a lanes launch flagged
+            flag[1::2] = launch.fixed_point.FLAG_MAGIC  # the rows a lanes launch flagged
         extra = {} if not deterministic else dict(
             row_scale=torch.ones(NKV).cuda(), flag=flag.cuda(), allowance=torch.full((R, HQ), float("inf")).cuda())
         if config.wide:  # the lanes' bound; the redo runs (gate 1)
