@@ -12,7 +12,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from mqa_bwd.contract import SPEC_ARGS  # noqa: E402
+from mqa_bwd.contract import OUTPUT_NAMES, SPEC_ARGS  # noqa: E402
 from mqa_bwd import fixed_point, launch, mqa_latent_sparse_bwd, wrapper  # noqa: E402
 from mqa_bwd.bench import RACECHECK_HAZARDS, SANITIZER_ERRORS, compute_sanitizer, production_inputs  # noqa: E402
 from mqa_bwd.model import ModelLauncher, lane_words  # noqa: E402
@@ -102,14 +102,14 @@ def test_bitwise_identical_over_100_reruns_and_atomic_control_differs(H):
     args = production_inputs(B=1, S=4096, S_kv=8192, H=H, L=2048)
     for tracker in _reruns(args, "tilelang", 100):
         assert tracker.stats.report() is None, tracker.stats.report()
-    dkv = _reruns(args, "tilelang-atomic", 10)[1]
+    dkv = _reruns(args, "tilelang-atomic", 10)[OUTPUT_NAMES.index("dkv")]
     assert not dkv.stats.bitwise, "the atomic control was bitwise stable"
 
 
 def _reruns(args, backend, runs):
     """Each output's RerunTracker over ``runs`` calls. Runs are compared with run 0 on the device
     and dropped: a hundred dsv32 H=128 results (0.6 GB of dq each) do not fit in an H100."""
-    trackers = [RerunTracker(name) for name in ("dq", "dkv", "d_attn_sink")]
+    trackers = [RerunTracker(name) for name in OUTPUT_NAMES]
     for _ in range(runs):
         for tracker, t in zip(trackers, mqa_latent_sparse_bwd(*args, backend=backend)):
             tracker.add(t)
