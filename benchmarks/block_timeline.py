@@ -5,10 +5,14 @@
         [--indices uniform] [--atomic]
 
 experiments/block_timeline.patch makes the wide tile's lanes (or control) launch stamp the SM's
-clock64 at fixed points of each block, from thread 0 of each warpgroup, for the first blocks of
-every CTA (wide.py's TRACE_BLOCKS). This runs one call of the patched package and prints, per
-phase between two stamps, its median cycles, its 10th and 90th percentiles and its share of the
-median block period: which warpgroup waits for which handoff, and how long. Then the share of a
+clock64 at fixed points of each block, from thread 0 of each warpgroup, for the first 2048 blocks
+of every CTA (wide.py's TRACE_BLOCKS: all of them at the bench shapes). This runs one call of the
+patched package and prints, per phase between two stamps, its median cycles, its 10th and 90th
+percentiles, its share of the median block period and its mean: which warpgroup waits for which
+handoff, and how long; the means add up to the mean period, so they say which phases the slow
+blocks are slow in. Then each CTA's cycles a block (first stamp to last over its blocks: the
+row changes included), and the clock that the slowest CTA's span and the traced kernel time
+imply. Then the share of a
 CTA's traced time in which a warpgroup's dKV adds are under way (warpgroup 0 from its chunk
 GEMMs' wait to its last add; warpgroup 1 from KV_FREE to its last pair's adds, which holds its
 pairs' GEMMs too), by neither, one or both: when neither adds, the SM sends the L2 only its
@@ -17,6 +21,7 @@ call's main kernel time beside the untraced one's for that reason (ours, the sam
 """
 
 import argparse
+import math
 import os
 import sys
 
@@ -105,20 +110,41 @@ def adds_overlap(trace: np.ndarray) -> tuple:
     return tuple(totals / whole) if whole else (float("nan"),) * 3
 
 
-def report(trace: np.ndarray) -> list:
-    """The tool's table, as lines."""
+def cta_spans(trace: np.ndarray) -> tuple:
+    """(each traced CTA's cycles from its first stamp to its last, its blocks stamped)."""
+    spans, blocks = [], []
+    for cta in trace:
+        stamped = cta[cta != 0]
+        if stamped.size:
+            spans.append(int(stamped.max() - stamped.min()))
+            blocks.append(int((cta[:, PERIOD_EVENT[0]] != 0).sum()))
+    return np.array(spans), np.array(blocks)
+
+
+def report(trace: np.ndarray, kernel_ms: float = math.nan) -> list:
+    """The tool's table, as lines; ``kernel_ms``, the traced main kernel's time, gives the clock."""
     lines = []
     period = periods(trace)
     found = phase_cycles(trace)
     for wg in (0, 1):
         p = period[wg]
         median = float(np.median(p)) if p.size else float("nan")
-        lines.append(f"warpgroup {wg}: block period median {median:.0f} cycles over {p.size} blocks")
+        mean = float(np.mean(p)) if p.size else float("nan")
+        lines.append(f"warpgroup {wg}: block period median {median:.0f} cycles, mean {mean:.0f}, over {p.size} blocks")
         for (owner, name), cycles in found.items():
             if owner != wg:
                 continue
             q10, q50, q90 = np.percentile(cycles, (10, 50, 90))
-            lines.append(f"  {name:<24} {q50:8.0f} cycles  (p10 {q10:.0f}, p90 {q90:.0f})  {q50 / median:6.1%} of the period")
+            lines.append(f"  {name:<24} {q50:8.0f} cycles  (p10 {q10:.0f}, p90 {q90:.0f})  {q50 / median:6.1%} of the period"
+                         f"  mean {np.mean(cycles):.0f}")
+    spans, blocks = cta_spans(trace)
+    if spans.size:
+        per_block = spans / np.maximum(blocks, 1)
+        line = (f"CTAs: {np.median(per_block):.0f} cycles a block (median over {spans.size} CTAs, first stamp to "
+                f"last, rows' changes included), slowest CTA {spans.max():.0f} cycles over {blocks[spans.argmax()]} blocks")
+        if kernel_ms == kernel_ms:
+            line += f": {spans.max() / kernel_ms / 1e3:.0f} MHz over the traced kernel's {kernel_ms:.3f} ms"
+        lines.append(line)
     neither, one, both = adds_overlap(trace)
     lines.append(f"dKV adds under way: neither warpgroup {neither:.1%}, one {one:.1%}, both {both:.1%} of the traced time")
     return lines
@@ -130,6 +156,7 @@ def main():
     parser.add_argument("--shape", default="B=1,S=4096,S_kv=8192,H=64,L=2048")
     parser.add_argument("--indices", default="uniform")
     parser.add_argument("--atomic", action="store_true", help="the control's launch instead of the lanes'")
+    parser.add_argument("--save", help="write the stamps ([CTAs, blocks, events] int64) to this .npy file")
     a = parser.parse_args()
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -159,7 +186,9 @@ def main():
     stamps = traced.trace.cpu().numpy()
     print(f"{a.shape}, {a.indices} indices, {'control' if a.atomic else 'lanes'}: main kernel "
           f"{kernels['traced']:.3f} ms traced, {kernels['untraced']:.3f} untraced")
-    for line in report(stamps):
+    if a.save:
+        np.save(a.save, stamps)
+    for line in report(stamps, kernels["traced"]):
         print(line)
 
 

@@ -788,3 +788,18 @@ def test_block_timeline_counts_time_with_adds_under_way():
     found = tool.phase_cycles(trace)
     assert (1, "first pair's adds") not in found and set(found[(1, "chunks, adds (control)")]) == {400}
     assert any("dKV adds under way" in line for line in tool.report(trace))
+
+
+def test_block_timeline_counts_a_ctas_cycles_a_block_with_its_gaps():
+    tool = _tool("block_timeline")
+    trace = _synthetic_timeline(blocks=4, ctas=2)
+    trace[1, 2:4] += 3000  # CTA 1 waits 3000 cycles between its blocks 1 and 2 (a row's change)
+    spans, blocks = tool.cta_spans(trace)
+    # Each CTA spans its first block's event 0 to its last block's event 15 (1150 past its start).
+    assert spans.tolist() == [3000 + 1150, 6000 + 1150] and blocks.tolist() == [4, 4]
+    # The wait moves warpgroup 0's mean period, not its median: the means say where slow blocks lose.
+    lines = tool.report(trace, kernel_ms=0.001)
+    period = next(line for line in lines if line.startswith("warpgroup 0"))
+    assert "median 1000 cycles, mean 1500" in period, period
+    # 7150 cycles in a microsecond: a 7150 MHz clock, by the slowest CTA.
+    assert any("7150 MHz" in line for line in lines), lines
