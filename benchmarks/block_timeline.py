@@ -156,7 +156,8 @@ def main():
     parser.add_argument("--shape", default="B=1,S=4096,S_kv=8192,H=64,L=2048")
     parser.add_argument("--indices", default="uniform")
     parser.add_argument("--atomic", action="store_true", help="the control's launch instead of the lanes'")
-    parser.add_argument("--save", help="write the stamps ([CTAs, blocks, events] int64) to this .npy file")
+    parser.add_argument("--save", help="write the stamps ([CTAs, blocks, events] int64, up to the last block stamped) "
+                        "to this .npz file, compressed, as `stamps`")
     a = parser.parse_args()
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -187,7 +188,8 @@ def main():
     print(f"{a.shape}, {a.indices} indices, {'control' if a.atomic else 'lanes'}: main kernel "
           f"{kernels['traced']:.3f} ms traced, {kernels['untraced']:.3f} untraced")
     if a.save:
-        np.save(a.save, stamps)
+        blocks = int(np.flatnonzero(stamps.any(axis=(0, 2))).max(initial=-1)) + 1
+        np.savez_compressed(a.save, stamps=stamps[:, :blocks])
     for line in report(stamps, kernels["traced"]):
         print(line)
 
