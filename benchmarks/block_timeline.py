@@ -2,17 +2,18 @@
 
     bash scripts/ab-packages.sh experiments/block_timeline.patch
     python benchmarks/block_timeline.py --package .ab/block_timeline/mqa_bwd [--shape B=1,S=4096,S_kv=8192,H=64,L=2048]
-        [--indices uniform] [--atomic]
+        [--indices uniform] [--atomic] [--save stamps.npz]
 
 experiments/block_timeline.patch makes the wide tile's lanes (or control) launch stamp the SM's
 clock64 at fixed points of each block, from thread 0 of each warpgroup, for the first 2048 blocks
 of every CTA (wide.py's TRACE_BLOCKS: all of them at the bench shapes). This runs one call of the
 patched package and prints, per phase between two stamps, its median cycles, its 10th and 90th
 percentiles, its share of the median block period and its mean: which warpgroup waits for which
-handoff, and how long; the means add up to the mean period, so they say which phases the slow
+handoff, and how long; the means add up to about the mean period, so they say which phases the slow
 blocks are slow in. Then each CTA's cycles a block (first stamp to last over its blocks: the
 row changes included), and the clock that the slowest CTA's span and the traced kernel time
-imply. Then the share of a
+imply; with uniform indices (every row the same count of blocks), each phase's mean in the rows'
+first blocks against the others. Then the share of a
 CTA's traced time in which a warpgroup's dKV adds are under way (warpgroup 0 from its chunk
 GEMMs' wait to its last add; warpgroup 1 from KV_FREE to its last pair's adds, which holds its
 pairs' GEMMs too), by neither, one or both: when neither adds, the SM sends the L2 only its
@@ -58,13 +59,36 @@ PERIOD_EVENT = {0: 0, 1: 9}
 ADDS_SPANS = {0: (7, 8), 1: (11, 14)}
 
 
+def _span_matrix(trace: np.ndarray, first: int, last: int, next_block: bool) -> tuple:
+    """(cycles, stamped): [CTAs, blocks] arrays (a block fewer with ``next_block``) of the cycles from
+    event ``first`` of each block to event ``last`` of the same block (or of the block after it), and
+    whether both were stamped."""
+    start = trace[:, :-1, first] if next_block else trace[:, :, first]
+    end = trace[:, 1:, last] if next_block else trace[:, :, last]
+    return end - start, (start != 0) & (end != 0)
+
+
 def _spans(trace: np.ndarray, first: int, last: int, next_block: bool) -> np.ndarray:
     """Cycles from event ``first`` of each traced block to event ``last`` of the same block (or,
     with ``next_block``, of the block after it), wherever both were stamped."""
-    start = trace[:, :-1, first] if next_block else trace[:, :, first]
-    end = trace[:, 1:, last] if next_block else trace[:, :, last]
-    both = (start != 0) & (end != 0)
-    return (end - start)[both]
+    cycles, stamped = _span_matrix(trace, first, last, next_block)
+    return cycles[stamped]
+
+
+def row_starts_against_rest(trace: np.ndarray, blocks_per_row: int) -> list:
+    """[(warpgroup, name, mean cycles in the rows' first blocks, in the others)] for each phase and
+    each warpgroup's period ("period"), where every row of every CTA has ``blocks_per_row`` blocks
+    (uniform indices), so that a CTA's block t is its row's first where t % blocks_per_row == 0."""
+    rows = []
+    spans = [(wg, name, first, last, next_block) for wg, name, first, last, next_block in PHASES]
+    spans += [(wg, "period", event, event, True) for wg, event in PERIOD_EVENT.items()]
+    for wg, name, first, last, next_block in spans:
+        cycles, stamped = _span_matrix(trace, first, last, next_block)
+        first_block = (np.arange(cycles.shape[1]) % blocks_per_row == 0)[None, :]
+        starts, rest = cycles[stamped & first_block], cycles[stamped & ~first_block]
+        if starts.size and rest.size:
+            rows.append((wg, name, float(starts.mean()), float(rest.mean())))
+    return rows
 
 
 def phase_cycles(trace: np.ndarray) -> dict:
@@ -121,8 +145,9 @@ def cta_spans(trace: np.ndarray) -> tuple:
     return np.array(spans), np.array(blocks)
 
 
-def report(trace: np.ndarray, kernel_ms: float = math.nan) -> list:
-    """The tool's table, as lines; ``kernel_ms``, the traced main kernel's time, gives the clock."""
+def report(trace: np.ndarray, kernel_ms: float = math.nan, blocks_per_row: int = 0) -> list:
+    """The tool's table, as lines; ``kernel_ms``, the traced main kernel's time, gives the clock;
+    ``blocks_per_row`` (uniform indices), the rows' first blocks against the rest."""
     lines = []
     period = periods(trace)
     found = phase_cycles(trace)
@@ -145,6 +170,13 @@ def report(trace: np.ndarray, kernel_ms: float = math.nan) -> list:
         if kernel_ms == kernel_ms:
             line += f": {spans.max() / kernel_ms / 1e3:.0f} MHz over the traced kernel's {kernel_ms:.3f} ms"
         lines.append(line)
+    if blocks_per_row > 1:
+        lines.append(f"means, the rows' first blocks (one in {blocks_per_row}) against the others; what the first "
+                     "blocks add to the mean period:")
+        found_rows = row_starts_against_rest(trace, blocks_per_row)
+        for wg, name, starts, rest in found_rows:
+            lines.append(f"  warpgroup {wg} {name:<24} {starts:8.0f} against {rest:6.0f}  "
+                         f"{(starts - rest) / blocks_per_row:+6.0f} a block")
     neither, one, both = adds_overlap(trace)
     lines.append(f"dKV adds under way: neither warpgroup {neither:.1%}, one {one:.1%}, both {both:.1%} of the traced time")
     return lines
@@ -167,6 +199,7 @@ def main():
     from package_ab import load_package
 
     from mqa_bwd import bench, launch, wrapper
+    from mqa_bwd.kernels.config import WIDE_SLOTS
 
     other = load_package(a.package)
     traced_launch, traced_wrapper = (importlib.import_module(f"{other.__name__}.{m}") for m in ("launch", "wrapper"))
@@ -190,7 +223,9 @@ def main():
     if a.save:
         blocks = int(np.flatnonzero(stamps.any(axis=(0, 2))).max(initial=-1)) + 1
         np.savez_compressed(a.save, stamps=stamps[:, :blocks])
-    for line in report(stamps, kernels["traced"]):
+    # Uniform indices give every row all of its L slots, so each row has the same count of blocks.
+    blocks_per_row = math.ceil(shape["L"] / WIDE_SLOTS) if a.indices == "uniform" else 0
+    for line in report(stamps, kernels["traced"], blocks_per_row):
         print(line)
 
 

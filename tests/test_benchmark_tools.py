@@ -803,3 +803,24 @@ def test_block_timeline_counts_a_ctas_cycles_a_block_with_its_gaps():
     assert "median 1000 cycles, mean 1500" in period, period
     # 7150 cycles in a microsecond: a 7150 MHz clock, by the slowest CTA.
     assert any("7150 MHz" in line for line in lines), lines
+
+
+def test_block_timeline_sets_the_rows_first_blocks_against_the_rest():
+    tool = _tool("block_timeline")
+    trace = _synthetic_timeline(blocks=8, ctas=2)
+    # Rows of four blocks: each row's first block waits 400 cycles more for KV_FREE, so every stamp
+    # from its event 1 on (warpgroup 1's too) and all later blocks move by 400 a row.
+    for row_start in (0, 4):
+        trace[:, row_start:, 1:] += 400
+        trace[:, row_start + 1:, :1] += 400
+    rows = {(wg, name): (starts, rest) for wg, name, starts, rest in tool.row_starts_against_rest(trace, 4)}
+    assert rows[(0, "wait for KV_FREE")] == (500, 100)
+    assert rows[(0, "its chunks' adds")] == (200, 200)
+    # A period runs from a block's start to the next's, so the first block's holds its own wait.
+    assert rows[(0, "period")] == (1400, 1000)
+    # Warpgroup 1's block starts before its PDS_READY wait: the delay falls in the period before
+    # (block 3's of the second row's four; block 7 has no next one).
+    assert rows[(1, "period")] == (1000, (1000 * 4 + 1400) / 5)
+    lines = tool.report(trace, blocks_per_row=4)
+    assert any("rows' first blocks (one in 4)" in line for line in lines)
+    assert any("wait for KV_FREE" in line and "+100 a block" in line for line in lines), lines
