@@ -5,18 +5,19 @@
         [--indices uniform] [--atomic] [--save stamps.npz]
 
 experiments/block_timeline.patch makes the wide tile's lanes (or control) launch stamp the SM's
-clock64 at fixed points of each block, from thread 0 of each warpgroup, for the first 2048 blocks
-of every CTA (wide.py's TRACE_BLOCKS: all of them at the bench shapes). This runs one call of the
-patched package and prints, per phase between two stamps, its median cycles, its 10th and 90th
-percentiles, its share of the median block period and its mean: which warpgroup waits for which
-handoff, and how long; the means add up to about the mean period, so they say which phases the slow
-blocks are slow in. Then each CTA's cycles a block (first stamp to last over its blocks: the
-row changes included), and the clock that the slowest CTA's span and the traced kernel time
-imply; with uniform indices (every row the same count of blocks), each phase's mean in the rows'
-first blocks against the others. Then the share of a
-CTA's traced time in which a warpgroup's dKV adds are under way (warpgroup 0 from its chunk
-GEMMs' wait to its last add; warpgroup 1 from KV_FREE to its last pair's adds, which holds its
-pairs' GEMMs too), by neither, one or both: when neither adds, the SM sends the L2 only its
+clock64 at fixed points of each block, from thread 0 of each warpgroup (and where each warp ends
+its adds, from its lane 0), for the first 2048 blocks of every CTA (wide.py's TRACE_BLOCKS: all of
+them at the bench shapes). This runs one call of the patched package and prints, per phase between
+two stamps, its median cycles, its 10th and 90th percentiles, its share of the median block period
+and its mean: which warpgroup waits for which handoff, and how long; the means add up to about the
+mean period, so they say which phases the slow blocks are slow in. Then each CTA's cycles a block
+(first stamp to last over its blocks: the row changes included), and the clock that the slowest
+CTA's span and the traced kernel time imply; how far apart each warpgroup's four warps end their
+adds (the earliest then waits at the next barrier or handoff); with uniform indices (every row the
+same count of blocks), each phase's mean in the rows' first blocks against the others. Then the
+share of a CTA's traced time in which a warpgroup's dKV adds are under way (warpgroup 0 from its
+chunk GEMMs' wait to its last add; warpgroup 1 from KV_FREE to its last pair's adds, which holds
+its pairs' GEMMs too), by neither, one or both: when neither adds, the SM sends the L2 only its
 gathers. The stamps cost a store each and may move ptxas's schedule: the tool prints the traced
 call's main kernel time beside the untraced one's for that reason (ours, the same shape).
 """
@@ -55,6 +56,10 @@ PHASES = (
 )
 #: The events that open and close each warpgroup's block period.
 PERIOD_EVENT = {0: 0, 1: 9}
+#: Each warpgroup's four per-warp stamps (warp w at first + w), where its warps end their adds:
+#: warpgroup 0's at event 8 (before the peaks' merge and PEAKS_READY), warpgroup 1's at event 14
+#: (before the bounds' barrier).
+WARP_EVENTS = {0: 20, 1: 16}
 #: Each warpgroup's span of adds (first event, last event).
 ADDS_SPANS = {0: (7, 8), 1: (11, 14)}
 
@@ -145,6 +150,19 @@ def cta_spans(trace: np.ndarray) -> tuple:
     return np.array(spans), np.array(blocks)
 
 
+def warp_skew(trace: np.ndarray) -> dict:
+    """{warpgroup: cycles from its first warp's end of adds to its last's, in each traced block where
+    all four stamped}: how long the earliest warp waits at the barrier or handoff that follows."""
+    skew = {}
+    if trace.shape[2] < max(WARP_EVENTS.values()) + 4:
+        return skew  # a trace without the warps' stamps
+    for wg, first in WARP_EVENTS.items():
+        ends = trace[:, :, first:first + 4]
+        stamped = (ends != 0).all(axis=2)
+        skew[wg] = (ends.max(axis=2) - ends.min(axis=2))[stamped]
+    return skew
+
+
 def report(trace: np.ndarray, kernel_ms: float = math.nan, blocks_per_row: int = 0) -> list:
     """The tool's table, as lines; ``kernel_ms``, the traced main kernel's time, gives the clock;
     ``blocks_per_row`` (uniform indices), the rows' first blocks against the rest."""
@@ -170,6 +188,11 @@ def report(trace: np.ndarray, kernel_ms: float = math.nan, blocks_per_row: int =
         if kernel_ms == kernel_ms:
             line += f": {spans.max() / kernel_ms / 1e3:.0f} MHz over the traced kernel's {kernel_ms:.3f} ms"
         lines.append(line)
+    for wg, cycles in warp_skew(trace).items():
+        if cycles.size:
+            q50, q90 = np.percentile(cycles, (50, 90))
+            lines.append(f"warpgroup {wg}: its warps end their adds {q50:.0f} cycles apart (median; p90 {q90:.0f}, "
+                         f"mean {cycles.mean():.0f})")
     if blocks_per_row > 1:
         lines.append(f"means, the rows' first blocks (one in {blocks_per_row}) against the others; what the first "
                      "blocks add to the mean period:")

@@ -197,19 +197,21 @@
   block_timeline.patch      an instrument, not a variant: the wide tile's lanes (or control) launch
                             stamps the SM's clock64 at 16 points of each block (9 of warpgroup 0's,
                             7 of warpgroup 1's: its handoff waits and arrivals, GEMMs, adds and
-                            bounds) into a Trace [132 CTAs, 64 blocks, 16] argument, from thread 0
-                            of each warpgroup; benchmarks/block_timeline.py prints each phase's
-                            cycles and share of the block period, and the share of time in which
-                            neither warpgroup is adding dKV (the L2 then has only gathers). The
-                            redo's and the corrections' launches stamp nothing. ptxas at d_k = 576:
-                            48/56 bytes spilled on one tile, as the product, 56/68 on two (the
-                            product 48/56: read H=128's timeline with that in mind); the control
-                            none. The tool prints the traced main kernel's time beside the
-                            product's. Not run yet.
-                            On 39cc08a and later:
+                            bounds) from thread 0 of each warpgroup, and where each warp ends its
+                            adds (8 more, from lane 0 of each warp), into a Trace [132 CTAs, 2048
+                            blocks, 24] argument; benchmarks/block_timeline.py prints each phase's
+                            cycles, share of the block period and mean, the rows' first blocks
+                            against the others, how far a warpgroup's warps end their adds apart,
+                            and the share of time in which neither warpgroup is adding dKV (the L2
+                            then has only gathers). The redo's and the corrections' launches stamp
+                            nothing. ptxas at d_k = 576 (the H=64 launch): 56/68 bytes spilled,
+                            with or without the warps' stamps, where the product spills 48/56;
+                            the control none. The tool prints the traced main kernel's time beside the
+                            product's. Its first run (64 blocks a CTA, thread 0's stamps only):
+                            docs/performance-log.md, thirty-second session. On 3e69d09 and later:
 
         bash scripts/ab-packages.sh experiments/block_timeline.patch
-        python benchmarks/block_timeline.py --package .ab/block_timeline/mqa_bwd [--atomic]
+        python benchmarks/block_timeline.py --package .ab/block_timeline/mqa_bwd [--atomic] [--save stamps.npz]
 
 git history holds the others (dq_vector_stores.patch, thread_again.patch and
 l2_request_cuts.patch, dQ stored 16 bytes a thread and the adds' thread index read again from

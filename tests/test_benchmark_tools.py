@@ -824,3 +824,17 @@ def test_block_timeline_sets_the_rows_first_blocks_against_the_rest():
     lines = tool.report(trace, blocks_per_row=4)
     assert any("rows' first blocks (one in 4)" in line for line in lines)
     assert any("wait for KV_FREE" in line and "+100 a block" in line for line in lines), lines
+
+
+def test_block_timeline_measures_how_far_apart_a_warpgroups_warps_end_their_adds():
+    tool = _tool("block_timeline")
+    thread_zero = _synthetic_timeline(blocks=3, ctas=1)
+    assert tool.warp_skew(thread_zero) == {}  # a trace without the warps' stamps
+    trace = np.zeros((1, 8, 24), dtype=np.int64)  # blocks 3-7 unstamped, as past a CTA's last
+    trace[..., :16] = thread_zero
+    for wg, (event, first) in {0: (8, 20), 1: (14, 16)}.items():
+        trace[..., first:first + 4] = trace[..., event:event + 1] + np.array([0, 30, 10, 20 + 100 * wg])
+    trace[0, 2, 17] = 0  # a block where one of warpgroup 1's warps did not stamp is left out
+    skew = tool.warp_skew(trace)
+    assert skew[0].tolist() == [30, 30, 30] and skew[1].tolist() == [120, 120]
+    assert any("warpgroup 1: its warps end their adds 120 cycles apart" in line for line in tool.report(trace))
