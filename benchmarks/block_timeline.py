@@ -185,7 +185,7 @@ def report(trace: np.ndarray, kernel_ms: float = math.nan, blocks_per_row: int =
         per_block = spans / np.maximum(blocks, 1)
         line = (f"CTAs: {np.median(per_block):.0f} cycles a block (median over {spans.size} CTAs, first stamp to "
                 f"last, rows' changes included), slowest CTA {spans.max():.0f} cycles over {blocks[spans.argmax()]} blocks")
-        if kernel_ms == kernel_ms:
+        if not math.isnan(kernel_ms):
             line += f": {spans.max() / kernel_ms / 1e3:.0f} MHz over the traced kernel's {kernel_ms:.3f} ms"
         lines.append(line)
     for wg, cycles in warp_skew(trace).items():
