@@ -85,8 +85,7 @@ def row_starts_against_rest(trace: np.ndarray, blocks_per_row: int) -> list:
     each warpgroup's period ("period"), where every row of every CTA has ``blocks_per_row`` blocks
     (uniform indices), so that a CTA's block t is its row's first where t % blocks_per_row == 0."""
     rows = []
-    spans = [(wg, name, first, last, next_block) for wg, name, first, last, next_block in PHASES]
-    spans += [(wg, "period", event, event, True) for wg, event in PERIOD_EVENT.items()]
+    spans = list(PHASES) + [(wg, "period", event, event, True) for wg, event in PERIOD_EVENT.items()]
     for wg, name, first, last, next_block in spans:
         cycles, stamped = _span_matrix(trace, first, last, next_block)
         first_block = (np.arange(cycles.shape[1]) % blocks_per_row == 0)[None, :]
