@@ -62,6 +62,12 @@ PERIOD_EVENT = {0: 0, 1: 9}
 WARP_EVENTS = {0: 20, 1: 16}
 #: Each warpgroup's span of adds (first event, last event).
 ADDS_SPANS = {0: (7, 8), 1: (11, 14)}
+#: The clock64 events (block stamps and the warps'); a trace may hold more after them: the global
+#: timer's nanoseconds beside events 0 and 15 (NS_EVENTS), and in block 0 each CTA's entry and each
+#: warpgroup's exit, as (clock64, ns) pairs (ENTRY_EVENTS, EXIT_EVENTS).
+CLOCK_EVENTS = 24
+NS_EVENTS = {0: 24, 15: 25}
+ENTRY_EVENTS, EXIT_EVENTS = (26, 27), {0: (28, 29), 1: (30, 31)}
 
 
 def _span_matrix(trace: np.ndarray, first: int, last: int, next_block: bool) -> tuple:
@@ -162,9 +168,34 @@ def warp_skew(trace: np.ndarray) -> dict:
     return skew
 
 
+def outside_blocks(trace: np.ndarray) -> dict | None:
+    """What the global timer says, where the trace has it (None where not): each CTA's clock64 rate
+    in MHz (cycles over nanoseconds from its entry to its last exit), its cycles from entry to its
+    first block's start and from its last block stamp to its exit, and in microseconds from the
+    earliest CTA entry: each CTA's entry and exit."""
+    if trace.shape[2] <= max(max(EXIT_EVENTS.values())):
+        return None
+    head = trace[:, 0]
+    entered = (head[:, ENTRY_EVENTS[0]] != 0) & (head[:, ENTRY_EVENTS[1]] != 0)
+    exits = np.stack([head[:, list(pair)] for pair in EXIT_EVENTS.values()])  # [warpgroup, CTA, (clock, ns)]
+    done = entered & (exits != 0).all(axis=(0, 2))
+    if not done.any():
+        return None
+    clock_in, ns_in = head[done, ENTRY_EVENTS[0]], head[done, ENTRY_EVENTS[1]]
+    clock_out, ns_out = exits[:, done, 0].max(axis=0), exits[:, done, 1].max(axis=0)
+    blocks = trace[done, :, :CLOCK_EVENTS]
+    first_start = blocks[:, 0, PERIOD_EVENT[0]]
+    last_stamp = np.where(blocks != 0, blocks, np.iinfo(np.int64).min).max(axis=(1, 2))
+    origin = ns_in.min()
+    return {"mhz": (clock_out - clock_in) / (ns_out - ns_in) * 1e3, "prologue": first_start - clock_in,
+            "epilogue": clock_out - last_stamp, "entry_us": (ns_in - origin) / 1e3, "exit_us": (ns_out - origin) / 1e3}
+
+
 def report(trace: np.ndarray, kernel_ms: float = math.nan, blocks_per_row: int = 0) -> list:
     """The tool's table, as lines; ``kernel_ms``, the traced main kernel's time, gives the clock;
     ``blocks_per_row`` (uniform indices), the rows' first blocks against the rest."""
+    timer = outside_blocks(trace)
+    trace = trace[:, :, :CLOCK_EVENTS]
     lines = []
     period = periods(trace)
     found = phase_cycles(trace)
@@ -199,6 +230,17 @@ def report(trace: np.ndarray, kernel_ms: float = math.nan, blocks_per_row: int =
         for wg, name, starts, rest in found_rows:
             lines.append(f"  warpgroup {wg} {name:<24} {starts:8.0f} against {rest:6.0f}  "
                          f"{(starts - rest) / blocks_per_row:+6.0f} a block")
+    if timer is not None:
+        q10, q50, q90 = np.percentile(timer["mhz"], (10, 50, 90))
+        lines.append(f"global timer: clock64 runs at {q50:.0f} MHz (median over {timer['mhz'].size} CTAs; p10 {q10:.0f}, "
+                     f"p90 {q90:.0f}); a CTA's entry to its first block {np.median(timer['prologue']):.0f} cycles, its "
+                     f"last block stamp to its exit {np.median(timer['epilogue']):.0f} (medians; max "
+                     f"{timer['prologue'].max():.0f} and {timer['epilogue'].max():.0f})")
+        line = (f"  CTAs enter over {timer['entry_us'].max():.1f} us; they exit from {timer['exit_us'].min():.1f} us to "
+                f"{timer['exit_us'].max():.1f} us after the first entry (median {np.median(timer['exit_us']):.1f})")
+        if not math.isnan(kernel_ms):
+            line += f", in a kernel of {kernel_ms * 1e3:.1f} us"
+        lines.append(line)
     neither, one, both = adds_overlap(trace)
     lines.append(f"dKV adds under way: neither warpgroup {neither:.1%}, one {one:.1%}, both {both:.1%} of the traced time")
     return lines

@@ -198,12 +198,15 @@
                             stamps the SM's clock64 at 16 points of each block (9 of warpgroup 0's,
                             7 of warpgroup 1's: its handoff waits and arrivals, GEMMs, adds and
                             bounds) from thread 0 of each warpgroup, and where each warp ends its
-                            adds (8 more, from lane 0 of each warp), into a Trace [132 CTAs, 2048
-                            blocks, 24] argument; benchmarks/block_timeline.py prints each phase's
+                            adds (8 more, from lane 0 of each warp), and the global timer (ns)
+                            beside its first and last stamp and at each CTA's entry and each
+                            warpgroup's exit, into a Trace [132 CTAs, 2048 blocks, 32] argument;
+                            benchmarks/block_timeline.py prints each phase's
                             cycles, share of the block period and mean, the rows' first blocks
                             against the others, how far a warpgroup's warps end their adds apart,
                             and the share of time in which neither warpgroup is adding dKV (the L2
-                            then has only gathers). The redo's and the corrections' launches stamp
+                            then has only gathers), and from the timer the rate clock64 runs at
+                            and the time each CTA spends outside its blocks. The redo's and the corrections' launches stamp
                             nothing. ptxas at d_k = 576 (the H=64 launch): 56/68 bytes spilled,
                             with or without the warps' stamps, where the product spills 48/56;
                             the control none. The tool prints the traced main kernel's time beside the

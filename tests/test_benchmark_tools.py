@@ -838,3 +838,27 @@ def test_block_timeline_measures_how_far_apart_a_warpgroups_warps_end_their_adds
     skew = tool.warp_skew(trace)
     assert skew[0].tolist() == [30, 30, 30] and skew[1].tolist() == [120, 120]
     assert any("warpgroup 1: its warps end their adds 120 cycles apart" in line for line in tool.report(trace))
+
+
+def test_block_timeline_calibrates_the_clock_and_finds_time_outside_the_blocks():
+    tool = _tool("block_timeline")
+    assert tool.outside_blocks(_synthetic_timeline()) is None  # a trace without the timer's stamps
+    trace = np.zeros((2, 8, 32), dtype=np.int64)
+    trace[..., :16] = _synthetic_timeline(blocks=4, ctas=2)  # blocks from cycle 10000 to 14150
+    entry_ns = np.array([5_000, 5_400])  # the second CTA enters 0.4 us after the first
+    trace[:, 0, 26], trace[:, 0, 27] = 9_000, entry_ns  # each enters 1000 cycles before its first block
+    # Warpgroup 1 leaves last, 2000 cycles after its last stamp; at 2000 MHz a cycle is half a ns.
+    trace[:, 0, 28], trace[:, 0, 29] = 15_000, entry_ns + 3_000
+    trace[:, 0, 30], trace[:, 0, 31] = 16_150, entry_ns + (16_150 - 9_000) // 2
+    timer = tool.outside_blocks(trace)
+    assert timer["mhz"].tolist() == [2000, 2000]
+    assert timer["prologue"].tolist() == [1000, 1000] and timer["epilogue"].tolist() == [2000, 2000]
+    assert timer["entry_us"].tolist() == [0.0, 0.4]
+    assert timer["exit_us"].tolist() == pytest.approx([3.575, 3.975])
+    lines = tool.report(trace, kernel_ms=0.004)
+    assert any("clock64 runs at 2000 MHz" in line for line in lines), lines
+    assert any("exit from 3.6 us to 4.0 us" in line and "kernel of 4.0 us" in line for line in lines), lines
+    # The timer's events are not clock cycles: the CTAs' spans are the blocks' alone.
+    assert any("slowest CTA 4150 cycles" in line for line in lines), lines
+    trace[1, 0, 31] = 0  # a CTA with an exit unstamped is left out
+    assert tool.outside_blocks(trace)["mhz"].size == 1
