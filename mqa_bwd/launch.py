@@ -145,7 +145,7 @@ class Launcher:
         raise NotImplementedError
 
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, config, sm_scale, heads=None, head_base=0,
-                 row_scale=None, allowance=None, flag=None, bound=None, gate=None):
+                 row_scale=None, allowance=None, flag=None, bound=None, gate=None, claims=None):
         """One launch of the kernel ``config`` (kernels.MainConfig, chosen by
         kernels.main_launches) over ``config.groups`` consecutive groups of ``heads``
         heads from ``head_base`` of the [R, HQ, ...] tensors q, grad_out, lse2,
@@ -159,7 +159,9 @@ class Launcher:
         Accumulation "lanes" (the wide tile): dkv is [NKV, Dk / 2] int64 words,
         row_scale the lanes' (fixed_point.lanes_scale) and ``bound`` [NKV] int64 the
         per-row proof the launch adds to. ``gate`` [1] int32: a wide "fixed" launch
-        (the lanes' redo) does nothing unless gate[0] is nonzero (None: it runs)."""
+        (the lanes' redo) does nothing unless gate[0] is nonzero (None: it runs).
+        ``claims`` [1] int32, zeroed: the wide launch's count of the items its CTAs claimed
+        (kernels/wide.py; None: one of its own, a fill more)."""
         raise NotImplementedError
 
     def dsink_reduce(self, dsink_rows, dsink):
@@ -295,7 +297,7 @@ class TileLangLauncher(Launcher):
             K.small_kernel("delta_max", out.shape[2])(out, grad_out, lse2, sink2, delta, dsink_rows, peak_do)
 
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, config, sm_scale, heads=None, head_base=0,
-                 row_scale=None, allowance=None, flag=None, bound=None, gate=None):
+                 row_scale=None, allowance=None, flag=None, bound=None, gate=None, claims=None):
         if config.wide and self.wide_tile:
             config = dataclasses.replace(config, **self.wide_tile)
         kernel = K.compiled(config)
@@ -308,7 +310,9 @@ class TileLangLauncher(Launcher):
                 bound = torch.empty((kv.shape[0],), dtype=torch.int64, device=kv.device)
             if gate is None:
                 gate = _gate_open(kv.device)
-            last = (bound, gate, config.tiles, min(q.shape[0] * config.tiles, _sm_count(kv.device)))
+            if claims is None:
+                claims = torch.zeros((1,), dtype=torch.int32, device=kv.device)
+            last = (bound, gate, config.tiles, min(q.shape[0] * config.tiles, _sm_count(kv.device)), claims)
         else:
             # The narrow kernels' last two arguments (shard_base, n_shards) are unused by the kept
             # configurations; they stay in the signature so that the generated code is unchanged.

@@ -183,7 +183,7 @@ class ModelLauncher(Launcher):
 
     # -- main backward -----------------------------------------------------
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, config, sm_scale, heads=None, head_base=0,
-                 row_scale=None, allowance=None, flag=None, bound=None, gate=None):
+                 row_scale=None, allowance=None, flag=None, bound=None, gate=None, claims=None):
         kernel = "main_bwd"
         if not isinstance(config, K.MainConfig):
             raise ValueError(f"config: expected a kernels.MainConfig, got {config!r}")

@@ -510,8 +510,10 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
         # slot marks (they and the maxima of q come with the slot layout), the row flags, the wide
         # tile's words and per-row bounds, and the int64 accumulator where an int64 launch adds to
         # it (where every launch adds in lanes, it is only the redo's: zeroed behind the lanes
-        # launches, off the host's path to the first one).
-        zeroed = {"referenced": ((NKV,), torch.int32), "live_row": ((R,), torch.int32), "row_flags": ((R,), torch.int32)}
+        # launches, off the host's path to the first one), and a claim counter for each main launch
+        # (its lanes launches' corrections and redo too).
+        zeroed = {"referenced": ((NKV,), torch.int32), "live_row": ((R,), torch.int32), "row_flags": ((R,), torch.int32),
+                  "claims": ((len(launches) + 2 * len(lanes),), torch.int32)}
         if lanes:
             zeroed.update(words=((NKV, p.d_k // 2), torch.int64), bound=((NKV,), torch.int64))
         if len(lanes) < len(launches):
@@ -519,17 +521,20 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
         buffers = dict(zip(zeroed, launcher.zeros_together(*zeroed.values())))
         referenced, live_row, row_flags = buffers["referenced"], buffers["live_row"], buffers["row_flags"]
         words, bound, dkv_fixed = buffers.get("words"), buffers.get("bound"), buffers.get("dkv_fixed")
+        counters = iter(buffers["claims"].split(1))
         peak_q = launcher.empty((R, Hp), torch.int32)
         marks = (referenced, live_row, q, peak_q)
     slots = steps.global_slots(token_indices, p, launcher, marks=marks)
 
     # Every launch reads its head groups in place (head_base): no per-group copies.
     dq = launcher.empty((R, Hp, p.d_k), torch.bfloat16)
+    # Each launch's own zeroed counter of the items its CTAs claimed (kernels/wide.py: a persistent
+    # CTA takes the next item when it frees), zeroed with the call's other buffers (``counters``).
     if not fixed:
-        dkv_acc = launcher.zeros((NKV, p.d_k), f32)
-        for g, config in launches:
+        dkv_acc, claims = launcher.zeros_together(((NKV, p.d_k), f32), ((len(launches),), torch.int32))
+        for (g, config), counter in zip(launches, claims.split(1)):
             launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, dkv_acc, config=config, sm_scale=sm_scale, heads=bh,
-                              head_base=g * bh)
+                              head_base=g * bh, claims=counter)
     else:
         # One scale for every launch, lanes or int64 (the plan's at the launcher's lanes_gain), so
         # that a contribution is the same integer whichever kernel adds it (fixed_point, "The lanes").
@@ -541,13 +546,13 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
         for g, config in launches:
             in_lanes = config.accumulate == "lanes"
             launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, words if in_lanes else dkv_fixed, config=config,
-                              head_base=g * bh, bound=bound if in_lanes else None, **common)
+                              head_base=g * bh, bound=bound if in_lanes else None, claims=next(counters), **common)
         for g, config in lanes:
             # The rows where the lanes' rounding by FFMA may have been inexact (a value past its range:
             # most rows where a kv row has few contributions, none at the bench shapes), run again for
             # their words' corrections; a launch that reads a flag a row and ends where none is set.
             launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, words, config=K.lanes_corrections(config),
-                              head_base=g * bh, bound=bound, **common)
+                              head_base=g * bh, bound=bound, claims=next(counters), **common)
         if lanes:
             if dkv_fixed is None:
                 dkv_fixed = launcher.zeros((NKV, p.d_k), torch.int64)
@@ -559,7 +564,7 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
             launcher.note_lanes_redone(failed)
             for g, config in lanes:
                 launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, dkv_fixed, config=K.lanes_redo(config),
-                                  head_base=g * bh, gate=failed, **common)
+                                  head_base=g * bh, gate=failed, claims=next(counters), **common)
         row_scale = fixed_point.poison_flagged(row_scale, row_flags, p.B)
 
     dsink = launcher.empty((Hp,), f32)

@@ -84,8 +84,9 @@ def test_only_the_atomic_control_has_floating_point_atomics(config):
         assert any(op.startswith(("atom.global.add", "red.global.add")) and op.endswith(".f32") for op in found), found
     elif _mode(config) in ("fixed", "lanes"):  # the lanes' words and bounds are 64-bit integers too
         # (and the wide tile's count of live blocks, and the lanes' slot maxima, are merged in
-        # shared memory by an integer max; its row flags are set by an integer or)
-        allowed = INTEGER_ADDS | ({"atom.shared.max.u32", "atom.global.or.b32"} if config.wide else set())
+        # shared memory by an integer max; its row flags are set by an integer or; its CTAs claim
+        # items by a 32-bit add to a counter)
+        allowed = INTEGER_ADDS | ({"atom.shared.max.u32", "atom.global.or.b32", "atom.global.add.u32"} if config.wide else set())
         assert found and set(found) <= allowed, f"{_id(config)}: expected 64-bit integer adds only, got {found}"
     else:
         assert found == [], f"{_id(config)} issues atomics: {found}"
@@ -95,18 +96,18 @@ def test_the_wide_grid_is_persistent_and_takes_its_counts_at_launch():
     one = K.MainConfig(64, 576, 512, "lanes")
     two, three = dataclasses.replace(one, tiles=2), dataclasses.replace(one, tiles=3)
     assert K.compiled(three) is K.compiled(two) is not K.compiled(one)
-    # A one-dimensional grid of ``ctas`` CTAs (launch.py: at most one an SM), each walking the
-    # items blockIdx.x, blockIdx.x + ctas, ...: the tile count and the CTA count are launch
-    # arguments, so one build serves every shape. The one-tile kernel has no tile count (its
-    # items are the rows; TileLang drops the argument it never reads from the device function,
-    # not from the launch).
+    # A one-dimensional grid of ``ctas`` CTAs (launch.py: at most one an SM), each taking item
+    # blockIdx.x, then the items it claims (ctas plus the count claimed before): the tile count
+    # and the CTA count are launch arguments, so one build serves every shape. The one-tile
+    # kernel has no tile count (its items are the rows; TileLang drops the argument it never
+    # reads from the device function, not from the launch).
     signature = lambda config: re.search(r"main_bwd_kernel\(([^)]*)\) \{", K.compiled(config).get_kernel_source())[1]
     assert "int ctas" in signature(two) and "int tiles" in signature(two), signature(two)
     assert "int ctas" in signature(one) and "int tiles" not in signature(one), signature(one)
     for config in (one, two):
         source = K.compiled(config).get_kernel_source()
         assert "blockIdx.y" not in source and "blockIdx.z" not in source, _id(config)
-        assert "blockIdx.x" in source and "% ctas" in source, _id(config)
+        assert "item0[0] = ((int)blockIdx.x);" in source and "ws_claim_item(" in source and "% ctas" not in source, _id(config)
 
 
 def test_wide_tile_split_leaves_warpgroup_1_a_chunk_and_two_dq_gemms():
@@ -170,8 +171,12 @@ HANDOFF = re.compile(r"mqa_handoff_(wait|arrive)\(\(\(void\*\)\(\(char\*\)buf_dy
 WGMMA_WAIT = "tl::wait_wgmma<0>();"
 #: A wgmma wait of generated CUDA: the count of commit groups it leaves pending.
 WGMMA_WAIT_ANY = re.compile(r"tl::wait_wgmma<(\d+)>\(\);")
-#: A persistent CTA's loop over its (row, tile) items: the counter and its bound.
-ITEM_LOOP = re.compile(r"for \(int (k\w*) = 0; \1 < (.*?); \+\+\1\) \{\n\s*at[01]\[0\] = ")
+#: A persistent CTA's loop over its (row, tile) items, while its item is one of the launch's: the
+#: item and the count of items.
+ITEM_LOOP = re.compile(r"while \(1\) \{\n\s*if \(!\(\((item[01]\[0\]) < (.*?)\)\)\) \{ break; \}\n")
+#: The row handoffs' calls (kernels/wide.py): (what, the mbarriers' offset, the rest of the arguments).
+ROW_HANDOFF = re.compile(r"(ws_post_first_item|ws_claim_item|ws_posted_item|ws_take_item)\(\(\(void\*\)\(\(char\*\)buf_dyn_shmem "
+                         r"\+ (\d+)\)\),? ?([^;]*)\);")
 #: A warpgroup's count of its row's blocks: (target, row, Lp, NKV, bars, words, thread, block slots,
 #: parity, barrier).
 ROW_BLOCKS = re.compile(r"(live[01])\[0\] = ws_row_blocks\(Indices, (\w+), (\w+), (\w+), \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ 0\)\), "
@@ -209,10 +214,11 @@ def test_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
         own_barriers.append(own)
     # 128 arrivals from both warpgroups on one id would complete a barrier meant for one.
     assert not own_barriers[0] & own_barriers[1], f"{_id(config)}: both warpgroups sync on {own_barriers[0] & own_barriers[1]}"
-    # Persistent: both warpgroups walk the CTA's items in the same order, and each counts its row's
-    # blocks itself (ws_row_blocks, of the same row and slots): an item or a block one walks and
-    # the other skips leaves a handoff phase unmatched. The blocks are numbered across rows (base
-    # plus the block's index in its row), so the phases run on from row to row.
+    # Persistent: both warpgroups walk the CTA's items in the same order (warpgroup 0 claims each and
+    # posts it, warpgroup 1 takes it: the row handoffs, below), and each counts its row's blocks
+    # itself (ws_row_blocks, of the same row and slots): an item or a block one walks and the other
+    # skips leaves a handoff phase unmatched. The blocks are numbered across rows (base plus the
+    # block's index in its row), so the phases run on from row to row.
     walks = []
     for name, body, w in (("warpgroup 0", first, "0"), ("warpgroup 1", second, "1")):
         items = ITEM_LOOP.findall(body)
@@ -220,12 +226,16 @@ def test_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
         item, bound = items[0]
         counts = ROW_BLOCKS.findall(body)
         assert len(counts) == 1, f"{_id(config)}: {name} counts its row's blocks {len(counts)} times"
-        row_expr, head_expr = (re.search(rf"at{w}\[{i}\] = (.*);", body)[1] for i in (0, 1))
+        # TileLang binds an expression to a name at times (int _tmp = ...;): the expression.
+        bound_to = lambda e: (re.search(rf"int {re.escape(e)} = (.*);", body) or [None, e])[1]
+        row_expr, head_expr = (bound_to(re.search(rf"at{w}\[{i}\] = (.*);", body)[1]) for i in (0, 1))
         target, row, *_, parity, _ = counts[0]
         # A corrections launch counts the blocks of the rows its lanes launch flagged only, its words
-        # by the parity of those rows (row_blocks); the rows it skips have no blocks in either warpgroup.
-        expected = f"done{w}[0]" if config.corrections else item
-        assert target == f"live{w}" and parity == expected and f"int {row} = at{w}[0];" in body, f"{_id(config)}: {counts[0]}"
+        # by the parity of those rows (row_blocks); the rows it skips have no blocks in either
+        # warpgroup. Any other, by the CTA's count of items, one more after each.
+        expected = f"done{w}[0]" if config.corrections else f"k{w}[0]"
+        assert target == f"live{w}" and bound_to(parity) == expected and f"int {row} = at{w}[0];" in body, f"{_id(config)}: {counts[0]}"
+        assert body.count(f"k{w}[0] = (k{w}[0] + 1);") == 1, f"{_id(config)}: {name}'s count of items"
         if config.corrections:
             assert f"ws_row_flagged(Flag, {row})" in body and body.count(f"done{w}[0] = (done{w}[0] + 1);") == 1, _id(config)
         blocks = re.findall(rf"for \(int (\w+) = 0; \1 < live{w}\[0\]; \+\+\1\)", body)
@@ -234,11 +244,37 @@ def test_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
         assert body.count(f"base{w}[0] = (base{w}[0] + live{w}[0]);") == 1, f"{_id(config)}: {name}'s block numbering"
         block = re.search(rf"int (\w+) = \(base{w}\[0\] \+ {blocks[0]}\);", body)
         assert block, f"{_id(config)}: {name} numbers no block from base{w}"
-        names = {item: "ITEM"}
-        same = lambda text: re.sub(r"\b(rmod|rdiv)(_\d+)?\b", r"\1", re.sub(r"\b\w+\b", lambda m: names.get(m[0], m[0]), text))
-        walks.append((same(bound), same(row_expr), same(head_expr), counts[0], block[1], blocks[0], item))
-    (*item0, count0, t0, local0, k0), (*item1, count1, t1, _, _) = walks
+        same = lambda text: re.sub(r"\b(rmod|rdiv)(_\d+)?\b", r"\1", text.replace(item, "ITEM"))
+        walks.append((same(bound), same(row_expr), same(head_expr), counts[0], block[1], blocks[0]))
+    (*item0, count0, t0, local0), (*item1, count1, t1, _) = walks
     assert item0 == item1, f"{_id(config)}: the warpgroups walk different items: {walks}"
+    # The row handoffs (tests/wide_handoffs.py runs them with the block handoffs under random
+    # schedules): warpgroup 0's thread 0 posts the CTA's first item, its own index, before the item
+    # loop; claims the next in a row's last block, after the block's KV_FREE wait (by then warpgroup
+    # 1 has taken this row's item, unless the row has one block), or at the row's end where it has
+    # none; each of its threads reads the posted item after a barrier of the warpgroup. Warpgroup 1
+    # takes the first item before its loop and each next at its row's end. A claim or a take of
+    # another item's phase than the count's would wait on the wrong parity.
+    calls = {w: [(m[1], m[3], m.start()) for m in ROW_HANDOFF.finditer(body)] for w, body in (("0", first), ("1", second))}
+    loops = {w: body.index(ITEM_LOOP.search(body)[0]) for w, body in (("0", first), ("1", second))}
+    assert [c[:2] for c in calls["0"]] == [("ws_post_first_item", "((int)blockIdx.x)"),
+                                            ("ws_claim_item", "Claims, k0[0], ctas"), ("ws_claim_item", "Claims, k0[0], ctas"),
+                                            ("ws_posted_item", "k0[0]")], f"{_id(config)}: {calls['0']}"
+    assert [c[:2] for c in calls["1"]] == [("ws_take_item", "0"), ("ws_take_item", "k1[0]")], f"{_id(config)}: {calls['1']}"
+    posted, in_block, at_end, read = (at for *_, at in calls["0"])
+    assert posted < loops["0"] < in_block and "(((int)threadIdx.x) == 0)" in _enclosing_heads(first, posted)[0]
+    last_block = " ".join(_enclosing_heads(first, in_block))
+    for term in (f"({local0} == (live0[0] - 1))", "(((int)threadIdx.x) == 0)"):
+        assert term in last_block, f"{_id(config)}: the claim's guard lacks {term}: {last_block}"
+    block_top = first.rindex(f"for (int {local0} = 0;", 0, in_block)
+    kv_free = [m.start() for m in HANDOFF.finditer(first, block_top, in_block) if m[1] == "wait" and int(m[3]) == W.KV_FREE]
+    assert len(kv_free) == 1, f"{_id(config)}: the claim in a block is not after its KV_FREE wait"
+    assert "((live0[0] == 0) && (((int)threadIdx.x) == 0))" in _enclosing_heads(first, at_end)[0], _id(config)
+    counted = first.index("k0[0] = (k0[0] + 1);", at_end)
+    synced = first.index("ws_bar_sync_wg(", counted)
+    assert at_end < counted < synced < read, f"{_id(config)}: warpgroup 0 reads the posted item before its barrier"
+    took_first, took_next = (at for *_, at in calls["1"])
+    assert took_first < loops["1"] < second.index("k1[0] = (k1[0] + 1);") < took_next, f"{_id(config)}: {calls['1']}"
     # The same row's slots (Lp, NKV, block slots), each warpgroup's thread index and its own words
     # of its parity, 4 a parity, after the 4 mbarriers and inside their allocation.
     assert count0[2:4] == count1[2:4] and count0[6] == count1[6], f"{_id(config)}: {count0} against {count1}"
@@ -287,12 +323,12 @@ def test_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
         heads = _enclosing_heads(first, start + copy.start())
         assert "if (0 < live0[0])" in heads, f"{_id(config)}: a row start's {copy[0]} outside if (0 < live0[0]): {heads}"
     # One thread prefetches the next item's Q and dO rows into L2, in the row's last block, and
-    # only where there is a next item (the last item's next would lie before Q).
+    # only where it claimed one (past the last item, a row would lie before Q).
     prefetches = [m.start() for m in re.finditer(r"ws_prefetch_l2\(", first)]
     assert len(prefetches) == 2 and "ws_prefetch_l2(" not in second, _id(config)
     for at in prefetches:
         guard = " ".join(_enclosing_heads(first, at))
-        for term in (f"({local0} == (live0[0] - 1))", "(((int)threadIdx.x) == 0)", f"(({k0} + 1) < "):
+        for term in (f"({local0} == (live0[0] - 1))", "(((int)threadIdx.x) == 0)", "(next0[0] < "):
             assert term in guard, f"{_id(config)}: the prefetch's guard lacks {term}: {guard}"
     # Warpgroup 0's dQ GEMM takes dS from its registers (the one RS wgmma), issued before the wait
     # for P_s and dS_s to be free, so that it runs under the wait and the stores of P and dS.
@@ -383,14 +419,15 @@ def test_main_kernel_spills_within_its_spill_budget(config):
 #: first add rather than the next pair's slot load, 64 and 76 (twenty-second session); since the
 #: adds read their thread index again from %tid.x (ws_thread_again) and dQ leaves through
 #: ws_store_dq, 44 and 60, with no spill store left in warpgroup 1's block loop; since the lanes
-#: round by FFMA and flag the rows past its range (twenty-eighth session), 48 and 56. Their
-#: corrections launch (no dQ, so far fewer live values) spills nothing. The int64 redo
-#: (fixed), launched on every call but run only where a lanes bound failed, spills 4/4 bytes at
-#: one tile and at two.
-SPILL_BUDGET = {(64, 576, "lanes", 1): {"spill_stores": 48, "spill_loads": 56, "stack": 32},
-                (64, 576, "lanes", K.MULTI_TILE): {"spill_stores": 48, "spill_loads": 56, "stack": 32},
-                (64, 576, "fixed", 1): {"spill_stores": 4, "spill_loads": 4, "stack": 8},
-                (64, 576, "fixed", K.MULTI_TILE): {"spill_stores": 4, "spill_loads": 4, "stack": 8}}
+#: round by FFMA and flag the rows past its range (twenty-eighth session), 48 and 56; since the CTAs
+#: claim their items (thirty-third session: no count of a CTA's items stays live), 40 and 48 at one
+#: tile, 44 and 56 at two. Their corrections launch (no dQ, so far fewer live values) spills
+#: nothing. The int64 redo (fixed), launched on every call but run only where a lanes bound
+#: failed, spilled 4/4 bytes at one tile and at two; with the claims 8/8 and 4/8.
+SPILL_BUDGET = {(64, 576, "lanes", 1): {"spill_stores": 40, "spill_loads": 48, "stack": 24},
+                (64, 576, "lanes", K.MULTI_TILE): {"spill_stores": 44, "spill_loads": 56, "stack": 32},
+                (64, 576, "fixed", 1): {"spill_stores": 8, "spill_loads": 8, "stack": 8},
+                (64, 576, "fixed", K.MULTI_TILE): {"spill_stores": 4, "spill_loads": 8, "stack": 8}}
 
 
 CP_ASYNC = re.compile(r"cp\.async\.(?:ca|cg)\.shared\.global\S*\s+\[[^\]]+\],\s*\[[^\]]+\],\s*\d+(?P<src_size>,\s*[^;]+)?;")
@@ -613,7 +650,8 @@ def test_lanes_round_by_ffma_and_only_their_corrections_convert(tiles):
     # The lanes launch rounds each value by FFMA (ws_magic_word: no cvt.rni, a quarter-rate
     # conversion) and flags, by an atomic or, the rows with a value past that rounding's range.
     # Its corrections launch forms each word both ways and adds the difference; dQ, the flags and
-    # the bounds are the lanes launch's: it stores no 16-byte dQ, sets no flag, adds no bound.
+    # the bounds are the lanes launch's: it stores no 16-byte dQ, sets no flag, adds no bound (its
+    # one global atomic add, 32 bits, claims items: in ws_claim_item, inlined twice).
     def count(config, pattern):
         return len(re.findall(pattern, _ptx(config)))
 
@@ -624,7 +662,8 @@ def test_lanes_round_by_ffma_and_only_their_corrections_convert(tiles):
     assert count(lanes, r"atom\.global\.or\.b32") >= 2 and count(lanes, r"atom\.global\.add\.u64") == 1
     assert count(fixes, r"cvt\.rni\.s32\.f32") == count(fixes, r"fma\.rn\.f32") == count(lanes, r"fma\.rn\.f32")
     assert count(fixes, r"st\.global\.v4") == 0, "the corrections launch stores dQ"
-    assert count(fixes, r"atom\.global\.(?:or|add)") == 0, "the corrections launch sets flags or bounds"
+    assert count(fixes, r"atom\.global\.(?:or|add\.u64)") == 0, "the corrections launch sets flags or bounds"
+    assert count(fixes, r"atom\.global\.add\.u32") == count(lanes, r"atom\.global\.add\.u32") == 2
     assert "ws_row_flagged" in K.compiled(fixes).get_kernel_source()
 
 

@@ -7,7 +7,7 @@ import random
 
 import pytest
 
-from mqa_bwd.kernels.wide import KV_FREE, PDS_FREE
+from mqa_bwd.kernels.wide import KV_FREE, PDS_FREE, ROW_FREE, ROW_READY
 from wide_handoffs import ProtocolError, random_rows, run
 
 
@@ -28,3 +28,15 @@ def test_a_row_start_without_either_wait_is_caught(kept, refilled, lanes):
     with pytest.raises(ProtocolError, match=f"^{refilled} refilled"):
         for _ in range(3000):
             run(random_rows(rng), rng, lanes, row_start_waits=kept)
+
+
+@pytest.mark.parametrize("lanes", [True, False], ids=["lanes", "fixed or atomic"])
+def test_a_claim_that_waits_only_for_the_item_before_is_caught(lanes):
+    # The model must be able to fail: a claim that waits for warpgroup 1 to read the item before
+    # (its word is free) rather than this one lets one side run two phases ahead of the other's
+    # parity wait on a row handoff, which would alias.
+    early = (("wait", ROW_FREE, "item before", "after an item"), ("arrive", ROW_READY, None, None))
+    rng = random.Random(3)
+    with pytest.raises(ProtocolError, match=f"passes a wait on phase .* of mbarrier ({ROW_READY}|{ROW_FREE}) "):
+        for _ in range(3000):
+            run(random_rows(rng), rng, lanes, claim=early)

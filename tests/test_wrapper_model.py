@@ -709,7 +709,7 @@ def test_buffers_zeroed_together_are_each_an_allocation_of_their_own():
 
 
 #: Operations that launch nothing on a GPU: allocation and views.
-_NO_LAUNCH = {"empty", "empty_strided", "view", "_unsafe_view", "reshape", "slice", "select", "alias", "as_strided",
+_NO_LAUNCH = {"empty", "empty_strided", "view", "_unsafe_view", "reshape", "slice", "split", "select", "alias", "as_strided",
               "detach", "t", "transpose", "unsqueeze", "squeeze", "expand"}
 _KERNELS = ("kernel_lse", "delta", "sorted_slots", "slot_keys", "place_slots", "mark_slots", "plan", "main_bwd",
             "dsink_reduce", "cast_bf16", "fixed_to_bf16", "lanes_to_bf16")
@@ -747,14 +747,14 @@ for _name in _KERNELS:
 @pytest.mark.parametrize("deterministic,H,accumulations,fills", [
     (True, 64, ["lanes", "lanes", "fixed"], ["_foreach_zero_"]),  # the wide tile, its corrections, its gated redo
     (True, 48, ["fixed", "fixed"], ["_foreach_zero_"]),  # 16-head groups: a cluster and one alone
-    (False, 64, ["atomic"], ["zero_"]),
+    (False, 64, ["atomic"], ["_foreach_zero_"]),  # the accumulator and the wide launch's claim counter
 ])
 def test_before_its_main_launch_the_wrapper_launches_only_its_fills(deterministic, H, accumulations, fills):
     # The host sets the pace before the main launch (docs/performance-log.md): beyond the
-    # kernels, the wrapper's own device work there is its fills: one for all the fixed design's
-    # zeroed buffers (Launcher.zeros_together: the marks and row flags, the lanes' words and bounds,
-    # or the int64 accumulator), the accumulator's for the control. A torch op added to
-    # that path shows here.
+    # kernels, the wrapper's own device work there is its fills: one for all the zeroed buffers
+    # (Launcher.zeros_together: the fixed design's marks and row flags, the lanes' words and bounds,
+    # or the int64 accumulator; the control's accumulator; both designs' claim counters of the wide
+    # launches). A torch op added to that path shows here.
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class HostOps(TorchDispatchMode):
@@ -774,6 +774,22 @@ def test_before_its_main_launch_the_wrapper_launches_only_its_fills(deterministi
         call_model(inputs, launcher=launcher)
     assert launcher.accumulations == accumulations
     assert mode.ops == fills
+
+
+@pytest.mark.parametrize("deterministic,H,launches", [(True, 64, 3), (True, 128, 3), (True, 48, 2), (False, 64, 1)])
+def test_each_main_launch_gets_a_claim_counter_of_its_own_zeroed(deterministic, H, launches):
+    # A wide launch's CTAs claim items from its counter (kernels/wide.py, ws_claim_item): a launch
+    # that found a counter another launch had counted up would skip that many items.
+    class Counters(ModelLauncher):
+        def main_bwd(self, *args, claims=None, **kw):
+            seen.append((claims.data_ptr(), tuple(claims.shape), claims.dtype, int(claims.sum())))
+            return super().main_bwd(*args, claims=claims, **kw)
+
+    seen = []
+    inputs = to_framework(Case(B=1, S=3, S_kv=40, H=H, L=70, d_k=576, d_v=512, sink="random", seed=4).inputs())
+    call_model(inputs, launcher=Counters(deterministic))
+    assert len(seen) == launches and len({ptr for ptr, *_ in seen}) == launches, seen
+    assert all(tuple(rest) == ((1,), torch.int32, 0) for _, *rest in seen), seen
 
 
 def test_steps_are_the_seam_a_test_replaces():

@@ -9,11 +9,29 @@ tests/test_wide_handoffs.py runs them here. A step is (what, mbarrier, phase, wh
   ("gather block 0" and "load Q and dO" write, "read ..." reads);
 - phase: the block whose phase a wait waits on: "row before" (the last block of the row
   before: base - 1), "block before" (t - 1) or "this block" (t), blocks counted across rows;
+  for the row handoffs, the item: "this item" (the CTA's k-th, k counted from 0) or "item before";
 - when: None (always), "after a block" (block t > 0, or at a row's start base > 0), "not first
-  of row" (the block's index in its row > 0) or "lanes" (the lanes design only).
+  of row" (the block's index in its row > 0), "after an item" (k > 0) or "lanes" (the lanes
+  design only).
+
+The CTA's items come from a counter (kernels/wide.py, ws_claim_item): warpgroup 0 claims the next
+in a row's last block (at the row's end where it has none) and posts it (ROW_READY), once
+warpgroup 1 has read the item before (ROW_FREE); warpgroup 1 takes each (ITEM_1) before its
+row and after its last, where it finds that none is left.
 """
 
-from mqa_bwd.kernels.wide import KV_FREE, PDS_FREE, PDS_READY, PEAKS_READY
+from mqa_bwd.kernels.wide import KV_FREE, PDS_FREE, PDS_READY, PEAKS_READY, ROW_FREE, ROW_READY
+
+#: Warpgroup 0's claim of the CTA's next item (its thread 0's), posted at the next item's parity.
+CLAIM_0 = (
+    ("wait", ROW_FREE, "this item", None),
+    ("arrive", ROW_READY, None, None),
+)
+#: Warpgroup 1 takes an item: all its threads read the posted one, then free its word.
+ITEM_1 = (
+    ("wait", ROW_READY, "this item", None),
+    ("arrive", ROW_FREE, None, None),
+)
 
 #: Warpgroup 0 at the start of a row with blocks: block 0's gather (whole) once warpgroup 1's dQ
 #: GEMMs of the block before have read KV_s, its Q and dO once that block's chunks have read them.
@@ -49,45 +67,55 @@ def handoffs(program, lanes):
     return [s for s in program if s[0] in ("wait", "arrive") and (s[3] != "lanes" or lanes)]
 
 
-def _run(program, lanes, base, local, row_start_waits):
+def _run(program, lanes, base, local, row_start_waits, item=0):
     t = base + local
-    phase = {"row before": base - 1, "block before": t - 1, "this block": t, None: None}
-    holds = {None: True, "lanes": lanes, "after a block": t > 0, "not first of row": local > 0}
+    phase = {"row before": base - 1, "block before": t - 1, "this block": t, "this item": item, "item before": item - 1,
+             None: None}
+    holds = {None: True, "lanes": lanes, "after a block": t > 0, "not first of row": local > 0, "after an item": item > 0}
     for what, bar, when_phase, when in program:
         if not holds[when] or (what == "wait" and when_phase == "row before" and bar not in row_start_waits):
             continue
         yield (what, bar, phase[when_phase]) if what in ("wait", "arrive") else (what, t)
 
 
-def warpgroup0(rows, lanes=True, row_start_waits=(KV_FREE, PDS_FREE)):
+def warpgroup0(rows, lanes=True, row_start_waits=(KV_FREE, PDS_FREE), claim=CLAIM_0):
     base = 0
-    for live in rows:
+    yield ("arrive", ROW_READY, None)  # the CTA's first item, its own index: posted, not claimed
+    for k, live in enumerate(rows):
         if live > 0:
             yield from _run(ROW_START_0, lanes, base, 0, row_start_waits)
         for local in range(live):
-            yield from _run(BLOCK_0, lanes, base, local, row_start_waits)
+            for what, bar, phase, when in BLOCK_0:
+                yield from _run(((what, bar, phase, when),), lanes, base, local, row_start_waits)
+                if (what, bar) == ("wait", KV_FREE):  # the last block claims after its KV_FREE wait
+                    if local == live - 1:
+                        yield from _run(claim, lanes, base, local, row_start_waits, item=k)
+        if live == 0:
+            yield from _run(claim, lanes, base, 0, row_start_waits, item=k)
         base += live
 
 
 def warpgroup1(rows, lanes=True):
     base = 0
-    for live in rows:
+    yield from _run(ITEM_1, lanes, base, 0, (), item=0)
+    for k, live in enumerate(rows):
         for local in range(live):
             yield from _run(BLOCK_1, lanes, base, local, ())
         base += live
+        yield from _run(ITEM_1, lanes, base, 0, (), item=k + 1)
 
 
 class ProtocolError(AssertionError):
     pass
 
 
-def run(rows, rng, lanes=True, row_start_waits=(KV_FREE, PDS_FREE)) -> None:
+def run(rows, rng, lanes=True, row_start_waits=(KV_FREE, PDS_FREE), claim=CLAIM_0) -> None:
     """One random interleaving of the two warpgroups over a CTA's ``rows`` (each row's block
     count). An mbarrier completes a phase when its one agent arrives; a parity wait on block t's
     phase passes once more than t phases are done, and must not pass with the barrier two phases
     past it (a parity wait would then alias)."""
-    done = [0] * 4
-    agents = [warpgroup0(rows, lanes, row_start_waits), warpgroup1(rows, lanes)]
+    done = [0] * (ROW_FREE + 1)
+    agents = [warpgroup0(rows, lanes, row_start_waits, claim), warpgroup1(rows, lanes)]
     step = [next(a, None) for a in agents]
     read = {"KV": -1, "Q and dO": -1}
     while any(s is not None for s in step):

@@ -1,10 +1,11 @@
 """The 64-head tile: a warp-specialised main backward over 64-slot blocks, dKV added from registers.
 
 Built from a wide ``MainConfig`` (two 32-head groups). The launch contract is main_bwd.py's (the
-same tensors, a head range read in place), with Lp a multiple of WIDE_SLOTS and four more
+same tensors, a head range read in place), with Lp a multiple of WIDE_SLOTS and five more
 arguments: Bound and Gate (the lanes design, below), the count of consecutive 64-head tiles from
-head_base (MainConfig.tiles), and the count of CTAs (launch.py: at most one an SM). The kernel is
-persistent: each CTA takes its share of the (query row, 64-head tile) items in turn.
+head_base (MainConfig.tiles), the count of CTAs (launch.py: at most one an SM) and Claims, a [1]
+int32 counter the caller zeroes. The kernel is persistent: each CTA takes (query row, 64-head
+tile) items one after another, the next claimed from Claims when it frees (ws_claim_item).
 
 Why this shape:
 - Slot blocks of 64: every wgmma is m64n64 or wider, so each operand byte read from shared
@@ -93,6 +94,12 @@ HEADS = 64
 CHUNK = WIDE_CHUNK
 WARPGROUP = 128
 PDS_READY, KV_FREE, PDS_FREE, PEAKS_READY = 0, 1, 2, 3
+#: The row handoffs: warpgroup 0 claims the CTA's next item and posts it (ROW_READY, one arrival);
+#: warpgroup 1's 128 threads arrive on ROW_FREE once each has read it. After the four block
+#: handoffs and the eight words of the rows' block counts; the posted items, one int32 a parity,
+#: at ITEM_WORDS in the bars' int32 words.
+ROW_READY, ROW_FREE = 12, 13
+ITEM_WORDS = 2 * 14
 #: Named barriers of one warpgroup (128 threads): warpgroup 0's after each KV gather, warpgroup 1's
 #: around the lanes' bounds.
 GATHER_BARRIER, BOUNDS_BARRIER = 1, 2
@@ -109,7 +116,7 @@ BOUND_CAP = 2**40
 WS_CONSTANTS = (f"#define WS_FLAG_MASS {FLAG_MASS}\n#define WS_FLAG_MAGIC {FLAG_MAGIC}\n"
                 f"#define WS_MAGIC_PEAK {struct.unpack('<I', struct.pack('<f', MAGIC_RANGE))[0] >> 16:#x}u\n")
 
-WS_SOURCE = WS_CONSTANTS + r"""
+WS_SOURCE = WS_CONSTANTS + f"#define WS_ROW_READY {ROW_READY}\n#define WS_ROW_FREE {ROW_FREE}\n#define WS_ITEM_WORDS {ITEM_WORDS}\n" + r"""
 __device__ __forceinline__ void ws_bar_sync_wg(int id) { asm volatile("bar.sync %0, 128;" :: "r"(id) : "memory"); }
 // cp.async and generic stores to shared memory become visible to wgmma (the async proxy).
 __device__ __forceinline__ void ws_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
@@ -121,6 +128,8 @@ __device__ __forceinline__ void ws_bars_init(void* bars) {
   mqa_handoff_init(bars, 128, 128);
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(mqa_handoff_bar(bars, 2)), "r"(128) : "memory");
   asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(mqa_handoff_bar(bars, 3)), "r"(128) : "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(mqa_handoff_bar(bars, WS_ROW_READY)), "r"(1) : "memory");
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" :: "r"(mqa_handoff_bar(bars, WS_ROW_FREE)), "r"(128) : "memory");
   asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
 }
 // An add's address is row_base + kv * row_bytes, one mad.wide. Where ok is false the add is
@@ -174,6 +183,32 @@ __device__ __forceinline__ int ws_row_blocks(const int* indices, int row, int lp
 }
 // The persistent tile's next row of Q or dO into L2 while this row's last block runs: its loads at the
 // row's start then come from L2, not HBM (one bulk prefetch of a contiguous range, by one thread).
+// Warpgroup 0's thread 0 claims the CTA's item after its k-th (a CTA's first is its own index: the
+// first wave claims nothing) and posts it at parity (k + 1) % 2, once warpgroup 1 has read item k
+// (ROW_FREE's phase k): so ROW_READY completes no phase that warpgroup 1 has not yet waited for,
+// and the word it writes was read. Items go to whichever CTA is free first; no output depends on which
+// CTA takes an item (a row's dQ is one CTA's, in block order; the dKV and Bound adds are integers).
+__device__ __forceinline__ int ws_claim_item(void* bars, const int* claims, int k, int ctas) {
+  mqa_handoff_wait(bars, WS_ROW_FREE, k & 1);
+  const int item = ctas + atomicAdd(const_cast<int*>(claims), 1);
+  static_cast<volatile int*>(bars)[WS_ITEM_WORDS + ((k + 1) & 1)] = item;
+  mqa_handoff_arrive(bars, WS_ROW_READY);
+  return item;
+}
+// The CTA's k-th item, as warpgroup 0 posted it; warpgroup 1 frees its word once read.
+__device__ __forceinline__ int ws_posted_item(void* bars, int k) {
+  return static_cast<volatile int*>(bars)[WS_ITEM_WORDS + (k & 1)];
+}
+__device__ __forceinline__ int ws_take_item(void* bars, int k) {
+  mqa_handoff_wait(bars, WS_ROW_READY, k & 1);
+  const int item = ws_posted_item(bars, k);
+  mqa_handoff_arrive(bars, WS_ROW_FREE);
+  return item;
+}
+__device__ __forceinline__ void ws_post_first_item(void* bars, int item) {
+  static_cast<volatile int*>(bars)[WS_ITEM_WORDS] = item;
+  mqa_handoff_arrive(bars, WS_ROW_READY);
+}
 __device__ __forceinline__ void ws_prefetch_l2(const void* p, unsigned bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
 }
@@ -721,11 +756,14 @@ def wide_program(config: MainConfig):
         Gate: T.Tensor((1,), i32),
         tiles: T.int32,
         ctas: T.int32,
+        Claims: T.Tensor((1,), i32),
     ):
         # Persistent: ``ctas`` CTAs (at most one an SM: the tile takes its shared memory), each
-        # taking the (row, tile) items cta, cta + ctas, ... in turn, counted from the last row: a
-        # causal call's first rows, which have the fewest blocks, come last, so that the CTAs
-        # that take one item more than the others end on a short one. Its warpgroups run their own
+        # taking item cta first, then whichever is next when it frees (ws_claim_item: Claims[0]
+        # counts the items claimed), counted from the last row: a causal call's first rows, which
+        # have the fewest blocks, come last. Claimed as CTAs free, the items end the launch within
+        # about an item of each other, where a fixed share left the CTAs that took one item more,
+        # or ran on slower SMs, to finish alone. Its warpgroups run their own
         # rows: warpgroup 0 loads the next row's Q and dO and gathers its first block while
         # warpgroup 1 still adds the last block of the row before, so a row's fill and drain
         # overlap where a CTA a row ran them one after the other. The handoffs count blocks
@@ -751,7 +789,7 @@ def wide_program(config: MainConfig):
             # The four mbarriers, then each warpgroup's 2 x 4 words of its rows' block counts
             # (ws_row_blocks; int32 offsets rows0 and rows1): in the bytes TileLang leaves before
             # the 1024-aligned tiles, where in slot_info_s they took the lanes tile past 227 KiB.
-            bars = T.alloc_shared((4 + 8,), "uint64")
+            bars = T.alloc_shared((4 + 8 + 4,), "uint64")
             rows0, rows1 = 8, 16
 
             acc_s = T.alloc_fragment((H, BS), f32)
@@ -778,10 +816,16 @@ def wide_program(config: MainConfig):
             # the item would divide by R at every use.
             at0 = T.alloc_local((2,), i32)
             at1 = T.alloc_local((2,), i32)
+            # Each warpgroup's item and its count of items so far (the row handoffs' phases); warpgroup
+            # 0's thread 0's claim of the next.
+            item0 = T.alloc_local((1,), i32)
+            item1 = T.alloc_local((1,), i32)
+            k0 = T.alloc_local((1,), i32)
+            k1 = T.alloc_local((1,), i32)
+            next0 = T.alloc_local((1,), i32)
             tid = T.get_thread_binding()
             tid1 = tid - WARPGROUP  # a thread's index in warpgroup 1
             items = R * (tiles if config.tiles > 1 else 1)
-            item_rows = T.ceildiv(items - cta, ctas)  # this CTA's
 
             T.import_source(GATHER_SOURCE + HANDOFF_SOURCE + SOFTMAX_SOURCE + WS_SOURCE)
             if accumulate == "fixed":  # before any barrier: the whole CTA leaves
@@ -797,12 +841,16 @@ def wide_program(config: MainConfig):
                     T.call_extern("handle", "mqa_st_shared_i32", slot_info_s.data, peaks0 + tid, 0)
                 base0[0] = 0
                 done0[0] = 0
-                for k in T.serial(item_rows):
-                    at0[0], at0[1] = item_of(items - 1 - cta - k * ctas, head_base)
+                k0[0] = 0
+                item0[0] = cta
+                if tid == 0:
+                    T.call_extern("handle", "ws_post_first_item", bars.data, cta)
+                while item0[0] < items:
+                    at0[0], at0[1] = item_of(items - 1 - item0[0], head_base)
                     r, h0 = at0[0], at0[1]
                     # Its barrier also keeps this row's stores of lse_s and delta_s after the last
                     # reads of the row before (the softmax of its last block).
-                    row_blocks(live0, done0, Indices, Flag, r, Lp, NKV, bars, rows0, tid, k, GATHER_BARRIER)
+                    row_blocks(live0, done0, Indices, Flag, r, Lp, NKV, bars, rows0, tid, k0[0], GATHER_BARRIER)
                     if live0[0] > 0:  # block 0 whole, once warpgroup 1's dQ GEMMs of the block before have read KV_s
                         if base0[0] > 0:
                             T.call_extern("handle", "mqa_handoff_wait", bars.data, KV_FREE, (base0[0] - 1) % 2)
@@ -830,11 +878,14 @@ def wide_program(config: MainConfig):
                         p = t % 2
                         if tl_ > 0:  # warpgroup 1's dQ GEMMs of block t - 1 have read KV_s
                             T.call_extern("handle", "mqa_handoff_wait", bars.data, KV_FREE, (t - 1) % 2)
-                        if tl_ == live0[0] - 1 and tid == 0 and k + 1 < item_rows:
-                            # The next item's Q and dO rows (contiguous: its heads are consecutive) into L2.
-                            next_r, next_h0 = item_of(items - 1 - cta - (k + 1) * ctas, head_base)
-                            T.call_extern("handle", "ws_prefetch_l2", T.address_of(Q[next_r, next_h0, 0]), H * Dk * 2)
-                            T.call_extern("handle", "ws_prefetch_l2", T.address_of(dO[next_r, next_h0, 0]), H * Dv * 2)
+                        if tl_ == live0[0] - 1 and tid == 0:
+                            # The CTA's next item, claimed; its Q and dO rows (contiguous: its heads are
+                            # consecutive) into L2.
+                            next0[0] = T.call_extern(i32, "ws_claim_item", bars.data, Claims.data, k0[0], ctas)
+                            if next0[0] < items:
+                                next_r, next_h0 = item_of(items - 1 - next0[0], head_base)
+                                T.call_extern("handle", "ws_prefetch_l2", T.address_of(Q[next_r, next_h0, 0]), H * Dk * 2)
+                                T.call_extern("handle", "ws_prefetch_l2", T.address_of(dO[next_r, next_h0, 0]), H * Dv * 2)
                         if tid < BS:
                             row = Indices[r, tl_ * BS + tid]
                             if accumulate == "lanes":  # its row's offset in the words; invalid: scale -0.0
@@ -920,7 +971,12 @@ def wide_program(config: MainConfig):
                                     T.call_extern("handle", "ws_flag_row", Flag.data, r, FLAG_MASS)
                         T.call_extern("handle", f"ws_store_dq<{dq_split}>", acc_dq0.data, T.address_of(dQ[r, h0, 0]), Dk,
                                       HQ - h0, tid)
+                    if live0[0] == 0 and tid == 0:  # no block to claim the next item in
+                        next0[0] = T.call_extern(i32, "ws_claim_item", bars.data, Claims.data, k0[0], ctas)
                     base0[0] = base0[0] + live0[0]
+                    k0[0] = k0[0] + 1
+                    T.call_extern("handle", "ws_bar_sync_wg", GATHER_BARRIER)  # thread 0's claim is posted
+                    item0[0] = T.call_extern(i32, "ws_posted_item", bars.data, k0[0])
 
             with T.ws(1):
                 for i in T.serial(BS // 8):
@@ -928,10 +984,12 @@ def wide_program(config: MainConfig):
                 base1[0] = 0
                 done1[0] = 0
                 beyond1[0] = T.cast(0, "uint32")
-                for k in T.serial(item_rows):
-                    at1[0], at1[1] = item_of(items - 1 - cta - k * ctas, head_base)
+                k1[0] = 0
+                item1[0] = T.call_extern(i32, "ws_take_item", bars.data, 0)
+                while item1[0] < items:
+                    at1[0], at1[1] = item_of(items - 1 - item1[0], head_base)
                     r, h0 = at1[0], at1[1]
-                    row_blocks(live1, done1, Indices, Flag, r, Lp, NKV, bars, rows1, tid1, k, BOUNDS_BARRIER)
+                    row_blocks(live1, done1, Indices, Flag, r, Lp, NKV, bars, rows1, tid1, k1[0], BOUNDS_BARRIER)
                     T.clear(acc_dq1)
                     T.clear(acc_dq2)
                     for tl_ in T.serial(live1[0]):
@@ -967,5 +1025,7 @@ def wide_program(config: MainConfig):
                         T.call_extern("handle", f"ws_store_dq<{w2}>", acc_dq2.data, T.address_of(dQ[r, h0, c2]), Dk,
                                       HQ - h0, tid1)
                     base1[0] = base1[0] + live1[0]
+                    k1[0] = k1[0] + 1
+                    item1[0] = T.call_extern(i32, "ws_take_item", bars.data, k1[0])
 
     return main_bwd
