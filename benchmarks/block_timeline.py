@@ -18,8 +18,10 @@ same count of blocks), each phase's mean in the rows' first blocks against the o
 share of a CTA's traced time in which a warpgroup's dKV adds are under way (warpgroup 0 from its
 chunk GEMMs' wait to its last add; warpgroup 1 from KV_FREE to its last pair's adds, which holds
 its pairs' GEMMs too), by neither, one or both: when neither adds, the SM sends the L2 only its
-gathers. The stamps cost a store each and may move ptxas's schedule: the tool prints the traced
-call's main kernel time beside the untraced one's for that reason (ours, the same shape).
+gathers. Where the patch stamps the global timer and a row's change, the rate clock64 runs at, each
+CTA's entry and exit, and each step from a row's last block to the next row's first. The stamps
+cost a store each and may move ptxas's schedule: the tool prints the traced call's main kernel
+time beside the untraced one's for that reason (ours, the same shape).
 """
 
 import argparse
@@ -68,6 +70,20 @@ ADDS_SPANS = {0: (7, 8), 1: (11, 14)}
 CLOCK_EVENTS = 24
 NS_EVENTS = {0: 24, 15: 25}
 ENTRY_EVENTS, EXIT_EVENTS = (26, 27), {0: (28, 29), 1: (30, 31)}
+#: A row's change, warpgroup by warpgroup: (event, in the row before's last block or the row's
+#: first), in the order the warpgroup passes them; events 32-39 are the patch's row stamps (its
+#: block count, waits and loads at a row's start, its dQ stores at a row's end), the others the
+#: block stamps. A row's first block is one whose event 32 is stamped.
+ROW_CHANGE = {
+    0: ((8, "last"), (37, "last"), (32, "first"), (33, "first"), (34, "first"), (35, "first"), (36, "first"),
+        (0, "first"), (6, "first")),
+    1: ((13, "last"), (15, "last"), (38, "last"), (39, "first"), (9, "first"), (10, "first")),
+}
+ROW_EVENT_NAMES = {0: "block start", 6: "P and dS handed over", 8: "adds done", 9: "block start", 10: "PDS_READY passed",
+                   13: "PDS_FREE arrived", 15: "bounds done", 32: "block count", 33: "KV_FREE passed",
+                   34: "block 0's gather issued", 35: "PDS_FREE passed", 36: "Q, dO issued", 37: "dQ stored",
+                   38: "dQ stored", 39: "item taken, block count"}
+FIRST_OF_ROW = 32
 
 
 def _span_matrix(trace: np.ndarray, first: int, last: int, next_block: bool) -> tuple:
@@ -191,10 +207,25 @@ def outside_blocks(trace: np.ndarray) -> dict | None:
             "epilogue": clock_out - last_stamp, "entry_us": (ns_in - origin) / 1e3, "exit_us": (ns_out - origin) / 1e3}
 
 
+def row_change(trace: np.ndarray) -> dict | None:
+    """{warpgroup: [(from event, to event, cycles at each row's change)]} along ROW_CHANGE, over the
+    changes where every step is stamped (None where the trace has no row stamps)."""
+    if trace.shape[2] <= FIRST_OF_ROW:
+        return None
+    ctas, blocks = np.nonzero(trace[:, 1:, FIRST_OF_ROW])  # a row's first block, past the CTA's first
+    blocks = blocks + 1
+    found = {}
+    for wg, steps in ROW_CHANGE.items():
+        stamps = np.stack([trace[ctas, blocks - (where == "last"), event] for event, where in steps])
+        stamped = (stamps != 0).all(axis=0)
+        found[wg] = [(steps[i][0], steps[i + 1][0], (stamps[i + 1] - stamps[i])[stamped]) for i in range(len(steps) - 1)]
+    return found
+
+
 def report(trace: np.ndarray, kernel_ms: float = math.nan, blocks_per_row: int = 0) -> list:
     """The tool's table, as lines; ``kernel_ms``, the traced main kernel's time, gives the clock;
     ``blocks_per_row`` (uniform indices), the rows' first blocks against the rest."""
-    timer = outside_blocks(trace)
+    timer, rows = outside_blocks(trace), row_change(trace)
     trace = trace[:, :, :CLOCK_EVENTS]
     lines = []
     period = periods(trace)
@@ -241,6 +272,14 @@ def report(trace: np.ndarray, kernel_ms: float = math.nan, blocks_per_row: int =
         if not math.isnan(kernel_ms):
             line += f", in a kernel of {kernel_ms * 1e3:.1f} us"
         lines.append(line)
+    if rows is not None:
+        for wg, steps in rows.items():
+            changes = steps[0][2].size if steps else 0
+            lines.append(f"warpgroup {wg} at a row's change (median and mean cycles over {changes} changes):")
+            for first, last, cycles in steps:
+                if cycles.size:
+                    lines.append(f"  {ROW_EVENT_NAMES[first]:>24} -> {ROW_EVENT_NAMES[last]:<24} {np.median(cycles):7.0f} "
+                                 f"{cycles.mean():7.0f}")
     neither, one, both = adds_overlap(trace)
     lines.append(f"dKV adds under way: neither warpgroup {neither:.1%}, one {one:.1%}, both {both:.1%} of the traced time")
     return lines

@@ -197,21 +197,22 @@
   block_timeline.patch      an instrument, not a variant: the wide tile's lanes (or control) launch
                             stamps the SM's clock64 at 16 points of each block (9 of warpgroup 0's,
                             7 of warpgroup 1's: its handoff waits and arrivals, GEMMs, adds and
-                            bounds) from thread 0 of each warpgroup, and where each warp ends its
-                            adds (8 more, from lane 0 of each warp), and the global timer (ns)
+                            bounds) from thread 0 of each warpgroup, where each warp ends its adds
+                            (8 more, from lane 0 of each warp), 8 points of each row's change
+                            (block count, waits, loads, dQ stores), and the global timer (ns)
                             beside its first and last stamp and at each CTA's entry and each
-                            warpgroup's exit, into a Trace [132 CTAs, 2048 blocks, 32] argument;
-                            benchmarks/block_timeline.py prints each phase's
-                            cycles, share of the block period and mean, the rows' first blocks
-                            against the others, how far a warpgroup's warps end their adds apart,
-                            and the share of time in which neither warpgroup is adding dKV (the L2
-                            then has only gathers), and from the timer the rate clock64 runs at
-                            and the time each CTA spends outside its blocks. The redo's and the corrections' launches stamp
-                            nothing. ptxas at d_k = 576 (the H=64 launch): 56/68 bytes spilled,
-                            with or without the warps' stamps, where the product spills 48/56;
-                            the control none. The tool prints the traced main kernel's time beside the
-                            product's. Its first run (64 blocks a CTA, thread 0's stamps only):
-                            docs/performance-log.md, thirty-second session. On 3e69d09 and later:
+                            warpgroup's exit, into a Trace [132 CTAs, 2048 blocks, 40] argument;
+                            benchmarks/block_timeline.py prints each phase's cycles, share of the
+                            block period and mean, the rows' first blocks against the others, how
+                            far a warpgroup's warps end their adds apart, the share of time in which
+                            neither warpgroup is adding dKV (the L2 then has only gathers), the
+                            rate clock64 runs at and each CTA's time outside its blocks, and each
+                            step of a row's change. The redo's and the corrections' launches stamp
+                            nothing. ptxas at d_k = 576 (the H=64 launch): 52/68 bytes spilled,
+                            where the product spills 40/48; the control none. The tool prints the
+                            traced main kernel's time beside the product's. Its runs:
+                            docs/performance-log.md, thirty-second and thirty-third sessions. On
+                            8304715 and later:
 
         bash scripts/ab-packages.sh experiments/block_timeline.patch
         python benchmarks/block_timeline.py --package .ab/block_timeline/mqa_bwd [--atomic] [--save stamps.npz]

@@ -862,3 +862,29 @@ def test_block_timeline_calibrates_the_clock_and_finds_time_outside_the_blocks()
     assert any("slowest CTA 4150 cycles" in line for line in lines), lines
     trace[1, 0, 31] = 0  # a CTA with an exit unstamped is left out
     assert tool.outside_blocks(trace)["mhz"].size == 1
+
+
+def test_block_timeline_walks_a_rows_change_step_by_step():
+    tool = _tool("block_timeline")
+    assert tool.row_change(_synthetic_timeline()) is None  # a trace without the row stamps
+    trace = np.zeros((1, 8, 40), dtype=np.int64)
+    trace[..., :16] = _synthetic_timeline(blocks=4, ctas=1)  # block b from 10000 + 1000 b
+    # Two rows of two blocks: the second row starts at block 2. Warpgroup 0 stores its dQ 50 cycles
+    # after block 1's adds (10000 + 1000 + 800), then counts, waits and loads before block 2's start.
+    trace[0, 1, 37] = 11_850
+    trace[0, 2, 32:37] = [11_900, 11_910, 11_930, 11_960, 11_990]
+    trace[0, 2, 0] = 12_000
+    trace[0, 0, 32] = 9_990  # the CTA's first row: no change before it, left out
+    trace[0, 1, 38], trace[0, 2, 39] = 12_200, 12_250  # warpgroup 1: its dQ stores, its next item and count
+    rows = tool.row_change(trace)
+    steps0 = {(a, b): c.tolist() for a, b, c in rows[0]}
+    assert steps0[(8, 37)] == [50] and steps0[(37, 32)] == [50] and steps0[(35, 36)] == [30] and steps0[(36, 0)] == [10]
+    assert steps0[(0, 6)] == [520]  # block 2's P and dS handed over, 520 cycles into it
+    steps1 = {(a, b): c.tolist() for a, b, c in rows[1]}
+    # Block 1's bounds end at 10000 + 1000 + 1150; block 2 starts for warpgroup 1 at 12300.
+    assert steps1[(15, 38)] == [50] and steps1[(38, 39)] == [50] and steps1[(39, 9)] == [50]
+    lines = tool.report(trace)
+    assert any("warpgroup 0 at a row's change" in line and "over 1 changes" in line for line in lines), lines
+    assert any("PDS_FREE passed ->" in line and "Q, dO issued" in line for line in lines), lines
+    trace[0, 2, 34] = 0  # a change with a step unstamped is left out of that warpgroup's steps
+    assert tool.row_change(trace)[0][0][2].size == 0 and tool.row_change(trace)[1][0][2].size == 1
