@@ -194,6 +194,20 @@
         REV=2453f82 bash scripts/ab-packages.sh experiments/magic_only.patch experiments/magic_correct.patch \
             experiments/magic_prepass.patch
 
+  early_rows.patch          the candidate for a row's change (docs/performance-log.md,
+                            thirty-third session, Next): in a row's last block, once its own
+                            chunks' GEMMs are done, warpgroup 0 loads the next item's Q and dO
+                            columns of its own chunks ([384, 576) and [384, 512) at d_k = 576;
+                            warpgroup 1's chunks read only the columns below), and the next row's
+                            start loads the rest; not in the corrections launch (most of its rows
+                            are skipped). The same bits by construction; not run yet. ptxas at
+                            d_k = 576 (the H=64 launch): 28/40 bytes spilled where the product
+                            spills 40/48; the control none. On 8304715 and later, beside the
+                            timeline's run (a deadlock would hold the call: keep a timeout):
+
+        bash scripts/ab-packages.sh experiments/early_rows.patch
+        timeout 300 python benchmarks/package_ab.py --against .ab/early_rows/mqa_bwd --shapes dsv32,fleet --trace 2
+
   block_timeline.patch      an instrument, not a variant: the wide tile's lanes (or control) launch
                             stamps the SM's clock64 at 16 points of each block (9 of warpgroup 0's,
                             7 of warpgroup 1's: its handoff waits and arrivals, GEMMs, adds and
