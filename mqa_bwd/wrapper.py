@@ -528,8 +528,8 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
 
     # Every launch reads its head groups in place (head_base): no per-group copies.
     dq = launcher.empty((R, Hp, p.d_k), torch.bfloat16)
-    # Each launch's own zeroed counter of the items its CTAs claimed (kernels/wide.py: a persistent
-    # CTA takes the next item when it frees), zeroed with the call's other buffers (``counters``).
+    # Each launch has a counter of its own for the items its CTAs claim (kernels/wide.py: a persistent
+    # CTA takes the next item when it frees), zeroed with the call's other buffers.
     if not fixed:
         dkv_acc, claims = launcher.zeros_together(((NKV, p.d_k), f32), ((len(launches),), torch.int32))
         for (g, config), counter in zip(launches, claims.split(1)):

@@ -116,7 +116,9 @@ BOUND_CAP = 2**40
 WS_CONSTANTS = (f"#define WS_FLAG_MASS {FLAG_MASS}\n#define WS_FLAG_MAGIC {FLAG_MAGIC}\n"
                 f"#define WS_MAGIC_PEAK {struct.unpack('<I', struct.pack('<f', MAGIC_RANGE))[0] >> 16:#x}u\n")
 
-WS_SOURCE = WS_CONSTANTS + f"#define WS_ROW_READY {ROW_READY}\n#define WS_ROW_FREE {ROW_FREE}\n#define WS_ITEM_WORDS {ITEM_WORDS}\n" + r"""
+WS_ROWS = f"#define WS_ROW_READY {ROW_READY}\n#define WS_ROW_FREE {ROW_FREE}\n#define WS_ITEM_WORDS {ITEM_WORDS}\n"
+
+WS_SOURCE = WS_CONSTANTS + WS_ROWS + r"""
 __device__ __forceinline__ void ws_bar_sync_wg(int id) { asm volatile("bar.sync %0, 128;" :: "r"(id) : "memory"); }
 // cp.async and generic stores to shared memory become visible to wgmma (the async proxy).
 __device__ __forceinline__ void ws_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
@@ -181,13 +183,12 @@ __device__ __forceinline__ int ws_row_blocks(const int* indices, int row, int lp
   ws_bar_sync_wg(bar);
   return static_cast<int>(max(max(w[0], w[1]), max(w[2], w[3])));
 }
-// The persistent tile's next row of Q or dO into L2 while this row's last block runs: its loads at the
-// row's start then come from L2, not HBM (one bulk prefetch of a contiguous range, by one thread).
 // Warpgroup 0's thread 0 claims the CTA's item after its k-th (a CTA's first is its own index: the
 // first wave claims nothing) and posts it at parity (k + 1) % 2, once warpgroup 1 has read item k
 // (ROW_FREE's phase k): so ROW_READY completes no phase that warpgroup 1 has not yet waited for,
-// and the word it writes was read. Items go to whichever CTA is free first; no output depends on which
-// CTA takes an item (a row's dQ is one CTA's, in block order; the dKV and Bound adds are integers).
+// and the word it writes was read. Items go to whichever CTA is free first; no output depends on
+// which CTA takes an item (a row's dQ is one CTA's, in block order; the dKV and Bound adds are
+// integers).
 __device__ __forceinline__ int ws_claim_item(void* bars, const int* claims, int k, int ctas) {
   mqa_handoff_wait(bars, WS_ROW_FREE, k & 1);
   const int item = ctas + atomicAdd(const_cast<int*>(claims), 1);
@@ -209,6 +210,8 @@ __device__ __forceinline__ void ws_post_first_item(void* bars, int item) {
   static_cast<volatile int*>(bars)[WS_ITEM_WORDS] = item;
   mqa_handoff_arrive(bars, WS_ROW_READY);
 }
+// The persistent tile's next row of Q or dO into L2 while this row's last block runs: its loads at the
+// row's start then come from L2, not HBM (one bulk prefetch of a contiguous range, by one thread).
 __device__ __forceinline__ void ws_prefetch_l2(const void* p, unsigned bytes) {
   asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" :: "l"(p), "r"(bytes) : "memory");
 }
@@ -786,9 +789,10 @@ def wide_program(config: MainConfig):
             peaks1 = 2 * BS * 2
             peaks0 = peaks1 + PEAK_WORDS
             slot_info_s = T.alloc_shared((peaks1 + (PEAK_WORDS + WG0_PEAK_WORDS if accumulate == "lanes" else 0),), i32)
-            # The four mbarriers, then each warpgroup's 2 x 4 words of its rows' block counts
-            # (ws_row_blocks; int32 offsets rows0 and rows1): in the bytes TileLang leaves before
-            # the 1024-aligned tiles, where in slot_info_s they took the lanes tile past 227 KiB.
+            # The four block mbarriers, then each warpgroup's 2 x 4 words of its rows' block counts
+            # (ws_row_blocks; int32 offsets rows0 and rows1), the two row mbarriers and the posted
+            # items (ROW_READY, ROW_FREE, ITEM_WORDS): in the bytes TileLang leaves before the
+            # 1024-aligned tiles, where in slot_info_s they took the lanes tile past 227 KiB.
             bars = T.alloc_shared((4 + 8 + 4,), "uint64")
             rows0, rows1 = 8, 16
 
