@@ -202,7 +202,7 @@
                             start loads the rest; not in the corrections launch (most of its rows
                             are skipped). The same bits by construction; not run yet. ptxas at
                             d_k = 576 (the H=64 launch): 28/40 bytes spilled where the product
-                            spills 40/48; the control none. On 8304715 and later, beside the
+                            spills 40/48; the control none. On 88dd6b4 and later, beside the
                             timeline's run (a deadlock would hold the call: keep a timeout):
 
         bash scripts/ab-packages.sh experiments/early_rows.patch
@@ -226,7 +226,7 @@
                             where the product spills 40/48; the control none. The tool prints the
                             traced main kernel's time beside the product's. Its runs:
                             docs/performance-log.md, thirty-second and thirty-third sessions. On
-                            8304715 and later:
+                            88dd6b4 and later:
 
         bash scripts/ab-packages.sh experiments/block_timeline.patch
         python benchmarks/block_timeline.py --package .ab/block_timeline/mqa_bwd [--atomic] [--save stamps.npz]
