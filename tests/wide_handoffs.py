@@ -15,9 +15,9 @@ tests/test_wide_handoffs.py runs them here. A step is (what, mbarrier, phase, wh
   design only).
 
 The CTA's items come from a counter (kernels/wide.py, ws_claim_item): warpgroup 0 claims the next
-in a row's last block (at the row's end where it has none) and posts it (ROW_READY), once
-warpgroup 1 has read the item before (ROW_FREE); warpgroup 1 takes each (ITEM_1) before its
-row and after its last, where it finds that none is left.
+in a row's last block, after the block's KV_FREE wait (at the row's end where it has none), and
+posts it (ROW_READY) once warpgroup 1 has taken the row's own item (ROW_FREE); warpgroup 1 takes
+each (ITEM_1) before its row and after its last, where it finds that none is left.
 """
 
 from mqa_bwd.kernels.wide import KV_FREE, PDS_FREE, PDS_READY, PEAKS_READY, ROW_FREE, ROW_READY
@@ -42,7 +42,8 @@ ROW_START_0 = (
     ("load Q and dO", None, None, None),
 )
 #: Warpgroup 0 at each block: KV_s free (its refill's second part), P_s and dS_s free, then P,
-#: dS and the slots in; the lanes' chunk maxima after its adds.
+#: dS and the slots in; the lanes' chunk maxima after its adds. A row's last block claims the next
+#: item after the first step, its KV_FREE wait.
 BLOCK_0 = (
     ("wait", KV_FREE, "block before", "not first of row"),
     ("wait", PDS_FREE, "block before", "after a block"),
@@ -85,11 +86,9 @@ def warpgroup0(rows, lanes=True, row_start_waits=(KV_FREE, PDS_FREE), claim=CLAI
         if live > 0:
             yield from _run(ROW_START_0, lanes, base, 0, row_start_waits)
         for local in range(live):
-            for what, bar, phase, when in BLOCK_0:
-                yield from _run(((what, bar, phase, when),), lanes, base, local, row_start_waits)
-                if (what, bar) == ("wait", KV_FREE):  # the last block claims after its KV_FREE wait
-                    if local == live - 1:
-                        yield from _run(claim, lanes, base, local, row_start_waits, item=k)
+            # The row's last block claims the next item after its KV_FREE wait.
+            program = BLOCK_0[:1] + claim + BLOCK_0[1:] if local == live - 1 else BLOCK_0
+            yield from _run(program, lanes, base, local, row_start_waits, item=k)
         if live == 0:
             yield from _run(claim, lanes, base, 0, row_start_waits, item=k)
         base += live
