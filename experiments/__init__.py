@@ -200,10 +200,12 @@
                             columns of its own chunks ([384, 576) and [384, 512) at d_k = 576;
                             warpgroup 1's chunks read only the columns below), and the next row's
                             start loads the rest; not in the corrections launch (most of its rows
-                            are skipped). The same bits by construction; not run yet. ptxas at
-                            d_k = 576 (the H=64 launch): 28/40 bytes spilled where the product
-                            spills 40/48; the control none. On 88dd6b4 and later, beside the
-                            timeline's run (a deadlock would hold the call: keep a timeout):
+                            are skipped). The same bits; slower on an H100 (thirty-fourth
+                            session): det's main kernel 8.052 against 7.317 ms at dsv32 H=64,
+                            18.060 against 16.721 at H=128, 6.017 against 4.948 at fleet. ptxas
+                            at d_k = 576 (the H=64 launch): 28/40 bytes spilled where the product
+                            spills 40/48; the control none. On 88dd6b4 and later (a deadlock
+                            would hold the call: keep a timeout):
 
         bash scripts/ab-packages.sh experiments/early_rows.patch
         timeout 300 python benchmarks/package_ab.py --against .ab/early_rows/mqa_bwd --shapes dsv32,fleet --trace 2
@@ -230,6 +232,49 @@
 
         bash scripts/ab-packages.sh experiments/block_timeline.patch
         python benchmarks/block_timeline.py --package .ab/block_timeline/mqa_bwd [--atomic] [--save stamps.npz]
+
+  row_end_loads.patch       the row's change without its two reads of global memory on warpgroup
+                            0's path: the mass check's allowances come by cp.async with lse and
+                            Delta at the row's start (into allowance_s) instead of a load at its
+                            end, and the claim prefetches the next item's indices into L2 for
+                            both warpgroups' ws_row_blocks (with its compile tests' changes). The
+                            same bits; level on an H100 (thirty-fourth session): main kernel
+                            7.267 against 7.265 ms at dsv32 H=64, 4.924 against 4.908 at fleet.
+                            ptxas as the product's. On dbcac0c:
+
+        bash scripts/ab-packages.sh experiments/row_end_loads.patch
+        python benchmarks/package_ab.py --against .ab/row_end_loads/mqa_bwd --shapes dsv32,fleet --trace 2
+
+  dq_after_loads.patch      warpgroup 0 stores a row's dQ (and checks its masses) at the next row's
+                            start, once that row's gather and Q, dO loads are issued, so that the
+                            copies go out ahead of the stores. The same bits; no faster on an H100
+                            (thirty-fourth session): main kernel 7.376 against 7.273 ms at dsv32
+                            H=64, 4.939 against 4.933 at fleet. ptxas as the product's; its
+                            compile tests are not updated. On dbcac0c, as row_end_loads.
+
+  no_row_loads.patch        ablations of the wide tile (wrong dQ and dKV), to price the row's
+  no_dq_store.patch         change: no_row_loads loads Q and dO for a CTA's first row only;
+                            no_dq_store keeps the dQ GEMMs and skips their stores at run time (a
+                            guard on sm_scale < 0 that TileLang cannot fold). On an H100 (thirty-
+                            fourth session) det's main kernel at dsv32 H=64, H=128 and fleet:
+                            7.368, 14.664, 5.074 ms; no_row_loads 7.274, 14.286, 4.806; no_dq_store
+                            7.177, 14.140, 4.704. ptxas as the product's. On dbcac0c:
+
+        bash scripts/ab-packages.sh experiments/no_row_loads.patch experiments/no_dq_store.patch
+        python benchmarks/package_ab.py --against .ab/no_row_loads/mqa_bwd \
+            --against .ab/no_dq_store/mqa_bwd --shapes dsv32,fleet --trace 2
+
+  dq_whole_lines.patch      ws_store_dq with whole 128-byte lines: after the quad's butterfly,
+                            quads 2q and 2q + 1 swap one of two 32-column groups (4 shuffles a 64
+                            columns), so that each 16-byte store covers 4 rows x 128 bytes, where
+                            the product's covers 8 rows x 64 (half the L2's requests for dQ).
+                            The halves are picked in registers (ws_pick): a plain select was sunk
+                            into two stores under a branch, each half a line. The same bits by a
+                            lane-by-lane emulation (every element stored once, in its place);
+                            not run on a GPU. ptxas at d_k = 576: the lanes launch 40/52 bytes
+                            (one tile) and 44/60 (two), where the product spills 40/48 and 44/56;
+                            the control and d_k = 512 none. Its compile tests' changes included
+                            (the spill budget too). On dbcac0c, as row_end_loads.
 
 git history holds the others (dq_vector_stores.patch, thread_again.patch and
 l2_request_cuts.patch, dQ stored 16 bytes a thread and the adds' thread index read again from
