@@ -1,6 +1,7 @@
 """The benchmark tools (CPU: no GPU needed to check their probes, parsers and counts)."""
 
 import argparse
+import collections
 import importlib.util
 import json
 import os
@@ -888,3 +889,24 @@ def test_block_timeline_walks_a_rows_change_step_by_step():
     assert any("PDS_FREE passed ->" in line and "Q, dO issued" in line for line in lines), lines
     trace[0, 2, 34] = 0  # a change with a step unstamped is left out of that warpgroup's steps
     assert tool.row_change(trace)[0][0][2].size == 0 and tool.row_change(trace)[1][0][2].size == 1
+
+
+def test_sass_diff_counts_a_listing_and_names_what_moved():
+    tool = _tool("sass_diff")
+    listing = """
+        /*0000*/                   MOV R1, c[0x0][0x28] ;
+        /*0010*/              @!P6 STG.E.128 desc[UR60][R8.64], R20 ;
+        /*0020*/               @P0 STG.E desc[UR4][R2.64], R5 ;
+        /*0030*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24 ;
+        /*0040*/                   EXIT ;
+    """
+    counts = tool.opcode_counts(listing)
+    assert counts == {"MOV": 1, "STG.E.128": 1, "STG.E": 1, "HGMMA.64x64x16.F32.BF16": 1, "EXIT": 1}
+    assert tool.by_base(counts)["STG"] == 2
+    info = {"registers": 255, "spill_stores": 40, "spill_loads": 48}
+    mine = {"lanes": (info, counts)}
+    more = collections.Counter(counts) + collections.Counter({"SHFL.BFLY": 4, "STG.E.128": 1})
+    lines = tool.diff_lines({"this tree": mine, "other": {"lanes": (dict(info, spill_loads=52), more)}}, top=1)
+    assert lines[0] == "lanes:" and "40/52" in lines[3] and "+5 (+100.0%)" in lines[3]
+    assert len(lines) == 5 and lines[4].split()[:4] == ["SHFL", "0", "->", "4"]  # the largest move only
+

@@ -645,6 +645,19 @@ def test_wide_tile_stores_dq_sixteen_bytes_a_thread(config):
     assert len(stores) == config.d_k // 16, f"{_id(config)}: {len(stores)} 16-byte stores"
 
 
+
+@pytest.mark.skipif(K.nvdisasm_path() is None, reason="needs nvdisasm (a full CUDA toolkit, or pip install nvidia-cuda-nvdisasm)")
+@pytest.mark.parametrize("accumulate", ["lanes", "atomic"])
+def test_wide_tile_sass_stores_each_dq_piece_once(accumulate):
+    # What ptxas makes of the PTX above: each thread's 16-byte dQ stores appear once in the SASS
+    # (d_k / 16 of them). A store code path duplicated (a select the compiler sinks into two stores
+    # under a branch, or a loop it copies) sends a warp's dQ out in pieces, or grows the kernel.
+    config = K.MainConfig(64, 576, 512, accumulate)
+    sass = K.sass_of_source(K.compiled(config).get_kernel_source())
+    stores = re.findall(r"\bSTG\.E\.128\b", sass)
+    assert len(stores) == config.d_k // 16, f"{_id(config)}: {len(stores)} 16-byte stores in the SASS"
+    assert "HGMMA" in sass and "REDG" in sass and "LDGSTS" in sass, f"{_id(config)}: not the wide tile's SASS"
+
 @pytest.mark.parametrize("tiles", [1, K.MULTI_TILE])
 def test_lanes_round_by_ffma_and_only_their_corrections_convert(tiles):
     # The lanes launch rounds each value by FFMA (ws_magic_word: no cvt.rni, a quarter-rate

@@ -95,7 +95,7 @@ def require_nvcc() -> str:
     return nvcc
 
 
-def _nvcc_source(source: str, output: str, code: str, extra=()):
+def _nvcc_source(source: str, output: str, code: str, extra=(), binary: bool = False):
     import os
     import subprocess
     import tempfile
@@ -112,7 +112,7 @@ def _nvcc_source(source: str, output: str, code: str, extra=()):
              "-I" + env.TILELANG_TEMPLATE_PATH, "-I" + env.CUTLASS_INCLUDE_DIR, "-w", *extra, cu, "-o", out],
             check=True, capture_output=True, text=True,
         )
-        with open(out, errors="replace") as f:
+        with open(out, "rb") if binary else open(out, errors="replace") as f:
             return f.read(), done.stderr
 
 
@@ -145,6 +145,42 @@ def ptxas_info_of_source(source: str, name="kernel") -> dict:
     if not all(found.values()):
         raise RuntimeError(f"unexpected ptxas report for {name}:\n{report}")
     return {key: max(int(v) for v in values) for key, values in found.items()}
+
+
+def nvdisasm_path() -> str | None:
+    """nvdisasm: the toolkit's (cuda_tool), else the nvidia-cuda-nvdisasm wheel's; None where
+    there is neither."""
+    import glob
+    import importlib.util
+    import os
+
+    tool = cuda_tool("nvdisasm")
+    if tool:
+        return tool
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or ()) if spec else ():
+        found = sorted(glob.glob(os.path.join(root, "*", "bin", "nvdisasm")))
+        if found:
+            return found[-1]
+    return None
+
+
+def sass_of_source(source: str) -> str:
+    """The SASS listing (nvdisasm -c) of the sm_90a cubin nvcc makes of generated CUDA source:
+    no GPU needed. RuntimeError where there is no nvdisasm."""
+    import os
+    import subprocess
+    import tempfile
+
+    nvdisasm = nvdisasm_path()
+    if nvdisasm is None:
+        raise RuntimeError("nvdisasm not found: set CUDA_HOME to a full toolkit or pip install nvidia-cuda-nvdisasm")
+    cubin = _nvcc_source(source, "-cubin", "sm_90a", binary=True)[0]
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "kernel.cubin")
+        with open(path, "wb") as f:
+            f.write(cubin)
+        return subprocess.run([nvdisasm, "-c", path], check=True, capture_output=True, text=True).stdout
 
 
 def dynamic_shared_bytes(kernel, name: str = "main_bwd"):

@@ -1,0 +1,125 @@
+"""The main kernel's static footprint, this tree against other versions of the package (no GPU).
+
+    bash scripts/ab-packages.sh experiments/dq_whole_lines.patch
+    python benchmarks/sass_diff.py --against .ab/dq_whole_lines/mqa_bwd [--against ...] [--d_k 576]
+        [--heads 64] [--top 12]
+
+For each main_bwd launch of a call (kernels.main_launches: the deterministic call's and the
+control's, at the given d_k and head count), each version's ptxas registers and spill bytes and
+its SASS instruction count, then the opcodes whose counts differ most from this tree's. The SASS
+is nvdisasm's listing of the sm_90a cubin nvcc makes of each version's generated CUDA (this
+tree's nvcc; nvdisasm from CUDA_HOME, or `pip install nvidia-cuda-nvdisasm`). A variant that
+grows a block loop by a quarter, or that ptxas duplicates, shows here before it costs a device
+call (docs/performance-log.md, thirty-fourth session).
+"""
+
+import argparse
+import collections
+import os
+import re
+import sys
+
+#: One instruction of an nvdisasm -c listing: "/*ea30*/  @!P6 STG.E.128 desc[UR60][R8.64], R20 ;".
+INSTRUCTION = re.compile(r"/\*[0-9a-f]+\*/\s+([^;{}]+?)\s*;")
+
+
+def opcode_counts(listing: str) -> collections.Counter:
+    """Instructions of an nvdisasm listing by full mnemonic ("STG.E.128"), predicate guards left out."""
+    counts = collections.Counter()
+    for found in INSTRUCTION.finditer(listing):
+        words = found[1].split()
+        if words and words[0].startswith("@"):
+            words = words[1:]
+        if words:
+            counts[words[0]] += 1
+    return counts
+
+
+def by_base(counts: collections.Counter) -> collections.Counter:
+    """Counts by base mnemonic ("STG.E.128" and "STG.E" -> "STG")."""
+    merged = collections.Counter()
+    for name, n in counts.items():
+        merged[name.split(".")[0]] += n
+    return merged
+
+
+def launch_label(config) -> str:
+    """A main launch's name across versions: its accumulation, tiles and corrections."""
+    label = config.accumulate + (f"-tiles{config.tiles}" if config.tiles > 1 else "")
+    return label + ("-corrections" if getattr(config, "corrections", False) else "")
+
+
+def footprint(kernels, toolchain, heads: int, d_k: int, d_v: int) -> dict:
+    """{launch label: (ptxas info, opcode counts)} of one version's main launches: ``kernels`` is
+    that version's mqa_bwd.kernels (its sources), ``toolchain`` this tree's (nvcc, nvdisasm)."""
+    found = {}
+    for deterministic in (True, False):
+        for _, config in kernels.main_launches(heads // 32, 32, d_k, d_v, deterministic):
+            source = kernels.compiled(config).get_kernel_source()
+            found.setdefault(launch_label(config), (toolchain.ptxas_info_of_source(source, launch_label(config)),
+                                                    opcode_counts(toolchain.sass_of_source(source))))
+    return found
+
+
+def diff_lines(versions: dict, top: int = 12) -> list:
+    """The report's lines: per launch label, each version's registers, spills and instruction count
+    (with its change from the first version's), then the ``top`` opcodes (base mnemonics) whose
+    counts differ most from the first version's in any other."""
+    names = list(versions)
+    base = names[0]
+    lines = []
+    for label in versions[base]:
+        lines.append(f"{label}:")
+        lines.append(f"  {'':<32} {'registers':>9} {'spills st/ld':>13} {'instructions':>13}")
+        first = sum(versions[base][label][1].values())
+        for name in names:
+            if label not in versions[name]:
+                lines.append(f"  {name:<32} (no such launch)")
+                continue
+            info, counts = versions[name][label]
+            total = sum(counts.values())
+            change = "" if name == base else f"  {total - first:+d} ({(total - first) / first:+.1%})"
+            spills = f"{info['spill_stores']}/{info['spill_loads']}"
+            lines.append(f"  {name:<32} {info['registers']:>9} {spills:>13} {total:>13}{change}")
+        mine = by_base(versions[base][label][1])
+        others = [by_base(versions[n][label][1]) for n in names[1:] if label in versions[n]]
+        moved = sorted({op for other in others for op in set(mine) | set(other) if other[op] != mine[op]},
+                       key=lambda op: -max(abs(other[op] - mine[op]) for other in others))
+        for op in moved[:top]:
+            cells = " ".join(f"{other[op]:>6} ({other[op] - mine[op]:+d})" for other in others)
+            lines.append(f"    {op:<14} {mine[op]:>6} -> {cells}")
+    return lines
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--against", required=True, action="append",
+                        help="a copy of another version's mqa_bwd/ directory (repeat it for several)")
+    parser.add_argument("--heads", type=int, default=64, help="the call's head count (a multiple of 32)")
+    parser.add_argument("--d_k", type=int, default=576)
+    parser.add_argument("--d_v", type=int, default=512)
+    parser.add_argument("--top", type=int, default=12, help="how many of the opcodes that moved most to list")
+    a = parser.parse_args()
+    if a.heads <= 0 or a.heads % 32:
+        raise ValueError(f"--heads: {a.heads} is not a positive multiple of 32")
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import importlib
+
+    from package_ab import OTHER, load_package
+
+    from mqa_bwd import kernels
+    from mqa_bwd.kernels import toolchain
+
+    if toolchain.nvdisasm_path() is None:
+        raise SystemExit("nvdisasm not found: set CUDA_HOME to a full toolkit or pip install nvidia-cuda-nvdisasm")
+    versions = {"this tree": footprint(kernels, toolchain, a.heads, a.d_k, a.d_v)}
+    for i, path in enumerate(a.against):
+        other = load_package(os.path.abspath(path), f"{OTHER}{i}")
+        versions[path] = footprint(importlib.import_module(f"{other.__name__}.kernels"), toolchain, a.heads, a.d_k,
+                                   a.d_v)
+    print("\n".join(diff_lines(versions, a.top)))
+
+
+if __name__ == "__main__":
+    main()
