@@ -6,7 +6,9 @@
 
 For each main_bwd launch of a call (kernels.main_launches: the deterministic call's and the
 control's, at the given d_k and head count), each version's ptxas registers and spill bytes and
-its SASS instruction count, then the opcodes whose counts differ most from this tree's. The SASS
+its SASS instruction count, all and in line (up to the last EXIT: past it ptxas puts out-of-line
+code, mbarrier retry loops and the WARPSYNC.COLLECTIVE copies of code after a shuffle for a warp
+that is not converged), then the opcodes whose counts differ most from this tree's (all of them). The SASS
 is nvdisasm's listing of the sm_90a cubin nvcc makes of each version's generated CUDA (this
 tree's nvcc; nvdisasm from CUDA_HOME, or `pip install nvidia-cuda-nvdisasm`). A variant that
 grows a block loop by a quarter, or that ptxas duplicates, shows here before it costs a device
@@ -35,6 +37,12 @@ def opcode_counts(listing: str) -> collections.Counter:
     return counts
 
 
+def in_line(listing: str) -> str:
+    """The listing up to its last EXIT: the code a converged warp runs, out-of-line blocks left out."""
+    last = listing.rfind(" EXIT ")
+    return listing if last < 0 else listing[:last]
+
+
 def by_base(counts: collections.Counter) -> collections.Counter:
     """Counts by base mnemonic ("STG.E.128" and "STG.E" -> "STG")."""
     merged = collections.Counter()
@@ -50,14 +58,19 @@ def launch_label(config) -> str:
 
 
 def footprint(kernels, toolchain, heads: int, d_k: int, d_v: int) -> dict:
-    """{launch label: (ptxas info, opcode counts)} of one version's main launches: ``kernels`` is
-    that version's mqa_bwd.kernels (its sources), ``toolchain`` this tree's (nvcc, nvdisasm)."""
+    """{launch label: (ptxas info with the in-line instruction count, opcode counts)} of one
+    version's main launches: ``kernels`` is that version's mqa_bwd.kernels (its sources),
+    ``toolchain`` this tree's (nvcc, nvdisasm)."""
     found = {}
     for deterministic in (True, False):
         for _, config in kernels.main_launches(heads // 32, 32, d_k, d_v, deterministic):
+            label = launch_label(config)
+            if label in found:
+                continue
             source = kernels.compiled(config).get_kernel_source()
-            found.setdefault(launch_label(config), (toolchain.ptxas_info_of_source(source, launch_label(config)),
-                                                    opcode_counts(toolchain.sass_of_source(source))))
+            listing = toolchain.sass_of_source(source)
+            info = dict(toolchain.ptxas_info_of_source(source, label), in_line=sum(opcode_counts(in_line(listing)).values()))
+            found[label] = (info, opcode_counts(listing))
     return found
 
 
@@ -70,7 +83,7 @@ def diff_lines(versions: dict, top: int = 12) -> list:
     lines = []
     for label in versions[base]:
         lines.append(f"{label}:")
-        lines.append(f"  {'':<32} {'registers':>9} {'spills st/ld':>13} {'instructions':>13}")
+        lines.append(f"  {'':<32} {'registers':>9} {'spills st/ld':>13} {'instructions':>13} {'in line':>8}")
         first = sum(versions[base][label][1].values())
         for name in names:
             if label not in versions[name]:
@@ -80,7 +93,7 @@ def diff_lines(versions: dict, top: int = 12) -> list:
             total = sum(counts.values())
             change = "" if name == base else f"  {total - first:+d} ({(total - first) / first:+.1%})"
             spills = f"{info['spill_stores']}/{info['spill_loads']}"
-            lines.append(f"  {name:<32} {info['registers']:>9} {spills:>13} {total:>13}{change}")
+            lines.append(f"  {name:<32} {info['registers']:>9} {spills:>13} {total:>13} {info['in_line']:>8}{change}")
         mine = by_base(versions[base][label][1])
         others = [by_base(versions[n][label][1]) for n in names[1:] if label in versions[n]]
         moved = sorted({op for other in others for op in set(mine) | set(other) if other[op] != mine[op]},

@@ -274,10 +274,10 @@
                             not run on a GPU. ptxas at d_k = 576: the lanes launch 40/52 bytes
                             (one tile) and 44/60 (two), where the product spills 40/48 and 44/56;
                             the control and d_k = 512 none; its SASS 8,376 instructions where the
-                            product's has 7,736, and ptxas copies 14 of warpgroup 0's 16 stores out
-                            of line (test_wide_tile_sass_stores_each_dq_piece_once fails on it;
-                            benchmarks/sass_diff.py shows both). Its compile tests' changes
-                            included (the spill budget too). On dbcac0c, as row_end_loads.
+                            product's has 7,736 (benchmarks/sass_diff.py), and ptxas copies 14 of
+                            warpgroup 0's 16 stores into the out-of-line WARPSYNC.COLLECTIVE copies
+                            of its shuffles, which a converged warp never runs. Its compile tests'
+                            changes included (the spill budget too). On dbcac0c, as row_end_loads.
 
 git history holds the others (dq_vector_stores.patch, thread_again.patch and
 l2_request_cuts.patch, dQ stored 16 bytes a thread and the adds' thread index read again from

@@ -903,7 +903,9 @@ def test_sass_diff_counts_a_listing_and_names_what_moved():
     counts = tool.opcode_counts(listing)
     assert counts == {"MOV": 1, "STG.E.128": 1, "STG.E": 1, "HGMMA.64x64x16.F32.BF16": 1, "EXIT": 1}
     assert tool.by_base(counts)["STG"] == 2
-    info = {"registers": 255, "spill_stores": 40, "spill_loads": 48}
+    assert tool.opcode_counts(tool.in_line(listing)) == {"MOV": 1, "STG.E.128": 1, "STG.E": 1,
+                                                          "HGMMA.64x64x16.F32.BF16": 1}
+    info = {"registers": 255, "spill_stores": 40, "spill_loads": 48, "in_line": 4}
     mine = {"lanes": (info, counts)}
     more = collections.Counter(counts) + collections.Counter({"SHFL.BFLY": 4, "STG.E.128": 1})
     lines = tool.diff_lines({"this tree": mine, "other": {"lanes": (dict(info, spill_loads=52), more)}}, top=1)
