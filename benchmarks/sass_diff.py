@@ -6,9 +6,9 @@
 
 For each main_bwd launch of a call (kernels.main_launches: the deterministic call's and the
 control's, at the given d_k and head count), each version's ptxas registers and spill bytes and
-its SASS instruction count, all and in line (up to the last EXIT: past it ptxas puts out-of-line
-code, mbarrier retry loops and the WARPSYNC.COLLECTIVE copies of code after a shuffle for a warp
-that is not converged), then the opcodes whose counts differ most from this tree's (all of them). The SASS
+its SASS instruction count, all and in line (up to the last EXIT: past it ptxas puts what the
+code reaches out of line, kernels.sass_in_line), with the change from this tree's, then the
+opcodes whose counts (all of them) differ most from this tree's. The SASS
 is nvdisasm's listing of the sm_90a cubin nvcc makes of each version's generated CUDA (this
 tree's nvcc; nvdisasm from CUDA_HOME, or `pip install nvidia-cuda-nvdisasm`). A variant that
 grows a block loop by a quarter, or that ptxas duplicates, shows here before it costs a device
@@ -37,12 +37,6 @@ def opcode_counts(listing: str) -> collections.Counter:
     return counts
 
 
-def in_line(listing: str) -> str:
-    """The listing up to its last EXIT: the code a converged warp runs, out-of-line blocks left out."""
-    last = listing.rfind(" EXIT ")
-    return listing if last < 0 else listing[:last]
-
-
 def by_base(counts: collections.Counter) -> collections.Counter:
     """Counts by base mnemonic ("STG.E.128" and "STG.E" -> "STG")."""
     merged = collections.Counter()
@@ -51,9 +45,16 @@ def by_base(counts: collections.Counter) -> collections.Counter:
     return merged
 
 
+def short_name(path: str) -> str:
+    """A version's column title: the folder that holds its mqa_bwd/ (".ab/x/mqa_bwd" -> "x")."""
+    parts = [p for p in path.replace(os.sep, "/").split("/") if p]
+    return parts[-2] if len(parts) > 1 and parts[-1] == "mqa_bwd" else (parts[-1] if parts else path)
+
+
 def launch_label(config) -> str:
     """A main launch's name across versions: its accumulation, tiles and corrections."""
-    label = config.accumulate + (f"-tiles{config.tiles}" if config.tiles > 1 else "")
+    tiles = getattr(config, "tiles", 1)
+    label = config.accumulate + (f"-tiles{tiles}" if tiles > 1 else "")
     return label + ("-corrections" if getattr(config, "corrections", False) else "")
 
 
@@ -65,41 +66,49 @@ def footprint(kernels, toolchain, heads: int, d_k: int, d_v: int) -> dict:
     for deterministic in (True, False):
         for _, config in kernels.main_launches(heads // 32, 32, d_k, d_v, deterministic):
             label = launch_label(config)
-            if label in found:
-                continue
-            source = kernels.compiled(config).get_kernel_source()
-            listing = toolchain.sass_of_source(source)
-            info = dict(toolchain.ptxas_info_of_source(source, label), in_line=sum(opcode_counts(in_line(listing)).values()))
-            found[label] = (info, opcode_counts(listing))
+            if label not in found:
+                listing, info = toolchain.sass_and_ptxas_info(kernels.compiled(config).get_kernel_source(), label)
+                info["in_line"] = sum(opcode_counts(toolchain.sass_in_line(listing)).values())
+                found[label] = (info, opcode_counts(listing))
     return found
 
 
 def diff_lines(versions: dict, top: int = 12) -> list:
-    """The report's lines: per launch label, each version's registers, spills and instruction count
-    (with its change from the first version's), then the ``top`` opcodes (base mnemonics) whose
-    counts differ most from the first version's in any other."""
+    """The report's lines: per launch label (of any version), each version's registers, spills and
+    instruction counts, all and in line, with their change from the first version's, then the
+    ``top`` opcodes (base mnemonics) whose counts differ most from the first version's in another
+    (a version without the launch shows none)."""
     names = list(versions)
     base = names[0]
+    labels = list(dict.fromkeys(label for name in names for label in versions[name]))
     lines = []
-    for label in versions[base]:
+    for label in labels:
         lines.append(f"{label}:")
         lines.append(f"  {'':<32} {'registers':>9} {'spills st/ld':>13} {'instructions':>13} {'in line':>8}")
-        first = sum(versions[base][label][1].values())
+        have = [name for name in names if label in versions[name]]
         for name in names:
-            if label not in versions[name]:
+            if name not in have:
                 lines.append(f"  {name:<32} (no such launch)")
                 continue
             info, counts = versions[name][label]
             total = sum(counts.values())
-            change = "" if name == base else f"  {total - first:+d} ({(total - first) / first:+.1%})"
+            change = ""
+            if name != base and base in have:
+                first, first_in_line = sum(versions[base][label][1].values()), versions[base][label][0]["in_line"]
+                change = (f"  {total - first:+d} ({(total - first) / first:+.1%}), in line "
+                          f"{info['in_line'] - first_in_line:+d} ({(info['in_line'] - first_in_line) / first_in_line:+.1%})")
             spills = f"{info['spill_stores']}/{info['spill_loads']}"
             lines.append(f"  {name:<32} {info['registers']:>9} {spills:>13} {total:>13} {info['in_line']:>8}{change}")
+        if base not in have or len(have) < 2:
+            continue
         mine = by_base(versions[base][label][1])
-        others = [by_base(versions[n][label][1]) for n in names[1:] if label in versions[n]]
-        moved = sorted({op for other in others for op in set(mine) | set(other) if other[op] != mine[op]},
-                       key=lambda op: -max(abs(other[op] - mine[op]) for other in others))
+        others = [(name, by_base(versions[name][label][1])) for name in have if name != base]
+        moved = sorted({op for _, other in others for op in set(mine) | set(other) if other[op] != mine[op]},
+                       key=lambda op: (-max(abs(other[op] - mine[op]) for _, other in others), op))
+        if moved[:top]:
+            lines.append(f"    {'opcode':<14} {'':>6}    " + " ".join(f"{short_name(name)[:16]:>16}" for name, _ in others))
         for op in moved[:top]:
-            cells = " ".join(f"{other[op]:>6} ({other[op] - mine[op]:+d})" for other in others)
+            cells = " ".join(f"{f'{other[op]} ({other[op] - mine[op]:+d})':>16}" for _, other in others)
             lines.append(f"    {op:<14} {mine[op]:>6} -> {cells}")
     return lines
 

@@ -898,17 +898,27 @@ def test_sass_diff_counts_a_listing_and_names_what_moved():
         /*0010*/              @!P6 STG.E.128 desc[UR60][R8.64], R20 ;
         /*0020*/               @P0 STG.E desc[UR4][R2.64], R5 ;
         /*0030*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24 ;
-        /*0040*/                   EXIT ;
+        /*0040*/              @!P0 EXIT ;
+        /*0050*/                   EXIT ;
+    .L_x_1:
+        /*0060*/                   SHFL.BFLY P5, R12, R19, R8, R9 ;
     """
     counts = tool.opcode_counts(listing)
-    assert counts == {"MOV": 1, "STG.E.128": 1, "STG.E": 1, "HGMMA.64x64x16.F32.BF16": 1, "EXIT": 1}
+    assert counts == {"MOV": 1, "STG.E.128": 1, "STG.E": 1, "HGMMA.64x64x16.F32.BF16": 1, "EXIT": 2, "SHFL.BFLY": 1}
     assert tool.by_base(counts)["STG"] == 2
-    assert tool.opcode_counts(tool.in_line(listing)) == {"MOV": 1, "STG.E.128": 1, "STG.E": 1,
-                                                          "HGMMA.64x64x16.F32.BF16": 1}
-    info = {"registers": 255, "spill_stores": 40, "spill_loads": 48, "in_line": 4}
-    mine = {"lanes": (info, counts)}
-    more = collections.Counter(counts) + collections.Counter({"SHFL.BFLY": 4, "STG.E.128": 1})
-    lines = tool.diff_lines({"this tree": mine, "other": {"lanes": (dict(info, spill_loads=52), more)}}, top=1)
-    assert lines[0] == "lanes:" and "40/52" in lines[3] and "+5 (+100.0%)" in lines[3]
-    assert len(lines) == 5 and lines[4].split()[:4] == ["SHFL", "0", "->", "4"]  # the largest move only
+    assert sum(tool.opcode_counts(kernels.sass_in_line(listing)).values()) == 5  # up to the last EXIT
+    with pytest.raises(ValueError, match="no EXIT"):
+        kernels.sass_in_line("/*0000*/ MOV R1, R2 ;")
+    assert tool.short_name(".ab/dq_whole_lines/mqa_bwd") == "dq_whole_lines" and tool.short_name("/tmp/x") == "x"
 
+    info = {"registers": 255, "spill_stores": 40, "spill_loads": 48, "in_line": 5}
+    more = collections.Counter(counts) + collections.Counter({"SHFL.BFLY": 4, "STG.E.128": 1})
+    versions = {"this tree": {"lanes": (info, counts)},
+                "a/mqa_bwd": {"lanes": (dict(info, spill_loads=52, in_line=6), more), "atomic": (info, counts)}}
+    lines = tool.diff_lines(versions, top=1)
+    assert lines[:2] == ["lanes:", lines[1]] and "40/52" in lines[3]
+    assert lines[3].endswith("+5 (+71.4%), in line +1 (+20.0%)")
+    assert lines[4].split() == ["opcode", "a"] and lines[5].split()[:4] == ["SHFL", "1", "->", "5"]  # the largest move only
+    # A launch one version lacks: its row says so, and no opcode rows compare against nothing.
+    assert lines[6:] == ["atomic:", lines[7], "  this tree                        (no such launch)", lines[9]]
+    assert lines[9].split()[:5] == ["a/mqa_bwd", "255", "40/48", "7", "5"]

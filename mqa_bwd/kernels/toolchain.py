@@ -132,9 +132,13 @@ def ptxas_info(config) -> dict:
 
 def ptxas_info_of_source(source: str, name="kernel") -> dict:
     """ptxas_info of generated CUDA source (any TileLang program, not only the configurations here)."""
+    return ptxas_info_of_report(_nvcc_source(source, "-cubin", "sm_90a", ("-Xptxas", "-v"))[1], name)
+
+
+def ptxas_info_of_report(report: str, name="kernel") -> dict:
+    """ptxas_info from ptxas's -v report (RuntimeError naming ``name`` where it has no resource line)."""
     import re
 
-    report = _nvcc_source(source, "-cubin", "sm_90a", ("-Xptxas", "-v"))[1]
     numbers = {
         "registers": r"Used (\d+) registers",
         "spill_stores": r"(\d+) bytes spill stores",
@@ -148,26 +152,30 @@ def ptxas_info_of_source(source: str, name="kernel") -> dict:
 
 
 def nvdisasm_path() -> str | None:
-    """nvdisasm: the toolkit's (cuda_tool), else the nvidia-cuda-nvdisasm wheel's; None where
-    there is neither."""
+    """nvdisasm: the toolkit's (cuda_tool), else the nvidia-cuda-nvdisasm wheel's (the newest
+    CUDA's where several are installed); None where there is neither."""
     import glob
     import importlib.util
     import os
+    import re
 
     tool = cuda_tool("nvdisasm")
     if tool:
         return tool
     spec = importlib.util.find_spec("nvidia")
-    for root in (spec.submodule_search_locations or ()) if spec else ():
-        found = sorted(glob.glob(os.path.join(root, "*", "bin", "nvdisasm")))
-        if found:
-            return found[-1]
-    return None
+    found = [path for root in ((spec.submodule_search_locations or ()) if spec else ())
+             for path in glob.glob(os.path.join(root, "*", "bin", "nvdisasm"))]
+
+    def cuda_major(path):  # the wheels' folders: nvidia/cu13/bin (CUDA 13 on), nvidia/cuda_nvdisasm/bin (before)
+        folder = re.fullmatch(r"cu(\d+)", os.path.basename(os.path.dirname(os.path.dirname(path))))
+        return int(folder[1]) if folder else 0
+
+    return max(found, key=lambda path: (cuda_major(path), path)) if found else None
 
 
-def sass_of_source(source: str) -> str:
-    """The SASS listing (nvdisasm -c) of the sm_90a cubin nvcc makes of generated CUDA source:
-    no GPU needed. RuntimeError where there is no nvdisasm."""
+def sass_and_ptxas_info(source: str, name="kernel") -> tuple:
+    """(the SASS listing, nvdisasm -c, of the sm_90a cubin nvcc makes of generated CUDA source;
+    its ptxas_info), from one nvcc run: no GPU needed. RuntimeError where there is no nvdisasm."""
     import os
     import subprocess
     import tempfile
@@ -175,12 +183,31 @@ def sass_of_source(source: str) -> str:
     nvdisasm = nvdisasm_path()
     if nvdisasm is None:
         raise RuntimeError("nvdisasm not found: set CUDA_HOME to a full toolkit or pip install nvidia-cuda-nvdisasm")
-    cubin = _nvcc_source(source, "-cubin", "sm_90a", binary=True)[0]
+    cubin, report = _nvcc_source(source, "-cubin", "sm_90a", ("-Xptxas", "-v"), binary=True)
     with tempfile.TemporaryDirectory() as tmp:
         path = os.path.join(tmp, "kernel.cubin")
         with open(path, "wb") as f:
             f.write(cubin)
-        return subprocess.run([nvdisasm, "-c", path], check=True, capture_output=True, text=True).stdout
+        listing = subprocess.run([nvdisasm, "-c", path], check=True, capture_output=True, text=True).stdout
+    return listing, ptxas_info_of_report(report, name)
+
+
+def sass_of_source(source: str) -> str:
+    """The SASS listing of sass_and_ptxas_info."""
+    return sass_and_ptxas_info(source)[0]
+
+
+def sass_in_line(listing: str) -> str:
+    """A SASS listing up to its last EXIT. ptxas places past it what the code reaches out of line:
+    called subroutines (a 64-bit division), mbarrier retry loops, and the WARPSYNC.COLLECTIVE
+    copies of the code after a shuffle, which run only where a warp reaches the shuffle with
+    lanes missing. ValueError where the listing has no EXIT."""
+    import re
+
+    exits = [m.start() for m in re.finditer(r"\bEXIT\b", listing)]
+    if not exits:
+        raise ValueError("listing: no EXIT (not an nvdisasm listing of a kernel)")
+    return listing[:exits[-1]]
 
 
 def dynamic_shared_bytes(kernel, name: str = "main_bwd"):
