@@ -239,8 +239,9 @@
                             end, and the claim prefetches the next item's indices into L2 for
                             both warpgroups' ws_row_blocks (with its compile tests' changes). The
                             same bits; level on an H100 (thirty-fourth session): main kernel
-                            7.267 against 7.265 ms at dsv32 H=64, 4.924 against 4.908 at fleet.
-                            ptxas as the product's. On dbcac0c:
+                            7.267 against 7.265 ms at dsv32 H=64, 4.924 against 4.908 at fleet
+                            (H=128 too noisy in that run to read). ptxas spills as the product's.
+                            On dbcac0c:
 
         bash scripts/ab-packages.sh experiments/row_end_loads.patch
         python benchmarks/package_ab.py --against .ab/row_end_loads/mqa_bwd --shapes dsv32,fleet --trace 2
@@ -249,16 +250,18 @@
                             start, once that row's gather and Q, dO loads are issued, so that the
                             copies go out ahead of the stores. The same bits; no faster on an H100
                             (thirty-fourth session): main kernel 7.376 against 7.273 ms at dsv32
-                            H=64, 4.939 against 4.933 at fleet. ptxas as the product's; its
-                            compile tests are not updated. On dbcac0c, as row_end_loads.
+                            H=64, 4.939 against 4.933 at fleet (H=128 too noisy in that run to
+                            read). ptxas spills as the product's; its compile tests are not
+                            updated. On dbcac0c, as row_end_loads.
 
   no_row_loads.patch        ablations of the wide tile (wrong dQ and dKV), to price the row's
-  no_dq_store.patch         change: no_row_loads loads Q and dO for a CTA's first row only;
+  no_dq_store.patch         change: no_row_loads loads Q and dO into shared memory for a CTA's
+                            first row only (the claim's L2 prefetch of them stays);
                             no_dq_store keeps the dQ GEMMs and skips their stores at run time (a
                             guard on sm_scale < 0 that TileLang cannot fold). On an H100 (thirty-
                             fourth session) det's main kernel at dsv32 H=64, H=128 and fleet:
                             7.368, 14.664, 5.074 ms; no_row_loads 7.274, 14.286, 4.806; no_dq_store
-                            7.177, 14.140, 4.704. ptxas as the product's. On dbcac0c:
+                            7.177, 14.140, 4.704. ptxas spills as the product's. On dbcac0c:
 
         bash scripts/ab-packages.sh experiments/no_row_loads.patch experiments/no_dq_store.patch
         python benchmarks/package_ab.py --against .ab/no_row_loads/mqa_bwd \
@@ -266,18 +269,18 @@
 
   dq_whole_lines.patch      ws_store_dq with whole 128-byte lines: after the quad's butterfly,
                             quads 2q and 2q + 1 swap one of two 32-column groups (4 shuffles a 64
-                            columns), so that each 16-byte store covers 4 rows x 128 bytes, where
-                            the product's covers 8 rows x 64 (half the L2's requests for dQ).
-                            The halves are picked in registers (ws_pick): a plain select was sunk
-                            into two stores under a branch, each half a line. The same bits by a
-                            lane-by-lane emulation (every element stored once, in its place);
-                            not run on a GPU. ptxas at d_k = 576: the lanes launch 40/52 bytes
-                            (one tile) and 44/60 (two), where the product spills 40/48 and 44/56;
-                            the control and d_k = 512 none; its SASS 8,376 instructions where the
-                            product's has 7,736 (benchmarks/sass_diff.py), and ptxas copies 14 of
-                            warpgroup 0's 16 stores into the out-of-line WARPSYNC.COLLECTIVE copies
-                            of its shuffles, which a converged warp never runs. Its compile tests'
-                            changes included (the spill budget too). On dbcac0c, as row_end_loads.
+                            columns), so that each warp's 16-byte store covers 4 rows x 128
+                            bytes, where the product's covers 8 rows x 64 (half the L2's requests
+                            for dQ). The same bits by a lane-by-lane emulation (every element
+                            stored once, in its place); not run on a GPU. ptxas spills as the
+                            product's; its SASS 7,163 instructions in line where the product's has
+                            7,022, its 36 16-byte stores once each in line (the PTX has 72: NVVM
+                            sinks the select of the two halves into two stores, which ptxas
+                            merges; benchmarks/sass_diff.py shows the counts). Its compile tests'
+                            changes included. On b01c562:
+
+        bash scripts/ab-packages.sh experiments/dq_whole_lines.patch
+        python benchmarks/package_ab.py --against .ab/dq_whole_lines/mqa_bwd --shapes dsv32,fleet --trace 2
 
 git history holds the others (dq_vector_stores.patch, thread_again.patch and
 l2_request_cuts.patch, dQ stored 16 bytes a thread and the adds' thread index read again from
