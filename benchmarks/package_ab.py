@@ -40,6 +40,26 @@ def load_package(path: str, name: str = OTHER):
     return package
 
 
+def add_against_argument(parser):
+    """--against, repeatable: the copies of other versions' mqa_bwd/ a tool sets beside this tree."""
+    parser.add_argument("--against", required=True, action="append",
+                        help="a copy of another version's mqa_bwd/ directory (repeat it for several)")
+
+
+def check_against(paths: list):
+    """ValueError naming --against where ``paths`` name one package twice (before any loads)."""
+    if len({os.path.abspath(p) for p in paths}) < len(paths):
+        raise ValueError(f"--against: the same package twice in {paths}")
+
+
+def load_against(paths: list) -> list:
+    """The packages at --against's ``paths``, each imported under a name of its own (OTHER where
+    there is one)."""
+    check_against(paths)
+    return [load_package(os.path.abspath(path), OTHER if len(paths) == 1 else f"{OTHER}{i}")
+            for i, path in enumerate(paths)]
+
+
 def error_lines(errors: dict, control: str) -> list:
     """One line a call of ``errors`` (label -> {output: relative L2 error against the float64
     reference}): each output's error and its ratio to ``control``'s, and, for the others, whether
@@ -60,8 +80,7 @@ def error_lines(errors: dict, control: str) -> list:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--against", required=True, action="append",
-                        help="a copy of another version's mqa_bwd/ directory (repeat it for several)")
+    add_against_argument(parser)
     bench.add_ab_shape_arguments(parser, default="dsv32,fleet")
     parser.add_argument("--repeats", type=int, default=12)
     parser.add_argument("--trace", type=int, default=0, metavar="CALLS",
@@ -70,15 +89,11 @@ def main():
                         help="also print each call's error against the float64 reference and its ratio to "
                              "this tree's control (issue 30's standard)")
     a = parser.parse_args()
-    if len({os.path.abspath(p) for p in a.against}) < len(a.against):
-        raise ValueError(f"--against: the same package twice in {a.against}")
+    check_against(a.against)
     shapes = bench.ab_shapes(a.shapes, a.shape, a.default_shapes)  # a ValueError before anything loads
-    others = []
-    for i, path in enumerate(a.against):
-        name = OTHER if len(a.against) == 1 else f"{OTHER}{i}"
-        load_package(os.path.abspath(path), name)
-        others.append((path if len(a.against) > 1 else "--against",
-                       importlib.import_module(f"{name}.bench"), importlib.import_module(f"{name}.launch")))
+    others = [(path if len(a.against) > 1 else "--against", importlib.import_module(f"{package.__name__}.bench"),
+               importlib.import_module(f"{package.__name__}.launch"))
+              for path, package in zip(a.against, load_against(a.against))]
     for shape in shapes:
         args = bench.production_inputs(**shape, indices=a.indices)
         calls = {"fixed, this tree": bench.prepared_wrapper_call(args, launch.TileLangLauncher(True))}

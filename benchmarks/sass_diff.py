@@ -17,6 +17,7 @@ call (docs/performance-log.md, thirty-fourth session).
 
 import argparse
 import collections
+import importlib
 import os
 import re
 import sys
@@ -115,8 +116,10 @@ def diff_lines(versions: dict, top: int = 12) -> list:
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--against", required=True, action="append",
-                        help="a copy of another version's mqa_bwd/ directory (repeat it for several)")
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from package_ab import add_against_argument, check_against, load_against
+
+    add_against_argument(parser)
     parser.add_argument("--heads", type=int, default=64, help="the call's head count (a multiple of 32)")
     parser.add_argument("--d_k", type=int, default=576)
     parser.add_argument("--d_v", type=int, default=512)
@@ -124,11 +127,7 @@ def main():
     a = parser.parse_args()
     if a.heads <= 0 or a.heads % 32:
         raise ValueError(f"--heads: {a.heads} is not a positive multiple of 32")
-
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import importlib
-
-    from package_ab import OTHER, load_package
+    check_against(a.against)
 
     from mqa_bwd import kernels
     from mqa_bwd.kernels import toolchain
@@ -136,8 +135,7 @@ def main():
     if toolchain.nvdisasm_path() is None:
         raise SystemExit("nvdisasm not found: set CUDA_HOME to a full toolkit or pip install nvidia-cuda-nvdisasm")
     versions = {"this tree": footprint(kernels, toolchain, a.heads, a.d_k, a.d_v)}
-    for i, path in enumerate(a.against):
-        other = load_package(os.path.abspath(path), f"{OTHER}{i}")
+    for path, other in zip(a.against, load_against(a.against)):
         versions[path] = footprint(importlib.import_module(f"{other.__name__}.kernels"), toolchain, a.heads, a.d_k,
                                    a.d_v)
     print("\n".join(diff_lines(versions, a.top)))
