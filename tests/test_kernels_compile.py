@@ -645,7 +645,6 @@ def test_wide_tile_stores_dq_sixteen_bytes_a_thread(config):
     assert len(stores) == config.d_k // 16, f"{_id(config)}: {len(stores)} 16-byte stores"
 
 
-
 @pytest.mark.skipif(K.nvdisasm_path() is None, reason="needs nvdisasm (a full CUDA toolkit, or pip install nvidia-cuda-nvdisasm)")
 @pytest.mark.parametrize("config", [c for c in WIDE_CONFIGS if not c.corrections], ids=_id)
 def test_wide_tile_sass_has_each_sixteen_byte_store_once_in_line(config):
