@@ -277,7 +277,7 @@
                             7,022, its 36 16-byte stores once each in line (the PTX has 72: NVVM
                             sinks the select of the two halves into two stores, which ptxas
                             merges; benchmarks/sass_diff.py shows the counts). Its compile tests'
-                            changes included, and docs/design.md's. On 0718dd0:
+                            changes included, and docs/design.md's. On f7180fe:
 
         bash scripts/ab-packages.sh experiments/dq_whole_lines.patch
         python benchmarks/package_ab.py --against .ab/dq_whole_lines/mqa_bwd --shapes dsv32,fleet --trace 2
