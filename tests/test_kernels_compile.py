@@ -654,7 +654,7 @@ def test_wide_tile_sass_has_each_sixteen_byte_store_once_in_line(config):
     # another 16-byte store; the PTX's count may differ (NVVM can sink a select between two stored
     # values into two stores under a branch, which ptxas merges). Copies past the last EXIT (the
     # WARPSYNC.COLLECTIVE code for a warp that reaches a shuffle with lanes missing) are allowed.
-    listing = K.sass_of_source(K.compiled(config).get_kernel_source())
+    listing, _ = K.sass_and_ptxas_info(K.compiled(config).get_kernel_source(), _id(config))
     stores = re.findall(r"\bSTG\.E\.128\b", K.sass_in_line(listing))
     assert len(stores) == config.d_k // 16, f"{_id(config)}: {len(stores)} 16-byte stores in the SASS's code in line"
     assert "HGMMA" in listing and "REDG" in listing and "LDGSTS" in listing, f"{_id(config)}: not the wide tile's SASS"

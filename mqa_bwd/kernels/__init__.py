@@ -55,5 +55,5 @@ from .plan import MARK_THREADS, MAX_SLOTS_PER_ROW, PLAN_SLOTS, PLAN_THREADS, mar
 from .reductions import cast_bf16_program, dsink_reduce_program, fixed_to_bf16_program, lanes_to_bf16_program
 from .wide import wide_program
 from .toolchain import (SM90A, compile_program, compiled, cuda_tool, dynamic_shared_bytes, nvcc_path, nvdisasm_path,
-                        precompile, program_of, ptx_of, ptxas_info, ptxas_info_of_report, ptxas_info_of_source,
-                        require_nvcc, sass_and_ptxas_info, sass_in_line, sass_of_source, small_kernel)
+                        precompile, program_of, ptx_of, ptxas_info, ptxas_info_of_source, require_nvcc,
+                        sass_and_ptxas_info, sass_in_line, small_kernel)

@@ -192,11 +192,6 @@ def sass_and_ptxas_info(source: str, name="kernel") -> tuple:
     return listing, ptxas_info_of_report(report, name)
 
 
-def sass_of_source(source: str) -> str:
-    """The SASS listing of sass_and_ptxas_info."""
-    return sass_and_ptxas_info(source)[0]
-
-
 def sass_in_line(listing: str) -> str:
     """A SASS listing up to its last EXIT. ptxas places past it what the code reaches out of line:
     called subroutines (a 64-bit division), mbarrier retry loops, and the WARPSYNC.COLLECTIVE
