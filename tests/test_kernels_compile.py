@@ -444,6 +444,29 @@ def test_every_kv_gather_copy_can_read_nothing(config):
     assert not unguarded, f"{_id(config)}: cp.async without a source size: {unguarded[:3]}"
 
 
+@pytest.mark.parametrize("config", WIDE_CONFIGS, ids=_id)
+def test_wide_tile_forms_p_while_only_dp_gemms_run(config):
+    # Warpgroup 0 forms P from S while dP's last GEMM still runs: the wait before the exp2 leaves
+    # pending only groups that write acc_dp (wgmma commit groups complete in order, so a wait that
+    # leaves n pending has finished every group but the last n), and nothing reads acc_dp before a
+    # wait that leaves none.
+    source = K.compiled(config).get_kernel_source()
+    source = source[source.index('extern "C" __global__'):]
+    first, _ = branch_at(source, WARPGROUP_0, source.index(WARPGROUP_0))
+    exp = first.index("mqa_masked_exp2(")
+    wait = list(WGMMA_WAIT_ANY.finditer(first, 0, exp))[-1]
+    pending = int(wait[1])
+    assert pending >= 1, f"{_id(config)}: P waits for dP's GEMMs too"
+    commits = [m.start() for m in re.finditer(re.escape("tl::warpgroup_commit_batch();"), first[:wait.start()])]
+    for commit in commits[len(commits) - pending:]:
+        gemm = first[first.rindex("tl::wgmma_", 0, commit):commit]
+        assert "(acc_dp + 0)" in gemm and "(acc_s + 0)" not in gemm, f"{_id(config)}: a pending group besides dP's"
+    after = first[exp:]
+    lines = after.split("\n")
+    read = next(i for i, line in enumerate(lines) if "acc_dp +" in line and "warpgroup_fence_operand" not in line)
+    assert "tl::wait_wgmma<0>();" in "\n".join(lines[:read]), f"{_id(config)}: acc_dp read while its GEMM may run"
+
+
 @pytest.mark.parametrize("config", [c for c in DKV_CONFIGS if _mode(c)], ids=_id)
 def test_every_main_kernel_forms_p_by_the_ftz_exp2(config):
     # P is mqa_masked_exp2 of the score (device_functions.SOFTMAX_SOURCE): the hardware's

@@ -922,14 +922,16 @@ def wide_program(config: MainConfig):
                             T.call_extern("handle", "ws_bar_sync_wg", GATHER_BARRIER)
                         T.wgmma_gemm(Q_s[0:H, dq_split:Dk], KV_s[0:BS, dq_split:Dk], acc_s, transpose_B=True)
                         T.wgmma_gemm(dO_s[0:H, dq_split:Dv], KV_s[0:BS, dq_split:Dv], acc_dp, transpose_B=True)
-                        T.wait_wgmma(0)
+                        # P from S while dP's last GEMM runs: every group but the newest is done.
+                        T.wait_wgmma(1)
                         T.warpgroup_fence_operand(acc_s, num_regs=H * BS // WARPGROUP)
-                        T.warpgroup_fence_operand(acc_dp, num_regs=H * BS // WARPGROUP)
                         for h, j in T.Parallel(H, BS):  # parity p's slots were stored before the barrier above
                             acc_s[h, j] = T.call_extern(f32, "mqa_masked_exp2", acc_s[h, j] * scale_log2 - lse_s[h],
                                                         slot_valid(slot_info_s, p, j, NKV))
                         if scaled:
                             T.reduce_sum(acc_s, mass_row, dim=1, clear=False)
+                        T.wait_wgmma(0)
+                        T.warpgroup_fence_operand(acc_dp, num_regs=H * BS // WARPGROUP)
                         for h, j in T.Parallel(H, BS):
                             acc_dp[h, j] = acc_s[h, j] * (acc_dp[h, j] - delta_s[h]) * sm_scale
                         T.copy(acc_dp, dS_r)
