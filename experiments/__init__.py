@@ -267,26 +267,12 @@
         python benchmarks/package_ab.py --against .ab/no_row_loads/mqa_bwd \
             --against .ab/no_dq_store/mqa_bwd --shapes dsv32,fleet --trace 2
 
-  dq_whole_lines.patch      ws_store_dq with whole 128-byte lines: after the quad's butterfly,
-                            quads 2q and 2q + 1 swap one of two 32-column groups (4 shuffles a 64
-                            columns), so that each warp's 16-byte store covers 4 rows x 128
-                            bytes, where the product's covers 8 rows x 64 (half the L2's requests
-                            for dQ). The same bits by a lane-by-lane emulation (every element
-                            stored once, in its place); not run on a GPU. ptxas spills as the
-                            product's; its SASS 7,163 instructions in line where the product's has
-                            7,022, its 36 16-byte stores once each in line (the PTX has 72: NVVM
-                            sinks the select of the two halves into two stores, which ptxas
-                            merges; benchmarks/sass_diff.py shows the counts). Its compile tests'
-                            changes included, and docs/design.md's. On f7180fe:
-
-        bash scripts/ab-packages.sh experiments/dq_whole_lines.patch
-        python benchmarks/package_ab.py --against .ab/dq_whole_lines/mqa_bwd --shapes dsv32,fleet --trace 2
-
-git history holds the others (dq_vector_stores.patch, thread_again.patch and
-l2_request_cuts.patch, dQ stored 16 bytes a thread and the adds' thread index read again from
-%tid.x, became the product's wide tile in the twenty-sixth session and are at 6b46aa0;
-pair_sync_every_other.patch, ws_add_pair_lanes' warp sync on every
-other chunk pair, measured no faster in the twenty-first session, is at 7018d61;
+git history holds the others (dq_whole_lines.patch, dQ stored in whole 128-byte lines, became
+the product's ws_store_dq in the thirty-fifth session and is at 7fade46;
+dq_vector_stores.patch, thread_again.patch and l2_request_cuts.patch, dQ stored 16 bytes a thread
+and the adds' thread index read again from %tid.x, became the product's wide tile in the
+twenty-sixth session and are at 6b46aa0; pair_sync_every_other.patch, ws_add_pair_lanes' warp
+sync on every other chunk pair, measured no faster in the twenty-first session, is at 7018d61;
 persistent_rows.patch and persistent_prefetch.patch, the wide
 tile's persistent CTAs without and with the L2 prefetch of the next row's Q and dO, became the
 product's wide tile in the twenty-first session, the one-row CTA is at c2cb52c, and their

@@ -423,11 +423,12 @@ def test_main_kernel_spills_within_its_spill_budget(config):
 #: claim their items (thirty-third session: no count of a CTA's items stays live), 40 and 48 at one
 #: tile, 44 and 56 at two. Their corrections launch (no dQ, so far fewer live values) spills
 #: nothing. The int64 redo (fixed), launched on every call but run only where a lanes bound
-#: failed, spilled 4/4 bytes at one tile and at two; with the claims 8/8 and 4/8.
+#: failed, spilled 4/4 bytes at one tile and at two; with the claims 8/8 and 4/8; with dQ stored in
+#: whole lines (thirty-fifth session; the lanes' unchanged) 8/16 at two tiles, not timed alone.
 SPILL_BUDGET = {(64, 576, "lanes", 1): {"spill_stores": 40, "spill_loads": 48, "stack": 24},
                 (64, 576, "lanes", K.MULTI_TILE): {"spill_stores": 44, "spill_loads": 56, "stack": 32},
                 (64, 576, "fixed", 1): {"spill_stores": 8, "spill_loads": 8, "stack": 8},
-                (64, 576, "fixed", K.MULTI_TILE): {"spill_stores": 4, "spill_loads": 8, "stack": 8}}
+                (64, 576, "fixed", K.MULTI_TILE): {"spill_stores": 8, "spill_loads": 16, "stack": 8}}
 
 
 CP_ASYNC = re.compile(r"cp\.async\.(?:ca|cg)\.shared\.global\S*\s+\[[^\]]+\],\s*\[[^\]]+\],\s*\d+(?P<src_size>,\s*[^;]+)?;")
@@ -655,17 +656,21 @@ def test_wide_tile_adds_from_registers(config):
 @pytest.mark.parametrize("config", [c for c in WIDE_CONFIGS if not c.corrections], ids=_id)
 def test_wide_tile_stores_dq_sixteen_bytes_a_thread(config):
     # dQ leaves through ws_store_dq: a quad's lanes swap their bf16 pairs so that each holds 8
-    # consecutive columns, and a warp's 16-byte stores cover 8 rows x 64 bytes, where TileLang's
-    # copy of the accumulator stores 4 bytes a thread (8 rows x 16 bytes: twice the ideal
-    # sectors, four times the L2's requests; docs/performance-log.md, twenty-fourth session).
+    # consecutive columns, quad pairs swap halves, and a warp's 16-byte stores cover 4 rows x 128
+    # bytes (whole lines), where TileLang's copy of the accumulator stores 4 bytes a thread (8 rows
+    # x 16 bytes: twice the ideal sectors, eight times the L2's requests; docs/performance-log.md,
+    # twenty-fourth and thirty-fourth sessions).
     source = K.compiled(config).get_kernel_source()
     kernel = source[source.index("__global__"):]
     widths = [int(w) for w in re.findall(r"ws_store_dq<(\d+)>", kernel)]
-    assert len(widths) == 3 and sum(widths) == config.d_k and all(w % 32 == 0 for w in widths), widths
+    assert len(widths) == 3 and sum(widths) == config.d_k and all(w % 64 == 0 for w in widths), widths
     assert not re.search(r"\(dQ \+|\bdQ\[[^\]]*\]\s*=[^=]", kernel), f"{_id(config)}: dQ stored element-wise"
-    # Each thread's 16-byte stores: d_k columns x 64 rows x 2 bytes over 256 threads, 16 bytes each.
+    # Each thread's 16-byte stores, d_k columns x 64 rows x 2 bytes over 256 threads, 16 bytes
+    # each: in the PTX at least that many (NVVM sinks the select of a quad pair's halves into two
+    # stores under a branch); test_wide_tile_sass_has_each_sixteen_byte_store_once_in_line counts
+    # what ptxas makes of them.
     stores = re.findall(r"st\.global\.v4\.(?:u32|b32)", _ptx(config))
-    assert len(stores) == config.d_k // 16, f"{_id(config)}: {len(stores)} 16-byte stores"
+    assert len(stores) >= config.d_k // 16, f"{_id(config)}: {len(stores)} 16-byte stores"
 
 
 @pytest.mark.skipif(K.nvdisasm_path() is None, reason="needs nvdisasm (a full CUDA toolkit, or pip install nvidia-cuda-nvdisasm)")

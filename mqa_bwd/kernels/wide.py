@@ -404,42 +404,63 @@ __device__ __forceinline__ void ws_add_pair_lanes(const float* acc_a, const floa
     __syncwarp();
   }
 }
-// dQ's bf16 from a warpgroup's m64nN accumulator (N a multiple of 32) at dq (row 0, the piece's
+// dQ's bf16 from a warpgroup's m64nN accumulator (N a multiple of 64) at dq (row 0, the piece's
 // first column; ld elements a row), 16 bytes a store. Thread t holds row 16 (t / 32) + 8 h +
 // (t % 32) / 4 and columns 8 j + 2 (t % 4) + {0, 1} of each 8-column tile j (acc[4 j + 2 h] and
 // + 1): one 4-byte pair a tile, so a warp's store of them covers 8 rows x 16 bytes. The quad's
 // four lanes swap their pairs of 4 tiles (a butterfly on lane bit 1, then on bit 0: 4 shuffles)
-// so that lane k holds tile 4 g + k's 8 columns whole: a warp's store then covers 8 rows x 64
-// contiguous bytes, a quarter of the L2's requests. The same bits: cvt.rn.bf16x2.f32, the
+// so that lane k holds tile 4 g + k's 8 columns whole (a quad: 32 columns, 64 bytes, of its row).
+// Quads 2 q and 2 q + 1 then swap one of two such groups (lane bit 2: 4 shuffles), so that a
+// quad pair holds 64 columns of one row, and a warp's store covers 4 rows x 128 contiguous bytes:
+// whole L2 lines, half the requests of 8 rows x 64 bytes. The same bits: cvt.rn.bf16x2.f32, the
 // conversion of TileLang's copy (__float22bfloat162_rn). Rows at or past `rows` (heads past HQ)
 // are not stored.
+__device__ __forceinline__ uint4 ws_dq_group(const float* acc, int g, int h, bool lo, bool hi) {
+  unsigned w[4];
+  #pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const int i = 4 * (4 * g + j) + 2 * h;
+    asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[j]) : "f"(acc[i + 1]), "f"(acc[i]));  // acc[i] low
+  }
+  // Bit 1: keep tiles 2 hi + {0, 1} (a0, a1, this lane's), take them from lane k ^ 2 (b0, b1).
+  const unsigned a0 = hi ? w[2] : w[0], a1 = hi ? w[3] : w[1];
+  const unsigned b0 = __shfl_xor_sync(0xffffffffu, hi ? w[0] : w[2], 2);
+  const unsigned b1 = __shfl_xor_sync(0xffffffffu, hi ? w[1] : w[3], 2);
+  // Bit 0: keep tile 2 hi + lo, from lanes k (s0) and k ^ 2 (s2); take it from k ^ 1 and k ^ 3.
+  const unsigned s0 = lo ? a1 : a0, s2 = lo ? b1 : b0;
+  const unsigned r1 = __shfl_xor_sync(0xffffffffu, lo ? a0 : a1, 1);
+  const unsigned r3 = __shfl_xor_sync(0xffffffffu, lo ? b0 : b1, 1);
+  // Column pair s of the tile came from lane s: the word from lane k ^ d sits at s = k ^ d.
+  const unsigned v0 = lo ? r1 : s0, v1 = lo ? s0 : r1, v2 = lo ? r3 : s2, v3 = lo ? s2 : r3;
+  return hi ? make_uint4(v2, v3, v0, v1) : make_uint4(v0, v1, v2, v3);
+}
 template <int N>
 __device__ __forceinline__ void ws_store_dq(const float* acc, void* dq, int ld, int rows, int thread) {
+  static_assert(N % 64 == 0, "ws_store_dq: whole 128-byte lines need N a multiple of 64");
   const int lane = thread & 31, warp = thread >> 5;
-  const bool lo = lane & 1, hi = lane & 2;
+  const bool lo = lane & 1, hi = lane & 2, odd = lane & 4;
   #pragma unroll
   for (int h = 0; h < 2; ++h) {
-    const int row = 16 * warp + 8 * h + (lane >> 2);
-    uint4* out = reinterpret_cast<uint4*>(static_cast<unsigned short*>(dq) + static_cast<long long>(row) * ld) + (lane & 3);
+    // The quad pair's rows: the even quad's, then the odd's. The even quad stores the first 32
+    // columns of a 64 (its group 2 m), the odd quad the next 32 (group 2 m + 1).
+    const int row = 16 * warp + 8 * h + ((lane >> 2) & ~1);
+    unsigned short* at = static_cast<unsigned short*>(dq) + static_cast<long long>(row) * ld;
+    uint4* first = reinterpret_cast<uint4*>(at) + (lane & 3) + (odd ? 4 : 0);
+    uint4* second = reinterpret_cast<uint4*>(at + ld) + (lane & 3) + (odd ? 4 : 0);
     #pragma unroll
-    for (int g = 0; g < N / 32; ++g) {
-      unsigned w[4];
-      #pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int i = 4 * (4 * g + j) + 2 * h;
-        asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(w[j]) : "f"(acc[i + 1]), "f"(acc[i]));  // acc[i] low
-      }
-      // Bit 1: keep tiles 2 hi + {0, 1} (a0, a1, this lane's), take them from lane k ^ 2 (b0, b1).
-      const unsigned a0 = hi ? w[2] : w[0], a1 = hi ? w[3] : w[1];
-      const unsigned b0 = __shfl_xor_sync(0xffffffffu, hi ? w[0] : w[2], 2);
-      const unsigned b1 = __shfl_xor_sync(0xffffffffu, hi ? w[1] : w[3], 2);
-      // Bit 0: keep tile 2 hi + lo, from lanes k (s0) and k ^ 2 (s2); take it from k ^ 1 and k ^ 3.
-      const unsigned s0 = lo ? a1 : a0, s2 = lo ? b1 : b0;
-      const unsigned r1 = __shfl_xor_sync(0xffffffffu, lo ? a0 : a1, 1);
-      const unsigned r3 = __shfl_xor_sync(0xffffffffu, lo ? b0 : b1, 1);
-      // Column pair s of the tile came from lane s: the word from lane k ^ d sits at s = k ^ d.
-      const unsigned v0 = lo ? r1 : s0, v1 = lo ? s0 : r1, v2 = lo ? r3 : s2, v3 = lo ? s2 : r3;
-      if (row < rows) out[4 * g] = hi ? make_uint4(v2, v3, v0, v1) : make_uint4(v0, v1, v2, v3);
+    for (int m = 0; m < N / 64; ++m) {
+      const uint4 own0 = ws_dq_group(acc, 2 * m, h, lo, hi), own1 = ws_dq_group(acc, 2 * m + 1, h, lo, hi);
+      // The even quad keeps its row's group 2 m and sends group 2 m + 1; the odd quad keeps its
+      // row's 2 m + 1 and sends 2 m: each then holds both rows' pieces of its 32 columns.
+      const uint4 send = odd ? own0 : own1;
+      uint4 got;
+      got.x = __shfl_xor_sync(0xffffffffu, send.x, 4);
+      got.y = __shfl_xor_sync(0xffffffffu, send.y, 4);
+      got.z = __shfl_xor_sync(0xffffffffu, send.z, 4);
+      got.w = __shfl_xor_sync(0xffffffffu, send.w, 4);
+      const uint4 upper = odd ? got : own0, lower = odd ? own1 : got;  // rows row, row + 1
+      if (row < rows) first[8 * m] = upper;
+      if (row + 1 < rows) second[8 * m] = lower;
     }
   }
 }
