@@ -267,6 +267,37 @@
         python benchmarks/package_ab.py --against .ab/no_row_loads/mqa_bwd \
             --against .ab/no_dq_store/mqa_bwd --shapes dsv32,fleet --trace 2
 
+  pingpong_lines.patch      ablations of the wide tile (wrong dKV), to price what whole lines
+  pair_no_exchange.patch    from a single chunk would buy (cuDNN's form: its red.v4.f32 lane
+                            carries 16 bytes, so one chunk gives it whole lines, and its next
+                            chunk's GEMMs run under every chunk's adds). pingpong_lines: no
+                            pairs in either warpgroup (warpgroup 1's chunks in ping-pong, as the
+                            control's), and lanes k and k ^ 1 add to the even one's slots, the odd
+                            one at word ^ 8: 2 kv rows x 128 bytes an instruction with no
+                            exchange, the ceiling of such a tile. pair_no_exchange: the product's
+                            pairs without their shuffle, each lane adding its own words at the
+                            pair's addresses: what the exchange costs. On an H100 (thirty-fifth
+                            session) det's main kernel at dsv32 H=64, H=128 and fleet: the product
+                            7.295, 14.479, 4.957 ms; pingpong_lines 7.083, 14.016, 4.883;
+                            pair_no_exchange 7.179, 14.154, 4.977. On efbe3c7:
+
+        bash scripts/ab-packages.sh experiments/pingpong_lines.patch experiments/pair_no_exchange.patch
+        python benchmarks/package_ab.py --against .ab/pingpong_lines/mqa_bwd \
+            --against .ab/pair_no_exchange/mqa_bwd --shapes dsv32,fleet --trace 2
+
+  rows_then_tiles.patch     at H = 128, a row's two 64-head tiles as consecutive items of the
+                            persistent grid, so that they run at about the same time (cuDNN's
+                            grid puts a row's tiles in adjacent CTAs), where the product runs the
+                            items tile by tile. The same bits; ptxas as the product's. On an H100
+                            (thirty-fifth session), whole-call medians over 12 calls at dsv32
+                            H=128, two runs: det 15.530 and 15.564 ms against 15.404 and 15.492,
+                            the control 16.241 and 16.247 against 16.109 and 16.148 (H=64, whose
+                            kernels it leaves as they are, moved by 0.3 %): not faster. On efbe3c7:
+
+        bash scripts/ab-packages.sh experiments/rows_then_tiles.patch
+        python benchmarks/package_ab.py --against .ab/rows_then_tiles/mqa_bwd \
+            --shape B=1,S=4096,S_kv=8192,H=128,L=2048 --repeats 12 --trace 3
+
 git history holds the others (dq_whole_lines.patch, dQ stored in whole 128-byte lines, became
 the product's ws_store_dq in the thirty-fifth session and is at 7fade46;
 dq_vector_stores.patch, thread_again.patch and l2_request_cuts.patch, dQ stored 16 bytes a thread
