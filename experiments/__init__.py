@@ -303,13 +303,14 @@
                             move exactly, but for results below 2^-126, which change a Bound by at
                             most 1 a slot and never an output), where the adds multiplied every
                             slot pair's maximum by |s| (79 FMUL fewer in all, 53 fewer SASS
-                            instructions in line; spills 48/60 where the product's are 40/48, over
-                            the compile test's budget). The same bits on an H100 (thirty-fifth
-                            session, two runs): det's main kernel 7.184 and 7.157 ms against 7.239
-                            and 7.231 (dsv32 H=64), 4.881 and 4.903 against 4.891 and 4.913
-                            (fleet). The GPU suite was not run (six of its sixteen lanes tests
-                            passed before the device time ran out); model.contribution_bounds
-                            would follow it. On b12aa32:
+                            instructions in line; spills 48/60 where the product's are 40/48).
+                            The same bits on an H100 (thirty-fifth session, two runs): det's main
+                            kernel 7.184 and 7.157 ms against 7.239 and 7.231 (dsv32 H=64), 4.881
+                            and 4.903 against 4.891 and 4.913 (fleet). The GPU suite was not run (six of its sixteen lanes tests
+                            passed before the device time ran out). Ready to land with it: the
+                            patch carries model.contribution_bounds in the kernel's form (a test
+                            holds it to the scaled values' bound wherever x s is normal), the
+                            compile test's spill budget and docs/design.md. On b12aa32:
 
         bash scripts/ab-packages.sh experiments/unscaled_peaks.patch
         python benchmarks/package_ab.py --against .ab/unscaled_peaks/mqa_bwd --shapes dsv32,fleet --trace 2
