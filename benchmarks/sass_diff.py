@@ -7,7 +7,8 @@
 For each main_bwd launch of a call (kernels.main_launches: the deterministic call's and the
 control's, at the given d_k and head count), each version's ptxas registers and spill bytes and
 its SASS instruction count, all and in line (up to the last EXIT: past it ptxas puts what the
-code reaches out of line, kernels.sass_in_line), with the change from this tree's, then the
+code reaches out of line, kernels.sass_in_line), and in each warpgroup's block loop (the
+innermost loops that issue a wgmma: what a block pays), with the change from this tree's, then the
 opcodes whose counts (all of them) differ most from this tree's. The SASS
 is nvdisasm's listing of the sm_90a cubin nvcc makes of each version's generated CUDA (this
 tree's nvcc; nvdisasm from CUDA_HOME, or `pip install nvidia-cuda-nvdisasm`). A variant that
@@ -36,6 +37,41 @@ def opcode_counts(listing: str) -> collections.Counter:
         if words:
             counts[words[0]] += 1
     return counts
+
+
+#: A label line of an nvdisasm listing (".L_x_12:"), and a branch to one ("BRA `(.L_x_12)").
+LABEL = re.compile(r"^\s*(\.L_x_\d+):", re.M)
+BRANCH = re.compile(r"/\*([0-9a-f]+)\*/[^;]*\bBRA(?:\.\w+)*\s+`\((\.L_x_\d+)\)")
+ADDRESS = re.compile(r"/\*([0-9a-f]+)\*/\s+([^;{}]+?)\s*;")
+
+
+def block_loops(listing: str) -> list:
+    """[(first address, last address, instructions)] of the listing's innermost loops that issue a
+    wgmma (HGMMA), in address order: the warpgroups' block loops, whose length a block pays (a loop
+    is a backward branch's range; a wait's retry loop inside a block loop has no HGMMA, and the
+    item loop around it is not innermost). NOPs are not counted."""
+    addresses = [(int(m[1], 16), m[2].split()) for m in ADDRESS.finditer(listing)]
+    at = {}
+    for label in LABEL.finditer(listing):
+        following = ADDRESS.search(listing, label.end())
+        if following:
+            at[label[1]] = int(following[1], 16)
+    # Only branches in line: past the last EXIT, ptxas's WARPSYNC.COLLECTIVE copies branch back into
+    # the loops they leave, which is no loop.
+    last_exit = max((a for a, words in addresses if "EXIT" in words), default=-1)
+    loops = {(at[target], int(address, 16)) for address, target in BRANCH.findall(listing)
+             if target in at and at[target] <= int(address, 16) <= last_exit}
+
+    def opcodes(first, last):
+        for address, words in addresses:
+            if first <= address <= last:
+                words = words[1:] if words and words[0].startswith("@") else words
+                if words:
+                    yield words[0]
+
+    gemm = [(a, b) for a, b in loops if any(op.startswith("HGMMA") for op in opcodes(a, b))]
+    innermost = [(a, b) for a, b in gemm if not any((c, d) != (a, b) and a <= c and d <= b for c, d in gemm)]
+    return [(a, b, sum(op != "NOP" for op in opcodes(a, b))) for a, b in sorted(innermost)]
 
 
 def by_base(counts: collections.Counter) -> collections.Counter:
@@ -70,6 +106,7 @@ def footprint(kernels, toolchain, heads: int, d_k: int, d_v: int) -> dict:
             if label not in found:
                 listing, info = toolchain.sass_and_ptxas_info(kernels.compiled(config).get_kernel_source(), label)
                 info["in_line"] = sum(opcode_counts(toolchain.sass_in_line(listing)).values())
+                info["block_loops"] = [n for *_, n in block_loops(listing)]
                 found[label] = (info, opcode_counts(listing))
     return found
 
@@ -85,7 +122,8 @@ def diff_lines(versions: dict, top: int = 12) -> list:
     lines = []
     for label in labels:
         lines.append(f"{label}:")
-        lines.append(f"  {'':<32} {'registers':>9} {'spills st/ld':>13} {'instructions':>13} {'in line':>8}")
+        lines.append(f"  {'':<32} {'registers':>9} {'spills st/ld':>13} {'instructions':>13} {'in line':>8} "
+                     f"{'block loops':>12}")
         have = [name for name in names if label in versions[name]]
         for name in names:
             if name not in have:
@@ -98,8 +136,13 @@ def diff_lines(versions: dict, top: int = 12) -> list:
                 first, first_in_line = sum(versions[base][label][1].values()), versions[base][label][0]["in_line"]
                 change = (f"  {total - first:+d} ({(total - first) / first:+.1%}), in line "
                           f"{info['in_line'] - first_in_line:+d} ({(info['in_line'] - first_in_line) / first_in_line:+.1%})")
+            loops = info.get("block_loops") or []
+            if name != base and base in have and loops and versions[base][label][0].get("block_loops"):
+                change += f", block loops {sum(loops) - sum(versions[base][label][0]['block_loops']):+d}"
             spills = f"{info['spill_stores']}/{info['spill_loads']}"
-            lines.append(f"  {name:<32} {info['registers']:>9} {spills:>13} {total:>13} {info['in_line']:>8}{change}")
+            shown = "+".join(map(str, loops)) or "-"
+            lines.append(f"  {name:<32} {info['registers']:>9} {spills:>13} {total:>13} {info['in_line']:>8} "
+                         f"{shown:>12}{change}")
         if base not in have or len(have) < 2:
             continue
         mine = by_base(versions[base][label][1])

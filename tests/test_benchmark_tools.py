@@ -921,4 +921,36 @@ def test_sass_diff_counts_a_listing_and_names_what_moved():
     assert lines[4].split() == ["opcode", "a"] and lines[5].split()[:4] == ["SHFL", "1", "->", "5"]  # the largest move only
     # A launch one version lacks: its row says so, and no opcode rows compare against nothing.
     assert lines[6] == "atomic:" and lines[8] == "  this tree                        (no such launch)" and len(lines) == 10
-    assert lines[9].split()[:5] == ["a/mqa_bwd", "255", "40/48", "7", "5"]
+    assert lines[9].split()[:6] == ["a/mqa_bwd", "255", "40/48", "7", "5", "-"]
+    # Block loops: each warpgroup's, and the change of their sum.
+    versions["this tree"]["lanes"][0]["block_loops"] = [2243, 1845]
+    versions["a/mqa_bwd"]["lanes"][0]["block_loops"] = [2240, 1800]
+    lines = tool.diff_lines(versions, top=1)
+    assert lines[2].split()[6] == "2243+1845" and lines[3].split()[5] == "2240+1800"  # "this tree" is two words
+    assert lines[3].endswith("in line +1 (+20.0%), block loops -48")
+
+
+def test_sass_diff_finds_the_block_loops():
+    # The innermost loops that issue a wgmma, in line: not the item loop around one, not a wait's
+    # retry loop inside one, not an out-of-line copy that branches back into one.
+    tool = _tool("sass_diff")
+    listing = """
+        /*00e0*/                   MOV R1, c[0x0][0x28] ;
+    .L_x_1:
+        /*00f0*/                   IADD3 R2, R2, 0x1, RZ ;
+    .L_x_2:
+        /*0100*/                   LDS.128 R4, [R3] ;
+        /*0110*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24 ;
+    .L_x_3:
+        /*0120*/                   SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4], R5 ;
+        /*0130*/              @!P0 BRA `(.L_x_3) ;
+        /*0140*/                   NOP ;
+        /*0150*/               @P1 BRA `(.L_x_2) ;
+        /*0160*/               @P2 BRA `(.L_x_1) ;
+        /*0170*/                   EXIT ;
+    .L_x_9:
+        /*0180*/                   WARPSYNC.COLLECTIVE R0, `(.L_x_10) ;
+        /*0190*/                   BRA `(.L_x_2) ;
+    """
+    assert tool.block_loops(listing) == [(0x100, 0x150, 5)]
+    assert tool.block_loops(listing.replace("HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24", "FFMA R1, R2, R3, R4")) == []
