@@ -23,51 +23,49 @@ import os
 import re
 import sys
 
-#: One instruction of an nvdisasm -c listing: "/*ea30*/  @!P6 STG.E.128 desc[UR60][R8.64], R20 ;".
-INSTRUCTION = re.compile(r"/\*[0-9a-f]+\*/\s+([^;{}]+?)\s*;")
+#: One instruction of an nvdisasm -c listing, its address and text:
+#: "/*ea30*/  @!P6 STG.E.128 desc[UR60][R8.64], R20 ;".
+INSTRUCTION = re.compile(r"/\*([0-9a-f]+)\*/\s+([^;{}]+?)\s*;")
+#: A label line of an nvdisasm listing (".L_x_12:"), and a branch to one ("BRA `(.L_x_12)").
+LABEL = re.compile(r"^\s*(\.L_x_\d+):", re.M)
+BRANCH = re.compile(r"/\*([0-9a-f]+)\*/[^;]*\bBRA(?:\.\w+)*\s+`\((\.L_x_\d+)\)")
+
+
+def instructions(listing: str) -> list:
+    """[(address, full mnemonic ("STG.E.128"))] of an nvdisasm listing, predicate guards left out."""
+    found = []
+    for match in INSTRUCTION.finditer(listing):
+        words = match[2].split()
+        if words and words[0].startswith("@"):
+            words = words[1:]
+        if words:
+            found.append((int(match[1], 16), words[0]))
+    return found
 
 
 def opcode_counts(listing: str) -> collections.Counter:
     """Instructions of an nvdisasm listing by full mnemonic ("STG.E.128"), predicate guards left out."""
-    counts = collections.Counter()
-    for found in INSTRUCTION.finditer(listing):
-        words = found[1].split()
-        if words and words[0].startswith("@"):
-            words = words[1:]
-        if words:
-            counts[words[0]] += 1
-    return counts
+    return collections.Counter(op for _, op in instructions(listing))
 
 
-#: A label line of an nvdisasm listing (".L_x_12:"), and a branch to one ("BRA `(.L_x_12)").
-LABEL = re.compile(r"^\s*(\.L_x_\d+):", re.M)
-BRANCH = re.compile(r"/\*([0-9a-f]+)\*/[^;]*\bBRA(?:\.\w+)*\s+`\((\.L_x_\d+)\)")
-ADDRESS = re.compile(r"/\*([0-9a-f]+)\*/\s+([^;{}]+?)\s*;")
-
-
-def block_loops(listing: str) -> list:
-    """[(first address, last address, instructions)] of the listing's innermost loops that issue a
-    wgmma (HGMMA), in address order: the warpgroups' block loops, whose length a block pays (a loop
-    is a backward branch's range; a wait's retry loop inside a block loop has no HGMMA, and the
-    item loop around it is not innermost). NOPs are not counted."""
-    addresses = [(int(m[1], 16), m[2].split()) for m in ADDRESS.finditer(listing)]
+def block_loops(in_line: str) -> list:
+    """[(first address, last address, instructions)] of the innermost loops that issue a wgmma
+    (HGMMA) in a listing's code in line (kernels.sass_in_line: past the last EXIT, ptxas's
+    WARPSYNC.COLLECTIVE copies branch back into the loops they leave, which is no loop), in address
+    order: the warpgroups' block loops, whose length a block pays (a loop is a backward branch's
+    range; a wait's retry loop inside a block loop has no HGMMA, and the item loop around it is not
+    innermost). NOPs are not counted."""
+    found = instructions(in_line)
     at = {}
-    for label in LABEL.finditer(listing):
-        following = ADDRESS.search(listing, label.end())
+    for label in LABEL.finditer(in_line):
+        following = INSTRUCTION.search(in_line, label.end())
         if following:
             at[label[1]] = int(following[1], 16)
-    # Only branches in line: past the last EXIT, ptxas's WARPSYNC.COLLECTIVE copies branch back into
-    # the loops they leave, which is no loop.
-    last_exit = max((a for a, words in addresses if "EXIT" in words), default=-1)
-    loops = {(at[target], int(address, 16)) for address, target in BRANCH.findall(listing)
-             if target in at and at[target] <= int(address, 16) <= last_exit}
+    loops = {(at[target], int(address, 16)) for address, target in BRANCH.findall(in_line)
+             if target in at and at[target] <= int(address, 16)}
 
     def opcodes(first, last):
-        for address, words in addresses:
-            if first <= address <= last:
-                words = words[1:] if words and words[0].startswith("@") else words
-                if words:
-                    yield words[0]
+        return [op for address, op in found if first <= address <= last]
 
     gemm = [(a, b) for a, b in loops if any(op.startswith("HGMMA") for op in opcodes(a, b))]
     innermost = [(a, b) for a, b in gemm if not any((c, d) != (a, b) and a <= c and d <= b for c, d in gemm)]
@@ -105,8 +103,9 @@ def footprint(kernels, toolchain, heads: int, d_k: int, d_v: int) -> dict:
             label = launch_label(config)
             if label not in found:
                 listing, info = toolchain.sass_and_ptxas_info(kernels.compiled(config).get_kernel_source(), label)
-                info["in_line"] = sum(opcode_counts(toolchain.sass_in_line(listing)).values())
-                info["block_loops"] = [n for *_, n in block_loops(listing)]
+                in_line = toolchain.sass_in_line(listing)
+                info["in_line"] = sum(opcode_counts(in_line).values())
+                info["block_loops"] = [n for *_, n in block_loops(in_line)]
                 found[label] = (info, opcode_counts(listing))
     return found
 

@@ -932,7 +932,8 @@ def test_sass_diff_counts_a_listing_and_names_what_moved():
 
 def test_sass_diff_finds_the_block_loops():
     # The innermost loops that issue a wgmma, in line: not the item loop around one, not a wait's
-    # retry loop inside one, not an out-of-line copy that branches back into one.
+    # retry loop inside one, not an out-of-line copy past the last EXIT that branches back into one
+    # (block_loops takes the code in line).
     tool = _tool("sass_diff")
     listing = """
         /*00e0*/                   MOV R1, c[0x0][0x28] ;
@@ -952,5 +953,6 @@ def test_sass_diff_finds_the_block_loops():
         /*0180*/                   WARPSYNC.COLLECTIVE R0, `(.L_x_10) ;
         /*0190*/                   BRA `(.L_x_2) ;
     """
-    assert tool.block_loops(listing) == [(0x100, 0x150, 5)]
-    assert tool.block_loops(listing.replace("HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24", "FFMA R1, R2, R3, R4")) == []
+    assert tool.block_loops(kernels.sass_in_line(listing)) == [(0x100, 0x150, 5)]
+    no_gemm = listing.replace("HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24", "FFMA R1, R2, R3, R4")
+    assert tool.block_loops(kernels.sass_in_line(no_gemm)) == []
