@@ -298,24 +298,9 @@
         python benchmarks/package_ab.py --against .ab/rows_then_tiles/mqa_bwd \
             --shape B=1,S=4096,S_kv=8192,H=128,L=2048 --repeats 12 --trace 3
 
-  unscaled_peaks.patch      the lanes' peaks of |x| rather than of |x s|: ws_add_bounds scales a
-                            slot's once a block (its scale is a power of two, so the upper 16 bits
-                            move exactly, but for results below 2^-126, which change a Bound by at
-                            most 1 a slot and never an output), where the adds multiplied every
-                            slot pair's maximum by |s| (79 FMUL fewer in all, 53 fewer SASS
-                            instructions in line; spills 48/60 where the product's are 40/48).
-                            The same bits on an H100 (thirty-fifth session, two runs): det's main
-                            kernel 7.184 and 7.157 ms against 7.239 and 7.231 (dsv32 H=64), 4.881
-                            and 4.903 against 4.891 and 4.913 (fleet). The GPU suite was not run (six of its sixteen lanes tests
-                            passed before the device time ran out). Ready to land with it: the
-                            patch carries model.contribution_bounds in the kernel's form (a test
-                            holds it to the scaled values' bound wherever x s is normal), the
-                            compile test's spill budget and docs/design.md. On b12aa32:
-
-        bash scripts/ab-packages.sh experiments/unscaled_peaks.patch
-        python benchmarks/package_ab.py --against .ab/unscaled_peaks/mqa_bwd --shapes dsv32,fleet --trace 2
-
-git history holds the others (dq_whole_lines.patch, dQ stored in whole 128-byte lines, became
+git history holds the others (unscaled_peaks.patch, the lanes' peaks of |x| scaled once a block
+in ws_add_bounds, became the product's in the thirty-sixth session and is at 349ecd0;
+dq_whole_lines.patch, dQ stored in whole 128-byte lines, became
 the product's ws_store_dq in the thirty-fifth session and is at 7fade46;
 dq_vector_stores.patch, thread_again.patch and l2_request_cuts.patch, dQ stored 16 bytes a thread
 and the adds' thread index read again from %tid.x, became the product's wide tile in the

@@ -135,13 +135,18 @@ def beyond_magic(scaled: np.ndarray) -> np.ndarray:
         return ~(np.abs(scaled.astype(np.float32)).max(axis=1) < np.float32(fixed_point.MAGIC_RANGE))
 
 
-def contribution_bounds(scaled: np.ndarray) -> np.ndarray:
-    """What each contribution (a row of ``scaled``, fp32) adds to its kv row's Bound, as the
-    kernel forms it (wide.py, ws_add_bounds): h, the upper 16 bits of max |x| over the columns,
-    bounds max |x| by the bf16 one step above it, so min(ceil(bf16 h + 1), 2**40); 2**40 where
-    h + 1 is inf or NaN (as for any NaN x), 0 where h is 0 (int64)."""
-    with np.errstate(invalid="ignore"):
-        peak = np.abs(scaled.astype(np.float32)).max(axis=1)
+def contribution_bounds(values: np.ndarray, scales: np.ndarray | None = None) -> np.ndarray:
+    """What each contribution (a row of ``values``, fp32, times its slot's power-of-two scale in
+    ``scales``; None: 1) adds to its kv row's Bound, as the kernel forms it (wide.py,
+    ws_add_bounds): h, the upper 16 bits of max |x| over the columns, times the scale (exact but
+    below 2**-126), bounds max |x s| by the bf16 one step above it, so min(ceil(bf16 h + 1),
+    2**40); 2**40 where h + 1 is inf or NaN (as for any NaN x, or an inf x at an invalid slot's
+    scale, 0), 0 where h is 0 (int64)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        peak = np.abs(values.astype(np.float32)).max(axis=1)
+        if scales is not None:  # the upper 16 bits of the unscaled peak, scaled
+            kept = ((peak.view(np.uint32) >> np.uint32(16)) << np.uint32(16)).view(np.float32)
+            peak = kept * np.abs(np.asarray(scales, dtype=np.float32))
     high = peak.view(np.uint32) >> np.uint32(16)  # NaN's bits give 0x7fc0 or more
     value = ((high + np.uint32(1)) << np.uint32(16)).view(np.float32)
     with np.errstate(invalid="ignore", over="ignore"):
@@ -348,7 +353,7 @@ class ModelLauncher(Launcher):
             return torch.zeros((0,), dtype=torch.bool)
         scaled = (contrib * row_scale[rows].view(-1, 1)).numpy()  # fp32, exact: a power of two
         np.add.at(words.numpy().view(np.uint64), rows.numpy(), magic_words(scaled))
-        np.add.at(bound.numpy(), rows.numpy(), contribution_bounds(scaled))
+        np.add.at(bound.numpy(), rows.numpy(), contribution_bounds(contrib.numpy(), row_scale[rows].numpy()))
         return torch.from_numpy(beyond_magic(scaled))
 
     @staticmethod

@@ -421,12 +421,13 @@ def test_main_kernel_spills_within_its_spill_budget(config):
 #: ws_store_dq, 44 and 60, with no spill store left in warpgroup 1's block loop; since the lanes
 #: round by FFMA and flag the rows past its range (twenty-eighth session), 48 and 56; since the CTAs
 #: claim their items (thirty-third session: no count of a CTA's items stays live), 40 and 48 at one
-#: tile, 44 and 56 at two. Their corrections launch (no dQ, so far fewer live values) spills
-#: nothing. The int64 redo (fixed), launched on every call but run only where a lanes bound
+#: tile, 44 and 56 at two; since the peaks are of |x|, scaled in the bounds (thirty-fifth session:
+#: 79 FMUL fewer, faster in two A/B runs), 48 and 60 at one tile, 52 and 68 at two. Their
+#: corrections launch (no dQ, so far fewer live values) spills nothing. The int64 redo (fixed), launched on every call but run only where a lanes bound
 #: failed, spilled 4/4 bytes at one tile and at two; with the claims 8/8 and 4/8; with dQ stored in
 #: whole lines (thirty-fifth session; the lanes' unchanged) 8/16 at two tiles, not timed alone.
-SPILL_BUDGET = {(64, 576, "lanes", 1): {"spill_stores": 40, "spill_loads": 48, "stack": 24},
-                (64, 576, "lanes", K.MULTI_TILE): {"spill_stores": 44, "spill_loads": 56, "stack": 32},
+SPILL_BUDGET = {(64, 576, "lanes", 1): {"spill_stores": 48, "spill_loads": 60, "stack": 32},
+                (64, 576, "lanes", K.MULTI_TILE): {"spill_stores": 52, "spill_loads": 68, "stack": 40},
                 (64, 576, "fixed", 1): {"spill_stores": 8, "spill_loads": 8, "stack": 8},
                 (64, 576, "fixed", K.MULTI_TILE): {"spill_stores": 8, "spill_loads": 16, "stack": 8}}
 

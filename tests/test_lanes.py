@@ -54,6 +54,24 @@ def test_the_conversion_is_the_kernels_and_a_nan_fails_the_bound():
     assert contribution_bounds(np.array([[2.0**-134], [2.0**-133]], dtype=np.float32)).tolist() == [0, 1]
 
 
+def test_a_bound_from_the_unscaled_peak_is_the_scaled_values_bound():
+    # The kernel keeps a slot's peak of |x| and scales its upper 16 bits once a block, in the
+    # bounds: with a power-of-two scale that is the bound of the scaled values' peak wherever x s
+    # stays a normal float. An inf or NaN at a scale of 0 (an invalid slot's) still fails.
+    g = np.random.default_rng(5)
+    values = (g.normal(0, 10, (2000, 16)) * 2.0 ** g.integers(-60, 60, (2000, 1))).astype(np.float32)
+    values[g.random(values.shape) < 0.01] = np.nan
+    scales = (2.0 ** g.integers(-100, 100, 2000)).astype(np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        scaled = values * scales[:, None]
+        peak = np.abs(scaled).max(axis=1)
+    normal = ~(peak < 2.0**-126)  # NaN and inf peaks included
+    assert 1000 < normal.sum() < 2000 and np.isnan(peak).any() and np.isinf(peak).any()
+    assert (contribution_bounds(values, scales) == contribution_bounds(scaled))[normal].all()
+    bad = np.array([[np.inf, 1.0], [np.nan, 1.0]], dtype=np.float32)
+    assert contribution_bounds(bad, np.zeros(2, dtype=np.float32)).tolist() == [BOUND_CAP, BOUND_CAP]
+
+
 def test_the_ffma_rounding_is_the_conversion_up_to_its_range_and_flags_past_it():
     # fma(x, s, 1.5 * 2**23) rounds x s once, half to even, in a binade whose step is 1: the
     # conversion's integer wherever |x s| <= 2**22, ties and both signs included. Past it (or for a

@@ -329,7 +329,7 @@ __device__ __forceinline__ unsigned long long ws_lanes_word(float lo, float hi, 
 // of the chunk start at word0 + warp_words warp: config.lane_chunk_words), each rounded half to
 // even (ws_lanes_word: by FFMA in the lanes launch, the exact word's difference from that in its
 // corrections launch). peak[n8] keeps, for this thread's slots
-// 8 n8 + 2 (t % 4) + {0, 1}, the upper 16 bits of the largest |scaled value|'s float bits over the
+// 8 n8 + 2 (t % 4) + {0, 1}, the upper 16 bits of the largest |value|'s float bits (unscaled) over the
 // block's chunks (two slots a register; an inf or NaN gives 0x7f80 or more, never 0x8000: a NaN
 // from max.NaN is 0x7fffffff); ws_add_bounds takes the maximum over both warpgroups' warps.
 template <bool correct>
@@ -345,9 +345,10 @@ __device__ __forceinline__ void ws_add_chunk_lanes(const float* acc, const void*
     const float s0 = __int_as_float(pair.y), s1 = __int_as_float(pair.w);
     const float a00 = acc[4 * n8], a01 = acc[4 * n8 + 2];      // slot e = 0: columns c, c + 8
     const float a10 = acc[4 * n8 + 1], a11 = acc[4 * n8 + 3];  // slot e = 1
-    // max |x s| = |s| max |x|: rounding is monotonic, so the same bits as the maximum of the products.
-    const unsigned m0 = __float_as_uint(ws_max_nan(fabsf(a00), fabsf(a01)) * fabsf(s0));
-    const unsigned m1 = __float_as_uint(ws_max_nan(fabsf(a10), fabsf(a11)) * fabsf(s1));
+    // The peaks are of |x|, unscaled: ws_add_bounds scales a slot's once a block (its scale is a
+    // power of two, so the upper 16 bits scale exactly but for results below 2^-126).
+    const unsigned m0 = __float_as_uint(ws_max_nan(fabsf(a00), fabsf(a01)));
+    const unsigned m1 = __float_as_uint(ws_max_nan(fabsf(a10), fabsf(a11)));
     peak[n8] = __vmaxu2(peak[n8], __byte_perm(m0, m1, 0x7632));
     // A peak's halves are at most 0x7fff, so `stale` is 0: it makes this pair's first add wait for
     // the peak, where ptxas would sink the peak to the block's end and keep (spill) the scaled
@@ -388,8 +389,8 @@ __device__ __forceinline__ void ws_add_pair_lanes(const float* acc_a, const floa
     const float a10 = acc_a[4 * n8 + 1], a11 = acc_a[4 * n8 + 3];
     const float b00 = acc_b[4 * n8], b01 = acc_b[4 * n8 + 2];
     const float b10 = acc_b[4 * n8 + 1], b11 = acc_b[4 * n8 + 3];
-    const unsigned m0 = __float_as_uint(ws_max_nan(ws_max_nan(fabsf(a00), fabsf(a01)), ws_max_nan(fabsf(b00), fabsf(b01))) * fabsf(s0));
-    const unsigned m1 = __float_as_uint(ws_max_nan(ws_max_nan(fabsf(a10), fabsf(a11)), ws_max_nan(fabsf(b10), fabsf(b11))) * fabsf(s1));
+    const unsigned m0 = __float_as_uint(ws_max_nan(ws_max_nan(fabsf(a00), fabsf(a01)), ws_max_nan(fabsf(b00), fabsf(b01))));
+    const unsigned m1 = __float_as_uint(ws_max_nan(ws_max_nan(fabsf(a10), fabsf(a11)), ws_max_nan(fabsf(b10), fabsf(b11))));
     peak[n8] = __vmaxu2(peak[n8], __byte_perm(m0, m1, 0x7632));
     const unsigned stale = peak[n8] >> 31;  // 0, as in ws_add_chunk_lanes
     const unsigned long long a0 = ws_lanes_word<correct>(a00, a01, s0), a1 = ws_lanes_word<correct>(a10, a11, s1);
@@ -516,8 +517,9 @@ __device__ __forceinline__ void ws_flag_magic(const int* flag, int row, unsigned
 }
 // ws_add_bounds: Bound[kv] += the bound of each valid slot's contribution in the block, from h, the
 // upper 16 bits of its largest |scaled value| over all columns (warpgroup 1's 4 warps' maxima and
-// warpgroup 0's): that value is below the bf16 one step above h, so min(ceil(bf16 h + 1), 2^40);
-// 2^40 where h + 1 is inf or NaN; 0 where h is 0 (every value below 2^-133, which rounds to 0).
+// warpgroup 0's, of |x|, times the slot's scale here): that value is below the bf16 one step above
+// h, so min(ceil(bf16 h + 1), 2^40); 2^40 where h + 1 is inf or NaN; 0 where h is 0 (every value
+// below 2^-133, which rounds to 0).
 __device__ __forceinline__ void ws_add_bounds(const void* peak_buf, void* slot_peaks, const void* bound,
                                               const void* slot_info, unsigned row_units, unsigned* beyond, int t) {
   if (t >= 64) return;
@@ -525,12 +527,15 @@ __device__ __forceinline__ void ws_add_bounds(const void* peak_buf, void* slot_p
   const int word = t / 2;
   const unsigned m = __vmaxu2(__vmaxu2(peaks_s[word], peaks_s[32 + word]), __vmaxu2(peaks_s[64 + word], peaks_s[96 + word]));
   unsigned* slot_peak = static_cast<unsigned*>(slot_peaks) + t;
-  const unsigned half = max((t & 1) ? (m >> 16) : (m & 0xffffu), *slot_peak);
+  const unsigned unscaled = max((t & 1) ? (m >> 16) : (m & 0xffffu), *slot_peak);
   *slot_peak = 0u;  // for warpgroup 0's block t + 2, which waits for this warpgroup's PDS_FREE of t + 1
+  const int* slot = static_cast<const int*>(slot_info) + 2 * t;
+  // The peaks are of |x|; the slot's scale (a power of two; an invalid slot's -0.0, so that an inf
+  // there gives NaN, as x s did) moves the upper 16 bits as it moves x.
+  const unsigned half = __float_as_uint(__uint_as_float(unscaled << 16) * fabsf(__int_as_float(slot[1]))) >> 16;
   // Any slot, valid or not (an invalid one's NaN, from 0 * inf, went to a valid row's words): the
   // row's flag goes out at its end (ws_flag_magic), where a store here kept more values live.
   *beyond |= half >= WS_MAGIC_PEAK;
-  const int* slot = static_cast<const int*>(slot_info) + 2 * t;
   if (slot[1] != WS_LANES_INVALID && half != 0u)
     atomicAdd(const_cast<unsigned long long*>(static_cast<const unsigned long long*>(bound)) + static_cast<unsigned>(slot[0]) / row_units,
               half + 1u >= 0x7f80u ? 1099511627776ull
