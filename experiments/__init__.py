@@ -298,6 +298,29 @@
         python benchmarks/package_ab.py --against .ab/rows_then_tiles/mqa_bwd \
             --shape B=1,S=4096,S_kv=8192,H=128,L=2048 --repeats 12 --trace 3
 
+  bias_free_words.patch     the lanes launch adds each word's FFMA bits as they are (ws_ffma_word),
+  no_bias_adds.patch        the exact word plus 0x4b4000004b400000, where the product subtracts that
+                            constant from every word (a 64-bit subtract, IADD3 x 2); ws_add_bounds
+                            adds the constant once a slot a block to a per-kv-row Bias beside
+                            Bound, and the cast (lanes_to_bf16, fixed_point.join_lanes) takes it
+                            off before it decodes. Complete: the model, the decode kernel, a test
+                            that biased words less their row's Bias are the exact sums, the
+                            compile test's count of 64-bit atomics (test_lanes, test_wrapper_model
+                            and test_kernels_compile pass with it; the GPU suite was not run).
+                            no_bias_adds is the same without the Bias adds (wrong dKV: the
+                            instructions' ceiling). ptxas: 296 SASS instructions fewer in line,
+                            block loops 2112+1612 against 2211+1810, spills 36/52 against 48/60.
+                            The same bits, and no faster on an H100 (thirty-sixth session, det's
+                            main kernel in four runs at dsv32 H=64: 7.207, 7.219, 7.228, 7.256 ms
+                            against the product's 7.202, 7.197, 7.205, 7.242; fleet 4.937, 4.953,
+                            4.914, 4.942 against 4.913, 4.907, 4.913, 4.931; no_bias_adds, in the
+                            last two, 7.241, 7.205 and 4.895, 4.877): the subtract is off the
+                            block's critical path. On 46cd4c8:
+
+        bash scripts/ab-packages.sh experiments/bias_free_words.patch experiments/no_bias_adds.patch
+        python benchmarks/package_ab.py --against .ab/bias_free_words/mqa_bwd \
+            --against .ab/no_bias_adds/mqa_bwd --shapes dsv32,fleet --trace 2
+
 git history holds the others (unscaled_peaks.patch, the lanes' peaks of |x| scaled once a block
 in ws_add_bounds, became the product's in the thirty-sixth session and is at 349ecd0;
 dq_whole_lines.patch, dQ stored in whole 128-byte lines, became
