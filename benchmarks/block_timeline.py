@@ -32,16 +32,16 @@ import sys
 import numpy as np
 
 #: Events (wide.py in the patch): warpgroup 0's block starts (0), after its KV_FREE wait (1), the
-#: gather landed (2), S and dP done (3), dQ's GEMM issued (4), after its PDS_FREE wait (5), P and dS
-#: handed over (6), its chunk GEMMs done (7), its adds done (8); warpgroup 1's block starts (9),
+#: gather landed (2), S done (3; dP's last GEMM may still run), dQ's GEMM issued (4), after its
+#: PDS_FREE wait (5), P and dS handed over (6), its chunk GEMMs done (7), its adds done (8); warpgroup 1's block starts (9),
 #: after its PDS_READY wait (10), after its KV_FREE arrival (11), its first pair's adds done (12),
 #: after its PEAKS_READY wait and PDS_FREE arrival (13), its chunks done (14), its bounds done (15).
 #: Phases: (warpgroup, name, first event, last event, whether the last is the next block's).
 PHASES = (
     (0, "wait for KV_FREE", 0, 1, False),
     (0, "slots, gather lands", 1, 2, False),
-    (0, "S, dP, gather's rest", 2, 3, False),
-    (0, "P, dS, dQ GEMM issued", 3, 4, False),
+    (0, "S, gather's rest", 2, 3, False),
+    (0, "P, dP's end, dS, dQ GEMM", 3, 4, False),
     (0, "wait for PDS_FREE", 4, 5, False),
     (0, "P and dS stored", 5, 6, False),
     (0, "its chunks' GEMMs", 6, 7, False),

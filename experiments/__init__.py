@@ -224,11 +224,12 @@
                             neither warpgroup is adding dKV (the L2 then has only gathers), the
                             rate clock64 runs at and each CTA's time outside its blocks, and each
                             step of a row's change. The redo's and the corrections' launches stamp
-                            nothing. ptxas at d_k = 576 (the H=64 launch): 52/68 bytes spilled,
-                            where the product spills 40/48; the control none. The tool prints the
+                            nothing. ptxas at d_k = 576 (the H=64 launch): 80/124 bytes spilled,
+                            where the product spills 48/60; the control none. The tool prints the
                             traced main kernel's time beside the product's. Its runs:
-                            docs/performance-log.md, thirty-second and thirty-third sessions. On
-                            88dd6b4 and later:
+                            docs/performance-log.md, thirty-second, thirty-third and thirty-sixth
+                            sessions. Rebased on 96c469f (stamp 3 is now S done, dP's last GEMM
+                            possibly still running); on 96c469f and later:
 
         bash scripts/ab-packages.sh experiments/block_timeline.patch
         python benchmarks/block_timeline.py --package .ab/block_timeline/mqa_bwd [--atomic] [--save stamps.npz]
