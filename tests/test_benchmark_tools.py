@@ -93,6 +93,24 @@ def test_add_floor_kernels_issue_their_adds():
         tool.adds_program("u64pair64", slots=64)
 
 
+def test_load_probe_times_each_load_until_it_lands_beside_whole_line_reductions():
+    # load_under_reds' figures are latencies only if the clock is read after the load's value is
+    # used (a predicate formed from it), by an L2 load (ld.global.cg) or a bulk copy waited for on
+    # its mbarrier, while the busy warps send 64-bit fire-and-forget reductions as the lanes do.
+    tool = _tool("load_under_reds")
+    source = kernels.compile_program(tool.probe_program(8)).get_kernel_source()
+    ptx = kernels.toolchain._nvcc_source(source, "-ptx", "compute_90a")[0]
+    assert set(re.findall(r"\b(?:atom|red)\.global\.[a-z0-9.]+", ptx)) == {"red.global.add.u64"}, "the reductions"
+    # nvcc unrolls the probes' loop: a probe has a load and a bulk copy (one taken, by the launch's
+    # argument) and one clock read after the value either gave.
+    loads = len(re.findall(r"ld\.global\.cg\.s32", ptx))
+    copies = len(re.findall(r"cp\.async\.bulk\.shared::cluster\.global\.mbarrier::complete_tx::bytes", ptx))
+    after = len(re.findall(r"setp\.ge\.s32\s+(%?\w+), %r\d+, 0;\s*@\1 mov\.u64 %rd\d+, %clock64;", ptx))
+    assert loads >= 1 and loads == copies == after, (loads, copies, after)
+    assert "mbarrier.try_wait.parity" in ptx
+    assert set(tool.MODES) == {0, 1, 2, 3}
+
+
 def test_fence_probe_issues_reductions_then_each_fence():
     # The probe's numbers mean something only if the reductions are 64-bit
     # fire-and-forget ones (as the main kernel's) and each mode is its fence.
