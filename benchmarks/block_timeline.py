@@ -19,7 +19,9 @@ share of a CTA's traced time in which a warpgroup's dKV adds are under way (warp
 chunk GEMMs' wait to its last add; warpgroup 1 from KV_FREE to its last pair's adds, which holds
 its pairs' GEMMs too), by neither, one or both: when neither adds, the SM sends the L2 only its
 gathers. Where the patch stamps the global timer and a row's change, the rate clock64 runs at, each
-CTA's entry and exit, and each step from a row's last block to the next row's first. The stamps
+CTA's entry and exit, each step from a row's last block to the next row's first, and how many CTAs
+have adds under way at once over the kernel's time (the L2 takes reductions at its full rate from
+about half the SMs: load_under_reds.py). The stamps
 cost a store each and may move ptxas's schedule: the tool prints the traced call's main kernel
 time beside the untraced one's for that reason (ours, the same shape).
 """
@@ -160,6 +162,52 @@ def adds_overlap(trace: np.ndarray) -> tuple:
     return tuple(totals / whole) if whole else (float("nan"),) * 3
 
 
+def _adds_intervals(cta: np.ndarray) -> list:
+    """A CTA's [start, end) clock64 intervals in which some warpgroup is within its span of adds
+    (ADDS_SPANS), merged."""
+    spans = []
+    for first, last in ADDS_SPANS.values():
+        ok = (cta[:, first] != 0) & (cta[:, last] != 0)
+        spans += list(zip(cta[ok, first].tolist(), cta[ok, last].tolist()))
+    merged = []
+    for lo, hi in sorted(spans):
+        if merged and lo <= merged[-1][1]:
+            merged[-1][1] = max(merged[-1][1], hi)
+        else:
+            merged.append([lo, hi])
+    return merged
+
+
+def ctas_adding(trace: np.ndarray) -> np.ndarray | None:
+    """[n + 1] shares of the kernel's time (the earliest CTA entry to the last exit, by the global
+    timer) in which exactly k of the n traced CTAs have adds under way, each CTA's clock64 placed on
+    the global timer by its own entry and exit stamps (outside_blocks' rate); None where the trace
+    has no timer stamps. The L2 takes its reductions at its full rate from about half the SMs
+    (benchmarks/load_under_reds.py): the time with fewer adding is time it may idle."""
+    if trace.shape[2] <= max(max(EXIT_EVENTS.values())):
+        return None
+    head = trace[:, 0]
+    exits = np.stack([head[:, list(pair)] for pair in EXIT_EVENTS.values()])
+    done = (head[:, ENTRY_EVENTS[0]] != 0) & (head[:, ENTRY_EVENTS[1]] != 0) & (exits != 0).all(axis=(0, 2))
+    if not done.any():
+        return None
+    edges = []
+    for c in np.flatnonzero(done):
+        clock_in, ns_in = int(head[c, ENTRY_EVENTS[0]]), int(head[c, ENTRY_EVENTS[1]])
+        clock_out, ns_out = int(exits[:, c, 0].max()), int(exits[:, c, 1].max())
+        ns_per_cycle = (ns_out - ns_in) / (clock_out - clock_in)
+        for lo, hi in _adds_intervals(trace[c, :, :CLOCK_EVENTS]):
+            edges += [(ns_in + (lo - clock_in) * ns_per_cycle, 1), (ns_in + (hi - clock_in) * ns_per_cycle, -1)]
+    start, end = float(head[done, ENTRY_EVENTS[1]].min()), float(exits[:, done, 1].max())
+    shares = np.zeros(int(done.sum()) + 1)
+    depth, now = 0, start
+    for t, step in sorted(edges):
+        shares[depth] += t - now
+        depth, now = depth + step, t
+    shares[depth] += end - now
+    return shares / (end - start)
+
+
 def cta_spans(trace: np.ndarray) -> tuple:
     """(each traced CTA's cycles from its first stamp to its last, its blocks stamped)."""
     spans, blocks = [], []
@@ -225,7 +273,7 @@ def row_change(trace: np.ndarray) -> dict | None:
 def report(trace: np.ndarray, kernel_ms: float = math.nan, blocks_per_row: int = 0) -> list:
     """The tool's table, as lines; ``kernel_ms``, the traced main kernel's time, gives the clock;
     ``blocks_per_row`` (uniform indices), the rows' first blocks against the rest."""
-    timer, rows = outside_blocks(trace), row_change(trace)
+    timer, rows, adding = outside_blocks(trace), row_change(trace), ctas_adding(trace)
     trace = trace[:, :, :CLOCK_EVENTS]
     lines = []
     period = periods(trace)
@@ -282,6 +330,12 @@ def report(trace: np.ndarray, kernel_ms: float = math.nan, blocks_per_row: int =
                                  f"{cycles.mean():7.0f}")
     neither, one, both = adds_overlap(trace)
     lines.append(f"dKV adds under way: neither warpgroup {neither:.1%}, one {one:.1%}, both {both:.1%} of the traced time")
+    if adding is not None:
+        n = adding.size - 1
+        counts = np.arange(n + 1)
+        quarters = ", ".join(f"fewer than {q * n // 4} {np.sum(adding[counts < q * n // 4]):.1%}" for q in (1, 2, 3))
+        lines.append(f"CTAs with adds under way at once, of {n}: mean {np.dot(counts, adding):.1f}; share of the kernel's "
+                     f"time with {quarters}")
     return lines
 
 

@@ -879,8 +879,16 @@ def test_block_timeline_calibrates_the_clock_and_finds_time_outside_the_blocks()
     assert any("exit from 3.6 us to 4.0 us" in line and "kernel of 4.0 us" in line for line in lines), lines
     # The timer's events are not clock cycles: the CTAs' spans are the blocks' alone.
     assert any("slowest CTA 4150 cycles" in line for line in lines), lines
+    # On the timer, each CTA adds over [10600, 11100] + 1000 b cycles: CTA 0 over [5800, 6050] + 500 b
+    # ns, CTA 1 400 ns later. Both at once over [6300, 6450], [6800, 6950] and [7300, 7450]; the
+    # kernel runs from CTA 0's entry (5000) to CTA 1's last exit (8975).
+    assert tool.ctas_adding(_synthetic_timeline()) is None
+    adding = tool.ctas_adding(trace)
+    assert adding * 3975 == pytest.approx([3975 - 1100 - 450, 2 * 1000 - 2 * 450, 450])
+    assert any("of 2: mean 0.5" in line for line in lines), lines
     trace[1, 0, 31] = 0  # a CTA with an exit unstamped is left out
     assert tool.outside_blocks(trace)["mhz"].size == 1
+    assert tool.ctas_adding(trace).size == 2
 
 
 def test_block_timeline_walks_a_rows_change_step_by_step():
