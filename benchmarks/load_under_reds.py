@@ -16,7 +16,8 @@ few hundred cycles, in clock64 cycles from issue to use; or the same words by a 
 idle GPU), every other CTA busy and three in four (an idle CTA's probe sees the L2 loaded by the
 busy ones, without reductions of its own SM ahead of it), every CTA busy (the main kernel's case).
 Per launch, the medians and 90th percentiles over every CTA's probes, the busy CTAs' and the idle
-CTAs' apart.
+CTAs' apart, and the launch's rate of reductions (the busy warps' lines over its time; the probes
+end well before the reductions do).
 """
 
 import argparse
@@ -136,11 +137,15 @@ def run(iterations: int, probes: int) -> None:
         torch.cuda.synchronize()
         result = out.cpu().numpy()
         busy = result[:, probes].astype(bool)
+        ms = start.elapsed_time(end)
+        # The L2's rate of reductions: the busy warps' lines over the launch (probes end first).
+        rate = int(busy.sum()) * 7 * iterations * 256 / (ms * 1e-3) / 1e12
         for label, sel in (("busy CTAs", busy), ("idle CTAs", ~busy)):
             if sel.any():
                 cycles = result[sel, :probes].ravel()
                 print(f"  {name:<24} {label:<10} {'bulk copy' if bulk else 'load':<9} {np.median(cycles):6.0f} cycles median, "
-                      f"p90 {np.percentile(cycles, 90):7.0f}, max {cycles.max():7.0f}  ({start.elapsed_time(end):.2f} ms)")
+                      f"p90 {np.percentile(cycles, 90):7.0f}, max {cycles.max():7.0f}  ({ms:.2f} ms, reductions "
+                      f"{rate:.2f} TB/s)")
 
 
 def main():
