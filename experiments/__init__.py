@@ -339,11 +339,25 @@
                             (48/60); the compile tests (a new SASS test of the claim's atomic, which
                             the product's atomicAdd fails) and tests/wide_handoffs.py's model (the
                             post after PDS_READY) pass with it. The same bits expected (no output
-                            depends on which CTA takes an item). To time, then run the GPU suite:
+                            depends on which CTA takes an item). To time (with scales_with_gather,
+                            below), then run the GPU suite:
 
-        bash scripts/ab-packages.sh experiments/claim_ahead.patch
-        python benchmarks/package_ab.py --against .ab/claim_ahead/mqa_bwd --shape B=1,S=4096,S_kv=8192,H=64,L=2048 \
-            --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
+  scales_with_gather.patch  READY TO TIME (not yet run on a GPU), beside claim_ahead (they apply
+                            together). A valid slot's row scale comes by a 4-byte cp.async into its
+                            slot word, in the group of the block's second gather part, where the
+                            product loads RowScale[row] after the slot's index and stores it: a
+                            second dependent round trip on warpgroup 0's path to its gather barrier,
+                            each some 1,300 cycles longer behind the SM's reductions. Every reader of
+                            the scale comes after that group's wait (the masked exp2 after the
+                            second part's barrier; warpgroup 1 after PDS_READY); an invalid slot's
+                            -0.0 is still a plain store. ptxas: one LDG fewer, spills as the
+                            product's. Its compile test (the copy, and no load of the scale) and the
+                            CPU suites pass. warpgroup 0 and 1 are balanced (the thirty-second
+                            session), so a cut to warpgroup 0 alone may move little. Both at once:
+
+        bash scripts/ab-packages.sh experiments/claim_ahead.patch experiments/scales_with_gather.patch
+        python benchmarks/package_ab.py --against .ab/claim_ahead/mqa_bwd --against .ab/scales_with_gather/mqa_bwd \
+            --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
 
 git history holds the others (unscaled_peaks.patch, the lanes' peaks of |x| scaled once a block
 in ws_add_bounds, became the product's in the thirty-sixth session and is at 349ecd0;
