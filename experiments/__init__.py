@@ -352,8 +352,8 @@
                             second part's barrier; warpgroup 1 after PDS_READY); an invalid slot's
                             -0.0 is still a plain store. ptxas: one LDG fewer, spills as the
                             product's. Its compile test (the copy, and no load of the scale) and the
-                            CPU suites pass. warpgroup 0 and 1 are balanced (the thirty-second
-                            session), so a cut to warpgroup 0 alone may move little. Both at once:
+                            CPU suites pass. The warpgroups are balanced (thirty-second session),
+                            so a cut to warpgroup 0 alone may move little. Both at once:
 
         bash scripts/ab-packages.sh experiments/claim_ahead.patch experiments/scales_with_gather.patch
         python benchmarks/package_ab.py --against .ab/claim_ahead/mqa_bwd --against .ab/scales_with_gather/mqa_bwd \
