@@ -35,9 +35,10 @@ import numpy as np
 
 #: Events (wide.py in the patch): warpgroup 0's block starts (0), after its KV_FREE wait (1), the
 #: gather landed (2), S done (3; dP's last GEMM may still run), dQ's GEMM issued (4), after its
-#: PDS_FREE wait (5), P and dS handed over (6), its chunk GEMMs done (7), its adds done (8); warpgroup 1's block starts (9),
-#: after its PDS_READY wait (10), after its KV_FREE arrival (11), its first pair's adds done (12),
-#: after its PEAKS_READY wait and PDS_FREE arrival (13), its chunks done (14), its bounds done (15).
+#: PDS_FREE wait (5), P and dS handed over (6), its chunk GEMMs done (7), its adds done (8);
+#: warpgroup 1's block starts (9), after its PDS_READY wait (10), after its KV_FREE arrival (11),
+#: its first pair's adds done (12), after its PEAKS_READY wait and PDS_FREE arrival (13), its
+#: chunks done (14), its bounds done (15).
 #: Phases: (warpgroup, name, first event, last event, whether the last is the next block's).
 PHASES = (
     (0, "wait for KV_FREE", 0, 1, False),
@@ -148,11 +149,8 @@ def adds_overlap(trace: np.ndarray) -> tuple:
         if stamped.size == 0:
             continue
         lo, hi = int(stamped.min()), int(stamped.max())
-        edges = []  # (time, +1 opens a span, -1 closes one)
-        for first, last in ADDS_SPANS.values():
-            ok = (cta[:, first] != 0) & (cta[:, last] != 0)
-            edges += [(int(t), 1) for t in cta[ok, first]] + [(int(t), -1) for t in cta[ok, last]]
-        edges.sort()
+        # (time, +1 opens a span, -1 closes one)
+        edges = sorted(edge for start, end in _adds_spans(cta) for edge in ((start, 1), (end, -1)))
         depth, now = 0, lo
         for t, step in edges:
             totals[min(depth, 2)] += t - now
@@ -162,20 +160,42 @@ def adds_overlap(trace: np.ndarray) -> tuple:
     return tuple(totals / whole) if whole else (float("nan"),) * 3
 
 
-def _adds_intervals(cta: np.ndarray) -> list:
-    """A CTA's [start, end) clock64 intervals in which some warpgroup is within its span of adds
-    (ADDS_SPANS), merged."""
+def _adds_spans(cta: np.ndarray) -> list:
+    """A CTA's [(start, end)] clock64 spans of adds (ADDS_SPANS), each warpgroup's in each block
+    where both ends are stamped."""
     spans = []
     for first, last in ADDS_SPANS.values():
         ok = (cta[:, first] != 0) & (cta[:, last] != 0)
         spans += list(zip(cta[ok, first].tolist(), cta[ok, last].tolist()))
+    return spans
+
+
+def _adds_intervals(cta: np.ndarray) -> list:
+    """A CTA's [start, end) clock64 intervals in which some warpgroup is within its span of adds,
+    merged."""
     merged = []
-    for lo, hi in sorted(spans):
+    for lo, hi in sorted(_adds_spans(cta)):
         if merged and lo <= merged[-1][1]:
             merged[-1][1] = max(merged[-1][1], hi)
         else:
             merged.append([lo, hi])
     return merged
+
+
+def _timer_stamps(trace: np.ndarray) -> tuple | None:
+    """(CTAs with an entry and both exits stamped, as a mask; and for those, their entry's clock64
+    and ns, their last exit's clock64 and ns), or None where the trace has no timer stamps or no
+    such CTA."""
+    if trace.shape[2] <= max(max(EXIT_EVENTS.values())):
+        return None
+    head = trace[:, 0]
+    entered = (head[:, ENTRY_EVENTS[0]] != 0) & (head[:, ENTRY_EVENTS[1]] != 0)
+    exits = np.stack([head[:, list(pair)] for pair in EXIT_EVENTS.values()])  # [warpgroup, CTA, (clock, ns)]
+    done = entered & (exits != 0).all(axis=(0, 2))
+    if not done.any():
+        return None
+    return (done, head[done, ENTRY_EVENTS[0]], head[done, ENTRY_EVENTS[1]], exits[:, done, 0].max(axis=0),
+            exits[:, done, 1].max(axis=0))
 
 
 def ctas_adding(trace: np.ndarray) -> np.ndarray | None:
@@ -184,21 +204,17 @@ def ctas_adding(trace: np.ndarray) -> np.ndarray | None:
     the global timer by its own entry and exit stamps (outside_blocks' rate); None where the trace
     has no timer stamps. The L2 takes its reductions at its full rate from about half the SMs
     (benchmarks/load_under_reds.py): the time with fewer adding is time it may idle."""
-    if trace.shape[2] <= max(max(EXIT_EVENTS.values())):
+    stamps = _timer_stamps(trace)
+    if stamps is None:
         return None
-    head = trace[:, 0]
-    exits = np.stack([head[:, list(pair)] for pair in EXIT_EVENTS.values()])
-    done = (head[:, ENTRY_EVENTS[0]] != 0) & (head[:, ENTRY_EVENTS[1]] != 0) & (exits != 0).all(axis=(0, 2))
-    if not done.any():
-        return None
+    done, clocks_in, ns_ins, clocks_out, ns_outs = stamps
     edges = []
-    for c in np.flatnonzero(done):
-        clock_in, ns_in = int(head[c, ENTRY_EVENTS[0]]), int(head[c, ENTRY_EVENTS[1]])
-        clock_out, ns_out = int(exits[:, c, 0].max()), int(exits[:, c, 1].max())
+    for c, clock_in, ns_in, clock_out, ns_out in zip(np.flatnonzero(done), clocks_in.tolist(), ns_ins.tolist(),
+                                                     clocks_out.tolist(), ns_outs.tolist()):
         ns_per_cycle = (ns_out - ns_in) / (clock_out - clock_in)
         for lo, hi in _adds_intervals(trace[c, :, :CLOCK_EVENTS]):
             edges += [(ns_in + (lo - clock_in) * ns_per_cycle, 1), (ns_in + (hi - clock_in) * ns_per_cycle, -1)]
-    start, end = float(head[done, ENTRY_EVENTS[1]].min()), float(exits[:, done, 1].max())
+    start, end = float(ns_ins.min()), float(ns_outs.max())
     shares = np.zeros(int(done.sum()) + 1)
     depth, now = 0, start
     for t, step in sorted(edges):
@@ -237,16 +253,10 @@ def outside_blocks(trace: np.ndarray) -> dict | None:
     in MHz (cycles over nanoseconds from its entry to its last exit), its cycles from entry to its
     first block's start and from its last block stamp to its exit, and in microseconds from the
     earliest CTA entry: each CTA's entry and exit."""
-    if trace.shape[2] <= max(max(EXIT_EVENTS.values())):
+    stamps = _timer_stamps(trace)
+    if stamps is None:
         return None
-    head = trace[:, 0]
-    entered = (head[:, ENTRY_EVENTS[0]] != 0) & (head[:, ENTRY_EVENTS[1]] != 0)
-    exits = np.stack([head[:, list(pair)] for pair in EXIT_EVENTS.values()])  # [warpgroup, CTA, (clock, ns)]
-    done = entered & (exits != 0).all(axis=(0, 2))
-    if not done.any():
-        return None
-    clock_in, ns_in = head[done, ENTRY_EVENTS[0]], head[done, ENTRY_EVENTS[1]]
-    clock_out, ns_out = exits[:, done, 0].max(axis=0), exits[:, done, 1].max(axis=0)
+    done, clock_in, ns_in, clock_out, ns_out = stamps
     blocks = trace[done, :, :CLOCK_EVENTS]
     first_start = blocks[:, 0, PERIOD_EVENT[0]]
     last_stamp = np.where(blocks != 0, blocks, np.iinfo(np.int64).min).max(axis=(1, 2))

@@ -423,7 +423,8 @@ def test_main_kernel_spills_within_its_spill_budget(config):
 #: claim their items (thirty-third session: no count of a CTA's items stays live), 40 and 48 at one
 #: tile, 44 and 56 at two; since the peaks are of |x|, scaled in the bounds (thirty-fifth session:
 #: 79 FMUL fewer, faster in two A/B runs), 48 and 60 at one tile, 52 and 68 at two. Their
-#: corrections launch (no dQ, so far fewer live values) spills nothing. The int64 redo (fixed), launched on every call but run only where a lanes bound
+#: corrections launch (no dQ, so far fewer live values) spills nothing. The int64 redo (fixed),
+#: launched on every call but run only where a lanes bound
 #: failed, spilled 4/4 bytes at one tile and at two; with the claims 8/8 and 4/8; with dQ stored in
 #: whole lines (thirty-fifth session; the lanes' unchanged) 8/16 at two tiles, not timed alone.
 SPILL_BUDGET = {(64, 576, "lanes", 1): {"spill_stores": 48, "spill_loads": 60, "stack": 32},
