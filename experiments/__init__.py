@@ -322,44 +322,30 @@
         python benchmarks/package_ab.py --against .ab/bias_free_words/mqa_bwd \
             --against .ab/no_bias_adds/mqa_bwd --shapes dsv32,fleet --trace 2
 
-  claim_ahead.patch         READY TO TIME (not yet run on a GPU). The claim of a CTA's next item in
-                            a row's last block in two steps: warpgroup 0's thread 0 issues the
-                            atomic after the block's KV_FREE wait (ws_claim_issue) and posts the
-                            item after the block's PDS_READY arrival (ws_claim_post), where the
-                            product's ws_claim_item waits for the atomic where it issues it. The
-                            product's atomicAdd is warp-aggregated by ptxas (ATOMG.E.ADD, then a
-                            SHFL of its result 4 instructions later), so warp 0 waits out the round
-                            trip, some 1,300-1,600 cycles behind the SM's reductions
-                            (load_under_reds.py), before the block's gather barrier; the patch's
-                            atomic is an increment that wraps at 2^31 - 1, which ptxas does not
-                            aggregate: its result is first read 1,016 SASS instructions later. The
-                            thirty-sixth session's timeline hints at the cost: warpgroup 0's "slots,
-                            gather lands" has a p90 of 3,878 cycles at fleet (a row's last block is
-                            one in ten) against a median of 1,786. ptxas: spills as the product's
-                            (48/60); the compile tests (a new SASS test of the claim's atomic, which
-                            the product's atomicAdd fails) and tests/wide_handoffs.py's model (the
-                            post after PDS_READY) pass with it. The same bits expected (no output
-                            depends on which CTA takes an item). To time (with scales_with_gather,
-                            below), then run the GPU suite:
+  claim_ahead.patch         the claim of a CTA's next item in a row's last block in two steps:
+                            warpgroup 0's thread 0 issues the atomic after the block's KV_FREE
+                            wait (ws_claim_issue) and posts the item after the block's PDS_READY
+                            arrival (ws_claim_post), where the product's ws_claim_item waits for
+                            the atomic where it issues it. The product's atomicAdd is
+                            warp-aggregated by ptxas (ATOMG.E.ADD, then a SHFL of its result 4
+                            instructions later); the patch's atomic is an increment that wraps at
+                            2^31 - 1, which ptxas does not aggregate, its result first read 1,016
+                            SASS instructions later. ptxas: spills as the product's (48/60); the
+                            compile tests (a new SASS test of the claim's atomic) and
+                            tests/wide_handoffs.py's model (the post after PDS_READY) pass with
+                            it. The same bits, and no faster on an H100 (thirty-seventh session,
+                            two runs, det's main kernel: 7.186, 7.224 ms against the product's
+                            7.244, 7.207 at dsv32 H=64; 4.927, 4.938 against 4.896, 4.867 at
+                            fleet): the claim's round trip is not on the block's critical path.
+                            On the thirty-seventh session's product:
 
-  scales_with_gather.patch  READY TO TIME (not yet run on a GPU), beside claim_ahead (they apply
-                            together). A valid slot's row scale comes by a 4-byte cp.async into its
-                            slot word, in the group of the block's second gather part, where the
-                            product loads RowScale[row] after the slot's index and stores it: a
-                            second dependent round trip on warpgroup 0's path to its gather barrier,
-                            each some 1,300 cycles longer behind the SM's reductions. Every reader of
-                            the scale comes after that group's wait (the masked exp2 after the
-                            second part's barrier; warpgroup 1 after PDS_READY); an invalid slot's
-                            -0.0 is still a plain store. ptxas: one LDG fewer, spills as the
-                            product's. Its compile test (the copy, and no load of the scale) and the
-                            CPU suites pass. The warpgroups are balanced (thirty-second session),
-                            so a cut to warpgroup 0 alone may move little. Both at once:
-
-        bash scripts/ab-packages.sh experiments/claim_ahead.patch experiments/scales_with_gather.patch
-        python benchmarks/package_ab.py --against .ab/claim_ahead/mqa_bwd --against .ab/scales_with_gather/mqa_bwd \
+        bash scripts/ab-packages.sh experiments/claim_ahead.patch
+        python benchmarks/package_ab.py --against .ab/claim_ahead/mqa_bwd \
             --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
 
-git history holds the others (unscaled_peaks.patch, the lanes' peaks of |x| scaled once a block
+git history holds the others (scales_with_gather.patch, a valid slot's row scale by a 4-byte
+cp.async in the block's second gather group, became the product's in the thirty-seventh session
+and is at 9c3310e; unscaled_peaks.patch, the lanes' peaks of |x| scaled once a block
 in ws_add_bounds, became the product's in the thirty-sixth session and is at 349ecd0;
 dq_whole_lines.patch, dQ stored in whole 128-byte lines, became
 the product's ws_store_dq in the thirty-fifth session and is at 7fade46;

@@ -447,6 +447,17 @@ def test_every_kv_gather_copy_can_read_nothing(config):
     assert not unguarded, f"{_id(config)}: cp.async without a source size: {unguarded[:3]}"
 
 
+@pytest.mark.parametrize("config", [c for c in WIDE_CONFIGS if c.accumulate == "lanes"], ids=_id)
+def test_lanes_slot_scales_come_with_the_gather(config):
+    # A valid slot's row scale is copied into the slot's word by cp.async (ws_lanes_store_slot), in
+    # the group of the block's gather, not loaded into a register and stored: a load would be a
+    # second round trip after the slot's index on warpgroup 0's path. One copy site a kernel.
+    ptx = _ptx(config)
+    assert len(re.findall(r"cp\.async\.ca\.shared\.global \[%r\d+\], \[%rd\d+\], 4, 4;", ptx)) == 1, _id(config)
+    source = K.compiled(config).get_kernel_source()
+    assert "row_scale[row]" not in source[source.index("ws_lanes_store_slot("):source.index("ws_row_blocks(")], _id(config)
+
+
 @pytest.mark.parametrize("config", WIDE_CONFIGS, ids=_id)
 def test_wide_tile_forms_p_while_only_dp_gemms_run(config):
     # Warpgroup 0 forms P from S while dP's last GEMM still runs: the wait before the exp2 leaves

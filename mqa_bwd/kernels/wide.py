@@ -157,12 +157,22 @@ __device__ __forceinline__ void ws_red_u64_at(const void* base, unsigned unit, u
 // rows keeps those adds of 0 off one address.
 #define WS_LANES_INVALID (-2147483647 - 1)
 __device__ __forceinline__ bool ws_lanes_valid(int scale_bits) { return scale_bits != WS_LANES_INVALID; }
+// A valid slot's scale comes by cp.async (4 bytes), in the group of the block's gather: a load
+// here would be a second round trip after the slot's index, behind the SM's reductions
+// (benchmarks/load_under_reds.py), on warpgroup 0's path to its gather barrier. Every reader of
+// the scale (the masked exp2, warpgroup 1's adds and bounds) comes after that group's wait.
 __device__ __forceinline__ void ws_lanes_store_slot(void* info, int i, int row, int nkv, int spread, unsigned row_units,
                                                     const float* row_scale) {
   const bool ok = static_cast<unsigned>(row) < static_cast<unsigned>(nkv);
   volatile int* slot = static_cast<volatile int*>(info) + 2 * i;
   slot[0] = static_cast<int>(static_cast<unsigned>(ok ? row : spread % nkv) * row_units);
-  slot[1] = ok ? __float_as_int(row_scale[row]) : WS_LANES_INVALID;
+  if (ok) {
+    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(const_cast<int*>(slot + 1)));
+    // With its source size, as every copy of the kernel states what it reads (a valid row's 4 bytes).
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, 4;" :: "r"(dst), "l"(row_scale + row) : "memory");
+  } else {
+    slot[1] = WS_LANES_INVALID;
+  }
 }
 // A warpgroup's count of its row's blocks up to the last with a valid slot (the blocks after it add
 // nothing, and the wrapper sorts a row's valid slots first, so a causal prefix row skips its empty
