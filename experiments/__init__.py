@@ -322,6 +322,23 @@
         python benchmarks/package_ab.py --against .ab/bias_free_words/mqa_bwd \
             --against .ab/no_bias_adds/mqa_bwd --shapes dsv32,fleet --trace 2
 
+  red_as_f32.patch          ablations of what det sends the L2 (thirty-seventh session; the L2's
+  no_bound_adds.patch       steady throughput under det is 89 % against the control's 93 and
+                            cuDNN's 95 %, benchmarks/l2_timeline.py): red_as_f32 sends each lane
+                            word as red.global.add.v2.f32 of the same 8 bytes at the same address
+                            (wrong dKV: the control's operation on det's traffic); no_bound_adds
+                            never takes the Bound adds (one 8-byte atomic a valid slot a block),
+                            the same bits wherever no bound fails. On an H100, two runs, det's main
+                            kernel: red_as_f32 7.182, 7.162 ms against the product's 7.164, 7.173
+                            at dsv32 H=64 and 4.855, 4.856 against 4.856, 4.835 at fleet (the
+                            operation costs nothing); no_bound_adds 7.067, 7.078 and 4.790, 4.806
+                            (the Bound's requests, 1 to 1.4 %). On the thirty-seventh session's
+                            product:
+
+        bash scripts/ab-packages.sh experiments/red_as_f32.patch experiments/no_bound_adds.patch
+        python benchmarks/package_ab.py --against .ab/red_as_f32/mqa_bwd --against .ab/no_bound_adds/mqa_bwd \
+            --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
+
   claim_ahead.patch         the claim of a CTA's next item in a row's last block in two steps:
                             warpgroup 0's thread 0 issues the atomic after the block's KV_FREE
                             wait (ws_claim_issue) and posts the item after the block's PDS_READY

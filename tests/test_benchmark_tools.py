@@ -303,6 +303,49 @@ def test_ncu_stalls_rejects_an_export_without_source_counters(tmp_path):
         _tool("ncu_stalls").read_listing(str(path))
 
 
+def _write_pm_export(path, l2, tensor, interval_us=3):
+    """ncu's raw page of one PM-sampled kernel: the header, the units, the kernel's row, each
+    sampled metric as its total and then its samples in parentheses."""
+    import csv
+
+    tool = _tool("l2_timeline")
+    cell = lambda values: f"{sum(values) / len(values):,.2f} (" + "; ".join(f"{v:g}" for v in values) + ")"
+    with open(path, "w", newline="") as f:
+        writer = csv.writer(f, quoting=csv.QUOTE_ALL)
+        writer.writerow(["ID", "Kernel Name", tool.INTERVAL, tool.L2, tool.TENSOR])
+        writer.writerow(["", "", "us", "%", "%"])
+        writer.writerow(["0", "main_bwd_kernel", f"{interval_us} ({interval_us})", cell(l2), cell(tensor)])
+
+
+def test_l2_timeline_finds_the_span_its_steady_level_ramp_and_tail(tmp_path):
+    # Idle samples around the launch, a ramp of 3 samples, 100 at the steady 90 %, a tail of 2.
+    tool = _tool("l2_timeline")
+    l2 = [0.0, 1.0] + [30.0, 60.0, 80.0] + [89.0, 90.0, 91.0] * 33 + [90.0] + [50.0, 10.0] + [0.0]
+    tensor = [0.0] * 2 + [40.0] * 105 + [0.0]
+    path = tmp_path / "fixed.csv"
+    _write_pm_export(path, l2, tensor)
+    s = tool.summarize(tool.read_samples(str(path)))
+    assert s["samples"] == 105 and s["span_us"] == 315
+    assert s["steady"] == 90.0 and (s["p10"], s["p90"]) == (89.0, 91.0)
+    assert (s["ramp_up_us"], s["tail_us"]) == (9, 6)  # 80 % is under 0.9 x 90 %
+    # The ramp's and the tail's shortfall from 90 %, over the span: (60 + 30 + 10 + 40 + 80) / 105.
+    assert s["ramp_and_tail_cost"] == pytest.approx(220 / 105)
+    assert s["tensor"] == pytest.approx(40.0)
+    assert len(s["bins"]) == tool.BINS and s["bins"][0] < s["bins"][20] == pytest.approx(90.0, abs=1)
+    tool.print_summary("fixed", s)  # the printed form takes what summarize returns
+
+
+def test_l2_timeline_refuses_an_export_without_pm_samples(tmp_path):
+    tool = _tool("l2_timeline")
+    path = tmp_path / "fixed.csv"
+    _write_pm_export(path, [90.0] * 4, [40.0] * 4)
+    path.write_text(path.read_text().replace(tool.L2, "lts__throughput.avg.pct_of_peak_sustained_elapsed"))
+    with pytest.raises(ValueError, match="PmSampling"):
+        tool.read_samples(str(path))
+    with pytest.raises(ValueError, match="instance values"):
+        tool.series("88.5")
+
+
 def test_ncu_stalls_counts_main_launches_per_call():
     tool = _tool("ncu_stalls")
     # two 32-head groups: one wide tile, then its corrections and its gated redo
