@@ -339,6 +339,20 @@
         python benchmarks/package_ab.py --against .ab/red_as_f32/mqa_bwd --against .ab/no_bound_adds/mqa_bwd \
             --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
 
+  single_whole_lines.patch  an ablation (wrong dKV): the unpaired chunk's adds (warpgroup 0's third
+                            at d_k = 576, ws_add_chunk_lanes) as whole 128-byte lines, 2 kv rows x
+                            128 bytes an instruction where the product's cover 4 x 64, the same
+                            bytes (quads k and k ^ 1 add one slot pair's words to both halves of a
+                            line; a quarter of the slots go unadded, as many added twice): what
+                            pairing the ninth chunk would buy at most. On an H100, two runs, det's
+                            main kernel 7.014, 7.018 ms against the product's 7.165, 7.153 at
+                            dsv32 H=64 (-2.0 %), 4.772, 4.763 against 4.884, 4.863 at fleet
+                            (-2.2 %). On the thirty-seventh session's product:
+
+        bash scripts/ab-packages.sh experiments/single_whole_lines.patch
+        python benchmarks/package_ab.py --against .ab/single_whole_lines/mqa_bwd \
+            --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
+
   claim_ahead.patch         the claim of a CTA's next item in a row's last block in two steps:
                             warpgroup 0's thread 0 issues the atomic after the block's KV_FREE
                             wait (ws_claim_issue) and posts the item after the block's PDS_READY
