@@ -111,6 +111,23 @@ def test_load_probe_times_each_load_until_it_lands_beside_whole_line_reductions(
     assert set(tool.MODES) == {0, 1, 2, 3}
 
 
+def test_red_supply_sends_each_form_it_names():
+    # red_supply's rates compare forms by the bytes an instruction carries: each form's instruction
+    # must be in the kernel, fire-and-forget (red, no atom), and FORMS' bytes 32 lanes of it.
+    tool = _tool("red_supply")
+    source = kernels.compile_program(tool.supply_program()).get_kernel_source()
+    ptx = kernels.toolchain._nvcc_source(source, "-ptx", "compute_90a")[0]
+    sent = set(re.findall(r"\b(?:atom|red)\.global\.[a-z0-9.]+", ptx))
+    assert sent == {"red.global.add.u64", "red.global.add.v4.f32", "red.global.add.u32"}, sent
+    lane_bytes = {"u64": 8, "f32x4": 16, "u32": 4}
+    for name, (form, per_instruction) in tool.FORMS.items():
+        assert per_instruction == 32 * lane_bytes[name.split()[0]], name
+        rows, width = (int(x) for x in name.split()[1].split("x"))
+        assert rows * width == per_instruction, name  # whole or half lines of distinct rows
+    assert sorted(form for form, _ in tool.FORMS.values()) == list(range(len(tool.FORMS)))
+    assert tool.ROW_BYTES % 128 == 0
+
+
 def test_fence_probe_issues_reductions_then_each_fence():
     # The probe's numbers mean something only if the reductions are 64-bit
     # fire-and-forget ones (as the main kernel's) and each mode is its fence.
