@@ -134,7 +134,8 @@ def main():
     p.add_argument("--designs", default="fixed,atomic")
     add_shape_arguments(p, repeats=None)
     p.add_argument("--indices", choices=INDEX_PATTERNS, default="uniform", help="the top-k index pattern")
-    p.add_argument("--cudnn-kernel", default="regex:dsa_bwd_sm90", help="ncu's filter for cuDNN's main kernel")
+    p.add_argument("--cudnn-kernel", default="regex:dsa_bwd_sm90F",
+                   help="ncu's filter for cuDNN's main kernel (its other kernels are dsa_bwd_sm90_...)")
     p.add_argument("--out", default=os.environ.get("OUT", "/tmp/l2_timeline"))
     s = sub.add_parser("summarize", help="print what the exports show (anywhere)")
     s.add_argument("exports", nargs="+", help="DESIGN.csv files written by profile")
