@@ -332,7 +332,7 @@
                             kernel: red_as_f32 7.182, 7.162 ms against the product's 7.164, 7.173
                             at dsv32 H=64 and 4.855, 4.856 against 4.856, 4.835 at fleet (the
                             operation costs nothing); no_bound_adds 7.067, 7.078 and 4.790, 4.806
-                            (the Bound's requests, 1 to 1.4 %). On the thirty-seventh session's
+                            (the Bound's requests: 1 to 1.4 %, and 0.5 to 0.9 % in a third run). On the thirty-seventh session's
                             product:
 
         bash scripts/ab-packages.sh experiments/red_as_f32.patch experiments/no_bound_adds.patch
@@ -342,9 +342,9 @@
   single_whole_lines.patch  an ablation (wrong dKV): the unpaired chunk's adds (warpgroup 0's third
                             at d_k = 576, ws_add_chunk_lanes) as whole 128-byte lines, 2 kv rows x
                             128 bytes an instruction where the product's cover 4 x 64, the same
-                            bytes (quads k and k ^ 1 add one slot pair's words to both halves of a
-                            line; a quarter of the slots go unadded, as many added twice): what
-                            pairing the ninth chunk would buy at most. On an H100, two runs, det's
+                            lines (quads k and k ^ 1 add one slot pair's words to both halves of a
+                            line, warps w and w ^ 1 different pairs: each slot's line once, whole):
+                            what pairing the ninth chunk would buy at most. On an H100, two runs, det's
                             main kernel 7.014, 7.018 ms against the product's 7.165, 7.153 at
                             dsv32 H=64 (-2.0 %), 4.772, 4.763 against 4.884, 4.863 at fleet
                             (-2.2 %). On the thirty-seventh session's product:
