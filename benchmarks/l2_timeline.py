@@ -23,9 +23,10 @@ microseconds over the whole launch, in one pass) on the first main launch of the
 import argparse
 import os
 import shlex
-import statistics
 import subprocess
 import sys
+
+import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
@@ -64,11 +65,6 @@ def read_samples(path: str) -> dict:
             "interval_us": number(row[INTERVAL].split("(")[0])}
 
 
-def _percentile(values: list[float], q: float) -> float:
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
-
-
 def summarize(samples: dict) -> dict:
     l2, tensor, dt = samples["l2"], samples["tensor"], samples["interval_us"]
     active = [i for i, v in enumerate(l2) if v >= ACTIVE]
@@ -78,7 +74,7 @@ def summarize(samples: dict) -> dict:
     span = l2[first:last + 1]
     n = len(span)
     middle = span[n // 10:n - n // 10] or span
-    steady = statistics.median(middle)
+    steady = float(np.median(middle))
     up = next(i for i, v in enumerate(span) if v >= NEAR * steady)
     down = n - 1 - next(i for i, v in enumerate(reversed(span)) if v >= NEAR * steady)
     mean = sum(span) / n
@@ -87,7 +83,8 @@ def summarize(samples: dict) -> dict:
     bins = [sum(part) / len(part) for part in (span[k * n // BINS:(k + 1) * n // BINS] for k in range(BINS)) if part]
     return {
         "kernel": samples["kernel"], "interval_us": dt, "samples": n, "span_us": n * dt,
-        "mean": mean, "steady": steady, "p10": _percentile(middle, 0.1), "p90": _percentile(middle, 0.9),
+        "mean": mean, "steady": steady, "p10": float(np.percentile(middle, 10)),
+        "p90": float(np.percentile(middle, 90)),
         "ramp_up_us": up * dt, "tail_us": (n - 1 - down) * dt, "ramp_and_tail_cost": lost,
         "tensor": sum(tensor[first:last + 1]) / n if len(tensor) == len(l2) else float("nan"), "bins": bins,
     }
