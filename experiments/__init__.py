@@ -353,6 +353,21 @@
         python benchmarks/package_ab.py --against .ab/single_whole_lines/mqa_bwd \
             --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
 
+  pair_as_v4.patch          an ablation (wrong dKV), built and compiled, not run: the chunk pairs'
+                            adds (ws_add_pair_lanes, both warpgroups) as two red.global.add.v4.f32 a
+                            slot group where the product sends four red.global.add.u64: 16 bytes a
+                            lane, 4 kv rows x 128 bytes an instruction, the same lines and bytes,
+                            half the add instructions. Whether fewer, wider adds raise the L2's
+                            level under det (89-90 % against cuDNN's 95, benchmarks/l2_timeline.py),
+                            beside benchmarks/red_supply.py's answer to the same question on a probe.
+                            ptxas at d_k = 576: 20/36 bytes spilled. In one call with red_supply:
+
+        bash scripts/ab-packages.sh experiments/pair_as_v4.patch
+        python benchmarks/red_supply.py --senders 1,2,3,4,8
+        python benchmarks/package_ab.py --against .ab/pair_as_v4/mqa_bwd \
+            --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
+        (cd .ab/pair_as_v4 && PYTHONPATH=/tmp/site:$PWD python3 ../../benchmarks/l2_timeline.py profile --designs fixed)
+
   claim_ahead.patch         the claim of a CTA's next item in a row's last block in two steps:
                             warpgroup 0's thread 0 issues the atomic after the block's KV_FREE
                             wait (ws_claim_issue) and posts the item after the block's PDS_READY
