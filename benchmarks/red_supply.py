@@ -1,6 +1,6 @@
 """How fast a few warps an SM feed the L2's reductions, by the form of their add instructions (GPU).
 
-    python benchmarks/red_supply.py [--senders 1,2,4,8] [--mib 2]     # GPU
+    python benchmarks/red_supply.py [--senders 1,2,4,8] [--mib 2] [--burst 16 --gap 2000]   # GPU
     python benchmarks/red_supply.py --compile-only                     # CPU: nvcc only
 
 A question from benchmarks/l2_timeline.py (docs/performance-log.md, thirty-seventh session): the
@@ -20,6 +20,9 @@ a 192 MiB buffer, whole or half 128-byte lines as the kernels send them:
   f32x4 4x128  red.global.add.v4.f32, 4 rows x 128 bytes (cuDNN's adds)
   f32x4 8x64   red.global.add.v4.f32, 8 rows x 64 bytes (the atomic control's)
   u32 1x128    red.global.add.u32, 1 row x 128 bytes
+
+With --burst and --gap, each sender stops for ``gap`` clock cycles after every ``burst``
+instructions, as the kernels' warps stop to run their GEMMs between a chunk pair's adds.
 
 Printed: the L2's rate of reductions (TB/s) for each form and count of senders.
 """
@@ -59,10 +62,11 @@ __device__ __forceinline__ void supply_send(char* buf, int form, unsigned h, int
     asm volatile("red.global.add.u32 [%0], 1;" :: "l"(p) : "memory");
   }
 }
-// Warps [0, senders) of the CTA send `steps` instructions of `form` each; thread 0 marks the CTA
-// in `ran` (the grid's size comes from that tensor's).
+// Warps [0, senders) of the CTA send `steps` instructions of `form` each, pausing `gap` cycles after
+// every `burst` (burst 0: no pause); thread 0 marks the CTA in `ran` (the grid's size comes from
+// that tensor's).
 __device__ __forceinline__ void supply_body(const void* buf_, const void* ran, int rows, int form, int senders, int steps,
-                                            int cta) {
+                                            int burst, int gap, int cta) {
   const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
   if (t == 0) const_cast<int*>(static_cast<const int*>(ran))[cta] = 1;
   if (warp >= senders) return;
@@ -71,6 +75,10 @@ __device__ __forceinline__ void supply_body(const void* buf_, const void* ran, i
   for (int i = 0; i < steps; ++i) {
     h = h * 1664525u + 1013904223u;
     supply_send(buf, form, h, rows, lane);
+    if (burst > 0 && (i + 1) % burst == 0) {
+      const long long until = clock64() + gap;
+      while (clock64() < until) {}
+    }
   }
 }
 """
@@ -82,32 +90,33 @@ def supply_program():
 
     @T.prim_func
     def supply(Buf: T.Tensor((N,), "int64"), Ran: T.Tensor((CTAS,), "int32"), rows: T.int32, form: T.int32,
-               senders: T.int32, steps: T.int32):
+               senders: T.int32, steps: T.int32, burst: T.int32, gap: T.int32):
         with T.Kernel(CTAS, threads=256) as cta:
             T.import_source(SUPPLY_SOURCE)
-            T.call_extern("handle", "supply_body", Buf.data, Ran.data, rows, form, senders, steps, cta)
+            T.call_extern("handle", "supply_body", Buf.data, Ran.data, rows, form, senders, steps, burst, gap, cta)
 
     return supply
 
 
-def run(senders: list, mib: float) -> None:
+def run(senders: list, mib: float, burst: int, gap: int) -> None:
     import torch
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = (192 << 20) // ROW_BYTES
     kernel = K.compile_program(supply_program())
     buf = torch.zeros((rows * ROW_BYTES // 8,), dtype=torch.int64, device="cuda")
-    print(f"{sms} CTAs of 8 warps; each sender sends {mib:g} MiB; L2 reductions in TB/s")
+    pause = f", pausing {gap} cycles every {burst} instructions" if burst else ""
+    print(f"{sms} CTAs of 8 warps; each sender sends {mib:g} MiB{pause}; L2 reductions in TB/s")
     print(f"{'form':<12}" + "".join(f"{n:>4} warp{'s' if n > 1 else ' '}" for n in senders))
     for name, (form, per_instruction) in FORMS.items():
         steps = int(mib * (1 << 20)) // per_instruction
         rates = []
         for n in senders:
             ran = torch.zeros((sms,), dtype=torch.int32, device="cuda")
-            kernel(buf, ran, rows, form, n, steps)  # warm-up
+            kernel(buf, ran, rows, form, n, steps, burst, gap)  # warm-up
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             start.record()
-            kernel(buf, ran, rows, form, n, steps)
+            kernel(buf, ran, rows, form, n, steps, burst, gap)
             end.record()
             torch.cuda.synchronize()
             if int(ran.sum()) != sms:
@@ -121,8 +130,12 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--senders", default="1,2,4,8", help="warps of each CTA that send, a run each")
     parser.add_argument("--mib", type=float, default=2.0, help="MiB each sending warp adds")
+    parser.add_argument("--burst", type=int, default=0, help="instructions a sender sends between pauses (0: none)")
+    parser.add_argument("--gap", type=int, default=2000, help="clock cycles of each pause")
     parser.add_argument("--compile-only", action="store_true", help="build the kernel for sm_90a and stop (CPU)")
     a = parser.parse_args()
+    if a.burst < 0 or a.gap < 0:
+        raise ValueError(f"--burst {a.burst}, --gap {a.gap}: neither may be negative")
     if a.compile_only:
         source = K.compile_program(supply_program()).get_kernel_source()
         print(K.ptxas_info_of_source(source, "red_supply"))
@@ -130,7 +143,7 @@ def main():
     senders = [int(n) for n in a.senders.split(",")]
     if not senders or any(n < 1 or n > 8 for n in senders):
         raise ValueError(f"--senders: {a.senders!r}: each between 1 and 8")
-    run(senders, a.mib)
+    run(senders, a.mib, a.burst, a.gap)
 
 
 if __name__ == "__main__":

@@ -126,6 +126,7 @@ def test_red_supply_sends_each_form_it_names():
         assert rows * width == per_instruction, name  # whole or half lines of distinct rows
     assert sorted(form for form, _ in tool.FORMS.values()) == list(range(len(tool.FORMS)))
     assert tool.ROW_BYTES % 128 == 0
+    assert "%clock64" in ptx, "the pauses between bursts (--burst, --gap) time themselves on the SM's clock"
 
 
 def test_fence_probe_issues_reductions_then_each_fence():
