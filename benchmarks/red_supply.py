@@ -44,21 +44,21 @@ __device__ __forceinline__ unsigned long long supply_row(unsigned h, int g, int 
 }
 // One warp instruction of `form` at step hash h: the byte offset of this lane's piece.
 __device__ __forceinline__ void supply_send(char* buf, int form, unsigned h, int rows, int lane) {
-  const unsigned line = (h >> 7) % 18u;
+  const unsigned line = (h >> 7) % LINES_A_ROWu;
   if (form == 0) {         // u64, 2 rows x 128 bytes
-    char* p = buf + supply_row(h, lane >> 4, rows) * 2304 + line * 128 + (lane & 15) * 8;
+    char* p = buf + supply_row(h, lane >> 4, rows) * ROW_BYTES + line * 128 + (lane & 15) * 8;
     asm volatile("red.global.add.u64 [%0], 1;" :: "l"(p) : "memory");
   } else if (form == 1) {  // u64, 4 rows x 64 bytes
-    char* p = buf + supply_row(h, lane >> 3, rows) * 2304 + line * 128 + ((h >> 3) & 1) * 64 + (lane & 7) * 8;
+    char* p = buf + supply_row(h, lane >> 3, rows) * ROW_BYTES + line * 128 + ((h >> 3) & 1) * 64 + (lane & 7) * 8;
     asm volatile("red.global.add.u64 [%0], 1;" :: "l"(p) : "memory");
   } else if (form == 2) {  // f32x4, 4 rows x 128 bytes
-    char* p = buf + supply_row(h, lane >> 3, rows) * 2304 + line * 128 + (lane & 7) * 16;
+    char* p = buf + supply_row(h, lane >> 3, rows) * ROW_BYTES + line * 128 + (lane & 7) * 16;
     asm volatile("red.global.add.v4.f32 [%0], {%1, %1, %1, %1};" :: "l"(p), "f"(1.0f) : "memory");
   } else if (form == 3) {  // f32x4, 8 rows x 64 bytes
-    char* p = buf + supply_row(h, lane >> 2, rows) * 2304 + line * 128 + ((h >> 3) & 1) * 64 + (lane & 3) * 16;
+    char* p = buf + supply_row(h, lane >> 2, rows) * ROW_BYTES + line * 128 + ((h >> 3) & 1) * 64 + (lane & 3) * 16;
     asm volatile("red.global.add.v4.f32 [%0], {%1, %1, %1, %1};" :: "l"(p), "f"(1.0f) : "memory");
   } else {                 // u32, 1 row x 128 bytes
-    char* p = buf + supply_row(h, 0, rows) * 2304 + line * 128 + lane * 4;
+    char* p = buf + supply_row(h, 0, rows) * ROW_BYTES + line * 128 + lane * 4;
     asm volatile("red.global.add.u32 [%0], 1;" :: "l"(p) : "memory");
   }
 }
@@ -81,7 +81,7 @@ __device__ __forceinline__ void supply_body(const void* buf_, const void* ran, i
     }
   }
 }
-"""
+""".replace("ROW_BYTES", str(ROW_BYTES)).replace("LINES_A_ROW", str(LINES_A_ROW))
 
 
 def supply_program():

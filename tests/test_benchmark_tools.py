@@ -125,7 +125,7 @@ def test_red_supply_sends_each_form_it_names():
         rows, width = (int(x) for x in name.split()[1].split("x"))
         assert rows * width == per_instruction, name  # whole or half lines of distinct rows
     assert sorted(form for form, _ in tool.FORMS.values()) == list(range(len(tool.FORMS)))
-    assert tool.ROW_BYTES % 128 == 0
+    assert "* 2304 +" in source and "% 18u" in source  # rows of d_k = 576 4-byte columns, 18 lines each
     assert "%clock64" in ptx, "the pauses between bursts (--burst, --gap) time themselves on the SM's clock"
 
 
