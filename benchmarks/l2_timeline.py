@@ -17,7 +17,8 @@ microseconds over the whole launch, in one pass) on the first main launch of the
 - the ramp up and the tail: how long the L2 takes to reach 90 % of that level, and how long
   it stays below it at the end, with the share of the span's mean they cost;
 - the tensor pipe's mean activity over the span;
-- the span cut into 40 bins, each bin's mean L2 throughput.
+- the span cut into 40 equal parts (fewer where it has fewer samples), each part's mean L2
+  throughput.
 """
 
 import argparse
@@ -73,6 +74,8 @@ def summarize(samples: dict) -> dict:
     first, last = active[0], active[-1]
     span = l2[first:last + 1]
     n = len(span)
+    if any(v != v for v in span):  # NaN: ncu wrote "n/a" for a sample inside the launch
+        raise ValueError(f"{sum(v != v for v in span)} of the launch's {n} samples have no value")
     middle = span[n // 10:n - n // 10] or span
     steady = float(np.median(middle))
     up = next(i for i, v in enumerate(span) if v >= NEAR * steady)
@@ -95,7 +98,7 @@ def print_summary(name: str, s: dict) -> None:
     print(f"  L2 throughput: mean {s['mean']:.1f} %, steady {s['steady']:.1f} % (p10 {s['p10']:.1f}, p90 {s['p90']:.1f})")
     print(f"  ramp up {s['ramp_up_us']:.0f} us, tail {s['tail_us']:.0f} us: {s['ramp_and_tail_cost']:.1f} points of the mean")
     print(f"  tensor pipe active {s['tensor']:.1f} %")
-    print("  L2 % by fortieth of the span: " + " ".join(f"{v:.0f}" for v in s["bins"]))
+    print(f"  L2 % in {len(s['bins'])} equal parts of the span: " + " ".join(f"{v:.0f}" for v in s["bins"]))
 
 
 def profile(design: str, a) -> str:

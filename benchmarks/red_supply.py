@@ -1,6 +1,6 @@
 """How fast a few warps an SM feed the L2's reductions, by the form of their add instructions (GPU).
 
-    python benchmarks/red_supply.py [--senders 1,2,4,8] [--mib 2] [--burst 16 --gap 2000]   # GPU
+    python benchmarks/red_supply.py [--senders 1,2,4,8] [--mib 2] [--kv-rows 8192] [--burst 16 --gap 2000]   # GPU
     python benchmarks/red_supply.py --compile-only                     # CPU: nvcc only
 
 A question from benchmarks/l2_timeline.py (docs/performance-log.md, thirty-seventh session): the
@@ -13,7 +13,9 @@ is counted in instructions rather than bytes, 8-byte lanes feed the L2 half as m
 
 One CTA of 256 threads an SM; ``senders`` of its 8 warps send reductions as fast as they issue,
 each the same bytes (--mib), to rows of 2304 bytes (a d_k = 576 row of 4-byte columns) hashed over
-a 192 MiB buffer, whole or half 128-byte lines as the kernels send them:
+--kv-rows rows: 8192 by default, the bench shapes' dKV (18 MiB), which stays in the L2 as the
+kernels' does (a buffer past the L2's 50 MB would time the DRAM's write-backs instead), whole or
+half 128-byte lines as the kernels send them:
 
   u64 2x128    red.global.add.u64, 2 rows x 128 bytes an instruction (the lanes' chunk pairs)
   u64 4x64     red.global.add.u64, 4 rows x 64 bytes (the lanes' unpaired chunk)
@@ -98,15 +100,15 @@ def supply_program():
     return supply
 
 
-def run(senders: list, mib: float, burst: int, gap: int) -> None:
+def run(senders: list, mib: float, rows: int, burst: int, gap: int) -> None:
     import torch
 
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    rows = (192 << 20) // ROW_BYTES
     kernel = K.compile_program(supply_program())
     buf = torch.zeros((rows * ROW_BYTES // 8,), dtype=torch.int64, device="cuda")
     pause = f", pausing {gap} cycles every {burst} instructions" if burst else ""
-    print(f"{sms} CTAs of 8 warps; each sender sends {mib:g} MiB{pause}; L2 reductions in TB/s")
+    print(f"{sms} CTAs of 8 warps; each sender sends {mib:g} MiB{pause} to {rows} rows "
+          f"({rows * ROW_BYTES / 2**20:.0f} MiB); L2 reductions in TB/s")
     print(f"{'form':<12}" + "".join(f"{n:>4} warp{'s' if n > 1 else ' '}" for n in senders))
     for name, (form, per_instruction) in FORMS.items():
         steps = int(mib * (1 << 20)) // per_instruction
@@ -130,12 +132,15 @@ def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--senders", default="1,2,4,8", help="warps of each CTA that send, a run each")
     parser.add_argument("--mib", type=float, default=2.0, help="MiB each sending warp adds")
+    parser.add_argument("--kv-rows", type=int, default=8192, help="rows of 2304 bytes the adds spread over")
     parser.add_argument("--burst", type=int, default=0, help="instructions a sender sends between pauses (0: none)")
     parser.add_argument("--gap", type=int, default=2000, help="clock cycles of each pause")
     parser.add_argument("--compile-only", action="store_true", help="build the kernel for sm_90a and stop (CPU)")
     a = parser.parse_args()
     if a.burst < 0 or a.gap < 0:
         raise ValueError(f"--burst {a.burst}, --gap {a.gap}: neither may be negative")
+    if a.kv_rows < 8:
+        raise ValueError(f"--kv-rows {a.kv_rows}: at least 8 (an instruction's rows)")
     if a.compile_only:
         source = K.compile_program(supply_program()).get_kernel_source()
         print(K.ptxas_info_of_source(source, "red_supply"))
@@ -143,7 +148,7 @@ def main():
     senders = [int(n) for n in a.senders.split(",")]
     if not senders or any(n < 1 or n > 8 for n in senders):
         raise ValueError(f"--senders: {a.senders!r}: each between 1 and 8")
-    run(senders, a.mib, a.burst, a.gap)
+    run(senders, a.mib, a.kv_rows, a.burst, a.gap)
 
 
 if __name__ == "__main__":

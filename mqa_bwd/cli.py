@@ -564,7 +564,9 @@ def _check_report(console, run, failures_dir: Path, before: set, summary_path: P
     passed, known, skipped = verdicts.count("pass"), verdicts.count("xfail"), verdicts.count("skip")
     if run.interrupted:  # a failure found before the signal still fails the run; else it could not finish
         # pytest's exit code after a signal says nothing of the properties: its own handling of the
-        # interrupt can end in an error of pytest's (exit code 1). Only a failure it reported counts.
+        # interrupt can end in an error of pytest's (exit code 1). Only a failure it reported counts;
+        # a test the signal cut short reads "crashed", so a worker that crashed before the signal
+        # (--workers) reads the same and the run DID NOT FINISH (exit 2: never a pass either).
         failed = "fail" in verdicts or any(p.outcome == "failed" or p.failed_cases for p in run.progress.values())
         console.print(f"{'DOES NOT HOLD' if failed else 'DID NOT FINISH'}: {run.interrupted} after "
                       f"{_fmt_seconds(run.seconds)}; {passed} of {len(verdicts)} properties had passed", markup=False)

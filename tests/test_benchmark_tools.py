@@ -362,6 +362,9 @@ def test_l2_timeline_refuses_an_export_without_pm_samples(tmp_path):
         tool.read_samples(str(path))
     with pytest.raises(ValueError, match="instance values"):
         tool.series("88.5")
+    _write_pm_export(path, [0.0, 90.0, 89.0, float("nan"), 91.0, 0.0], [40.0] * 6)  # ncu's "n/a" inside the launch
+    with pytest.raises(ValueError, match="1 of the launch's 4 samples have no value"):
+        tool.summarize(tool.read_samples(str(path)))
 
 
 def test_ncu_stalls_counts_main_launches_per_call():
