@@ -351,9 +351,10 @@ class ModelLauncher(Launcher):
         rounding's range (beyond_magic): its query row is flagged for the corrections launch."""
         if rows.numel() == 0:
             return torch.zeros((0,), dtype=torch.bool)
-        scaled = (contrib * row_scale[rows].view(-1, 1)).numpy()  # fp32, exact: a power of two
+        scales = row_scale[rows]
+        scaled = (contrib * scales.view(-1, 1)).numpy()  # fp32, exact: a power of two
         np.add.at(words.numpy().view(np.uint64), rows.numpy(), magic_words(scaled))
-        np.add.at(bound.numpy(), rows.numpy(), contribution_bounds(contrib.numpy(), row_scale[rows].numpy()))
+        np.add.at(bound.numpy(), rows.numpy(), contribution_bounds(contrib.numpy(), scales.numpy()))
         return torch.from_numpy(beyond_magic(scaled))
 
     @staticmethod
