@@ -62,21 +62,31 @@ def listed_counters() -> tuple:
     return tuple(c for c in COUNTERS if c.split(".")[0] in names)
 
 
-def profile(design: str, counters: tuple, a) -> list[dict]:
-    calls = 3
+def one_call_program(design: str, calls: int, a) -> list:
+    """benchmarks/one_call.py's command line for ``calls`` calls of ``design`` at a's shape and indices."""
     program = [sys.executable, os.path.join(HERE, "one_call.py"), "--design", design, "--calls", str(calls)]
     for key in ("B", "S", "S_kv", "H", "L", "indices"):
         program += [f"--{key}", str(getattr(a, key))]
+    return program
+
+
+def last_main_launch(design: str, calls: int, H: int) -> list:
+    """ncu's filter for our design's first main_bwd launch of the last of ``calls`` calls."""
+    sys.path.insert(0, HERE)
+    from ncu_stalls import main_launches_per_call
+
+    return ["-k", "regex:main_bwd", "--launch-skip", str((calls - 1) * main_launches_per_call(H, design)), "-c", "1"]
+
+
+def profile(design: str, counters: tuple, a) -> list[dict]:
+    calls = 3
+    program = one_call_program(design, calls, a)
     metrics = ",".join((f"breakdown:{THROUGHPUT}", THROUGHPUT) + counters)
     if design == "cudnn":
         # Every kernel inside the last call's "backward" range (the first call compiles).
         select = ["--nvtx", "--nvtx-include", "backward/", "--launch-skip", "0"]
     else:
-        sys.path.insert(0, HERE)
-        from ncu_stalls import main_launches_per_call
-
-        select = ["-k", "regex:main_bwd", "--launch-skip", str((calls - 1) * main_launches_per_call(a.H, design)),
-                  "-c", "1"]
+        select = last_main_launch(design, calls, a.H)
     log = os.path.join(a.out, f"{design}.csv")
     command = ["ncu", "--clock-control", "none", *select, "--metrics", metrics, "--csv", "--page", "raw",
                "--print-units", "base", "--log-file", log, *program]

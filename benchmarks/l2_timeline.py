@@ -31,7 +31,7 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from l2_counters import number, raw_rows  # noqa: E402
+from l2_counters import last_main_launch, number, one_call_program, raw_rows  # noqa: E402
 
 #: The PM sampling section's series this reads (ncu 2025's TriageCompute configuration).
 L2 = "LTS.TriageCompute.lts__throughput.avg.pct_of_peak_sustained_elapsed"
@@ -105,16 +105,11 @@ def profile(design: str, a) -> str:
     out = os.path.join(a.out, f"{design}.csv")
     report = os.path.join(a.out, design)
     calls = 2
-    program = [sys.executable, os.path.join(HERE, "one_call.py"), "--design", design, "--calls", str(calls)]
-    for key in ("B", "S", "S_kv", "H", "L", "indices"):
-        program += [f"--{key}", str(getattr(a, key))]
+    program = one_call_program(design, calls, a)
     if design == "cudnn":  # its main kernel, one launch a call
         select = ["-k", a.cudnn_kernel, "--launch-skip", str(calls - 1), "-c", "1"]
     else:
-        from ncu_stalls import main_launches_per_call
-
-        select = ["-k", "regex:main_bwd", "--launch-skip", str((calls - 1) * main_launches_per_call(a.H, design)),
-                  "-c", "1"]
+        select = last_main_launch(design, calls, a.H)
     command = ["ncu", "--clock-control", "none", *select, "--section", "PmSampling", "-f", "-o", report, *program]
     print("$ " + shlex.join(command), flush=True)
     subprocess.run(command, check=True)
