@@ -567,10 +567,10 @@ def _check_report(console, run, failures_dir: Path, before: set, summary_path: P
         # interrupt can end in an error of pytest's (exit code 1). Only a failure it reported counts;
         # a test the signal cut short reads "crashed", so a worker that crashed before the signal
         # (--workers) reads the same and the run DID NOT FINISH (exit 2: never a pass either).
-        failed = "fail" in verdicts or any(p.outcome == "failed" or p.failed_cases for p in run.progress.values())
-        console.print(f"{'DOES NOT HOLD' if failed else 'DID NOT FINISH'}: {run.interrupted} after "
+        reported = "fail" in verdicts or any(p.outcome == "failed" or p.failed_cases for p in run.progress.values())
+        console.print(f"{'DOES NOT HOLD' if reported else 'DID NOT FINISH'}: {run.interrupted} after "
                       f"{_fmt_seconds(run.seconds)}; {passed} of {len(verdicts)} properties had passed", markup=False)
-        return 1 if failed else 2
+        return 1 if reported else 2
     # Exit code 2 only where pytest says nothing was run for a reason of the invocation (usage
     # error, nothing selected) or every property skipped. A pytest that died (a crash of the
     # implementation: a signal's negative code) or stopped on an error found something: 1.
