@@ -1,11 +1,17 @@
 """CUDA device functions the main backward imports as source (T.import_source)."""
 
 # The main kernel's KV gather: cp.async of 16 bytes; src-size 0 (an invalid
-# slot) reads nothing and zero-fills.
+# slot) reads nothing and zero-fills. The 4-byte copy (a slot's row scale, in
+# the gather's group) goes through L1 (.cg takes 16 bytes only) and states its
+# source size, as every copy of the kernel states what it reads.
 GATHER_SOURCE = r"""
 __device__ __forceinline__ void mqa_cp_async16(void* smem, const void* gmem, bool valid) {
   unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
   asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;" :: "r"(s), "l"(gmem), "r"(valid ? 16 : 0) : "memory");
+}
+__device__ __forceinline__ void mqa_cp_async4(void* smem, const void* gmem) {
+  unsigned s = static_cast<unsigned>(__cvta_generic_to_shared(smem));
+  asm volatile("cp.async.ca.shared.global [%0], [%1], 4, 4;" :: "r"(s), "l"(gmem) : "memory");
 }
 __device__ __forceinline__ void mqa_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void mqa_cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }

@@ -167,9 +167,7 @@ __device__ __forceinline__ void ws_lanes_store_slot(void* info, int i, int row, 
   volatile int* slot = static_cast<volatile int*>(info) + 2 * i;
   slot[0] = static_cast<int>(static_cast<unsigned>(ok ? row : spread % nkv) * row_units);
   if (ok) {
-    const unsigned dst = static_cast<unsigned>(__cvta_generic_to_shared(const_cast<int*>(slot + 1)));
-    // With its source size, as every copy of the kernel states what it reads (a valid row's 4 bytes).
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, 4;" :: "r"(dst), "l"(row_scale + row) : "memory");
+    mqa_cp_async4(const_cast<int*>(slot + 1), row_scale + row);
   } else {
     slot[1] = WS_LANES_INVALID;
   }
