@@ -12,8 +12,8 @@ cuDNN's and the control's carry 16 (red.v4.f32). If what an SM can have in fligh
 is counted in instructions rather than bytes, 8-byte lanes feed the L2 half as much.
 
 One CTA of 256 threads an SM; ``senders`` of its 8 warps send reductions as fast as they issue,
-each the same bytes (--mib), to rows of 2304 bytes (a d_k = 576 row of 4-byte columns) hashed over
---kv-rows rows: 8192 by default, the bench shapes' dKV (18 MiB), which stays in the L2 as the
+each the same bytes (--mib), to rows of 2304 bytes (a d_k = 576 row of 4-byte columns) spread over
+--kv-rows rows (each lane's row steps by a fixed stride from a start of its warp's own): 8192 by default, the bench shapes' dKV (18 MiB), which stays in the L2 as the
 kernels' does (a buffer past the L2's 50 MB would time the DRAM's write-backs instead), whole or
 half 128-byte lines as the kernels send them:
 
@@ -40,28 +40,52 @@ ROW_BYTES = 2304
 LINES_A_ROW = ROW_BYTES // 128
 
 SUPPLY_SOURCE = r"""
-// Row g of an instruction's rows, from the step's hash h.
-__device__ __forceinline__ unsigned long long supply_row(unsigned h, int g, int rows) {
-  return static_cast<unsigned long long>(((h ^ (0x9e3779b9u * (g + 1))) * 2654435761u) % static_cast<unsigned>(rows));
-}
-// One warp instruction of `form` at step hash h: the byte offset of this lane's piece.
-__device__ __forceinline__ void supply_send(char* buf, int form, unsigned h, int rows, int lane) {
-  const unsigned line = (h >> 7) % LINES_A_ROWu;
+// One warp instruction of `form` to this lane's piece at row `row`, line `line` (`half` of it for the
+// half-line forms); `piece` is the lane's byte offset inside its row's piece.
+template <int form>
+__device__ __forceinline__ void supply_send(char* buf, unsigned row, unsigned line, int half, int piece) {
+  char* p = buf + static_cast<unsigned long long>(row) * ROW_BYTES + line * 128 + piece;
   if (form == 0) {         // u64, 2 rows x 128 bytes
-    char* p = buf + supply_row(h, lane >> 4, rows) * ROW_BYTES + line * 128 + (lane & 15) * 8;
     asm volatile("red.global.add.u64 [%0], 1;" :: "l"(p) : "memory");
   } else if (form == 1) {  // u64, 4 rows x 64 bytes
-    char* p = buf + supply_row(h, lane >> 3, rows) * ROW_BYTES + line * 128 + ((h >> 3) & 1) * 64 + (lane & 7) * 8;
-    asm volatile("red.global.add.u64 [%0], 1;" :: "l"(p) : "memory");
+    asm volatile("red.global.add.u64 [%0], 1;" :: "l"(p + half * 64) : "memory");
   } else if (form == 2) {  // f32x4, 4 rows x 128 bytes
-    char* p = buf + supply_row(h, lane >> 3, rows) * ROW_BYTES + line * 128 + (lane & 7) * 16;
     asm volatile("red.global.add.v4.f32 [%0], {%1, %1, %1, %1};" :: "l"(p), "f"(1.0f) : "memory");
   } else if (form == 3) {  // f32x4, 8 rows x 64 bytes
-    char* p = buf + supply_row(h, lane >> 2, rows) * ROW_BYTES + line * 128 + ((h >> 3) & 1) * 64 + (lane & 3) * 16;
-    asm volatile("red.global.add.v4.f32 [%0], {%1, %1, %1, %1};" :: "l"(p), "f"(1.0f) : "memory");
+    asm volatile("red.global.add.v4.f32 [%0], {%1, %1, %1, %1};" :: "l"(p + half * 64), "f"(1.0f) : "memory");
   } else {                 // u32, 1 row x 128 bytes
-    char* p = buf + supply_row(h, 0, rows) * ROW_BYTES + line * 128 + lane * 4;
     asm volatile("red.global.add.u32 [%0], 1;" :: "l"(p) : "memory");
+  }
+}
+// A sender's loop. Each lane's row walks the rows by a fixed stride from its group's own start,
+// and the line steps through the row's lines: no division inside the loop, so that a sender is
+// held back by the L2 or by its instructions, not by its address arithmetic (a hash and two
+// remainders an instruction held one warp to some 300 cycles an add).
+template <int form>
+__device__ __forceinline__ void supply_loop(char* buf, int rows, int steps, int burst, int gap, int cta, int warp,
+                                            int lane) {
+  constexpr int group_shift = form == 0 ? 4 : form == 1 || form == 2 ? 3 : form == 3 ? 2 : 5;
+  constexpr int lane_bytes = form == 2 || form == 3 ? 16 : form == 4 ? 4 : 8;
+  const int group = lane >> group_shift, piece = (lane & ((1 << group_shift) - 1)) * lane_bytes;
+  const unsigned n_rows = static_cast<unsigned>(rows);
+  const unsigned base = (2654435761u * static_cast<unsigned>(cta * 8 + warp + 1)) % n_rows;
+  unsigned row = (base + static_cast<unsigned>(group) * (n_rows / 8u + 1u)) % n_rows;
+  const unsigned stride = 1031u % n_rows == 0u ? 1u : 1031u % n_rows;
+  unsigned line = 0u;
+  for (int done = 0; done < steps;) {
+    const int n = burst > 0 && burst < steps - done ? burst : steps - done;
+#pragma unroll 4
+    for (int i = 0; i < n; ++i) {
+      supply_send<form>(buf, row, line, i & 1, piece);
+      row += stride;
+      row = row >= n_rows ? row - n_rows : row;
+      line = line == LINES_A_ROW - 1 ? 0u : line + 1u;
+    }
+    done += n;
+    if (burst > 0) {
+      const long long until = clock64() + gap;
+      while (clock64() < until) {}
+    }
   }
 }
 // Warps [0, senders) of the CTA send `steps` instructions of `form` each, pausing `gap` cycles after
@@ -73,14 +97,12 @@ __device__ __forceinline__ void supply_body(const void* buf_, const void* ran, i
   if (t == 0) const_cast<int*>(static_cast<const int*>(ran))[cta] = 1;
   if (warp >= senders) return;
   char* buf = const_cast<char*>(static_cast<const char*>(buf_));
-  unsigned h = 2654435761u * (cta * 8 + warp + 1);
-  for (int i = 0; i < steps; ++i) {
-    h = h * 1664525u + 1013904223u;
-    supply_send(buf, form, h, rows, lane);
-    if (burst > 0 && (i + 1) % burst == 0) {
-      const long long until = clock64() + gap;
-      while (clock64() < until) {}
-    }
+  switch (form) {
+    case 0: supply_loop<0>(buf, rows, steps, burst, gap, cta, warp, lane); break;
+    case 1: supply_loop<1>(buf, rows, steps, burst, gap, cta, warp, lane); break;
+    case 2: supply_loop<2>(buf, rows, steps, burst, gap, cta, warp, lane); break;
+    case 3: supply_loop<3>(buf, rows, steps, burst, gap, cta, warp, lane); break;
+    default: supply_loop<4>(buf, rows, steps, burst, gap, cta, warp, lane);
   }
 }
 """.replace("ROW_BYTES", str(ROW_BYTES)).replace("LINES_A_ROW", str(LINES_A_ROW))
@@ -139,8 +161,8 @@ def main():
     a = parser.parse_args()
     if a.burst < 0 or a.gap < 0:
         raise ValueError(f"--burst {a.burst}, --gap {a.gap}: neither may be negative")
-    if a.kv_rows < 8:
-        raise ValueError(f"--kv-rows {a.kv_rows}: at least 8 (an instruction's rows)")
+    if a.kv_rows < 64:
+        raise ValueError(f"--kv-rows {a.kv_rows}: at least 64 (an instruction's 8 rows start an eighth of them apart)")
     if a.compile_only:
         source = K.compile_program(supply_program()).get_kernel_source()
         print(K.ptxas_info_of_source(source, "red_supply"))

@@ -125,7 +125,12 @@ def test_red_supply_sends_each_form_it_names():
         rows, width = (int(x) for x in name.split()[1].split("x"))
         assert rows * width == per_instruction, name  # whole or half lines of distinct rows
     assert sorted(form for form, _ in tool.FORMS.values()) == list(range(len(tool.FORMS)))
-    assert "* 2304 +" in source and "% 18u" in source  # rows of d_k = 576 4-byte columns, 18 lines each
+    assert "* 2304 +" in source and "line == 18 - 1" in source  # rows of d_k = 576 4-byte columns, 18 lines each
+    # A sender's loop must not divide (the remainders belong to its start): nvcc unrolls each form's
+    # loop four times, so at least three stretches a form between its adds hold no division.
+    between = re.split(r"\bred\.global\.add\.[a-z0-9.]+", ptx)[1:-1]
+    plain = sum(not re.search(r"\b(?:rem|div)\.", stretch) for stretch in between)
+    assert plain >= 3 * len(tool.FORMS), f"{plain} of {len(between)} stretches between adds hold no division"
     assert "%clock64" in ptx, "the pauses between bursts (--burst, --gap) time themselves on the SM's clock"
 
 
