@@ -280,7 +280,10 @@
                             pair's addresses: what the exchange costs. On an H100 (thirty-fifth
                             session) det's main kernel at dsv32 H=64, H=128 and fleet: the product
                             7.295, 14.479, 4.957 ms; pingpong_lines 7.083, 14.016, 4.883;
-                            pair_no_exchange 7.179, 14.154, 4.977. On efbe3c7:
+                            pair_no_exchange 7.179, 14.154, 4.977. Again at bcf27df (thirty-ninth
+                            session): pingpong_lines 2.3 % and 1.5 % faster at dsv32 H=64 and
+                            fleet, its L2 level 90.1 % as the product's: its unpaired chunk goes
+                            out as whole lines, so its gain is mostly single_whole_lines'. On efbe3c7:
 
         bash scripts/ab-packages.sh experiments/pingpong_lines.patch experiments/pair_no_exchange.patch
         python benchmarks/package_ab.py --against .ab/pingpong_lines/mqa_bwd \
@@ -353,14 +356,15 @@
         python benchmarks/package_ab.py --against .ab/single_whole_lines/mqa_bwd \
             --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
 
-  pair_as_v4.patch          an ablation (wrong dKV), built and compiled, not run: the chunk pairs'
-                            adds (ws_add_pair_lanes, both warpgroups) as two red.global.add.v4.f32 a
-                            slot group where the product sends four red.global.add.u64: 16 bytes a
-                            lane, 4 kv rows x 128 bytes an instruction, the same lines and bytes,
-                            half the add instructions. Whether fewer, wider adds raise the L2's
-                            level under det (89-90 % against cuDNN's 95, benchmarks/l2_timeline.py),
-                            beside benchmarks/red_supply.py's answer to the same question on a probe.
-                            ptxas at d_k = 576: 20/36 bytes spilled. In one call with red_supply:
+  pair_as_v4.patch          an ablation (wrong dKV): the chunk pairs' adds (ws_add_pair_lanes, both
+                            warpgroups) as two red.global.add.v4.f32 a slot group where the product
+                            sends four red.global.add.u64: 16 bytes a lane, 4 kv rows x 128 bytes an
+                            instruction, the same lines and bytes, half the add instructions.
+                            ptxas at d_k = 576: 20/36 bytes spilled. On an H100 (thirty-ninth
+                            session, at bcf27df) det's main kernel 0.4 % (dsv32 H=64) and 0.8 %
+                            (fleet) faster, its L2 level 90.4 % against the product's 90.0: the
+                            add instructions' form is not what holds det's L2 below cuDNN's 95 %.
+                            The call:
 
         bash scripts/ab-packages.sh experiments/pair_as_v4.patch
         python benchmarks/red_supply.py --senders 1,2,3,4,8
