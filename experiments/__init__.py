@@ -372,6 +372,16 @@
             --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
         (cd .ab/pair_as_v4 && PYTHONPATH=/tmp/site:$PWD python3 ../../benchmarks/l2_timeline.py profile --designs fixed)
 
+  pair_two_groups.patch     ws_add_pair_lanes forms and shuffles two slot groups' words before either
+                            group's selects and adds, so that one group's shuffle latency runs under
+                            the other's adds. The same bits; ptxas at d_k = 576: 56/64 bytes spilled
+                            (the product 48/60). On an H100 (thirty-ninth session, at f3aadd1) det's
+                            main kernel 0.8 % slower at dsv32 H=64 and 0.5 % at fleet, in one run:
+
+        bash scripts/ab-packages.sh experiments/pair_two_groups.patch
+        python benchmarks/package_ab.py --against .ab/pair_two_groups/mqa_bwd \
+            --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
+
   claim_ahead.patch         the claim of a CTA's next item in a row's last block in two steps:
                             warpgroup 0's thread 0 issues the atomic after the block's KV_FREE
                             wait (ws_claim_issue) and posts the item after the block's PDS_READY
