@@ -12,10 +12,11 @@ cuDNN's and the control's carry 16 (red.v4.f32). If what an SM can have in fligh
 is counted in instructions rather than bytes, 8-byte lanes feed the L2 half as much.
 
 One CTA of 256 threads an SM; ``senders`` of its 8 warps send reductions as fast as they issue,
-each the same bytes (--mib), to rows of 2304 bytes (a d_k = 576 row of 4-byte columns) spread over
---kv-rows rows (each lane's row steps by a fixed stride from a start of its warp's own): 8192 by default, the bench shapes' dKV (18 MiB), which stays in the L2 as the
-kernels' does (a buffer past the L2's 50 MB would time the DRAM's write-backs instead), whole or
-half 128-byte lines as the kernels send them:
+each the same bytes (--mib), to rows of 2304 bytes (a d_k = 576 row of 4-byte columns) spread
+over --kv-rows rows (each lane's row steps by a fixed stride from a start of its warp's own):
+8192 by default, the bench shapes' dKV (18 MiB), which stays in the L2 as the kernels' does (a
+buffer past the L2's 50 MB would time the DRAM's write-backs instead), whole or half 128-byte
+lines as the kernels send them:
 
   u64 2x128    red.global.add.u64, 2 rows x 128 bytes an instruction (the lanes' chunk pairs)
   u64 4x64     red.global.add.u64, 4 rows x 64 bytes (the lanes' unpaired chunk)
