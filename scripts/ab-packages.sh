@@ -36,5 +36,6 @@ done
 # of PYTHONPATH, so from the root it would compile this tree's again. The copies compile side by
 # side, each only what the bench shapes launch (d_k 576, 32-head groups; the small kernels share
 # this tree's cache entries); a copy older than those options compiles everything.
+bench_only='--d_k 576 --group-heads 32'  # this tree's compile too (gpu-run.sh's COMPILE_ONLY)
 compile='PYTHONPATH=/tmp/site python3 -W ignore -m mqa_bwd.kernels --workers 4'
-echo "COMPILE_ONLY='--d_k 576 --group-heads 32' bash scripts/gpu-run.sh 'for v in ${names[*]}; do (cd .ab/\$v && { $compile --d_k 576 --group-heads 32 || $compile; }) & done; wait' 'python3 benchmarks/package_ab.py ${against[*]} --shapes dsv32,fleet'   # carry .gpu/tilelang.tar.xz and .ab"
+echo "COMPILE_ONLY='$bench_only' bash scripts/gpu-run.sh 'for v in ${names[*]}; do (cd .ab/\$v && { $compile $bench_only || $compile; }) & done; wait' 'python3 benchmarks/package_ab.py ${against[*]} --shapes dsv32,fleet'   # carry .gpu/tilelang.tar.xz and .ab"
