@@ -28,6 +28,15 @@ prints:
   how busy ncu found the L2 and the DRAM: a launch at 80 % or more of the
   L2's throughput is bound by it, whatever its SM does.
 
+``adds`` reads the same CSV for the stretches of straight-line code that issue global
+reductions (the chunks' and pairs' adds): the listing cut at every wgmma, wgmma wait,
+mbarrier, named barrier, cp.async wait and EXIT, each stretch with four reductions or more
+listed with its samples per reduction (where a warp's time between two adds goes, in sampling
+units), its stall reasons and the opcodes that hold its samples; ``--lines`` prints the
+instructions of the stretches with most samples, each with its reasons:
+
+    python benchmarks/ncu_stalls.py adds DIR/sass.csv [--lines 2]                            # anywhere
+
 ``compare`` sets profiles side by side (their totals, and each one's L2
 view), e.g. the deterministic kernel, the atomic control and cuDNN's:
 
@@ -129,6 +138,8 @@ def summarize(header, rows, top: int = 25) -> dict:
 HANDOFFS = ("PDS_READY", "KV_FREE", "PDS_FREE", "PEAKS_READY")
 #: Named barriers by id: the CTA's, then wide.py's GATHER_BARRIER and BOUNDS_BARRIER; others are TileLang's.
 NAMED_BARRIERS = {0: "CTA barrier", 1: "gather barrier", 2: "bounds barrier"}
+#: The global reductions' opcodes.
+REDUCTIONS = ("RED", "REDG", "ATOMG")
 _REGISTER = re.compile(r"^U?R(\d+|Z)$")
 
 
@@ -177,7 +188,7 @@ def _wait_kind(sass: str, mbarrier) -> str | None:
         return "wgmma wait"
     if full.startswith("DEPBAR"):
         return "cp.async wait"
-    if opcode(sass) in ("RED", "REDG", "ATOMG"):
+    if opcode(sass) in REDUCTIONS:
         return "global reductions"
     return None
 
@@ -367,6 +378,65 @@ def print_summary(s: dict, top_opcodes: int = 15) -> None:
         print(f"{i:5d} {share:6.2f}%  {sass[:60]:<60} " + ", ".join(f"{name(k)} {v:.2f}" for k, v in main))
 
 
+#: What ends a stretch of add code: the instructions a warp waits at for another unit or warp.
+FENCES = ("HGMMA", "WARPGROUP", "SYNCS", "BAR", "DEPBAR", "EXIT")
+
+
+def add_stretches(header, rows, least: int = 4) -> list:
+    """The listing's stretches of straight-line code with ``least`` global reductions or more: the
+    rows between two FENCES. Each is a dict: first and last row, addresses, instructions,
+    reductions, share (of all samples, percent), per_add (the stretch's samples per executed
+    reduction), reasons and opcodes (each as [(name, percent of the stretch's samples)], opcodes
+    with their main reason)."""
+    reasons = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
+    total = sum(_number(r[SAMPLES]) for r in rows) or math.nan
+    cuts = [i for i, r in enumerate(rows) if opcode(r["Source"]) in FENCES]
+    found = []
+    for a, b in zip([-1] + cuts, cuts + [len(rows)]):
+        lines = range(a + 1, b)
+        reds = [i for i in lines if opcode(rows[i]["Source"]) in REDUCTIONS]
+        if len(reds) < least:
+            continue
+        samples = sum(_number(rows[i][SAMPLES]) for i in lines)
+        executed = sum(_number(rows[i].get(EXECUTED)) for i in reds)
+        by_reason, by_opcode = collections.Counter(), collections.defaultdict(collections.Counter)
+        for i in lines:
+            for reason in reasons:
+                v = _number(rows[i][reason])
+                by_reason[reason] += v
+                by_opcode[opcode(rows[i]["Source"])][reason] += v
+        share = lambda v: 100 * v / samples if samples else math.nan  # noqa: E731
+        found.append({
+            "first": a + 1, "last": b - 1, "addresses": (rows[a + 1]["Address"], rows[b - 1]["Address"]),
+            "instructions": len(lines), "reductions": len(reds), "share": 100 * samples / total,
+            "per_add": samples / executed if executed else math.nan,
+            "reasons": [(k, share(v)) for k, v in by_reason.most_common() if v > 0],
+            "opcodes": sorted(((op, share(sum(c.values())), c.most_common(1)[0][0]) for op, c in by_opcode.items()
+                               if sum(c.values()) > 0), key=lambda x: -x[1]),
+        })
+    return found
+
+
+def print_add_stretches(header, rows, lines: int = 0) -> None:
+    name = lambda reason: reason[len("stall_"):]  # noqa: E731
+    stretches = add_stretches(header, rows)
+    print("rows         addresses            instr  adds  samples  per add  main reasons (% of the stretch)")
+    for s in stretches:
+        print(f"{s['first']:5d}-{s['last']:<5d} {s['addresses'][0]:>9}-{s['addresses'][1]:<9} {s['instructions']:6d} "
+              f"{s['reductions']:5d} {s['share']:7.2f}% {s['per_add']:8.3f}  "
+              + ", ".join(f"{name(k)} {v:.1f}" for k, v in s["reasons"][:6]))
+        print("    opcodes: " + ", ".join(f"{op} {v:.1f} ({name(k)})" for op, v, k in s["opcodes"][:8]))
+    reasons = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
+    for s in sorted(stretches, key=lambda s: -s["share"])[:lines]:
+        samples = sum(_number(rows[i][SAMPLES]) for i in range(s["first"], s["last"] + 1)) or math.nan
+        print(f"\nrows {s['first']}-{s['last']}: samples (% of the stretch), instruction, reasons")
+        for i in range(s["first"], s["last"] + 1):
+            r = rows[i]
+            main = sorted(((_number(r[k]), k) for k in reasons if _number(r[k]) > 0), reverse=True)[:3]
+            print(f"{i:6d} {100 * _number(r[SAMPLES]) / samples:5.1f}  {r['Source'].strip()[:58]:<58} "
+                  + ", ".join(f"{name(k)} {100 * v / samples:.1f}" for v, k in main))
+
+
 def main_launches_per_call(H: int, design: str) -> int:
     """main_bwd launches of one call (kernels.main_launches: one per head group, or per pair
     of groups or grid of wide tiles that runs as one launch), with the corrections launch and
@@ -465,11 +535,16 @@ def main():
     s.add_argument("--mbarriers", type=lambda text: tuple(text.split(",")), default=HANDOFFS, metavar="NAME,...",
                    help="names of the kernel's mbarriers from the lowest address (default: the wide tile's, "
                         + ",".join(HANDOFFS) + ")")
+    d = sub.add_parser("adds", help="the stretches of code that issue global reductions, where their samples go")
+    d.add_argument("csv")
+    d.add_argument("--lines", type=int, default=0, help="print the instructions of this many stretches (most samples first)")
     c = sub.add_parser("compare", help="profiles side by side: their totals and L2 views")
     c.add_argument("profiles", nargs="+", type=_profile_dir, metavar="LABEL=DIR")
     a = parser.parse_args()
     if a.command == "profile":
         profile(a)
+    elif a.command == "adds":
+        print_add_stretches(*read_listing(a.csv), lines=a.lines)
     elif a.command == "compare":
         compare([(label, summary_of(listing, top=1)) for label, listing in a.profiles])
     else:
