@@ -382,12 +382,55 @@ def print_summary(s: dict, top_opcodes: int = 15) -> None:
 FENCES = ("HGMMA", "WARPGROUP", "SYNCS", "BAR", "DEPBAR", "EXIT")
 
 
+#: The opcodes whose results a scoreboard wait in an add stretch is traced to (``scoreboard_waits``).
+PRODUCERS = ("SHFL", "LDS", "LDSM", "LDG", "LDL", "S2R", "MUFU")
+_WRITTEN = re.compile(r"\bR(\d+)\b")
+
+
+def _registers(sass: str) -> tuple:
+    """(registers written, registers read) of one SASS line, as numbers: a load's .64 or .128
+    writes 2 or 4, an [Rn.64] address reads Rn and Rn + 1, SHFL's first operand is a predicate,
+    and stores and reductions write none."""
+    op, ops = opcode(sass), _operands(sass)
+    if not ops:
+        return (), ()
+    first = 1 if op == "SHFL" else 0
+    if op in REDUCTIONS or op.startswith("ST"):
+        written, read = [], ops
+    else:
+        written, read = [int(n) for n in _WRITTEN.findall(ops[first])], ops[first + 1:]
+        width = {".64": 2, ".128": 4}.get(next((w for w in (".128", ".64") if w in opcode(sass, full=True)), ""), 1)
+        if written and op.startswith("LD"):
+            written = [written[0] + k for k in range(width)]
+    numbers = [int(n) for o in read for n in _WRITTEN.findall(o)]
+    numbers += [int(n) + 1 for o in read for n in re.findall(r"\bR(\d+)\.64", o)]
+    return tuple(written), tuple(numbers)
+
+
+def scoreboard_waits(rows, lines) -> collections.Counter:
+    """Samples of ``lines`` that wait on a scoreboard (short_sb, long_sb), by the opcode that last
+    wrote one of the waiting instruction's registers within the lines, if it is one of PRODUCERS:
+    {("short_sb", "SHFL"): samples, ...}; "other" where none is (a register written before the
+    stretch, or a reduction that still holds its registers: ptxas reuses them)."""
+    last, waits = {}, collections.Counter()
+    for i in lines:
+        written, read = _registers(rows[i]["Source"])
+        for reason in ("stall_short_sb", "stall_long_sb"):
+            v = _number(rows[i].get(reason))
+            if v:
+                found = {opcode(rows[last[n]]["Source"]) for n in read if n in last}
+                waits[(reason, "+".join(sorted(found & set(PRODUCERS))) or "other")] += v
+        for n in written:
+            last[n] = i
+    return waits
+
+
 def add_stretches(header, rows, least: int = 4) -> list:
     """The listing's stretches of straight-line code with ``least`` global reductions or more: the
     rows between two FENCES. Each is a dict: first and last row, addresses, instructions,
     reductions, share (of all samples, percent), per_add (the stretch's samples per executed
-    reduction), reasons and opcodes (each as [(name, percent of the stretch's samples)], opcodes
-    with their main reason)."""
+    reduction), reasons, opcodes and waits (each as [(name, percent of the stretch's samples)],
+    opcodes with their main reason, waits as scoreboard_waits names them: "short_sb on SHFL")."""
     reasons = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
     total = sum(_number(r[SAMPLES]) for r in rows) or math.nan
     cuts = [i for i, r in enumerate(rows) if opcode(r["Source"]) in FENCES]
@@ -413,6 +456,8 @@ def add_stretches(header, rows, least: int = 4) -> list:
             "reasons": [(k, share(v)) for k, v in by_reason.most_common() if v > 0],
             "opcodes": sorted(((op, share(sum(c.values())), c.most_common(1)[0][0]) for op, c in by_opcode.items()
                                if sum(c.values()) > 0), key=lambda x: -x[1]),
+            "waits": [(f"{reason[len('stall_'):]} on {what}", share(v))
+                      for (reason, what), v in scoreboard_waits(rows, lines).most_common()],
         })
     return found
 
@@ -426,6 +471,7 @@ def print_add_stretches(header, rows, lines: int = 0) -> None:
               f"{s['reductions']:5d} {s['share']:7.2f}% {s['per_add']:8.3f}  "
               + ", ".join(f"{name(k)} {v:.1f}" for k, v in s["reasons"][:6]))
         print("    opcodes: " + ", ".join(f"{op} {v:.1f} ({name(k)})" for op, v, k in s["opcodes"][:8]))
+        print("    scoreboard waits: " + ", ".join(f"{k} {v:.1f}" for k, v in s["waits"][:6]))
     reasons = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
     for s in sorted(stretches, key=lambda s: -s["share"])[:lines]:
         samples = sum(_number(rows[i][SAMPLES]) for i in range(s["first"], s["last"] + 1)) or math.nan

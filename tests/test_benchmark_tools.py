@@ -322,17 +322,17 @@ def test_ncu_stalls_names_only_the_mbarriers_it_can_place(tmp_path):
 def test_ncu_stalls_add_stretches(tmp_path, capsys):
     # A stretch is the code between two fences (wgmma, its wait, mbarriers, named barriers, EXIT);
     # only those with four reductions or more are listed, with their samples per executed
-    # reduction and their reasons as shares of the stretch.
+    # reduction, their reasons as shares of the stretch and the scoreboard waits by producer.
     tool = _tool("ncu_stalls")
     red = "REDG.E.ADD.64.STRONG.GPU desc[UR60][R12.64], R14"
     _write_listing(tmp_path / "sass.csv", [[f"{16 * i:#x}", "      " + sass, str(n), str(x), "0", "0", "0", str(m), str(n - m), "0"]
                                            for i, (sass, n, x, m) in enumerate([
         ("WARPGROUP.DEPBAR.LE gsb0, 0x0", 9, 4, 0),
-        ("SEL R14, R23, R14, !P1", 30, 8, 0),
+        ("SHFL.BFLY PT, R23, R23, 0x1, 0x1f", 20, 8, 20),
         (red, 10, 4, 10),
         (red, 0, 4, 0),
-        ("SHFL.BFLY PT, R23, R23, 0x1, 0x1f", 20, 8, 20),
-        ("@P0 " + red, 10, 2, 5),
+        ("SEL R14, R23, R14, !P1", 40, 8, 0),
+        ("@P0 " + red, 10, 2, 6),
         (red, 10, 2, 0),
         ("HGMMA.64x64x16.F32.BF16 R184, gdesc[UR20], R184", 5, 4, 0),
         (red, 50, 4, 50),  # three reductions between fences: not a stretch
@@ -342,9 +342,15 @@ def test_ncu_stalls_add_stretches(tmp_path, capsys):
     ])])
     (s,) = tool.add_stretches(*tool.read_listing(str(tmp_path / "sass.csv")))
     assert (s["first"], s["last"], s["addresses"], s["instructions"], s["reductions"]) == (1, 6, ("0x10", "0x60"), 6, 4)
-    assert s["share"] == pytest.approx(8000 / 144) and s["per_add"] == pytest.approx(80 / 12)
-    assert s["reasons"] == [("stall_short_sb", 56.25), ("stall_mio", 43.75)]
-    assert s["opcodes"] == [("SEL", 37.5, "stall_short_sb"), ("REDG", 37.5, "stall_mio"), ("SHFL", 25.0, "stall_mio")]
+    assert s["share"] == pytest.approx(9000 / 154) and s["per_add"] == pytest.approx(90 / 12)
+    assert s["reasons"] == [("stall_short_sb", pytest.approx(5400 / 90)), ("stall_mio", pytest.approx(3600 / 90))]
+    assert s["opcodes"] == [("SEL", pytest.approx(4000 / 90), "stall_short_sb"), ("REDG", pytest.approx(3000 / 90), "stall_mio"),
+                            ("SHFL", pytest.approx(2000 / 90), "stall_mio")]
+    # The select waits on the shuffle before it; the reductions on registers no producer wrote.
+    assert s["waits"] == [("short_sb on SHFL", pytest.approx(4000 / 90)), ("short_sb on other", pytest.approx(1400 / 90))]
+    assert tool._registers("LDS.128 R8, [R251+UR7+0x38400]") == ((8, 9, 10, 11), (251,))
+    assert tool._registers("@P1 SHFL.BFLY PT, R23, R22, 0x1, 0x1f") == ((23,), (22,))
+    assert tool._registers(red) == ((), (12, 14, 13))
     tool.print_add_stretches(*tool.read_listing(str(tmp_path / "sass.csv")), lines=1)
     out = capsys.readouterr().out
     assert "rows 1-6" in out and "SHFL.BFLY" in out
