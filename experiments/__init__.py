@@ -382,6 +382,42 @@
         python benchmarks/package_ab.py --against .ab/pair_two_groups/mqa_bwd \
             --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
 
+  slots_ahead_hi.patch      the lanes' slot pairs loaded a group ahead in fact, not only in the
+                            source: ptxas sinks each ws_slot_pair load to some 10 instructions
+                            before its use, and the select that reads it waits there (6-22 % of an
+                            add stretch's samples, docs/performance-log.md, fortieth session). A
+                            bit known to be 0 (a row offset's sign) of the next group's load goes
+                            into an add's address, so that ptxas issues the load before that add:
+                            in ws_add_chunk_lanes (warpgroup 0's unpaired chunk) and, for the
+                            pair's second load, its third add. ptxas at d_k = 576: 48/60 bytes
+                            spilled as the product, warpgroup 1's block loop 1850 instructions
+                            (1810). The same bits; on an H100 (fortieth session, at 717ceb7) det's
+                            main kernel 0.8 % slower at dsv32 H=64 (7.224 against 7.166 ms) and
+                            level at fleet (4.866 against 4.867), in one run. Both pair loads
+                            forced (into the second and third adds) spilled 52/64, into the first
+                            add 72/84; neither was timed. The call:
+
+        bash scripts/ab-packages.sh experiments/slots_ahead_hi.patch
+        python benchmarks/package_ab.py --against .ab/slots_ahead_hi/mqa_bwd \
+            --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
+
+  read_only_slots.patch     the adds take the block's slots as a read-only pointer
+                            (slot_info_s.access_ptr("r")) where add_pair passed T.address_of:
+                            TileLang's proxy-fence pass reads an address_of of shared memory in a
+                            call as a possible generic write, and put a fence.proxy.async before
+                            each of warpgroup 1's later chunk GEMMs (8 a block; 9 FENCE and 9
+                            MEMBAR in its block loop become 1 and 1, the loop 1786 instructions
+                            against 1810, spills unchanged). Those fences waited on the adds'
+                            operands (1.25 % of all samples). The patch also adds a compile test
+                            that no fence sits between warpgroup 1's adds and its next GEMM (it
+                            fails on the product's lanes configurations). The same bits; on an
+                            H100 (fortieth session, at 717ceb7) det's main kernel 7.150 against
+                            7.166 ms at dsv32 H=64 and 4.861 against 4.867 at fleet, one run:
+                            within the noise (the next WARPGROUP.ARRIVE waits for the same
+                            registers the fence waited for; not profiled). Not landed: a kernel
+                            change with no measured gain, and no GPU suite run on it. The call
+                            as above, with read_only_slots.
+
   claim_ahead.patch         the claim of a CTA's next item in a row's last block in two steps:
                             warpgroup 0's thread 0 issues the atomic after the block's KV_FREE
                             wait (ws_claim_issue) and posts the item after the block's PDS_READY
