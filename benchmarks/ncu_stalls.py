@@ -16,9 +16,9 @@ prints:
 - where each warpgroup waits (``handoffs``): the listing cut at its EXITs into the CTA's
   prologue and one region per warpgroup, each region's share of the samples, and the share
   of its samples at each mbarrier wait (named by the wide tile's handoffs, the out-of-line
-  retry loops included), named barrier, wgmma wait, cp.async wait and global reduction: a
-  warpgroup that spends its samples waiting on the other's handoff is not the one that sets
-  the pace;
+  retry loops included), named barrier, wgmma wait, cp.async wait, global reduction and the
+  rest of the add stretches (``adds`` below): a warpgroup that spends its samples waiting on
+  the other's handoff is not the one that sets the pace;
 - with ``DIR/details.csv`` beside the CSV: the floor the shared-memory data
   pipe sets (all shared wavefronts, wgmma operand reads included, at one
   per SM per cycle) against the launch's duration;
@@ -248,6 +248,7 @@ def handoffs(rows, names=HANDOFFS) -> list:
                 regions[owner.get(name, len(regions) - 1)][1].extend(block)
                 block = []
     total = sum(_number(r[SAMPLES]) for r in rows) or math.nan
+    adding = {i for first, last in _stretch_spans(rows) for i in range(first, last + 1)}
     out = []
     for label, lines in regions:
         if not lines:
@@ -255,7 +256,8 @@ def handoffs(rows, names=HANDOFFS) -> list:
         samples = sum(_number(rows[i][SAMPLES]) for i in lines)
         by = collections.Counter()
         for i in lines:
-            by[_wait_kind(rows[i]["Source"], mbarrier) or "other"] += _number(rows[i][SAMPLES])
+            kind = _wait_kind(rows[i]["Source"], mbarrier) or ("add stretches" if i in adding else "other")
+            by[kind] += _number(rows[i][SAMPLES])
         out.append((label, 100 * samples / total, [(k, 100 * v / samples) for k, v in by.most_common() if v > 0]
                     if samples else []))
     return out
@@ -425,6 +427,13 @@ def scoreboard_waits(rows, lines) -> collections.Counter:
     return waits
 
 
+def _stretch_spans(rows, least: int = 4) -> list:
+    """[(first row, last row)] of the stretches ``add_stretches`` describes."""
+    cuts = [i for i, r in enumerate(rows) if opcode(r["Source"]) in FENCES]
+    return [(a + 1, b - 1) for a, b in zip([-1] + cuts, cuts + [len(rows)])
+            if sum(opcode(rows[i]["Source"]) in REDUCTIONS for i in range(a + 1, b)) >= least]
+
+
 def add_stretches(header, rows, least: int = 4) -> list:
     """The listing's stretches of straight-line code with ``least`` global reductions or more: the
     rows between two FENCES. Each is a dict: first and last row, addresses, instructions,
@@ -433,13 +442,10 @@ def add_stretches(header, rows, least: int = 4) -> list:
     opcodes with their main reason, waits as scoreboard_waits names them: "short_sb on SHFL")."""
     reasons = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
     total = sum(_number(r[SAMPLES]) for r in rows) or math.nan
-    cuts = [i for i, r in enumerate(rows) if opcode(r["Source"]) in FENCES]
     found = []
-    for a, b in zip([-1] + cuts, cuts + [len(rows)]):
-        lines = range(a + 1, b)
+    for first, last in _stretch_spans(rows, least):
+        lines = range(first, last + 1)
         reds = [i for i in lines if opcode(rows[i]["Source"]) in REDUCTIONS]
-        if len(reds) < least:
-            continue
         samples = sum(_number(rows[i][SAMPLES]) for i in lines)
         executed = sum(_number(rows[i].get(EXECUTED)) for i in reds)
         by_reason, by_opcode = collections.Counter(), collections.defaultdict(collections.Counter)
@@ -450,7 +456,7 @@ def add_stretches(header, rows, least: int = 4) -> list:
                 by_opcode[opcode(rows[i]["Source"])][reason] += v
         share = lambda v: 100 * v / samples if samples else math.nan  # noqa: E731
         found.append({
-            "first": a + 1, "last": b - 1, "addresses": (rows[a + 1]["Address"], rows[b - 1]["Address"]),
+            "first": first, "last": last, "addresses": (rows[first]["Address"], rows[last]["Address"]),
             "instructions": len(lines), "reductions": len(reds), "share": 100 * samples / total,
             "per_add": samples / executed if executed else math.nan,
             "reasons": [(k, share(v)) for k, v in by_reason.most_common() if v > 0],

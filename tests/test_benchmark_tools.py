@@ -351,6 +351,12 @@ def test_ncu_stalls_add_stretches(tmp_path, capsys):
     assert tool._registers("LDS.128 R8, [R251+UR7+0x38400]") == ((8, 9, 10, 11), (251,))
     assert tool._registers("@P1 SHFL.BFLY PT, R23, R22, 0x1, 0x1f") == ((23,), (22,))
     assert tool._registers(red) == ((), (12, 14, 13))
+    # A warpgroup's region counts a stretch's instructions but its reductions as "add stretches".
+    _write_sass(tmp_path / "region.csv", [("SYNCS.PHASECHK.TRANS64.TRYWAIT P0, [UR4+0x34200], R0", 10)]
+                + [(red, 5)] * 4 + [("SEL R14, R23, R14, !P1", 20), ("HGMMA.64x64x16.F32.BF16 R24, gdesc[UR8], R24", 10),
+                                    ("IADD3 R1, R1, 0x1, RZ", 40), ("EXIT", 0)])
+    (_, _, parts), = tool.handoffs(tool.read_listing(str(tmp_path / "region.csv"))[1])
+    assert dict(parts) == {"other": 50.0, "add stretches": 20.0, "global reductions": 20.0, "wait PDS_READY": 10.0}
     tool.print_add_stretches(*tool.read_listing(str(tmp_path / "sass.csv")), lines=1)
     out = capsys.readouterr().out
     assert "rows 1-6" in out and "SHFL.BFLY" in out
