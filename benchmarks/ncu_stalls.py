@@ -32,8 +32,9 @@ prints:
 reductions (the chunks' and pairs' adds): the listing cut at every wgmma, wgmma wait,
 mbarrier, named barrier, cp.async wait and EXIT, each stretch with four reductions or more
 listed with its samples per reduction (where a warp's time between two adds goes, in sampling
-units), its stall reasons and the opcodes that hold its samples; ``--lines`` prints the
-instructions of the stretches with most samples, each with its reasons:
+units), its stall reasons, the opcodes that hold its samples and its scoreboard waits traced
+to the shuffle, shared load or global load that wrote the waiting instruction's registers;
+``--lines`` prints the instructions of the stretches with most samples, each with its reasons:
 
     python benchmarks/ncu_stalls.py adds DIR/sass.csv [--lines 2]                            # anywhere
 
@@ -382,11 +383,9 @@ def print_summary(s: dict, top_opcodes: int = 15) -> None:
 
 #: What ends a stretch of add code: the instructions a warp waits at for another unit or warp.
 FENCES = ("HGMMA", "WARPGROUP", "SYNCS", "BAR", "DEPBAR", "EXIT")
-
-
 #: The opcodes whose results a scoreboard wait in an add stretch is traced to (``scoreboard_waits``).
 PRODUCERS = ("SHFL", "LDS", "LDSM", "LDG", "LDL", "S2R", "MUFU")
-_WRITTEN = re.compile(r"\bR(\d+)\b")
+_GPR = re.compile(r"\bR(\d+)\b")  # a general register operand's number (not UR, not RZ)
 
 
 def _registers(sass: str) -> tuple:
@@ -400,11 +399,11 @@ def _registers(sass: str) -> tuple:
     if op in REDUCTIONS or op.startswith("ST"):
         written, read = [], ops
     else:
-        written, read = [int(n) for n in _WRITTEN.findall(ops[first])], ops[first + 1:]
+        written, read = [int(n) for n in _GPR.findall(ops[first])], ops[first + 1:]
         width = {".64": 2, ".128": 4}.get(next((w for w in (".128", ".64") if w in opcode(sass, full=True)), ""), 1)
         if written and op.startswith("LD"):
             written = [written[0] + k for k in range(width)]
-    numbers = [int(n) for o in read for n in _WRITTEN.findall(o)]
+    numbers = [int(n) for o in read for n in _GPR.findall(o)]
     numbers += [int(n) + 1 for o in read for n in re.findall(r"\bR(\d+)\.64", o)]
     return tuple(written), tuple(numbers)
 
