@@ -418,6 +418,29 @@
                             change with no measured gain, and no GPU suite run on it. The call
                             as above, with read_only_slots.
 
+  pair_halves.patch         warpgroup 1's chunk pairs in slot halves (four m64n32 accumulators of
+                            16 registers where the product has two m64n64 of 32): the next pair's
+                            low half's GEMMs issue before this pair's high half's adds, its high
+                            half's before the next pair's low half's adds, so that warpgroup 1
+                            waits for its chunk GEMMs once a block, not three times (3.4 % of all
+                            samples at those waits and some 3 % at the fences and arrivals before
+                            them, docs/performance-log.md, fortieth session). ws_add_pair_lanes
+                            takes the first slot group and the group count as template
+                            arguments; P_s and dS_s become two 32-slot panels in 64-byte swizzle
+                            (TileLang's choice, so that a half is a wgmma operand). Built, not
+                            timed: ptxas at d_k = 576 spills 172/236 bytes (the product 48/60),
+                            warpgroup 1's block loop 2292 SASS instructions (1810) with 36 LDL
+                            and 24 STL (5 and 1), 104 HGMMA (56), and R2UR +240, VIADD +208
+                            (the panels' descriptors formed at run time). The accumulators a
+                            GEMM is writing cannot serve the adds as temporaries, which ptxas
+                            did with the whole pair's: the tile needs some 30 more registers in
+                            warpgroup 1 for this. The call, when a device is lent:
+
+        bash scripts/ab-packages.sh experiments/pair_halves.patch
+        python benchmarks/sass_diff.py --against .ab/pair_halves/mqa_bwd
+        python benchmarks/package_ab.py --against .ab/pair_halves/mqa_bwd \
+            --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
+
   claim_ahead.patch         the claim of a CTA's next item in a row's last block in two steps:
                             warpgroup 0's thread 0 issues the atomic after the block's KV_FREE
                             wait (ws_claim_issue) and posts the item after the block's PDS_READY
