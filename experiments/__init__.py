@@ -427,14 +427,16 @@
                             them, docs/performance-log.md, fortieth session). ws_add_pair_lanes
                             takes the first slot group and the group count as template
                             arguments; P_s and dS_s become two 32-slot panels in 64-byte swizzle
-                            (TileLang's choice, so that a half is a wgmma operand). Built, not
-                            timed: ptxas at d_k = 576 spills 172/236 bytes (the product 48/60),
+                            (TileLang's choice, so that a half is a wgmma operand). ptxas at
+                            d_k = 576 spills 172/236 bytes (the product 48/60),
                             warpgroup 1's block loop 2292 SASS instructions (1810) with 36 LDL
                             and 24 STL (5 and 1), 104 HGMMA (56), and R2UR +240, VIADD +208
                             (the panels' descriptors formed at run time). The accumulators a
                             GEMM is writing cannot serve the adds as temporaries, which ptxas
                             did with the whole pair's: the tile needs some 30 more registers in
-                            warpgroup 1 for this. The call, when a device is lent:
+                            warpgroup 1 for this. On an H100 (fortieth session, at ff3f2a6, one
+                            run) the same bits, det's main kernel 8.559 against 7.115 ms (+20 %)
+                            at dsv32 H=64 and 5.534 against 4.905 (+13 %) at fleet. The call:
 
         bash scripts/ab-packages.sh experiments/pair_halves.patch
         python benchmarks/sass_diff.py --against .ab/pair_halves/mqa_bwd
