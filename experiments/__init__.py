@@ -384,7 +384,7 @@
 
   slots_ahead_hi.patch      the lanes' slot pairs loaded a group ahead in fact, not only in the
                             source: ptxas sinks each ws_slot_pair load to some 10 instructions
-                            before its use, and the select that reads it waits there (6-22 % of an
+                            before its use, and the select that reads it waits there (5-22 % of an
                             add stretch's samples, docs/performance-log.md, fortieth session). A
                             bit known to be 0 (a row offset's sign) of the next group's load goes
                             into an add's address, so that ptxas issues the load before that add:
@@ -413,8 +413,9 @@
                             fails on the product's lanes configurations). The same bits; on an
                             H100 (fortieth session, at 717ceb7) det's main kernel 7.150 against
                             7.166 ms at dsv32 H=64 and 4.861 against 4.867 at fleet, one run:
-                            within the noise (the next WARPGROUP.ARRIVE waits for the same
-                            registers the fence waited for; not profiled). Not landed: a kernel
+                            within the noise (likely because the next WARPGROUP.ARRIVE waits on
+                            the same registers, as it does in the product's profile; the patch
+                            was not profiled). Not landed: a kernel
                             change with no measured gain, and no GPU suite run on it. The call
                             as above, with read_only_slots.
 
