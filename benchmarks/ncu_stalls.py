@@ -100,9 +100,19 @@ def opcode(sass: str, full: bool = False) -> str:
     return words[0] if full else words[0].split(".")[0]
 
 
+def stall_columns(header) -> list:
+    """The export's stall-reason columns ("stall_short_sb", ...), the "(Not Issued)" ones left out."""
+    return [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
+
+
+def reason_name(column: str) -> str:
+    """A stall column's reason ("stall_short_sb" -> "short_sb")."""
+    return column[len("stall_"):]
+
+
 def summarize(header, rows, top: int = 25) -> dict:
     """The tables of the module docstring, as data (shares in percent of all samples)."""
-    reasons = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
+    reasons = stall_columns(header)
     total = sum(_number(r[SAMPLES]) for r in rows) or math.nan
     by_reason = collections.Counter()
     by_opcode = collections.defaultdict(collections.Counter)
@@ -353,12 +363,11 @@ def print_l2(l2: dict, top: int = 8) -> None:
 
 
 def print_summary(s: dict, top_opcodes: int = 15) -> None:
-    name = lambda reason: reason[len("stall_"):]  # noqa: E731
     print(f"{s['samples']:.0f} warp samples")
-    print("stall reasons: " + ", ".join(f"{name(k)} {v:.1f}%" for k, v in s["reasons"][:10]))
+    print("stall reasons: " + ", ".join(f"{reason_name(k)} {v:.1f}%" for k, v in s["reasons"][:10]))
     print("\nopcode      share  main reasons")
     for op, share, main in s["opcodes"][:top_opcodes]:
-        print(f"{op:<10} {share:5.1f}%  " + ", ".join(f"{name(k)} {v:.1f}" for k, v in main))
+        print(f"{op:<10} {share:5.1f}%  " + ", ".join(f"{reason_name(k)} {v:.1f}" for k, v in main))
     print("\nshared memory   wavefronts      ideal   x ideal   instructions")
     for op, w, i, n in s["shared"]:
         print(f"{op:<16} {w / 1e6:9.1f}M {i / 1e6:9.1f}M {w / i if i else math.inf:8.2f} {n / 1e6:11.1f}M")
@@ -378,7 +387,7 @@ def print_summary(s: dict, top_opcodes: int = 15) -> None:
             print(f"{label[:44]:<44} {share:6.1f}%  " + ", ".join(f"{k} {v:.1f}%" for k, v in parts[:7]))
     print("\nline  samples  instruction  (reasons above 0.2%)")
     for i, sass, share, main in s["top"]:
-        print(f"{i:5d} {share:6.2f}%  {sass[:60]:<60} " + ", ".join(f"{name(k)} {v:.2f}" for k, v in main))
+        print(f"{i:5d} {share:6.2f}%  {sass[:60]:<60} " + ", ".join(f"{reason_name(k)} {v:.2f}" for k, v in main))
 
 
 #: What ends a stretch of add code: the instructions a warp waits at for another unit or warp.
@@ -400,7 +409,8 @@ def _registers(sass: str) -> tuple:
         written, read = [], ops
     else:
         written, read = [int(n) for n in _GPR.findall(ops[first])], ops[first + 1:]
-        width = {".64": 2, ".128": 4}.get(next((w for w in (".128", ".64") if w in opcode(sass, full=True)), ""), 1)
+        full = opcode(sass, full=True)
+        width = 4 if ".128" in full else 2 if ".64" in full else 1
         if written and op.startswith("LD"):
             written = [written[0] + k for k in range(width)]
     numbers = [int(n) for o in read for n in _GPR.findall(o)]
@@ -437,9 +447,9 @@ def add_stretches(header, rows, least: int = 4) -> list:
     """The listing's stretches of straight-line code with ``least`` global reductions or more: the
     rows between two FENCES. Each is a dict: first and last row, addresses, instructions,
     reductions, share (of all samples, percent), per_add (the stretch's samples per executed
-    reduction), reasons, opcodes and waits (each as [(name, percent of the stretch's samples)],
+    reduction), samples, reasons, opcodes and waits (each as [(name, percent of the stretch's samples)],
     opcodes with their main reason, waits as scoreboard_waits names them: "short_sb on SHFL")."""
-    reasons = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
+    reasons = stall_columns(header)
     total = sum(_number(r[SAMPLES]) for r in rows) or math.nan
     found = []
     for first, last in _stretch_spans(rows, least):
@@ -456,36 +466,35 @@ def add_stretches(header, rows, least: int = 4) -> list:
         share = lambda v: 100 * v / samples if samples else math.nan  # noqa: E731
         found.append({
             "first": first, "last": last, "addresses": (rows[first]["Address"], rows[last]["Address"]),
-            "instructions": len(lines), "reductions": len(reds), "share": 100 * samples / total,
+            "instructions": len(lines), "reductions": len(reds), "samples": samples, "share": 100 * samples / total,
             "per_add": samples / executed if executed else math.nan,
             "reasons": [(k, share(v)) for k, v in by_reason.most_common() if v > 0],
             "opcodes": sorted(((op, share(sum(c.values())), c.most_common(1)[0][0]) for op, c in by_opcode.items()
                                if sum(c.values()) > 0), key=lambda x: -x[1]),
-            "waits": [(f"{reason[len('stall_'):]} on {what}", share(v))
+            "waits": [(f"{reason_name(reason)} on {what}", share(v))
                       for (reason, what), v in scoreboard_waits(rows, lines).most_common()],
         })
     return found
 
 
 def print_add_stretches(header, rows, lines: int = 0) -> None:
-    name = lambda reason: reason[len("stall_"):]  # noqa: E731
     stretches = add_stretches(header, rows)
     print("rows         addresses            instr  adds  samples  per add  main reasons (% of the stretch)")
     for s in stretches:
         print(f"{s['first']:5d}-{s['last']:<5d} {s['addresses'][0]:>9}-{s['addresses'][1]:<9} {s['instructions']:6d} "
               f"{s['reductions']:5d} {s['share']:7.2f}% {s['per_add']:8.3f}  "
-              + ", ".join(f"{name(k)} {v:.1f}" for k, v in s["reasons"][:6]))
-        print("    opcodes: " + ", ".join(f"{op} {v:.1f} ({name(k)})" for op, v, k in s["opcodes"][:8]))
+              + ", ".join(f"{reason_name(k)} {v:.1f}" for k, v in s["reasons"][:6]))
+        print("    opcodes: " + ", ".join(f"{op} {v:.1f} ({reason_name(k)})" for op, v, k in s["opcodes"][:8]))
         print("    scoreboard waits: " + ", ".join(f"{k} {v:.1f}" for k, v in s["waits"][:6]))
-    reasons = [h for h in header if h.startswith("stall_") and "Not Issued" not in h]
+    reasons = stall_columns(header)
     for s in sorted(stretches, key=lambda s: -s["share"])[:lines]:
-        samples = sum(_number(rows[i][SAMPLES]) for i in range(s["first"], s["last"] + 1)) or math.nan
+        samples = s["samples"] or math.nan
         print(f"\nrows {s['first']}-{s['last']}: samples (% of the stretch), instruction, reasons")
         for i in range(s["first"], s["last"] + 1):
             r = rows[i]
             main = sorted(((_number(r[k]), k) for k in reasons if _number(r[k]) > 0), reverse=True)[:3]
             print(f"{i:6d} {100 * _number(r[SAMPLES]) / samples:5.1f}  {r['Source'].strip()[:58]:<58} "
-                  + ", ".join(f"{name(k)} {100 * v / samples:.1f}" for v, k in main))
+                  + ", ".join(f"{reason_name(k)} {100 * v / samples:.1f}" for v, k in main))
 
 
 def main_launches_per_call(H: int, design: str) -> int:
