@@ -444,6 +444,41 @@
         python benchmarks/package_ab.py --against .ab/pair_halves/mqa_bwd \
             --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
 
+  dq_split_320.patch        WIDE_DQ_SPLIT 320 (64 of dQ's columns, 32 registers a thread, moved
+                            from warpgroup 1 to warpgroup 0), alone and under pair_halves, whose
+                            warpgroup 1 then spills nothing (ptxas; warpgroup 0 gets 13 LDL and 3
+                            STL in its block loop, as the product's at that split). On an H100
+                            (forty-first session, at 0f4b98d, one run, the same bits), det's main
+                            kernel at dsv32 H=64 / fleet: product 7.127 / 4.833 ms, dq_split_320
+                            9.742 / 6.295 (+37 %, +30 %), pair_halves with it 9.411 / 6.090
+                            (+32 %, +26 %); the control 7.758 / 5.183 against 8.378 / 5.623. So
+                            the slot halves take 3.4 % off the kernel where warpgroup 1 has the
+                            registers for them, and moving dQ's columns to warpgroup 0 costs ten
+                            times that. Built with ab-packages' + (patches applied in turn):
+
+        bash scripts/ab-packages.sh experiments/dq_split_320.patch experiments/pair_halves.patch+experiments/dq_split_320.patch
+        python benchmarks/package_ab.py --against .ab/dq_split_320/mqa_bwd --against .ab/pair_halves+dq_split_320/mqa_bwd \
+            --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
+
+  side_stream.patch         the Delta launch on a stream of its own beside the slot layout's
+                            (Launcher.beside and join_beside; the call's stream waits for it
+                            before the plan, or the control's main launch). Both launches stream
+                            from HBM and the layout's CTAs sort part of the time, so they might
+                            overlap. They do not: on an H100 (forty-first session, at 0f4b98d,
+                            one run) each kernel's traced time is its time in order (delta_max
+                            0.189 against 0.183 ms, sorted_marks 0.159 against 0.154 at dsv32
+                            H=64), and the fork and join cost the whole call 0.05-0.06 ms
+                            (det 7.713 against 7.664 ms at dsv32 H=64, 5.778 against 5.719 at
+                            fleet; the control 8.153 against 8.116, 5.825 against 5.780). ptxas:
+                            delta_max takes 90 registers a thread (96 as allocated), so five
+                            of its 128-thread CTAs hold 61,440 of an SM's 65,536 registers, and
+                            a sorted_marks CTA (256 threads, 56 registers at top-k 2048) fits
+                            beside them only in the Delta's last wave. The same bits:
+
+        bash scripts/ab-packages.sh experiments/side_stream.patch
+        python benchmarks/package_ab.py --against .ab/side_stream/mqa_bwd \
+            --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
+
   claim_ahead.patch         the claim of a CTA's next item in a row's last block in two steps:
                             warpgroup 0's thread 0 issues the atomic after the block's KV_FREE
                             wait (ws_claim_issue) and posts the item after the block's PDS_READY

@@ -1,17 +1,24 @@
 #!/usr/bin/env bash
 # Copies of the package for benchmarks/package_ab.py, built here (the GPU host has no git):
-# each argument is a patch of experiments/ applied to REV's mqa_bwd (REV defaults to HEAD),
-# or a bare revision (rev:COMMIT) taken whole. The copies land in .ab/<name>/mqa_bwd (carry .ab
+# each argument is a patch of experiments/ applied to REV's mqa_bwd (REV defaults to HEAD), several
+# patches joined by + applied in turn (one copy, named by all of them), or a bare revision
+# (rev:COMMIT) taken whole. The copies land in .ab/<name>/mqa_bwd (carry .ab
 # in the device call); the script prints the device command that compiles each copy's kernels
 # in parallel and times them all together with package_ab.
-#   bash scripts/ab-packages.sh experiments/no_bounds.patch rev:4727d9b
+#   bash scripts/ab-packages.sh experiments/no_bounds.patch rev:4727d9b experiments/a.patch+experiments/b.patch
 set -euo pipefail
 rev=${REV:-HEAD}
 [[ $# -gt 0 ]] || { echo "usage: [REV=commit] $0 experiments/NAME.patch | rev:COMMIT ..." >&2; exit 2; }
 items=()
 for item in "$@"; do  # patch paths as given, before moving to the repository's root
-  if [[ $item == rev:* ]]; then items+=("$item")
-  else [[ -f $item ]] || { echo "$item: no such patch" >&2; exit 2; }; items+=("$(realpath "$item")"); fi
+  if [[ $item == rev:* ]]; then items+=("$item"); continue; fi
+  IFS=+ read -ra parts <<< "$item"
+  resolved=()
+  for part in "${parts[@]}"; do
+    [[ -f $part ]] || { echo "$part: no such patch" >&2; exit 2; }
+    resolved+=("$(realpath "$part")")
+  done
+  items+=("$(IFS=+; echo "${resolved[*]}")")
 done
 cd "$(dirname "$(realpath "$0")")/.."
 mkdir -p .ab
@@ -20,13 +27,14 @@ for item in "${items[@]}"; do
   if [[ $item == rev:* ]]; then
     name=${item#rev:} source=${item#rev:}
   else
-    name=$(basename "$item" .patch) source=$rev
+    IFS=+ read -ra patches <<< "$item"
+    name=$(for patch in "${patches[@]}"; do basename "$patch" .patch; done | paste -sd+) source=$rev
   fi
   rm -rf ".ab/$name" && mkdir -p ".ab/$name"
   git archive "$source" mqa_bwd | tar -x -C ".ab/$name"
   if [[ $item != rev:* ]]; then
     # git apply outside a repository: a throwaway one, so that --include works as in a checkout.
-    (cd ".ab/$name" && git init -q && git apply --include='mqa_bwd/*' "$item" && rm -rf .git)
+    (cd ".ab/$name" && git init -q && for patch in "${patches[@]}"; do git apply --include='mqa_bwd/*' "$patch"; done && rm -rf .git)
   fi
   against+=(--against ".ab/$name/mqa_bwd") names+=("$name")
   if [[ $item == rev:* ]]; then echo "built .ab/$name/mqa_bwd: $source" >&2
