@@ -6,6 +6,7 @@
 #   bash scripts/gpu-run.sh 'python3 -m pytest -m gpu tests/' 'python3 -m mqa_bwd bench --shapes dsv32'
 # COMPILE_ONLY='--d_k 576 --group-heads 32' compiles only the bench shapes' configurations (36 of the
 # 62), for a call that runs nothing else (package A/B, the bench): the rest would cost device time.
+# COMPILE_ONLY=none compiles no kernel configuration first (a probe that builds its own kernel).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}
 mkdir -p /tmp/site "$OUT"
@@ -25,7 +26,9 @@ export MQA_SANITIZER_REPORTS=${MQA_SANITIZER_REPORTS:-$OUT/sanitizer}
 export PYTHONPATH=/tmp/site:$PWD CUDA_HOME=${CUDA_HOME:-/usr/local/cuda} PYTHONUNBUFFERED=1 OUT
 nvidia-smi -L
 python3 -c "import tilelang, torch; print('tilelang', tilelang.__version__, 'torch', torch.__version__)"
-python3 -W ignore -m mqa_bwd.kernels --workers 16 ${COMPILE_ONLY:-} 2>&1 | grep -v "INFO" | tail -3
+if [[ ${COMPILE_ONLY:-} != none ]]; then
+  python3 -W ignore -m mqa_bwd.kernels --workers 16 ${COMPILE_ONLY:-} 2>&1 | grep -v "INFO" | tail -3
+fi
 n=0
 for cmd in "$@"; do
   n=$((n + 1))

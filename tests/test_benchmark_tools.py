@@ -111,6 +111,27 @@ def test_load_probe_times_each_load_until_it_lands_beside_whole_line_reductions(
     assert set(tool.MODES) == {0, 1, 2, 3}
 
 
+def test_exchange_probe_swaps_the_partials_through_the_partners_shared_memory_beside_reductions():
+    # dsmem_exchange's cycles are an exchange's only if each CTA writes its partials into the
+    # partner's shared memory (a mapa'd address; plain stores then a release-arrive on the
+    # partner's barrier, or st.async completing the bytes on it) and reads its own inbox only
+    # after an acquire-wait, while the busy warps send the lanes' 64-bit fire-and-forget adds.
+    tool = _tool("dsmem_exchange")
+    source = kernels.compile_program(tool.probe_program(8)).get_kernel_source()
+    ptx = kernels.toolchain._nvcc_source(source, "-ptx", "compute_90a")[0]
+    assert set(re.findall(r"\b(?:atom|red)\.global\.[a-z0-9.]+", ptx)) == {"red.global.add.u64"}, "the reductions"
+    assert "mapa.shared::cluster" in ptx
+    stores = len(re.findall(r"st\.shared::cluster\.v4\.f32", ptx))
+    asyncs = len(re.findall(r"st\.async\.shared::cluster\.mbarrier::complete_tx::bytes\.v4\.f32", ptx))
+    # Every thread of the exchanging warpgroup writes its share of both 64 x 64 fp32 partials.
+    assert stores == asyncs == tool.WORDS // 4 // tool.EXCHANGE_THREADS, (stores, asyncs)
+    assert "mbarrier.arrive.release.cluster.shared::cluster.b64" in ptx
+    assert "mbarrier.arrive.expect_tx.shared::cta.b64" in ptx  # st.async's bytes, expected by the reader
+    assert "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64" in ptx
+    assert "barrier.cluster.arrive" in ptx and "%cluster_ctarank" in ptx
+    assert tool.WORDS * 4 == 2 * 64 * 64 * 4  # S's and dP's partials, 16 KB each
+
+
 def test_red_supply_sends_each_form_it_names():
     # red_supply's rates compare forms by the bytes an instruction carries: each form's instruction
     # must be in the kernel, fire-and-forget (red, no atom), and FORMS' bytes 32 lanes of it.
