@@ -21,12 +21,14 @@ exchange: per launch the median and 90th percentile of an exchange's cycles, wit
 the adds, and the adds' rate.
 """
 
-import argparse
 import itertools
-
-import numpy as np
+import os
+import sys
 
 from mqa_bwd import kernels as K
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from load_under_reds import cycle_figures, probe_cli, timed_launch  # noqa: E402
 
 #: fp32 words a CTA sends a block: S's and dP's 64 heads x 64 slots.
 WORDS = 2 * 64 * 64
@@ -162,13 +164,7 @@ def run(iterations: int, lines: int) -> None:
     print(f"{ctas} CTAs in clusters of two; {WORDS * 4 // 1024} KB each way an exchange; busy warps send {lines} lines each")
     for busy, via in itertools.product((0, 1), (0, 1)):
         out = torch.zeros((ctas, 2 * iterations + 2), dtype=torch.int64, device="cuda")
-        kernel(words, out, rows, lines, busy, via)  # warm-up
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        kernel(words, out, rows, lines, busy, via)
-        end.record()
-        torch.cuda.synchronize()
-        ms = start.elapsed_time(end)
+        ms = timed_launch(lambda: kernel(words, out, rows, lines, busy, via))
         result = out.cpu().numpy()
         cycles, ends, adds_end = result[:, :iterations], result[:, iterations:2 * iterations], result[:, -1:]
         # Under load: the exchanges that ended before their CTA's warp 0 sent its last add.
@@ -179,21 +175,12 @@ def run(iterations: int, lines: int) -> None:
             print(f"  {'adds under way':<15} {'st.async' if via else 'st':<9} no exchange ended while adding: raise --lines")
             continue
         print(f"  {'adds under way' if busy else 'no adds':<15} {'st.async' if via else 'st':<9} exchange "
-              f"{np.median(kept):6.0f} cycles median, p90 {np.percentile(kept, 90):6.0f}, max {kept.max():7.0f}{share}  "
-              f"({ms:.2f} ms, reductions {rate:.2f} TB/s)")
+              f"{cycle_figures(kept)}{share}  ({ms:.2f} ms, reductions {rate:.2f} TB/s)")
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--iterations", type=int, default=200, help="exchanges a CTA")
-    parser.add_argument("--lines", type=int, default=24000, help="lines each busy warp sends (enough to outlast the exchanges)")
-    parser.add_argument("--compile-only", action="store_true", help="build the kernel for sm_90a and stop (CPU)")
-    a = parser.parse_args()
-    if a.compile_only:
-        source = K.compile_program(probe_program(a.iterations)).get_kernel_source()
-        print(K.ptxas_info_of_source(source, "dsmem_exchange"))
-        return
-    run(a.iterations, a.lines)
+    probe_cli(__doc__, "dsmem_exchange", lambda a: probe_program(a.iterations), lambda a: run(a.iterations, a.lines),
+              iterations=(200, "exchanges a CTA"), lines=(24000, "lines each busy warp sends (enough to outlast the exchanges)"))
 
 
 if __name__ == "__main__":

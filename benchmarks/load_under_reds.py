@@ -103,6 +103,39 @@ __device__ __forceinline__ void probe_body(const void* words_, const void* table
 MODES = {0: "nobody busy", 2: "every other CTA busy", 3: "three CTAs in four busy", 1: "every CTA busy"}
 
 
+def cycle_figures(cycles) -> str:
+    """A probe's timed cycles as this tool prints them: median, 90th percentile and maximum."""
+    return f"{np.median(cycles):6.0f} cycles median, p90 {np.percentile(cycles, 90):7.0f}, max {cycles.max():7.0f}"
+
+
+def timed_launch(launch) -> float:
+    """Milliseconds of one call of ``launch`` (a probe's launch), after a warm-up call, by CUDA events."""
+    import torch
+
+    launch()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    launch()
+    end.record()
+    torch.cuda.synchronize()
+    return start.elapsed_time(end)
+
+
+def probe_cli(doc: str, label: str, build, run, **counts) -> None:
+    """A probe's command line: an int option a ``counts`` entry (name: (default, help)) and
+    --compile-only, which builds ``build(args)``'s program for sm_90a and prints what ptxas gave
+    it (no GPU); otherwise ``run(args)``."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    for name, (default, text) in counts.items():
+        parser.add_argument(f"--{name}", type=int, default=default, help=text)
+    parser.add_argument("--compile-only", action="store_true", help="build the kernel for sm_90a and stop (CPU)")
+    args = parser.parse_args()
+    if args.compile_only:
+        print(K.ptxas_info_of_source(K.compile_program(build(args)).get_kernel_source(), label))
+    else:
+        run(args)
+
+
 def probe_program(probes: int):
     tilelang, T = K._tl()
     CTAS, ROWS, N = T.dynamic("CTAS"), T.dynamic("ROWS"), T.dynamic("N")
@@ -129,36 +162,21 @@ def run(iterations: int, probes: int) -> None:
     print(f"{sms} CTAs of 256 threads; busy warps send {iterations} lines each; {probes} probes a CTA")
     for (mode, name), bulk in itertools.product(MODES.items(), (0, 1)):
         out = torch.zeros((sms, probes + 1), dtype=torch.int64, device="cuda")
-        kernel(words, table, out, rows, iterations, mode, bulk)  # warm-up
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        kernel(words, table, out, rows, iterations, mode, bulk)
-        end.record()
-        torch.cuda.synchronize()
+        ms = timed_launch(lambda: kernel(words, table, out, rows, iterations, mode, bulk))
         result = out.cpu().numpy()
         busy = result[:, probes].astype(bool)
-        ms = start.elapsed_time(end)
         # The L2's rate of reductions: the busy warps' lines over the launch (probes end first).
         rate = int(busy.sum()) * 7 * iterations * 256 / (ms * 1e-3) / 1e12
         for label, sel in (("busy CTAs", busy), ("idle CTAs", ~busy)):
             if sel.any():
                 cycles = result[sel, :probes].ravel()
-                print(f"  {name:<24} {label:<10} {'bulk copy' if bulk else 'load':<9} {np.median(cycles):6.0f} cycles median, "
-                      f"p90 {np.percentile(cycles, 90):7.0f}, max {cycles.max():7.0f}  ({ms:.2f} ms, reductions "
-                      f"{rate:.2f} TB/s)")
+                print(f"  {name:<24} {label:<10} {'bulk copy' if bulk else 'load':<9} {cycle_figures(cycles)}  "
+                      f"({ms:.2f} ms, reductions {rate:.2f} TB/s)")
 
 
 def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--iterations", type=int, default=4000, help="lines each busy warp sends")
-    parser.add_argument("--probes", type=int, default=48, help="timed loads a CTA")
-    parser.add_argument("--compile-only", action="store_true", help="build the kernel for sm_90a and stop (CPU)")
-    a = parser.parse_args()
-    if a.compile_only:
-        source = K.compile_program(probe_program(a.probes)).get_kernel_source()
-        print(K.ptxas_info_of_source(source, "load_under_reds"))
-        return
-    run(a.iterations, a.probes)
+    probe_cli(__doc__, "load_under_reds", lambda a: probe_program(a.probes), lambda a: run(a.iterations, a.probes),
+              iterations=(4000, "lines each busy warp sends"), probes=(48, "timed loads a CTA"))
 
 
 if __name__ == "__main__":
