@@ -13,9 +13,12 @@ sends whole-line red.global.add.u64 (the lanes' adds) to rows spread over a 192 
 ``lines`` per warp. Warpgroup 1 runs ``iterations`` exchanges: each thread writes 256 bytes of
 the CTA's 32 KB partials into the partner's inbox, the partner's mbarrier completes once all of
 them have landed, the thread waits on its own inbox's mbarrier, reads its 256 bytes of the
-partner's partials and frees the inbox for the partner's next write. Two ways to write: st
-(``st.shared::cluster.v4`` stores, then one release-arrive a thread on the partner's barrier)
-and st.async (``st.async...mbarrier::complete_tx::bytes.v4``, the barrier counting the bytes).
+partner's partials and frees the inbox for the partner's next write. Three ways to write: st
+(``st.shared::cluster.v4`` stores, then one release-arrive a thread on the partner's barrier),
+st.async (``st.async...mbarrier::complete_tx::bytes.v4``, the barrier counting the bytes) and
+bulk (the thread stages its 256 bytes in its own CTA's shared memory, then each warp's lane 0
+sends the warp's 8 KB by one ``cp.async.bulk.shared::cluster.shared::cta`` completing its bytes
+on the partner's barrier: the TMA's path).
 Thread 0 of warpgroup 1 stamps clock64 before its first write and after its read of each
 exchange: per launch the median and 90th percentile of an exchange's cycles, with and without
 the adds, and the adds' rate.
@@ -33,6 +36,8 @@ from load_under_reds import cycle_figures, probe_cli, timed_launch  # noqa: E402
 #: fp32 words a CTA sends a block: S's and dP's 64 heads x 64 slots.
 WORDS = 2 * 64 * 64
 EXCHANGE_THREADS = 128
+#: How a CTA writes its partials into the partner's inbox (the kernel's ``via``).
+VIAS = {0: "st", 1: "st.async", 2: "bulk"}
 
 PROBE_SOURCE = r"""
 #define XCH_WORDS %(words)d
@@ -64,12 +69,15 @@ __device__ __forceinline__ void xch_cluster_sync() {
 }
 // Warpgroup 0 of a busy CTA: `lines` whole-line reductions a warp to rows hashed from (CTA, warp,
 // step). Warpgroup 1: `iterations` exchanges of XCH_WORDS fp32 with the partner CTA (rank ^ 1),
-// written by st.shared::cluster (via 0) or st.async (via 1). Out[cta][k]: exchange k's cycles on
+// written by st.shared::cluster (via 0), st.async (via 1) or a bulk copy a warp from the staged
+// outbox (via 2). Inbox and outbox: XCH_WORDS fp32 of the CTA's shared memory each (TileLang's
+// dynamic allocation: both would pass the static limit). Out[cta][k]: exchange k's cycles on
 // thread 128, Out[cta][iterations + k] the clock at its end; [2 iterations]: the sum of what was
 // read (keeps the reads), [2 iterations + 1]: the clock at which warp 0 sent its last add (0 idle).
-__device__ __forceinline__ void xch_body(const void* words_, const void* out_, int rows, int lines, int iterations,
-                                         int busy_mode, int via, int cta) {
-  __shared__ alignas(16) float inbox[XCH_WORDS];
+__device__ __forceinline__ void xch_body(const void* words_, const void* out_, const void* inbox_, const void* outbox_,
+                                         int rows, int lines, int iterations, int busy_mode, int via, int cta) {
+  const float* inbox = static_cast<const float*>(inbox_);
+  float4* outbox = const_cast<float4*>(static_cast<const float4*>(outbox_));
   __shared__ alignas(8) unsigned long long full, empty;
   const int t = threadIdx.x, warp = t >> 5, lane = t & 31;
   const bool busy = busy_mode != 0;
@@ -112,11 +120,27 @@ __device__ __forceinline__ void xch_body(const void* words_, const void* out_, i
       for (int i = 0; i < XCH_WORDS / 4 / XCH_THREADS; ++i) {
         const unsigned at = remote_inbox + 16u * static_cast<unsigned>(i * XCH_THREADS + x);
         const float a = static_cast<float>(k + i), b = a + 1.0f, c = a + 2.0f, d = a + 3.0f;
-        if (via)
+        if (via == 2)  // a warp's slice is contiguous: lane l's i-th vector at (warp, i, l)
+          outbox[(x >> 5) * (XCH_WORDS / 4 / 4) + i * 32 + (x & 31)] = make_float4(a, b, c, d);
+        else if (via)
           asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.v4.f32 [%%0], {%%1, %%2, %%3, %%4}, [%%5];"
                        :: "r"(at), "f"(a), "f"(b), "f"(c), "f"(d), "r"(remote_full) : "memory");
         else
           asm volatile("st.shared::cluster.v4.f32 [%%0], {%%1, %%2, %%3, %%4};" :: "r"(at), "f"(a), "f"(b), "f"(c), "f"(d) : "memory");
+      }
+      if (via == 2) {
+        // The staged vectors reach the async proxy, then lane 0 sends the warp's 8 KB and waits
+        // until the copy has read them (the outbox is rewritten next round).
+        asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+        __syncwarp();
+        if ((x & 31) == 0) {
+          const unsigned slice = 16u * static_cast<unsigned>((x >> 5) * (XCH_WORDS / 4 / 4));
+          const unsigned src = static_cast<unsigned>(__cvta_generic_to_shared(outbox)) + slice;
+          asm volatile("cp.async.bulk.shared::cluster.shared::cta.mbarrier::complete_tx::bytes [%%0], [%%1], %%2, [%%3];\n\t"
+                       "cp.async.bulk.commit_group;\n\tcp.async.bulk.wait_group.read 0;"
+                       :: "r"(remote_inbox + slice), "r"(src), "r"(XCH_WORDS * 4 / (XCH_THREADS / 32)), "r"(remote_full) : "memory");
+        }
+        __syncwarp();
       }
       if (!via) xch_arrive_remote(remote_full);
       xch_wait(full_bar, k);
@@ -148,8 +172,11 @@ def probe_program(iterations: int):
     def probe(Words: T.Tensor((N,), "int64"), Out: T.Tensor((CTAS, 2 * iterations + 2), "int64"), rows: T.int32,
               lines: T.int32, busy: T.int32, via: T.int32):
         with T.Kernel(CTAS, threads=256, cluster_dims=2) as cta:
+            inbox = T.alloc_shared((WORDS,), "float32")
+            outbox = T.alloc_shared((WORDS,), "float32")
             T.import_source(source)
-            T.call_extern("handle", "xch_body", Words.data, Out.data, rows, lines, iterations, busy, via, cta)
+            T.call_extern("handle", "xch_body", Words.data, Out.data, T.address_of(inbox[0]), T.address_of(outbox[0]),
+                          rows, lines, iterations, busy, via, cta)
 
     return probe
 
@@ -162,7 +189,7 @@ def run(iterations: int, lines: int) -> None:
     kernel = K.compile_program(probe_program(iterations))
     words = torch.zeros((rows * 288,), dtype=torch.int64, device="cuda")
     print(f"{ctas} CTAs in clusters of two; {WORDS * 4 // 1024} KB each way an exchange; busy warps send {lines} lines each")
-    for busy, via in itertools.product((0, 1), (0, 1)):
+    for busy, via in itertools.product((0, 1), VIAS):
         out = torch.zeros((ctas, 2 * iterations + 2), dtype=torch.int64, device="cuda")
         ms = timed_launch(lambda: kernel(words, out, rows, lines, busy, via))
         result = out.cpu().numpy()
@@ -172,9 +199,9 @@ def run(iterations: int, lines: int) -> None:
         rate = ctas * 4 * lines * 256 / (ms * 1e-3) / 1e12 if busy else 0.0
         share = f", {kept.size} of {cycles.size} while adding" if busy else ""
         if kept.size == 0:
-            print(f"  {'adds under way':<15} {'st.async' if via else 'st':<9} no exchange ended while adding: raise --lines")
+            print(f"  {'adds under way':<15} {VIAS[via]:<9} no exchange ended while adding: raise --lines")
             continue
-        print(f"  {'adds under way' if busy else 'no adds':<15} {'st.async' if via else 'st':<9} exchange "
+        print(f"  {'adds under way' if busy else 'no adds':<15} {VIAS[via]:<9} exchange "
               f"{cycle_figures(kept)}{share}  ({ms:.2f} ms, reductions {rate:.2f} TB/s)")
 
 

@@ -114,7 +114,8 @@ def test_load_probe_times_each_load_until_it_lands_beside_whole_line_reductions(
 def test_exchange_probe_swaps_the_partials_through_the_partners_shared_memory_beside_reductions():
     # dsmem_exchange's cycles are an exchange's only if each CTA writes its partials into the
     # partner's shared memory (a mapa'd address; plain stores then a release-arrive on the
-    # partner's barrier, or st.async completing the bytes on it) and reads its own inbox only
+    # partner's barrier, st.async completing the bytes on it, or a bulk copy a warp of the staged
+    # partials, after the proxy fence that shows them to the copy) and reads its own inbox only
     # after an acquire-wait, while the busy warps send the lanes' 64-bit fire-and-forget adds.
     tool = _tool("dsmem_exchange")
     source = kernels.compile_program(tool.probe_program(8)).get_kernel_source()
@@ -125,6 +126,9 @@ def test_exchange_probe_swaps_the_partials_through_the_partners_shared_memory_be
     asyncs = len(re.findall(r"st\.async\.shared::cluster\.mbarrier::complete_tx::bytes\.v4\.f32", ptx))
     # Every thread of the exchanging warpgroup writes its share of both 64 x 64 fp32 partials.
     assert stores == asyncs == tool.WORDS // 4 // tool.EXCHANGE_THREADS, (stores, asyncs)
+    bulk = re.findall(r"cp\.async\.bulk\.shared::cluster\.shared::cta\.mbarrier::complete_tx::bytes", ptx)
+    assert len(bulk) == 1 and "fence.proxy.async.shared::cta" in ptx and "cp.async.bulk.wait_group.read 0" in ptx
+    assert set(tool.VIAS) == {0, 1, 2}
     assert "mbarrier.arrive.release.cluster.shared::cluster.b64" in ptx
     assert "mbarrier.arrive.expect_tx.shared::cta.b64" in ptx  # st.async's bytes, expected by the reader
     assert "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64" in ptx
