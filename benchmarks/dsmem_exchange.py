@@ -21,7 +21,8 @@ sends the warp's 8 KB by one ``cp.async.bulk.shared::cluster.shared::cta`` compl
 on the partner's barrier: the TMA's path).
 Thread 0 of warpgroup 1 stamps clock64 before its first write and after its read of each
 exchange: per launch the median and 90th percentile of an exchange's cycles, with and without
-the adds, and the adds' rate.
+the adds (with them, only the exchanges that ended before the CTA's warp 0 sent its last add),
+and the adds' rate.
 """
 
 import itertools
