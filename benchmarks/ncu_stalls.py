@@ -110,19 +110,31 @@ def reason_name(column: str) -> str:
     return column[len("stall_"):]
 
 
-def summarize(header, rows, top: int = 25) -> dict:
-    """The tables of the module docstring, as data (shares in percent of all samples)."""
-    reasons = stall_columns(header)
-    total = sum(_number(r[SAMPLES]) for r in rows) or math.nan
-    by_reason = collections.Counter()
-    by_opcode = collections.defaultdict(collections.Counter)
-    shared = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
+def total_samples(rows) -> float:
+    """The listing's warp samples (NaN where it has none, so that shares of it are NaN, not an error)."""
+    return sum(_number(r[SAMPLES]) for r in rows) or math.nan
+
+
+def stall_counts(rows, reasons) -> tuple:
+    """(samples by stall reason, samples by opcode then reason) over ``rows``, for the ``reasons``
+    columns (stall_columns)."""
+    by_reason, by_opcode = collections.Counter(), collections.defaultdict(collections.Counter)
     for r in rows:
         op = opcode(r["Source"])
         for reason in reasons:
             v = _number(r[reason])
             by_reason[reason] += v
             by_opcode[op][reason] += v
+    return by_reason, by_opcode
+
+
+def summarize(header, rows, top: int = 25) -> dict:
+    """The tables of the module docstring, as data (shares in percent of all samples)."""
+    reasons = stall_columns(header)
+    total = total_samples(rows)
+    by_reason, by_opcode = stall_counts(rows, reasons)
+    shared = collections.defaultdict(lambda: [0.0, 0.0, 0.0])
+    for r in rows:
         if WAVEFRONTS in r and _number(r[WAVEFRONTS]) > 0:
             entry = shared[opcode(r["Source"], full=True)]
             entry[0] += _number(r[WAVEFRONTS])
@@ -258,7 +270,7 @@ def handoffs(rows, names=HANDOFFS) -> list:
                 name = None if wait is None else mbarrier(_mbarrier_address(rows[wait]["Source"]))
                 regions[owner.get(name, len(regions) - 1)][1].extend(block)
                 block = []
-    total = sum(_number(r[SAMPLES]) for r in rows) or math.nan
+    total = total_samples(rows)
     adding = {i for first, last in _stretch_spans(rows) for i in range(first, last + 1)}
     out = []
     for label, lines in regions:
@@ -450,19 +462,14 @@ def add_stretches(header, rows, least: int = 4) -> list:
     reduction), samples, reasons, opcodes and waits (each as [(name, percent of the stretch's samples)],
     opcodes with their main reason, waits as scoreboard_waits names them: "short_sb on SHFL")."""
     reasons = stall_columns(header)
-    total = sum(_number(r[SAMPLES]) for r in rows) or math.nan
+    total = total_samples(rows)
     found = []
     for first, last in _stretch_spans(rows, least):
         lines = range(first, last + 1)
         reds = [i for i in lines if opcode(rows[i]["Source"]) in REDUCTIONS]
         samples = sum(_number(rows[i][SAMPLES]) for i in lines)
         executed = sum(_number(rows[i].get(EXECUTED)) for i in reds)
-        by_reason, by_opcode = collections.Counter(), collections.defaultdict(collections.Counter)
-        for i in lines:
-            for reason in reasons:
-                v = _number(rows[i][reason])
-                by_reason[reason] += v
-                by_opcode[opcode(rows[i]["Source"])][reason] += v
+        by_reason, by_opcode = stall_counts([rows[i] for i in lines], reasons)
         share = lambda v: 100 * v / samples if samples else math.nan  # noqa: E731
         found.append({
             "first": first, "last": last, "addresses": (rows[first]["Address"], rows[last]["Address"]),
