@@ -31,8 +31,13 @@ Printed: the L2's rate of reductions (TB/s) for each form and count of senders.
 """
 
 import argparse
+import os
+import sys
 
 from mqa_bwd import kernels as K
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from load_under_reds import timed_launch  # noqa: E402
 
 #: name -> (id the kernel switches on, bytes an instruction)
 FORMS = {"u64 2x128": (0, 256), "u64 4x64": (1, 256), "f32x4 4x128": (2, 512), "f32x4 8x64": (3, 512),
@@ -138,15 +143,9 @@ def run(senders: list, mib: float, rows: int, burst: int, gap: int) -> None:
         rates = []
         for n in senders:
             ran = torch.zeros((sms,), dtype=torch.int32, device="cuda")
-            kernel(buf, ran, rows, form, n, steps, burst, gap)  # warm-up
-            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            start.record()
-            kernel(buf, ran, rows, form, n, steps, burst, gap)
-            end.record()
-            torch.cuda.synchronize()
+            ms = timed_launch(lambda: kernel(buf, ran, rows, form, n, steps, burst, gap))
             if int(ran.sum()) != sms:
                 raise RuntimeError(f"{int(ran.sum())} of {sms} CTAs ran")
-            ms = start.elapsed_time(end)
             rates.append(sms * n * steps * per_instruction / (ms * 1e-3) / 1e12)
         print(f"{name:<12}" + "".join(f"{r:>10.2f}" for r in rates))
 
