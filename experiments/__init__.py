@@ -500,6 +500,33 @@
         python benchmarks/package_ab.py --against .ab/claim_ahead/mqa_bwd \
             --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
 
+  fixed_row_blocks.patch    ablations of the row's change (forty-second session): warpgroups 0
+  fixed_row_blocks_wg0.patch and 1 (fixed_row_blocks) or warpgroup 0 alone (_wg0) take every
+                            row's block count as Lp / 64 without ws_row_blocks' scan of the row's
+                            slots: the same bits where every slot is valid, as the bench's uniform
+                            indices (wrong otherwise). On an H200, det's main kernel at dsv32 H=64
+                            / fleet: product 7.068 / 4.856 ms, both 7.108 / 4.767, warpgroup 0
+                            alone 7.058 / 4.715; again 7.028 / 4.883 against 7.003 / 4.733 (and
+                            H=128 14.595 against 14.128). Warpgroup 0's scan is on the row's path;
+                            warpgroup 1's is not (taking it away made the control 2.5 % slower at
+                            dsv32). ptxas: 44/48 bytes spilled, the product 48/60.
+  posted_row_blocks.patch   the first form of the product's RowBlocks (forty-second session): the
+                            counts by torch ops in the launcher, warpgroup 0's fetched at its
+                            claim by cp.async as the product's, warpgroup 1's loaded once a row
+                            (no scan). On the same H200 runs: det's
+                            main kernel 7.131, 7.100 (dsv32 H=64, 1 % slower), 4.679, 4.715 (fleet,
+                            3.5 % faster), 14.445 (H=128); the control 2.7 % slower at dsv32. So the
+                            product keeps warpgroup 1's scan. row_start_allowances.patch (on top
+                            of it, joined by +) loads the mass check's allowances by cp.async at
+                            the row's start: 7.124, 7.123 / 4.662, 4.693 / 14.138, within the runs'
+                            spread of posted_row_blocks alone. On 79bb3d0:
+
+        bash scripts/ab-packages.sh experiments/fixed_row_blocks.patch experiments/fixed_row_blocks_wg0.patch \
+            experiments/posted_row_blocks.patch experiments/posted_row_blocks.patch+experiments/row_start_allowances.patch
+        python benchmarks/package_ab.py --against .ab/fixed_row_blocks/mqa_bwd --against .ab/fixed_row_blocks_wg0/mqa_bwd \
+            --against .ab/posted_row_blocks/mqa_bwd --against .ab/posted_row_blocks+row_start_allowances/mqa_bwd \
+            --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
+
 git history holds the others (scales_with_gather.patch, a valid slot's row scale by a 4-byte
 cp.async in the block's second gather group, became the product's in the thirty-seventh session
 and is at 9c3310e; unscaled_peaks.patch, the lanes' peaks of |x| scaled once a block
