@@ -527,6 +527,27 @@
             --against .ab/posted_row_blocks/mqa_bwd --against .ab/posted_row_blocks+row_start_allowances/mqa_bwd \
             --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
 
+  row_blocks_launch.patch   the product's next form, built and CPU-tested, not yet run on a GPU
+                            (forty-second session): a row_blocks launch (kernels/prologue.py,
+                            layout.row_blocks) counts each row's 64-slot blocks once a call,
+                            the wide tile's warpgroup 0 fetches the next item's count by a 4-byte
+                            cp.async at its claim and reads it after its row-end barrier (a CTA's
+                            first row's loaded); warpgroup 1 keeps ws_row_blocks, whose loop
+                            becomes the shared mqa_warp_row_blocks. The tile model refuses a
+                            launch whose RowBlocks differ from its slots' count (on the GPU the
+                            warpgroups would walk different blocks: a hang). With its tests: the
+                            compile test of the handoffs (warpgroup 0 fetches, never scans,
+                            outside the corrections launch), the scratch tests (R int32 more), a
+                            GPU test of the count against layout.row_blocks. `make test` passes
+                            with it; ptxas 48/60 bytes spilled as the product. To land: apply,
+                            run the GPU suite, and time it against the product:
+
+        git apply experiments/row_blocks_launch.patch
+        bash scripts/gpu-run.sh 'python3 -m pytest -m gpu tests/ -q -x -n 4'
+        REV=HEAD bash scripts/ab-packages.sh rev:HEAD    # before committing: the product's copy
+        python benchmarks/package_ab.py --against .ab/HEAD/mqa_bwd \
+            --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
+
 git history holds the others (scales_with_gather.patch, a valid slot's row scale by a 4-byte
 cp.async in the block's second gather group, became the product's in the thirty-seventh session
 and is at 9c3310e; unscaled_peaks.patch, the lanes' peaks of |x| scaled once a block
