@@ -548,6 +548,16 @@
         python benchmarks/package_ab.py --against .ab/HEAD/mqa_bwd \
             --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
 
+  block_timeline_on_row_blocks.patch   block_timeline.patch rebased on row_blocks_launch.patch (the
+                            Trace argument after RowBlocks): where warpgroup 1's row change goes
+                            with and without its scan (performance log, forty-second session,
+                            Next 2). ptxas at d_k = 576: 92/144 bytes spilled in the lanes launch;
+                            none in the control. Built and compiled, not run:
+
+        bash scripts/ab-packages.sh experiments/row_blocks_launch.patch+experiments/block_timeline_on_row_blocks.patch
+        python benchmarks/block_timeline.py --package .ab/row_blocks_launch+block_timeline_on_row_blocks/mqa_bwd \
+            [--shape B=1,S=8192,S_kv=8192,H=64,L=640]
+
 git history holds the others (scales_with_gather.patch, a valid slot's row scale by a 4-byte
 cp.async in the block's second gather group, became the product's in the thirty-seventh session
 and is at 9c3310e; unscaled_peaks.patch, the lanes' peaks of |x| scaled once a block
