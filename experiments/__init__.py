@@ -513,10 +513,10 @@
   posted_row_blocks.patch   the first form of the product's RowBlocks (forty-second session): the
                             counts by torch ops in the launcher, warpgroup 0's fetched at its
                             claim by cp.async as the product's, warpgroup 1's loaded once a row
-                            (no scan). On the same H200 runs: det's
-                            main kernel 7.131, 7.100 (dsv32 H=64, 1 % slower), 4.679, 4.715 (fleet,
-                            3.5 % faster), 14.445 (H=128); the control 2.7 % slower at dsv32. So the
-                            product keeps warpgroup 1's scan. row_start_allowances.patch (on top
+                            (no scan). On the same H200 runs: det's main kernel 7.131, 7.100
+                            (dsv32 H=64, 1 % slower), 4.679, 4.715 (fleet, 3.5 % faster), 14.445
+                            (H=128); the control 2.7 % slower at dsv32. So the product form keeps
+                            warpgroup 1's scan. row_start_allowances.patch (on top
                             of it, joined by +) loads the mass check's allowances by cp.async at
                             the row's start: 7.124, 7.123 / 4.662, 4.693 / 14.138, within the runs'
                             spread of posted_row_blocks alone. On 79bb3d0:
