@@ -537,9 +537,11 @@
                             launch whose RowBlocks differ from its slots' count (on the GPU the
                             warpgroups would walk different blocks: a hang). With its tests: the
                             compile test of the handoffs (warpgroup 0 fetches, never scans,
-                            outside the corrections launch), the scratch tests (R int32 more), the
-                            model's refusal of a count one block off, a GPU test of the count
-                            against layout.row_blocks. `make test` passes
+                            outside the corrections launch; its fetch of the claimed row lands on
+                            every path before the row's end), the scratch tests (R int32 more),
+                            the model's refusal of a count one block off, one count shared by a
+                            call's wide launches, a GPU test of the count against
+                            layout.row_blocks; host_overhead and host_lines time the new launch. `make test` passes
                             with it; ptxas 48/60 bytes spilled as the product. To land: apply,
                             run the GPU suite, and time it against the product:
 
