@@ -510,9 +510,9 @@
                             H=128 14.595 against 14.128). Warpgroup 0's scan is on the row's path;
                             warpgroup 1's is not (taking it away made the control 2.5 % slower at
                             dsv32). ptxas: 44/48 bytes spilled, the product 48/60.
-  posted_row_blocks.patch   the first form of the product's RowBlocks (forty-second session): the
-                            counts by torch ops in the launcher, warpgroup 0's fetched at its
-                            claim by cp.async as the product's, warpgroup 1's loaded once a row
+  posted_row_blocks.patch   the first form of row_blocks_launch.patch's RowBlocks (forty-second
+                            session): the counts by torch ops in the launcher, warpgroup 0's
+                            fetched at its claim by cp.async as there, warpgroup 1's loaded once a row
                             (no scan). On the same H200 runs: det's main kernel 7.131, 7.100
                             (dsv32 H=64, 1 % slower), 4.679, 4.715 (fleet, 3.5 % faster), 14.445
                             (H=128); the control 2.7 % slower at dsv32. So the product form keeps
