@@ -42,6 +42,7 @@ FUNCTIONS = (
     (launch.TileLangLauncher, "kernel_lse"),
     (launch.TileLangLauncher, "delta"),
     (launch.TileLangLauncher, "sorted_slots"),
+    (launch.TileLangLauncher, "row_blocks"),
     (launch.TileLangLauncher, "plan"),
     (launch.TileLangLauncher, "main_bwd"),
 )

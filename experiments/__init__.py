@@ -229,7 +229,8 @@
                             traced main kernel's time beside the product's. Its runs:
                             docs/performance-log.md, thirty-second, thirty-third and thirty-sixth
                             sessions. Rebased on 96c469f (stamp 3 is now S done, dP's last GEMM
-                            possibly still running); on 96c469f and later:
+                            possibly still running) and on the row_blocks launch (the Trace
+                            argument after RowBlocks; spills 92/144 bytes); on that commit and later:
 
         bash scripts/ab-packages.sh experiments/block_timeline.patch
         python benchmarks/block_timeline.py --package .ab/block_timeline/mqa_bwd [--atomic] [--save stamps.npz]
@@ -510,7 +511,7 @@
                             H=128 14.595 against 14.128). Warpgroup 0's scan is on the row's path;
                             warpgroup 1's is not (taking it away made the control 2.5 % slower at
                             dsv32). ptxas: 44/48 bytes spilled, the product 48/60.
-  posted_row_blocks.patch   the first form of row_blocks_launch.patch's RowBlocks (forty-second
+  posted_row_blocks.patch   the first form of the product's RowBlocks launch (forty-second
                             session): the counts by torch ops in the launcher, warpgroup 0's
                             fetched at its claim by cp.async as there, warpgroup 1's loaded once a row
                             (no scan). On the same H200 runs: det's main kernel 7.131, 7.100
@@ -527,41 +528,9 @@
             --against .ab/posted_row_blocks/mqa_bwd --against .ab/posted_row_blocks+row_start_allowances/mqa_bwd \
             --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
 
-  row_blocks_launch.patch   the product's next form, built and CPU-tested, not yet run on a GPU
-                            (forty-second session): a row_blocks launch (kernels/prologue.py,
-                            layout.row_blocks) counts each row's 64-slot blocks once a call,
-                            the wide tile's warpgroup 0 fetches the next item's count by a 4-byte
-                            cp.async at its claim and reads it after its row-end barrier (a CTA's
-                            first row's loaded); warpgroup 1 keeps ws_row_blocks, whose loop
-                            becomes the shared mqa_warp_row_blocks. The tile model refuses a
-                            launch whose RowBlocks differ from its slots' count (on the GPU the
-                            warpgroups would walk different blocks: a hang). With its tests: the
-                            compile test of the handoffs (warpgroup 0 fetches, never scans,
-                            outside the corrections launch; its fetch of the claimed row lands on
-                            every path before the row's end), the scratch tests (R int32 more),
-                            the model's refusal of a count one block off, one count shared by a
-                            call's wide launches, a GPU test of the count against
-                            layout.row_blocks; host_overhead and host_lines time the new launch. `make test` passes
-                            with it; ptxas 48/60 bytes spilled as the product. To land: apply,
-                            run the GPU suite, and time it against the product:
-
-        git apply experiments/row_blocks_launch.patch
-        bash scripts/gpu-run.sh 'python3 -m pytest -m gpu tests/ -q -x -n 4'
-        REV=HEAD bash scripts/ab-packages.sh rev:HEAD    # before committing: the product's copy
-        python benchmarks/package_ab.py --against .ab/HEAD/mqa_bwd \
-            --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
-
-  block_timeline_on_row_blocks.patch   block_timeline.patch rebased on row_blocks_launch.patch (the
-                            Trace argument after RowBlocks): where warpgroup 1's row change goes
-                            with and without its scan (performance log, forty-second session,
-                            Next 2). ptxas at d_k = 576: 92/144 bytes spilled in the lanes launch;
-                            none in the control. Built and compiled, not run:
-
-        bash scripts/ab-packages.sh experiments/row_blocks_launch.patch+experiments/block_timeline_on_row_blocks.patch
-        python benchmarks/block_timeline.py --package .ab/row_blocks_launch+block_timeline_on_row_blocks/mqa_bwd \
-            [--shape B=1,S=8192,S_kv=8192,H=64,L=640]
-
-git history holds the others (scales_with_gather.patch, a valid slot's row scale by a 4-byte
+git history holds the others (row_blocks_launch.patch, the RowBlocks launch and warpgroup 0's
+fetched count, became the product's in the forty-third session and is at b0835f1;
+scales_with_gather.patch, a valid slot's row scale by a 4-byte
 cp.async in the block's second gather group, became the product's in the thirty-seventh session
 and is at 9c3310e; unscaled_peaks.patch, the lanes' peaks of |x| scaled once a block
 in ws_add_bounds, became the product's in the thirty-sixth session and is at 349ecd0;

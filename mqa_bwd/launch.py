@@ -128,6 +128,12 @@ class Launcher:
         self.launched("place_slots")
         layout.place_slots(ordered, slots, nkv)
 
+    def row_blocks(self, slots, nkv, row_blocks):
+        """row_blocks [R] int32: each row of slots [R, Lp]'s count of the wide tile's blocks
+        (kernels.WIDE_SLOTS slots) up to its last valid slot (layout.row_blocks). Here the reference."""
+        self.launched("row_blocks")
+        row_blocks.copy_(layout.row_blocks(slots, nkv, K.WIDE_SLOTS))
+
     def sorted_slots(self, indices, slots, row0, S, S_kv, nkv, marks=None):
         """slots [n, Lp] int32 of the query rows row0 .. row0 + n from their indices [n, L] (int32
         or int64, Lp <= kernels.SORT_CAPACITY): slot_keys, canonical_order and place_slots in
@@ -145,7 +151,7 @@ class Launcher:
         raise NotImplementedError
 
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, config, sm_scale, heads=None, head_base=0,
-                 row_scale=None, allowance=None, flag=None, bound=None, gate=None, claims=None):
+                 row_scale=None, allowance=None, flag=None, bound=None, gate=None, claims=None, row_blocks=None):
         """One launch of the kernel ``config`` (kernels.MainConfig, chosen by
         kernels.main_launches) over ``config.groups`` consecutive groups of ``heads``
         heads from ``head_base`` of the [R, HQ, ...] tensors q, grad_out, lse2,
@@ -161,7 +167,8 @@ class Launcher:
         per-row proof the launch adds to. ``gate`` [1] int32: a wide "fixed" launch
         (the lanes' redo) does nothing unless gate[0] is nonzero (None: it runs).
         ``claims`` [1] int32, zeroed: the wide launch's count of the items its CTAs claimed
-        (kernels/wide.py; None: one of its own, a fill more)."""
+        (kernels/wide.py; None: one of its own, a fill more). ``row_blocks`` [R] int32: the wide
+        launch's blocks a row, Launcher.row_blocks of ``indices`` (None: its own, a launch more)."""
         raise NotImplementedError
 
     def dsink_reduce(self, dsink_rows, dsink):
@@ -258,6 +265,11 @@ class TileLangLauncher(Launcher):
                 f"supported (Dk, Dv): {list(K.GPU_WIDTHS)}"
             )
 
+    def row_blocks(self, slots, nkv, row_blocks):
+        kernel = K.small_kernel("row_blocks")
+        self.launched("row_blocks")
+        kernel(slots, row_blocks, int(nkv))
+
     def kernel_lse(self, lse, sink, lse2, sink2):
         kernel = K.small_kernel("kernel_lse")
         self.launched("kernel_lse")
@@ -297,7 +309,7 @@ class TileLangLauncher(Launcher):
             K.small_kernel("delta_max", out.shape[2])(out, grad_out, lse2, sink2, delta, dsink_rows, peak_do)
 
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, config, sm_scale, heads=None, head_base=0,
-                 row_scale=None, allowance=None, flag=None, bound=None, gate=None, claims=None):
+                 row_scale=None, allowance=None, flag=None, bound=None, gate=None, claims=None, row_blocks=None):
         if config.wide and self.wide_tile:
             config = dataclasses.replace(config, **self.wide_tile)
         kernel = K.compiled(config)
@@ -312,7 +324,10 @@ class TileLangLauncher(Launcher):
                 gate = _gate_open(kv.device)
             if claims is None:
                 claims = torch.zeros((1,), dtype=torch.int32, device=kv.device)
-            last = (bound, gate, config.tiles, min(q.shape[0] * config.tiles, _sm_count(kv.device)), claims)
+            if row_blocks is None:
+                row_blocks = torch.empty((q.shape[0],), dtype=torch.int32, device=kv.device)
+                self.row_blocks(indices[: q.shape[0]], kv.shape[0], row_blocks)
+            last = (bound, gate, config.tiles, min(q.shape[0] * config.tiles, _sm_count(kv.device)), claims, row_blocks)
         else:
             # The narrow kernels' last two arguments (shard_base, n_shards) are unused by the kept
             # configurations; they stay in the signature so that the generated code is unchanged.

@@ -86,3 +86,13 @@ def place_slots(ordered: torch.Tensor, slots: torch.Tensor, nkv: int) -> None:
     L = ordered.shape[1]
     slots[:, :L] = torch.where(ordered == nkv, -1, ordered)
     slots[:, L:] = -1
+
+
+def row_blocks(slots: torch.Tensor, nkv: int, block: int) -> torch.Tensor:
+    """[n] int32: each row's count of ``block``-slot blocks up to its last valid slot
+    (0 <= slot < nkv), 0 for a row with none. Valid slots sort first in the canonical
+    order, but a caller's order may interleave them: the count runs to the last."""
+    valid = (slots >= 0) & (slots < nkv)
+    position = torch.arange(1, slots.shape[1] + 1, device=slots.device, dtype=torch.int32)
+    extent = torch.where(valid, position, 0).amax(dim=1) if slots.shape[1] else slots.new_zeros(slots.shape[0])
+    return ((extent + block - 1) // block).to(torch.int32)

@@ -34,6 +34,7 @@ from .kernels.reductions import DSINK_GROUPS
 from .kernels.config import lane_word_columns
 from .kernels.wide import BOUND_CAP
 from .launch import Launcher
+from . import layout
 from .layout import per_head
 
 
@@ -188,7 +189,7 @@ class ModelLauncher(Launcher):
 
     # -- main backward -----------------------------------------------------
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, config, sm_scale, heads=None, head_base=0,
-                 row_scale=None, allowance=None, flag=None, bound=None, gate=None, claims=None):
+                 row_scale=None, allowance=None, flag=None, bound=None, gate=None, claims=None, row_blocks=None):
         kernel = "main_bwd"
         if not isinstance(config, K.MainConfig):
             raise ValueError(f"config: expected a kernels.MainConfig, got {config!r}")
@@ -196,6 +197,21 @@ class ModelLauncher(Launcher):
         # The wide tile's (row, tile) items are one persistent grid's, each adding its own 64
         # heads' sums (integer adds, or atomics in no set order): as many launches of one tile.
         one_tile = dataclasses.replace(config, tiles=1)
+        if config.wide:
+            _check_rows(kernel, "Indices", indices, 0, 0, q.shape[0])  # before counting its rows' blocks
+            if row_blocks is None:  # the launcher's own, as the TileLang launcher's
+                row_blocks = torch.empty((q.shape[0],), dtype=torch.int32, device=q.device)
+                self.row_blocks(indices[: q.shape[0]], kv.shape[0], row_blocks)
+            _shape_is(kernel, "RowBlocks", row_blocks, (q.shape[0],))
+            # The tile's warpgroup 0 walks RowBlocks[r] blocks of row r, warpgroup 1 the blocks it
+            # counts in the row's slots: where the two differ, their handoffs never match and the
+            # launch hangs.
+            walked = layout.row_blocks(indices[: q.shape[0]], kv.shape[0], config.slot_block)
+            if not torch.equal(row_blocks, walked):
+                rows = (row_blocks != walked).nonzero().flatten()
+                raise RuntimeError(f"main_bwd: RowBlocks[{int(rows[0])}] = {int(row_blocks[rows[0]])} where the row's slots "
+                                   f"give {int(walked[rows[0]])} blocks ({rows.numel()} rows differ): the wide tile's "
+                                   f"warpgroups would walk different blocks, a hang")
         for tile in range(config.tiles):
             self._main_tile(q, kv, grad_out, indices, lse2, delta, dq, dkv, one_tile, sm_scale, heads,
                             head_base + tile * config.heads, row_scale, allowance, flag, bound, gate)
@@ -392,6 +408,10 @@ class ModelLauncher(Launcher):
             # The kernel marks Referenced at any key below nkv: a shorter buffer would be overrun.
             _shape_is("sorted_slots", "Referenced", marks[0], (nkv,))
         super().sorted_slots(indices, slots, row0, S, S_kv, nkv, marks)
+
+    def row_blocks(self, slots, nkv, row_blocks):
+        _shape_is("row_blocks", "RowBlocks", row_blocks, (slots.shape[0],))
+        super().row_blocks(slots, nkv, row_blocks)
 
     # -- slot marks --------------------------------------------------------------
     def mark_slots(self, slots, referenced, live_row, q, peak_q):

@@ -114,6 +114,11 @@ class Problem:
         lanes' words and bounds, half of it and one int64 a kv row, on a wide call)."""
         return self.B * self.S_kv * self.d_k * 8
 
+    def has_wide_launch(self, deterministic: bool = True) -> bool:
+        """Whether a main launch of the call runs the wide tile (it takes the rows' block counts)."""
+        return any(config.wide for _, config in K.main_launches(self.groups, self.group_width, self.d_k, self.d_v,
+                                                                  deterministic))
+
     def scratch(self, deterministic: bool = True) -> dict:
         """{buffer: bytes} of every buffer ``run`` keeps that grows with the query rows
         R = B*S, other than the outputs it returns: what dkv_buf_bytes bounds.
@@ -137,6 +142,8 @@ class Problem:
             parts["slot sort keys"] = min(R, max(1, INDEX_STEP // self.L)) * self.L * i32  # one step's
         parts["Delta"] = R * Hp * f32
         parts["d_sink rows"] = R * Hp * f32
+        if self.has_wide_launch(deterministic):
+            parts["row blocks"] = R * i32
         if deterministic:
             parts["peak |q|"] = R * Hp * i32
             parts["peak |dO|"] = R * Hp * i32
@@ -525,6 +532,12 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
         peak_q = launcher.empty((R, Hp), torch.int32)
         marks = (referenced, live_row, q, peak_q)
     slots = steps.global_slots(token_indices, p, launcher, marks=marks)
+    # The wide tile's blocks of each row, counted once for all its launches: its warpgroup 0
+    # reads a row's count where it would otherwise scan the row's slots at each row's change.
+    row_blocks = None
+    if p.has_wide_launch(launcher.deterministic):
+        row_blocks = launcher.empty((R,), torch.int32)
+        launcher.row_blocks(slots, NKV, row_blocks)
 
     # Every launch reads its head groups in place (head_base): no per-group copies.
     dq = launcher.empty((R, Hp, p.d_k), torch.bfloat16)
@@ -534,7 +547,7 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
         dkv_acc, claims = launcher.zeros_together(((NKV, p.d_k), f32), ((len(launches),), torch.int32))
         for (g, config), counter in zip(launches, claims.split(1)):
             launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, dkv_acc, config=config, sm_scale=sm_scale, heads=bh,
-                              head_base=g * bh, claims=counter)
+                              head_base=g * bh, claims=counter, row_blocks=row_blocks)
     else:
         # One scale for every launch, lanes or int64 (the plan's at the launcher's lanes_gain), so
         # that a contribution is the same integer whichever kernel adds it (fixed_point, "The lanes").
@@ -542,7 +555,8 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
                                              peak_q, peak_do)
         # Padding heads (q = dO = 0) contribute nothing: no limit on their mass.
         allowance = steps.pad_heads(allowance, Hp, math.inf, launcher)
-        common = dict(sm_scale=sm_scale, heads=bh, row_scale=row_scale, allowance=allowance, flag=row_flags)
+        common = dict(sm_scale=sm_scale, heads=bh, row_scale=row_scale, allowance=allowance, flag=row_flags,
+                      row_blocks=row_blocks)
         for g, config in launches:
             in_lanes = config.accumulate == "lanes"
             launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, words if in_lanes else dkv_fixed, config=config,

@@ -13,7 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from mqa_bwd.contract import OUTPUT_NAMES, SPEC_ARGS  # noqa: E402
-from mqa_bwd import fixed_point, launch, mqa_latent_sparse_bwd, wrapper  # noqa: E402
+from mqa_bwd import fixed_point, launch, layout, mqa_latent_sparse_bwd, wrapper  # noqa: E402
 from mqa_bwd.bench import RACECHECK_HAZARDS, SANITIZER_ERRORS, compute_sanitizer, production_inputs  # noqa: E402
 from mqa_bwd.model import ModelLauncher, lane_words  # noqa: E402
 from mqa_bwd.repro import RerunTracker  # noqa: E402
@@ -329,6 +329,38 @@ def test_slot_layout_kernels_give_the_models_slots_inside_guard_bands(B, S, S_kv
             assert torch.equal(want, have), f"{what} differs from the model"
         assert torch.equal(got["model"][1], (torch.zeros(NKV, dtype=torch.int32).index_fill_(0, slots[slots >= 0].long(), 1)))
         assert torch.isnan(fixed_point.bits_to_bf16(got["tilelang"][3])[0, 3])
+
+
+@pytest.mark.parametrize("R,Lp,order", [(1, 64, "prefix"), (300, 640, "prefix"), (300, 640, "interleaved"),
+                                         (97, 2048, "interleaved"), (5, 4096, "prefix")])
+def test_row_blocks_kernel_counts_as_the_reference(R, Lp, order):
+    # The wide tile's warpgroup 0 walks RowBlocks[r] blocks of a row and warpgroup 1 the blocks it
+    # counts in the row's slots: a count that differs from the reference hangs the launch. Each
+    # row's slots end at a random extent, valid up to it (a prefix, as the canonical order lays
+    # them out) or with invalid ones among them (a caller's order); then rows with no valid slot,
+    # a valid one only in the last slot, every slot valid, and slots past the kv rows.
+    g = torch.Generator().manual_seed(R + Lp)
+    NKV = 1000
+    slots = torch.randint(0, NKV, (R, Lp), generator=g, dtype=torch.int32)
+    if order == "interleaved":
+        slots[torch.rand((R, Lp), generator=g) < 0.5] = -1
+    extent = torch.randint(0, Lp + 1, (R, 1), generator=g)
+    slots[torch.arange(Lp).view(1, Lp) >= extent] = -1
+    slots[0] = -1
+    if R > 3:
+        slots[1] = -1
+        slots[1, Lp - 1] = NKV - 1
+        slots[2] = torch.arange(Lp, dtype=torch.int32) % NKV
+        slots[3] = NKV
+    have = torch.full((R,), -7, dtype=torch.int32, device="cuda")
+    launch.TileLangLauncher().row_blocks(slots.cuda(), NKV, have)
+    want = layout.row_blocks(slots, NKV, 64)
+    assert int(want[0]) == 0
+    if R > 3:
+        assert want[1:4].tolist() == [Lp // 64, Lp // 64, 0]
+    if R > 64:
+        assert len(set(want.tolist())) > Lp // 256, "the rows' extents should give many counts"
+    assert torch.equal(have.cpu(), want), (have.cpu() != want).nonzero()[:8]
 
 
 def test_kernel_lse_keeps_the_poisoning_rule_and_the_values():

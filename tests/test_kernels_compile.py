@@ -181,6 +181,14 @@ ROW_HANDOFF = re.compile(r"(ws_post_first_item|ws_claim_item|ws_posted_item|ws_t
 #: parity, barrier).
 ROW_BLOCKS = re.compile(r"(live[01])\[0\] = ws_row_blocks\(Indices, (\w+), (\w+), (\w+), \(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ 0\)\), "
                         r"(\d+), ([^,]+), (\d+), \(([\w\[\]]+) & 1\), (\d+)\);")
+#: Warpgroup 0's count of its row's blocks where it does not scan (any launch but the corrections):
+#: a CTA's first row's loaded from RowBlocks (the row), the others' read from its words (the words'
+#: offset, the parity's count of items), where its thread 0's claim fetched them (the words, the
+#: row of the claimed item).
+ROW_BLOCKS_LOADED = re.compile(r"live0\[0\] = ws_load_row_blocks\(RowBlocks, (\w+)\);")
+ROW_BLOCKS_READ = re.compile(r"live0\[0\] = ws_fetched_row_blocks\(\(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ 0\)\), (\d+), \((\w+) & 1\)\);")
+ROW_BLOCKS_FETCH = re.compile(r"ws_fetch_row_blocks\(\(\(void\*\)\(\(char\*\)buf_dyn_shmem \+ 0\)\), (\d+), \(\(k0\[0\] \+ 1\) & 1\), "
+                              r"RowBlocks, ([^;]*)\);")
 #: The dKV chunks' adds of each design (kernels/wide.py's device functions).
 CHUNK_ADDS = {"lanes": "ws_add_chunk_lanes<", "fixed": "ws_add_chunk_fixed(", "atomic": "ws_add_chunk_atomic("}
 
@@ -215,20 +223,31 @@ def test_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
     # 128 arrivals from both warpgroups on one id would complete a barrier meant for one.
     assert not own_barriers[0] & own_barriers[1], f"{_id(config)}: both warpgroups sync on {own_barriers[0] & own_barriers[1]}"
     # Persistent: both warpgroups walk the CTA's items in the same order (warpgroup 0 claims each and
-    # posts it, warpgroup 1 takes it: the row handoffs, below), and each counts its row's blocks
-    # itself (ws_row_blocks, of the same row and slots): an item or a block one walks and the other
-    # skips leaves a handoff phase unmatched. The blocks are numbered across rows (base plus the
+    # posts it, warpgroup 1 takes it: the row handoffs, below), and each takes its row's count of
+    # blocks (warpgroup 1 by ws_row_blocks, warpgroup 0 from RowBlocks, counted by the same rule:
+    # row_blocks; a corrections launch's both by ws_row_blocks): an item or a block one walks and
+    # the other skips leaves a handoff phase unmatched. The blocks are numbered across rows (base plus the
     # block's index in its row), so the phases run on from row to row.
     walks = []
     for name, body, w in (("warpgroup 0", first, "0"), ("warpgroup 1", second, "1")):
         items = ITEM_LOOP.findall(body)
         assert len(items) == 1, f"{_id(config)}: {name}'s item loops: {items}"
         item, bound = items[0]
-        counts = ROW_BLOCKS.findall(body)
-        assert len(counts) == 1, f"{_id(config)}: {name} counts its row's blocks {len(counts)} times"
         # TileLang binds an expression to a name at times (int _tmp = ...;): the expression.
         bound_to = lambda e: (re.search(rf"int {re.escape(e)} = (.*);", body) or [None, e])[1]
         row_expr, head_expr = (bound_to(re.search(rf"at{w}\[{i}\] = (.*);", body)[1]) for i in (0, 1))
+        counts = ROW_BLOCKS.findall(body)
+        if w == "0" and not config.corrections:
+            # Warpgroup 0 takes its count from RowBlocks (row_blocks, below): a CTA's first row's
+            # loaded, the others' read from its words where its claim fetched them. The same
+            # fields as a scan's: its row, its words, its block slots (RowBlocks counts blocks of
+            # WIDE_SLOTS) and its parity; no slots, kv rows or barrier of its own.
+            assert not counts, f"{_id(config)}: warpgroup 0 scans its row's slots: {counts}"
+            loaded, read = ROW_BLOCKS_LOADED.findall(body), ROW_BLOCKS_READ.findall(body)
+            assert len(loaded) == 1 and len(read) == 1, f"{_id(config)}: warpgroup 0's counts: {loaded}, {read}"
+            counts = [("live0", loaded[0], None, None, read[0][0], "((int)threadIdx.x)", str(W.WIDE_SLOTS), read[0][1],
+                       None)]
+        assert len(counts) == 1, f"{_id(config)}: {name} counts its row's blocks {len(counts)} times"
         target, row, *_, parity, _ = counts[0]
         # A corrections launch counts the blocks of the rows its lanes launch flagged only, its words
         # by the parity of those rows (row_blocks); the rows it skips have no blocks in either
@@ -273,11 +292,41 @@ def test_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
     counted = first.index("k0[0] = (k0[0] + 1);", at_end)
     synced = first.index("ws_bar_sync_wg(", counted)
     assert at_end < counted < synced < read, f"{_id(config)}: warpgroup 0 reads the posted item before its barrier"
+    # Warpgroup 0's counts: each claim's thread fetches the claimed item's row's into the words of
+    # the next item's parity, where a claim found one, and the copy lands before the row's end: the
+    # claim in a block before both of the block's cp.async waits (block 0's and a later block's),
+    # the claim at the row's end with a wait of its own. The warpgroup reads it at the next row's
+    # start (after the row-end barrier above); a CTA's first row's comes by a load instead.
+    fetches = [(m.start(), m[1], m[2]) for m in ROW_BLOCKS_FETCH.finditer(first)]
+    if config.corrections:
+        assert not fetches, f"{_id(config)}: a corrections launch fetches counts it does not read"
+    else:
+        assert len(fetches) == 2 and in_block < fetches[0][0] < at_end < fetches[1][0], f"{_id(config)}: {fetches}"
+        row_end = first.index("k0[0] = (k0[0] + 1);", at_end)
+        claimed_row = re.sub(r"\b(rmod|rdiv)(_\d+)?\b", r"\1", walks[0][1].replace("ITEM", "next0[0]"))
+        for at, words_at, row in fetches:
+            assert words_at == count0[4], f"{_id(config)}: fetched into words {words_at}, read from {count0[4]}"
+            assert row == claimed_row, f"{_id(config)}: the fetch's row {row}, the claimed item's {claimed_row}"
+            guard = " ".join(_enclosing_heads(first, at))
+            for term in ("(((int)threadIdx.x) == 0)", "(next0[0] < "):
+                assert term in guard, f"{_id(config)}: the fetch's guard lacks {term}: {guard}"
+        in_block_fetch, end_fetch = fetches[0][0], fetches[1][0]
+        for head in (f"if ({local0} == 0)", f"if (0 < {local0})"):
+            wait = re.compile(re.escape(head) + r" \{\s*mqa_cp_async_wait_all\(\);").search(first, in_block_fetch, at_end)
+            assert wait, f"{_id(config)}: no {head} cp.async wait after the claim's fetch in the block"
+        landed = first.find("mqa_cp_async_wait_all();", end_fetch, row_end)
+        assert landed > 0 and "(next0[0] < " in " ".join(_enclosing_heads(first, landed)), \
+            f"{_id(config)}: the fetch at the row's end lands after it, or waits where it fetched nothing"
+        loaded, read = (first.index(regex.search(first)[0]) for regex in (ROW_BLOCKS_LOADED, ROW_BLOCKS_READ))
+        assert loops["0"] < loaded < read < first.index(f"for (int {local0} = 0;"), f"{_id(config)}: the count read outside the row's start"
+        first_row = f"if ({count0[7]} == 0)"
+        assert _enclosing_heads(first, loaded)[0] == first_row and _enclosing_heads(first, read)[0] == "} else", \
+            f"{_id(config)}: the first row's load and the fetched read under {_enclosing_heads(first, loaded)[:1]}, {_enclosing_heads(first, read)[:1]}"
     took_first, took_next = (at for *_, at in calls["1"])
     assert took_first < loops["1"] < second.index("k1[0] = (k1[0] + 1);") < took_next, f"{_id(config)}: {calls['1']}"
     # The same row's slots (Lp, NKV, block slots), each warpgroup's thread index and its own words
     # of its parity, 4 a parity, after the 4 mbarriers and inside their allocation.
-    assert count0[2:4] == count1[2:4] and count0[6] == count1[6], f"{_id(config)}: {count0} against {count1}"
+    assert count0[2:4] in (count1[2:4], (None, None)) and count0[6] == count1[6], f"{_id(config)}: {count0} against {count1}"
     assert (count0[5], count1[5]) == ("((int)threadIdx.x)", f"(((int)threadIdx.x) - {W.WARPGROUP})"), _id(config)
     words = sorted((int(count0[4]), int(count1[4])))
     bars_bytes = _shared_bytes(config)["bars"]
@@ -309,14 +358,15 @@ def test_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
     assert f"buf_dyn_shmem + {offsets.pop()}" in source[init:init + 80] and not offsets
     # The row's start, in the program's order: block 0's gather (whole) after its KV_FREE wait, Q
     # and dO after the PDS_FREE wait, both before the block loop; lse and Delta after the row's
-    # block count, whose barrier orders them after the row before's last reads. Every copy and
+    # block count (the row-end barrier, or in a corrections launch ws_row_blocks' own, orders them
+    # after the row before's last reads). Every copy and
     # commit of a row's start only where the row has blocks: an empty row's would refill KV_s
     # under warpgroup 1's reads, or leave a copy in flight when the CTA ends.
     start = first.index(ITEM_LOOP.search(first)[0])
     waits = [m for m in HANDOFF.finditer(first) if m.start() < block_loop]
     gather, q_load = first.index("((bfloat16_t*)KV_s)["), first.index("((bfloat16_t*)Q_s)[")
     assert waits[0].end() < gather < waits[1].start() < q_load < block_loop, f"{_id(config)}: the row start's order"
-    counted = first.index(ROW_BLOCKS.search(first)[0])
+    counted = first.index((ROW_BLOCKS.search(first) or ROW_BLOCKS_READ.search(first))[0])
     for buffer in ("((float*)lse_s)[", "((float*)delta_s)["):
         assert counted < first.index(buffer) < block_loop, f"{_id(config)}: {buffer} before the row's block count"
     for copy in re.finditer(r"mqa_cp_async16\(|mqa_cp_async_commit\(", first[start:block_loop]):
@@ -451,10 +501,13 @@ def test_every_kv_gather_copy_can_read_nothing(config):
 def test_lanes_slot_scales_come_with_the_gather(config):
     # A valid slot's row scale is copied into the slot's word by cp.async (ws_lanes_store_slot), in
     # the group of the block's gather, not loaded into a register and stored: a load would be a
-    # second round trip after the slot's index on warpgroup 0's path. One copy site a kernel.
+    # second round trip after the slot's index on warpgroup 0's path. One copy site a kernel, beside
+    # the claims' fetches of a row's block count (ws_fetch_row_blocks), the other 4-byte copies.
     ptx = _ptx(config)
-    assert len(re.findall(r"cp\.async\.ca\.shared\.global \[%r\d+\], \[%rd\d+\], 4, 4;", ptx)) == 1, _id(config)
     source = K.compiled(config).get_kernel_source()
+    fetches = len(ROW_BLOCKS_FETCH.findall(source))
+    assert fetches == 2 - 2 * config.corrections, _id(config)
+    assert len(re.findall(r"cp\.async\.ca\.shared\.global \[%r\d+\], \[%rd\d+\], 4, 4;", ptx)) == 1 + fetches, _id(config)
     assert "row_scale[row]" not in source[source.index("ws_lanes_store_slot("):source.index("ws_row_blocks(")], _id(config)
 
 

@@ -711,7 +711,7 @@ def test_buffers_zeroed_together_are_each_an_allocation_of_their_own():
 #: Operations that launch nothing on a GPU: allocation and views.
 _NO_LAUNCH = {"empty", "empty_strided", "view", "_unsafe_view", "reshape", "slice", "split", "select", "alias", "as_strided",
               "detach", "t", "transpose", "unsqueeze", "squeeze", "expand"}
-_KERNELS = ("kernel_lse", "delta", "sorted_slots", "slot_keys", "place_slots", "mark_slots", "plan", "main_bwd",
+_KERNELS = ("kernel_lse", "delta", "sorted_slots", "slot_keys", "place_slots", "row_blocks", "mark_slots", "plan", "main_bwd",
             "dsink_reduce", "cast_bf16", "fixed_to_bf16", "lanes_to_bf16")
 
 
@@ -774,6 +774,44 @@ def test_before_its_main_launch_the_wrapper_launches_only_its_fills(deterministi
         call_model(inputs, launcher=launcher)
     assert launcher.accumulations == accumulations
     assert mode.ops == fills
+
+
+@pytest.mark.parametrize("deterministic,H,wide_launches", [(True, 64, 3), (True, 128, 3), (False, 64, 1), (True, 48, 0)])
+def test_the_wide_launches_share_one_count_of_the_rows_blocks(deterministic, H, wide_launches):
+    # The row_blocks launch counts a call's rows once for all its wide launches (the lanes launch,
+    # its corrections and its redo); a wide launch given none counts them again (a launch more).
+    class Shared(ModelLauncher):
+        def main_bwd(self, *args, config, row_blocks=None, **kw):
+            if config.wide:
+                given.append(None if row_blocks is None else row_blocks.data_ptr())
+            return super().main_bwd(*args, config=config, row_blocks=row_blocks, **kw)
+
+        def row_blocks(self, *args):
+            counted.append(args[0].shape)
+            return super().row_blocks(*args)
+
+    given, counted = [], []
+    inputs = to_framework(Case(B=1, S=3, S_kv=40, H=H, L=70, d_k=576, d_v=512, sink="random", seed=4).inputs())
+    call_model(inputs, launcher=Shared(deterministic))
+    assert len(given) == wide_launches and None not in given and len(set(given)) <= 1, given
+    assert len(counted) == (1 if wide_launches else 0), counted
+
+
+@pytest.mark.parametrize("deterministic", [True, False])
+@pytest.mark.parametrize("shift", [-1, 1])
+def test_a_wide_launch_whose_row_counts_differ_from_its_slots_is_refused(deterministic, shift):
+    # The wide tile's warpgroup 0 walks RowBlocks[r] blocks of row r, warpgroup 1 the blocks it
+    # counts in the row's slots: on the GPU a count one block short or long leaves their handoffs
+    # unmatched, a hang. The model refuses such a launch, naming the row.
+    class OffByOne(ModelLauncher):
+        def row_blocks(self, slots, nkv, row_blocks):
+            super().row_blocks(slots, nkv, row_blocks)
+            row_blocks[1] += shift
+
+    inputs = to_framework(Case(B=1, S=3, S_kv=40, H=64, L=70, d_k=576, d_v=512, sink="random", seed=4).inputs())
+    call_model(inputs, launcher=ModelLauncher(deterministic))  # the true counts pass
+    with pytest.raises(RuntimeError, match=r"^main_bwd: RowBlocks\[1\] = \d+ where the row's slots give \d+ blocks"):
+        call_model(inputs, launcher=OffByOne(deterministic))
 
 
 @pytest.mark.parametrize("deterministic,H,launches", [(True, 64, 3), (True, 128, 3), (True, 48, 2), (False, 64, 1)])
@@ -1019,24 +1057,25 @@ def test_validate_holds_the_budget_to_the_design_it_is_given():
 def test_the_scratch_of_the_fixed_design_at_the_production_shape():
     # dsv32 H=64: the slots (4096 x 2048 int32; a row of 2048 slots is sorted in one CTA, so no
     # sort keys are kept); Lse2, Delta, the d_sink rows, two peaks and the allowance per (row,
-    # head); the row marks and flags per row.
+    # head); the row marks, flags and (the wide tile's) block counts per row.
     R, H, Lp = 4096, 64, 2048
     slots = R * Lp * 4
-    assert mqa_bwd.scratch_bytes(1, R, 8192, H, 2048, 576, 512) == slots + R * H * 4 * 6 + R * 4 * 2
+    assert mqa_bwd.scratch_bytes(1, R, 8192, H, 2048, 576, 512) == slots + R * H * 4 * 6 + R * 4 * 3
     # H = 8 pads to 16 heads: copies of q, out and grad_out, and of lse, the
     # allowance and dq over 16 heads (the allowance also over the real 8).
     Hp = 16
     assert mqa_bwd.scratch_bytes(1, R, 8192, 8, 2048, 576, 512) == (
         slots + R * Hp * 4 * 7 + R * 8 * 4 + R * 4 * 2 + R * Hp * (576 * 2 + 512 * 2 * 2 + 576 * 2))
-    # The atomic control keeps no peaks, allowance, marks or flags.
-    assert mqa_bwd.scratch_bytes(1, R, 8192, H, 2048, 576, 512, backend="tilelang-atomic") == slots + R * H * 4 * 3
+    # The atomic control keeps no peaks, allowance, marks or flags; its wide tile the block counts.
+    assert mqa_bwd.scratch_bytes(1, R, 8192, H, 2048, 576, 512, backend="tilelang-atomic") == (
+        slots + R * H * 4 * 3 + R * 4)
     # Rows longer than a CTA sorts keep one INDEX_STEP of sort keys (4096 rows of 4096 slots),
     # which stop growing with S past one step.
     long_row = 4096
     assert kernels.SORT_CAPACITY < long_row
     for rows in (R, 4 * R):
         assert mqa_bwd.scratch_bytes(1, rows, 8192, H, long_row, 576, 512, backend="tilelang-atomic") == (
-            rows * long_row * 4 + R * long_row * 4 + rows * H * 4 * 3)
+            rows * long_row * 4 + R * long_row * 4 + rows * H * 4 * 3 + rows * 4)
 
 
 @pytest.mark.parametrize("kw,argument", [

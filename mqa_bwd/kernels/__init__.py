@@ -33,8 +33,8 @@ Modules, by what they build
   prologue.py          kernel_lse (Lse2, Sink2), slot_keys and place_slots (the slot layout around
                        torch's sort), sorted_slots (all three in one CTA a row, for rows of at most
                        SORT_CAPACITY slots; its deterministic build, sorted_marks, also does
-                       mark_slots' work for its rows): the wrapper's layout steps (mqa_bwd.layout
-                       defines them)
+                       mark_slots' work for its rows), row_blocks (each row's count of the wide
+                       tile's slot blocks): the wrapper's layout steps (mqa_bwd.layout defines them)
   reductions.py        dsink_reduce (DSink[h] over the rows in a fixed order: 64 strided row
                        groups, then their sums), fixed_to_bf16 (the fixed-point accumulator ->
                        bf16 dKV, NaN when poisoned), lanes_to_bf16 (the same with the lanes
@@ -50,7 +50,7 @@ from .config import (ACCUMULATE, BLOCK_SLOTS, CLUSTER_SIZES, GPU_WIDTHS, LANE_BL
                      default_wg0_chunks, dq_split_bounds, lane_chunk_words, require_wide_widths, lane_word_columns, lanes_corrections, lanes_redo, main_config, main_launches, main_tile_heads, next_power_of_2, sort_items)
 from .delta import delta_program
 from .main_bwd import main_bwd_program
-from .prologue import kernel_lse_program, place_slots_program, slot_keys_program, sorted_slots_program
+from .prologue import kernel_lse_program, place_slots_program, row_blocks_program, slot_keys_program, sorted_slots_program
 from .plan import MARK_THREADS, MAX_SLOTS_PER_ROW, PLAN_SLOTS, PLAN_THREADS, mark_slots_program, plan_program
 from .reductions import cast_bf16_program, dsink_reduce_program, fixed_to_bf16_program, lanes_to_bf16_program
 from .wide import wide_program

@@ -22,6 +22,23 @@ __device__ __forceinline__ void mqa_cp_async_wait_all() { asm volatile("cp.async
 __device__ __forceinline__ void mqa_st_shared_i32(void* base, int i, int v) { static_cast<int*>(base)[i] = v; }
 """
 
+# A row's count of slot blocks up to its last valid slot (0 <= slot < nkv), the wide tile's blocks a
+# row: each thread's last valid slot of its stride (valid slots sort first, but a caller's order
+# may interleave them), then the warp's maximum by shuffles. The row_blocks launch forms every
+# row's before the main one; the wide tile's warpgroup 1 counts its row's again at each row's
+# change, by the same rule, and the two counts must agree (a block one warpgroup walks and the
+# other skips leaves a handoff unmatched).
+ROW_BLOCKS_SOURCE = r"""
+__device__ __forceinline__ unsigned mqa_warp_row_blocks(const int* slots, int lp, int nkv, int block, int t, int stride) {
+  unsigned live = 0;
+  for (int j = t; j < lp; j += stride)
+    if (static_cast<unsigned>(slots[j]) < static_cast<unsigned>(nkv)) live = j / block + 1;
+  #pragma unroll
+  for (int o = 16; o; o >>= 1) live = max(live, __shfl_xor_sync(0xffffffffu, live, o));
+  return live;
+}
+"""
+
 # P of a score with no branch, for every main kernel: exp2 of x, or 0 for an invalid slot.
 # ex2.approx.ftz is the MUFU.EX2 that exp2f issues, without exp2f's rescaling of arguments below
 # -126 (a compare and two predicated multiplies a score, which the slot's validity predicated

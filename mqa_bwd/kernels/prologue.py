@@ -5,11 +5,14 @@ instead of some twenty torch ops, each of which costs the host a launch."""
 
 import math
 
-from .config import LOG2E, SORT_ITEM_COUNTS, SORT_THREADS, _tl
+from .config import LOG2E, SORT_ITEM_COUNTS, SORT_THREADS, WIDE_SLOTS, _tl
+from .device_functions import ROW_BLOCKS_SOURCE
 from .plan import PEAK_SOURCE
 
 #: Threads a CTA of slot_keys and place_slots (one CTA a query row and chunk of slots).
 SLOT_THREADS = 256
+#: Threads a CTA of row_blocks (one CTA a query row).
+ROW_BLOCKS_THREADS = 128
 #: Threads a CTA of kernel_lse (one CTA a query row and chunk of heads).
 LSE_THREADS = 64
 #: Head rows of q a warp of sorted_marks loads at once for PeakQ: half of mark_slots' four, as the
@@ -63,6 +66,37 @@ def slot_keys_program(index_dtype: str):
                     Keys[r, c] = NKV
 
     return slot_keys
+
+
+def row_blocks_program():
+    """RowBlocks[r] = row r's count of WIDE_SLOTS-slot blocks up to its last valid slot
+    (0 <= Slots[r, j] < NKV), 0 where it has none (layout.row_blocks): the wide tile's blocks of
+    the row, which its warpgroup 0 reads in place of a scan of the row's slots at each row's change."""
+    tilelang, T = _tl()
+    R, Lp = T.dynamic("R"), T.dynamic("Lp")
+    i32 = "int32"
+    source = ROW_BLOCKS_SOURCE + r"""
+__device__ __forceinline__ void mqa_row_blocks(const int* slots, int lp, int nkv, int* out) {
+  __shared__ unsigned warp_blocks[%(warps)d];
+  const int t = static_cast<int>(threadIdx.x);
+  const unsigned live = mqa_warp_row_blocks(slots, lp, nkv, %(block)d, t, %(threads)d);
+  if ((t & 31) == 0) warp_blocks[t >> 5] = live;
+  __syncthreads();
+  if (t == 0) {
+    unsigned most = 0;
+    for (int w = 0; w < %(warps)d; ++w) most = max(most, warp_blocks[w]);
+    *out = static_cast<int>(most);
+  }
+}
+""" % {"warps": ROW_BLOCKS_THREADS // 32, "block": WIDE_SLOTS, "threads": ROW_BLOCKS_THREADS}
+
+    @T.prim_func
+    def row_blocks(Slots: T.Tensor((R, Lp), i32), RowBlocks: T.Tensor((R,), i32), NKV: T.int32):
+        with T.Kernel(R, threads=ROW_BLOCKS_THREADS) as r:
+            T.import_source(source)
+            T.call_extern("handle", "mqa_row_blocks", T.address_of(Slots[r, 0]), Lp, NKV, T.address_of(RowBlocks[r]))
+
+    return row_blocks
 
 
 def place_slots_program():

@@ -1,10 +1,11 @@
 """The 64-head tile: a warp-specialised main backward over 64-slot blocks, dKV added from registers.
 
 Built from a wide ``MainConfig`` (two 32-head groups). The launch contract is main_bwd.py's (the
-same tensors, a head range read in place), with Lp a multiple of WIDE_SLOTS and five more
+same tensors, a head range read in place), with Lp a multiple of WIDE_SLOTS and six more
 arguments: Bound and Gate (the lanes design, below), the count of consecutive 64-head tiles from
-head_base (MainConfig.tiles), the count of CTAs (launch.py: at most one an SM) and Claims, a [1]
-int32 counter the caller zeroes. The kernel is persistent: each CTA takes (query row, 64-head
+head_base (MainConfig.tiles), the count of CTAs (launch.py: at most one an SM), Claims, a [1]
+int32 counter the caller zeroes, and RowBlocks, each row's count of 64-slot blocks up to its last
+valid slot (the row_blocks launch's). The kernel is persistent: each CTA takes (query row, 64-head
 tile) items one after another, the next claimed from Claims when it frees (ws_claim_item).
 
 Why this shape:
@@ -87,7 +88,7 @@ import struct
 
 from .config import (FLAG_MAGIC, FLAG_MASS, LANE_BLOCK, LOG2E, MAGIC_RANGE, WIDE_CHUNK, WIDE_DQ_PIECE, WIDE_SLOTS, MainConfig,
                      _tl, lane_chunk_words, require_wide_widths)
-from .device_functions import GATHER_SOURCE, HANDOFF_SOURCE, SOFTMAX_SOURCE
+from .device_functions import GATHER_SOURCE, HANDOFF_SOURCE, ROW_BLOCKS_SOURCE, SOFTMAX_SOURCE
 
 #: Heads of the tile.
 HEADS = 64
@@ -179,17 +180,29 @@ __device__ __forceinline__ void ws_lanes_store_slot(void* info, int i, int row, 
 // words of the row's parity (a row's reads and the row after next's writes have a barrier between).
 __device__ __forceinline__ int ws_row_blocks(const int* indices, int row, int lp, int nkv, void* info, int words_at, int t,
                                              int block_slots, int parity, int bar) {
-  const int* slots = indices + static_cast<long>(row) * lp;
+  const unsigned live = mqa_warp_row_blocks(indices + static_cast<long>(row) * lp, lp, nkv, block_slots, t, 128);
   void* words = static_cast<int*>(info) + words_at;
-  unsigned live = 0;
-  for (int j = t; j < lp; j += 128)
-    if (static_cast<unsigned>(slots[j]) < static_cast<unsigned>(nkv)) live = j / block_slots + 1;
-  #pragma unroll
-  for (int o = 16; o; o >>= 1) live = max(live, __shfl_xor_sync(0xffffffffu, live, o));
   volatile unsigned* w = static_cast<volatile unsigned*>(words) + 4 * parity;
   if ((t & 31) == 0) w[t >> 5] = live;
   ws_bar_sync_wg(bar);
   return static_cast<int>(max(max(w[0], w[1]), max(w[2], w[3])));
+}
+// Warpgroup 0's count of its next row's blocks (RowBlocks, the row_blocks launch's): its thread 0
+// fetches it by cp.async at the claim, into the warpgroup's word of the next row's parity, waited
+// for with the block's gather (or at once where no block follows the claim), and the warpgroup
+// reads it after its row-end barrier. A count loaded at the row's change would wait behind the
+// SM's reductions of the row's last block, on warpgroup 0's path to the next row's first P and dS.
+__device__ __forceinline__ void ws_fetch_row_blocks(void* bars, int words_at, int parity, const int* row_blocks, int row) {
+  mqa_cp_async4(static_cast<int*>(bars) + words_at + 4 * parity, row_blocks + row);
+}
+__device__ __forceinline__ int ws_fetched_row_blocks(void* bars, int words_at, int parity) {
+  return static_cast<volatile int*>(bars)[words_at + 4 * parity];
+}
+// A CTA's first row's count, loaded (no claim came before it).
+__device__ __forceinline__ int ws_load_row_blocks(const int* row_blocks, int row) {
+  int n;
+  asm volatile("ld.global.u32 %0, [%1];" : "=r"(n) : "l"(row_blocks + row) : "memory");
+  return n;
 }
 // Warpgroup 0's thread 0 claims the CTA's item after its k-th (a CTA's first is its own index: the
 // first wave claims nothing) and posts it at parity (k + 1) % 2, once warpgroup 1 has read item k
@@ -755,18 +768,26 @@ def wide_program(config: MainConfig):
         T.wait_wgmma(chunk_gemms(0) + chunk_gemms(1))
 
     @T.macro
-    def row_blocks(live, done, Indices, Flag, r, Lp, NKV, bars, words_at, t, k, bar):
-        """live[0]: the row's blocks up to its last with a valid slot (ws_row_blocks); in a
-        corrections launch, 0 for a row its lanes launch did not flag. ``done`` counts the rows
-        that took ws_row_blocks, whose words go by that count's parity (a flagged row's reads and
-        the next flagged row but one's writes have a barrier between)."""
+    def row_blocks(live, done, Indices, Flag, RowBlocks, r, Lp, NKV, bars, words_at, t, k, bar):
+        """live[0]: the row's blocks up to its last with a valid slot: warpgroup 0's from RowBlocks,
+        warpgroup 1's by ws_row_blocks; in a corrections launch, both by ws_row_blocks and 0 for a
+        row its lanes launch did not flag. ``done`` counts the rows that took ws_row_blocks, whose
+        words go by that count's parity (a flagged row's reads and the next flagged row but one's
+        writes have a barrier between); warpgroup 0's fetched counts go by the parity of its count
+        of items, k (the fetch for item k + 1 and the read of item k - 1's have its row-end
+        barrier between)."""
         if corrections:
             live[0] = 0
             if T.call_extern("bool", "ws_row_flagged", Flag.data, r):
                 live[0] = T.call_extern("int32", "ws_row_blocks", Indices.data, r, Lp, NKV, bars.data, words_at, t, BS,
                                         done[0] % 2, bar)
                 done[0] = done[0] + 1
-        else:
+        elif bar == GATHER_BARRIER:  # warpgroup 0: its claim fetched the count (ws_fetch_row_blocks)
+            if k == 0:
+                live[0] = T.call_extern("int32", "ws_load_row_blocks", RowBlocks.data, r)
+            else:
+                live[0] = T.call_extern("int32", "ws_fetched_row_blocks", bars.data, words_at, k % 2)
+        else:  # warpgroup 1 counts its own, under the slack of its row's change
             live[0] = T.call_extern("int32", "ws_row_blocks", Indices.data, r, Lp, NKV, bars.data, words_at, t, BS, k % 2,
                                     bar)
 
@@ -794,6 +815,7 @@ def wide_program(config: MainConfig):
         tiles: T.int32,
         ctas: T.int32,
         Claims: T.Tensor((1,), i32),
+        RowBlocks: T.Tensor((R,), i32),
     ):
         # Persistent: ``ctas`` CTAs (at most one an SM: the tile takes its shared memory), each
         # taking item cta first, then whichever is next when it frees (ws_claim_item: Claims[0]
@@ -865,7 +887,7 @@ def wide_program(config: MainConfig):
             tid1 = tid - WARPGROUP  # a thread's index in warpgroup 1
             items = R * (tiles if config.tiles > 1 else 1)
 
-            T.import_source(GATHER_SOURCE + HANDOFF_SOURCE + SOFTMAX_SOURCE + WS_SOURCE)
+            T.import_source(GATHER_SOURCE + HANDOFF_SOURCE + ROW_BLOCKS_SOURCE + SOFTMAX_SOURCE + WS_SOURCE)
             if accumulate == "fixed":  # before any barrier: the whole CTA leaves
                 T.call_extern("handle", "ws_exit_unless", Gate.data)
             if tid == 0:
@@ -886,9 +908,10 @@ def wide_program(config: MainConfig):
                 while item0[0] < items:
                     at0[0], at0[1] = item_of(items - 1 - item0[0], head_base)
                     r, h0 = at0[0], at0[1]
-                    # Its barrier also keeps this row's stores of lse_s and delta_s after the last
-                    # reads of the row before (the softmax of its last block).
-                    row_blocks(live0, done0, Indices, Flag, r, Lp, NKV, bars, rows0, tid, k0[0], GATHER_BARRIER)
+                    # The row-end barrier below (and, in a corrections launch, ws_row_blocks' own)
+                    # keeps this row's stores of lse_s and delta_s after the last reads of the row
+                    # before (the softmax of its last block).
+                    row_blocks(live0, done0, Indices, Flag, RowBlocks, r, Lp, NKV, bars, rows0, tid, k0[0], GATHER_BARRIER)
                     if live0[0] > 0:  # block 0 whole, once warpgroup 1's dQ GEMMs of the block before have read KV_s
                         if base0[0] > 0:
                             T.call_extern("handle", "mqa_handoff_wait", bars.data, KV_FREE, (base0[0] - 1) % 2)
@@ -924,6 +947,9 @@ def wide_program(config: MainConfig):
                                 next_r, next_h0 = item_of(items - 1 - next0[0], head_base)
                                 T.call_extern("handle", "ws_prefetch_l2", T.address_of(Q[next_r, next_h0, 0]), H * Dk * 2)
                                 T.call_extern("handle", "ws_prefetch_l2", T.address_of(dO[next_r, next_h0, 0]), H * Dv * 2)
+                                if not corrections:  # waited for with this block's gather
+                                    T.call_extern("handle", "ws_fetch_row_blocks", bars.data, rows0, (k0[0] + 1) % 2,
+                                                  RowBlocks.data, next_r)
                         if tid < BS:
                             row = Indices[r, tl_ * BS + tid]
                             if accumulate == "lanes":  # its row's offset in the words; invalid: scale -0.0
@@ -1013,6 +1039,11 @@ def wide_program(config: MainConfig):
                                       HQ - h0, tid)
                     if live0[0] == 0 and tid == 0:  # no block to claim the next item in
                         next0[0] = T.call_extern(i32, "ws_claim_item", bars.data, Claims.data, k0[0], ctas)
+                        if not corrections and next0[0] < items:
+                            next_r, next_h0 = item_of(items - 1 - next0[0], head_base)
+                            T.call_extern("handle", "ws_fetch_row_blocks", bars.data, rows0, (k0[0] + 1) % 2,
+                                          RowBlocks.data, next_r)
+                            T.call_extern("handle", "mqa_cp_async_wait_all")
                     base0[0] = base0[0] + live0[0]
                     k0[0] = k0[0] + 1
                     T.call_extern("handle", "ws_bar_sync_wg", GATHER_BARRIER)  # thread 0's claim is posted
@@ -1029,7 +1060,7 @@ def wide_program(config: MainConfig):
                 while item1[0] < items:
                     at1[0], at1[1] = item_of(items - 1 - item1[0], head_base)
                     r, h0 = at1[0], at1[1]
-                    row_blocks(live1, done1, Indices, Flag, r, Lp, NKV, bars, rows1, tid1, k1[0], BOUNDS_BARRIER)
+                    row_blocks(live1, done1, Indices, Flag, RowBlocks, r, Lp, NKV, bars, rows1, tid1, k1[0], BOUNDS_BARRIER)
                     T.clear(acc_dq1)
                     T.clear(acc_dq2)
                     for tl_ in T.serial(live1[0]):
