@@ -528,6 +528,40 @@
             --against .ab/posted_row_blocks/mqa_bwd --against .ab/posted_row_blocks+row_start_allowances/mqa_bwd \
             --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
 
+  fused_row_blocks.patch    the row_blocks launch folded into the slot layout (forty-third session):
+                            sorted_slots and sorted_marks write RowBlocks beside the slots (the
+                            sorted row's valid keys come first: their count in blocks, by
+                            __syncthreads_count a key a thread), global_slots takes the counts as
+                            an output (the three-step layout adds the row_blocks launch after its
+                            steps), and the wrapper no longer launches row_blocks where rows fit a
+                            CTA: one launch and its buffer off the host's path to the main kernel
+                            (the launch took 10-13 us of GPU on an H100). Without a wide launch the
+                            counts sit in the slots' allocation (R int32 more scratch). Its tests:
+                            the fused and three-step counts against layout.row_blocks, one count
+                            shared by a call's wide launches either way, the refusal of a count one
+                            block off, the shape checks, and the GPU layout test's counts (a row
+                            with none, a row of whole blocks) against the model. `make test`
+                            passes with it (1106 passed, 299 skipped); not yet run on a GPU:
+
+        git apply experiments/fused_row_blocks.patch
+        bash scripts/gpu-run.sh 'python3 -m pytest -m gpu tests/ -q -x -n 4'
+
+  wg1_loaded_count.patch    warpgroup 1 loads its row's count from RowBlocks and syncs its named
+                            barrier where it scanned (forty-third session; applies at 169c2f3 alone
+                            or on top of fused_row_blocks.patch). Its scan is now on the row
+                            change's path at fleet (block timeline, forty-third session); the
+                            barrier keeps ptxas's code as the scan's: lanes 44/48 bytes spilled
+                            (the product 48/60; the load without the barrier 92/116), control
+                            6,520 SASS lines (product 6,864; without the barrier 7,784, its dQ
+                            store's shuffles emitted again for a diverged warp). Not timed;
+                            tests/test_kernels_compile.py's handoff test fails on it (it expects
+                            warpgroup 1's scan) and must learn the loaded form before it lands:
+
+        bash scripts/ab-packages.sh experiments/fused_row_blocks.patch experiments/fused_row_blocks.patch+experiments/wg1_loaded_count.patch
+        python benchmarks/package_ab.py --against .ab/fused_row_blocks/mqa_bwd \
+            --against .ab/fused_row_blocks+wg1_loaded_count/mqa_bwd \
+            --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
+
 git history holds the others (row_blocks_launch.patch, the RowBlocks launch and warpgroup 0's
 fetched count, became the product's in the forty-third session and is at b0835f1;
 scales_with_gather.patch, a valid slot's row scale by a 4-byte
