@@ -547,15 +547,18 @@
         bash scripts/gpu-run.sh 'python3 -m pytest -m gpu tests/ -q -x -n 4'
 
   wg1_loaded_count.patch    warpgroup 1 loads its row's count from RowBlocks and syncs its named
-                            barrier where it scanned (forty-third session; applies at 169c2f3 alone
-                            or on top of fused_row_blocks.patch). Its scan is now on the row
+                            barrier where it scanned (forty-third session; on top of
+                            fused_row_blocks.patch, joined by +). Its scan is now on the row
                             change's path at fleet (block timeline, forty-third session); the
                             barrier keeps ptxas's code as the scan's: lanes 44/48 bytes spilled
                             (the product 48/60; the load without the barrier 92/116), control
                             6,520 SASS lines (product 6,864; without the barrier 7,784, its dQ
-                            store's shuffles emitted again for a diverged warp). Not timed;
-                            tests/test_kernels_compile.py's handoff test fails on it (it expects
-                            warpgroup 1's scan) and must learn the loaded form before it lands:
+                            store's shuffles emitted again for a diverged warp). With its tests:
+                            the compile test's handoffs learn warpgroup 1's loaded count and its
+                            barrier (a scan, or a load with no barrier after it, fails them), and
+                            the tile model's refusal of a count that differs from the slots' now
+                            says why (a short count drops slots silently; no hang, both warpgroups
+                            walk it). `make test` passes with both patches; not timed:
 
         bash scripts/ab-packages.sh experiments/fused_row_blocks.patch experiments/fused_row_blocks.patch+experiments/wg1_loaded_count.patch
         python benchmarks/package_ab.py --against .ab/fused_row_blocks/mqa_bwd \
