@@ -528,27 +528,8 @@
             --against .ab/posted_row_blocks/mqa_bwd --against .ab/posted_row_blocks+row_start_allowances/mqa_bwd \
             --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
 
-  fused_row_blocks.patch    the row_blocks launch folded into the slot layout (forty-third session):
-                            sorted_slots and sorted_marks write RowBlocks beside the slots (the
-                            sorted row's valid keys come first: their count in blocks, by
-                            __syncthreads_count a key a thread), global_slots takes the counts as
-                            an output (the three-step layout adds the row_blocks launch after its
-                            steps), and the wrapper no longer launches row_blocks where rows fit a
-                            CTA: one launch and its buffer off the host's path to the main kernel
-                            (the launch took 10-13 us of GPU on an H100). Without a wide launch the
-                            counts sit in the slots' allocation (R int32 more scratch). Its tests:
-                            the fused and three-step counts against layout.row_blocks, one count
-                            shared by a call's wide launches either way, the refusal of a count one
-                            block off, the shape checks, and the GPU layout test's counts (a row
-                            with none, a row of whole blocks) against the model. `make test`
-                            passes with it (1106 passed, 299 skipped); not yet run on a GPU:
-
-        git apply experiments/fused_row_blocks.patch
-        bash scripts/gpu-run.sh 'python3 -m pytest -m gpu tests/ -q -x -n 4'
-
   wg1_loaded_count.patch    warpgroup 1 loads its row's count from RowBlocks and syncs its named
-                            barrier where it scanned (forty-third session; on top of
-                            fused_row_blocks.patch, joined by +). Its scan is now on the row
+                            barrier where it scanned (forty-third session). Its scan is on the row
                             change's path at fleet (block timeline, forty-third session); the
                             barrier keeps ptxas's code as the scan's: lanes 44/48 bytes spilled
                             (the product 48/60; the load without the barrier 92/116), control
@@ -558,14 +539,17 @@
                             barrier (a scan, or a load with no barrier after it, fails them), and
                             the tile model's refusal of a count that differs from the slots' now
                             says why (a short count drops slots silently; no hang, both warpgroups
-                            walk it). `make test` passes with both patches; not timed:
+                            walk it). The same bits; on an H100 det's main kernel 1.3 % slower at
+                            dsv32 H=64 (7.194 ms against 7.099) and level at fleet (4.797 against
+                            4.802): not kept (docs/performance-log.md, forty-fourth session). On
+                            the fused count (the product since that session):
 
-        bash scripts/ab-packages.sh experiments/fused_row_blocks.patch experiments/fused_row_blocks.patch+experiments/wg1_loaded_count.patch
-        python benchmarks/package_ab.py --against .ab/fused_row_blocks/mqa_bwd \
-            --against .ab/fused_row_blocks+wg1_loaded_count/mqa_bwd \
+        bash scripts/ab-packages.sh experiments/wg1_loaded_count.patch
+        python benchmarks/package_ab.py --against .ab/wg1_loaded_count/mqa_bwd \
             --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
 
-git history holds the others (row_blocks_launch.patch, the RowBlocks launch and warpgroup 0's
+git history holds the others (fused_row_blocks.patch, the block counts written by the slot
+layout, became the product's in the forty-fourth session and is at 2cb184a; row_blocks_launch.patch, the RowBlocks launch and warpgroup 0's
 fetched count, became the product's in the forty-third session and is at b0835f1;
 scales_with_gather.patch, a valid slot's row scale by a 4-byte
 cp.async in the block's second gather group, became the product's in the thirty-seventh session

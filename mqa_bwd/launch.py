@@ -134,14 +134,17 @@ class Launcher:
         self.launched("row_blocks")
         row_blocks.copy_(layout.row_blocks(slots, nkv, K.WIDE_SLOTS))
 
-    def sorted_slots(self, indices, slots, row0, S, S_kv, nkv, marks=None):
+    def sorted_slots(self, indices, slots, row_blocks, row0, S, S_kv, nkv, marks=None):
         """slots [n, Lp] int32 of the query rows row0 .. row0 + n from their indices [n, L] (int32
         or int64, Lp <= kernels.SORT_CAPACITY): slot_keys, canonical_order and place_slots in
-        one step, with no keys in memory. With ``marks`` (referenced [NKV], and live_row [n], q
+        one step, with no keys in memory, and row_blocks [n] int32, what Launcher.row_blocks
+        writes for those slots. With ``marks`` (referenced [NKV], and live_row [n], q
         [n, HQ, Dk] and peak_q [n, HQ] of these rows), the same launch also does mark_slots'
-        work for them. Here the reference (layout's three steps, fixed_point.mark_slots)."""
+        work for them. Here the reference (layout's three steps and row_blocks,
+        fixed_point.mark_slots)."""
         self.launched("sorted_slots")
         layout.place_slots(layout.canonical_order(layout.slot_keys(indices, row0, S, S_kv, nkv)), slots, nkv)
+        row_blocks.copy_(layout.row_blocks(slots, nkv, K.WIDE_SLOTS))
         if marks is not None:
             fixed_point.mark_slots(slots, *marks)
 
@@ -285,21 +288,23 @@ class TileLangLauncher(Launcher):
         self.launched("place_slots")
         kernel(ordered, slots, int(nkv))
 
-    def sorted_slots(self, indices, slots, row0, S, S_kv, nkv, marks=None):
+    def sorted_slots(self, indices, slots, row_blocks, row0, S, S_kv, nkv, marks=None):
         if not indices.shape[1] <= slots.shape[1] <= K.SORT_CAPACITY:  # a CTA would leave the tail unwritten
             raise ValueError(f"slots: rows of {slots.shape[1]} slots for {indices.shape[1]} indices; sorted_slots "
                              f"takes L <= Lp <= {K.SORT_CAPACITY}")
+        if row_blocks.shape != (slots.shape[0],):  # a CTA a row writes its count
+            raise ValueError(f"row_blocks: shape {tuple(row_blocks.shape)}, sorted_slots writes ({slots.shape[0]},)")
         dtype, items = str(indices.dtype).removeprefix("torch."), K.sort_items(slots.shape[1])
         self.launched("sorted_slots")
         if marks is None:
-            K.small_kernel("sorted_slots", dtype, items)(indices, slots, int(row0), int(S), int(S_kv), int(nkv),
-                                                         int(nkv).bit_length())
+            K.small_kernel("sorted_slots", dtype, items)(indices, slots, row_blocks, int(row0), int(S), int(S_kv),
+                                                         int(nkv), int(nkv).bit_length())
             return
         referenced, live_row, q, peak_q = marks
         if referenced.shape != (nkv,):  # the kernel marks it at any key below nkv
             raise ValueError(f"referenced: shape {tuple(referenced.shape)}, sorted_slots marks ({nkv},)")
-        K.small_kernel("sorted_marks", dtype, items, q.shape[2])(indices, slots, referenced, live_row, q, peak_q, int(row0),
-                                                                 int(S), int(S_kv), int(nkv), int(nkv).bit_length())
+        K.small_kernel("sorted_marks", dtype, items, q.shape[2])(indices, slots, row_blocks, referenced, live_row, q, peak_q,
+                                                                 int(row0), int(S), int(S_kv), int(nkv), int(nkv).bit_length())
 
     def delta(self, out, grad_out, lse2, sink2, delta, dsink_rows, peak_do=None):
         self.launched("delta")

@@ -397,17 +397,18 @@ class ModelLauncher(Launcher):
             acc_np[rows_np[i]] += vals_np[i]
 
     # -- slot layout ---------------------------------------------------------------
-    def sorted_slots(self, indices, slots, row0, S, S_kv, nkv, marks=None):
+    def sorted_slots(self, indices, slots, row_blocks, row0, S, S_kv, nkv, marks=None):
         # One CTA holds SORT_CAPACITY keys: the kernel would leave a longer row's tail unwritten.
         if not indices.shape[1] <= slots.shape[1] <= K.SORT_CAPACITY:
             raise TileBoundsError("sorted_slots", f"Slots (a row of {slots.shape[1]} for {indices.shape[1]} indices)",
                                   slots.shape[1], K.SORT_CAPACITY, "slot")
         _shape_is("sorted_slots", "Slots", slots, (indices.shape[0], slots.shape[1]))
+        _shape_is("sorted_slots", "RowBlocks", row_blocks, (indices.shape[0],))
         if marks is not None:
             _marks_shaped("sorted_slots", slots, *marks)
             # The kernel marks Referenced at any key below nkv: a shorter buffer would be overrun.
             _shape_is("sorted_slots", "Referenced", marks[0], (nkv,))
-        super().sorted_slots(indices, slots, row0, S, S_kv, nkv, marks)
+        super().sorted_slots(indices, slots, row_blocks, row0, S, S_kv, nkv, marks)
 
     def row_blocks(self, slots, nkv, row_blocks):
         _shape_is("row_blocks", "RowBlocks", row_blocks, (slots.shape[0],))

@@ -94,7 +94,7 @@ def _lse_unpoisoned(lse, sink, launcher):
     return lse2, (sink * LOG2E).contiguous()
 
 
-def _minus_one_only_slots(token_indices, p, launcher, marks=None):
+def _minus_one_only_slots(token_indices, p, launcher, marks=None, row_blocks=None):
     idx = token_indices.to(torch.int64)
     base = (torch.arange(p.B, device=idx.device, dtype=torch.int64) * p.S_kv).view(p.B, 1, 1)
     nkv = p.B * p.S_kv  # sorts last, as the wrapper's invalid slots do
@@ -106,6 +106,8 @@ def _minus_one_only_slots(token_indices, p, launcher, marks=None):
     g = g.to(torch.int32).contiguous()
     if marks is not None:
         launcher.mark_slots(g, *marks)
+    if row_blocks is not None:
+        launcher.row_blocks(g, nkv, row_blocks)
     return g
 
 

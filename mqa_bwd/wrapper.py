@@ -142,7 +142,7 @@ class Problem:
             parts["slot sort keys"] = min(R, max(1, INDEX_STEP // self.L)) * self.L * i32  # one step's
         parts["Delta"] = R * Hp * f32
         parts["d_sink rows"] = R * Hp * f32
-        if self.has_wide_launch(deterministic):
+        if self.has_wide_launch(deterministic) or self.sorts_in_one_step:  # the fused layout writes them anyway
             parts["row blocks"] = R * i32
         if deterministic:
             parts["peak |q|"] = R * Hp * i32
@@ -415,7 +415,8 @@ def caller_order(rows: torch.Tensor) -> torch.Tensor:
 
 
 def global_slots(token_indices: torch.Tensor, problem: "Problem", launcher: L.Launcher,
-                 order: Callable = canonical_order, marks: tuple | None = None) -> torch.Tensor:
+                 order: Callable = canonical_order, marks: tuple | None = None,
+                 row_blocks: torch.Tensor | None = None) -> torch.Tensor:
     """[B,S,L] any integer -> [R, Lp] int32: b*S_kv + index when 0 <= index < S_kv, else -1,
     each row's slots in ``order`` (the canonical order; caller_order keeps the caller's):
     the launcher's slot keys (layout.slot_keys), ordered, then placed (layout.place_slots),
@@ -424,13 +425,20 @@ def global_slots(token_indices: torch.Tensor, problem: "Problem", launcher: L.La
 
     ``marks``: the fixed-point plan's (referenced [NKV], live_row [R], q [R, Hp, Dk], peak_q
     [R, Hp]; Launcher.mark_slots), filled from the slots by the fused launches, else by a
-    mark_slots launch after the layout."""
+    mark_slots launch after the layout. ``row_blocks`` [R] int32: each row's count of the wide
+    tile's blocks (Launcher.row_blocks), written by the fused launches, else by a row_blocks
+    launch after the layout (the fused kernel writes the counts wherever it runs: without
+    ``row_blocks``, beside the slots, in their allocation)."""
     p = problem
     flat = token_indices.reshape(p.rows, p.L)
     nkv = p.B * p.S_kv
     step = max(1, INDEX_STEP // p.L)  # rows per step, at least one
     fused = order is canonical_order and p.sorts_in_one_step
-    slots = launcher.empty((p.rows, p.padded_slots), torch.int32)
+    if fused and row_blocks is None:  # the counts the kernel writes anyway, in the slots' allocation
+        both = launcher.empty((p.rows * (p.padded_slots + 1),), torch.int32)
+        slots, row_blocks = both[: p.rows * p.padded_slots].view(p.rows, p.padded_slots), both[p.rows * p.padded_slots:]
+    else:
+        slots = launcher.empty((p.rows, p.padded_slots), torch.int32)
     keys = None if fused else launcher.empty((min(step, p.rows), p.L), torch.int32)
     whole = step >= p.rows  # one step: the tensors themselves, no slices (host time before the main launch)
     for r0 in range(0, p.rows, step):
@@ -440,13 +448,17 @@ def global_slots(token_indices: torch.Tensor, problem: "Problem", launcher: L.La
             part = part.to(torch.int64)
         if fused:
             step_marks = marks if whole or marks is None else (marks[0], *(m[r0:r1] for m in marks[1:]))
-            launcher.sorted_slots(part.contiguous(), step_slots, r0, p.S, p.S_kv, nkv, step_marks)
+            launcher.sorted_slots(part.contiguous(), step_slots, row_blocks if whole else row_blocks[r0:r1], r0, p.S,
+                                  p.S_kv, nkv, step_marks)
             continue
         step_keys = keys if whole else keys[: r1 - r0]
         launcher.slot_keys(part.contiguous(), step_keys, r0, p.S, p.S_kv, nkv)
         launcher.place_slots(order(step_keys), step_slots, nkv)
-    if marks is not None and not fused:
-        launcher.mark_slots(slots, *marks)
+    if not fused:
+        if marks is not None:
+            launcher.mark_slots(slots, *marks)
+        if row_blocks is not None:
+            launcher.row_blocks(slots, nkv, row_blocks)
     return slots
 
 
@@ -459,9 +471,10 @@ class Steps:
     require_dtype(name, t, dtype, framework)      ValueError unless t.dtype == dtype
     pad_heads(x, padded, value, launcher) -> x    [R, H, ...] -> [R, padded, ...]
     kernel_lse(lse, sink, launcher) -> (lse2, sink2)   base 2, sink-inclusive (padded tensors)
-    global_slots(token_indices, problem, launcher, marks=None) -> slots [R, Lp] int32 global
-                                                  kv rows or -1, each row in the canonical
-                                                  order; with marks, the plan's slot marks too
+    global_slots(token_indices, problem, launcher, marks=None, row_blocks=None) -> slots [R, Lp]
+                                                  int32 global kv rows or -1, each row in the
+                                                  canonical order; with marks, the plan's slot
+                                                  marks too; with row_blocks, the rows' block counts
     """
 
     validate: Callable
@@ -531,13 +544,11 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
         counters = iter(buffers["claims"].split(1))
         peak_q = launcher.empty((R, Hp), torch.int32)
         marks = (referenced, live_row, q, peak_q)
-    slots = steps.global_slots(token_indices, p, launcher, marks=marks)
-    # The wide tile's blocks of each row, counted once for all its launches: its warpgroup 0
-    # reads a row's count where it would otherwise scan the row's slots at each row's change.
-    row_blocks = None
-    if p.has_wide_launch(launcher.deterministic):
-        row_blocks = launcher.empty((R,), torch.int32)
-        launcher.row_blocks(slots, NKV, row_blocks)
+    # The wide tile's blocks of each row, counted once for all its launches with the slot layout:
+    # its warpgroup 0 reads a row's count where it would otherwise scan the row's slots at each
+    # row's change.
+    row_blocks = launcher.empty((R,), torch.int32) if p.has_wide_launch(launcher.deterministic) else None
+    slots = steps.global_slots(token_indices, p, launcher, marks=marks, row_blocks=row_blocks)
 
     # Every launch reads its head groups in place (head_base): no per-group copies.
     dq = launcher.empty((R, Hp, p.d_k), torch.bfloat16)

@@ -298,10 +298,18 @@ def test_slot_layout_kernels_give_the_models_slots_inside_guard_bands(B, S, S_kv
     # with_marks: the deterministic design's layout, which also fills the plan's slot marks and
     # max |q| bits (sorted_marks a step where rows fit a CTA, else mark_slots after the layout),
     # the model's exactly; 21 heads leave a warp's last batch of head rows partial, NaN and inf
-    # included.
+    # included. Either way the rows' block counts (the fused kernels', else row_blocks'): a row
+    # with no valid slot (0 blocks), and where L allows one whose valid slots fill whole blocks
+    # (a count rounded up where it should not be shows there).
     case = Case(B=B, S=S, S_kv=S_kv, H=16, L=L, invalid=INVALID_KINDS, hole_rate=0.3, duplicates=True, seed=L)
     info = torch.iinfo(dtype)
     idx = torch.from_numpy(case.indices()).to(torch.int64).clamp(info.min, info.max).to(dtype)
+    rows = idx.view(B * S, L)
+    rows[0] = -1
+    whole = 64 * (L // 64) if L < 128 else 128
+    if whole:
+        rows[-1] = -1
+        rows[-1, :whole] = (torch.arange(whole) % S_kv).to(dtype)
     if step_rows:
         monkeypatch.setattr(wrapper, "INDEX_STEP", step_rows * L)
     p = wrapper.Problem(B=B, S=S, S_kv=S_kv, H=16, L=L, d_k=64, d_v=32, block_h=16, dkv_buf_bytes=None)
@@ -318,17 +326,21 @@ def test_slot_layout_kernels_give_the_models_slots_inside_guard_bands(B, S, S_kv
             marks = (guards.allocate((NKV,), torch.int32, device, "Referenced").zero_(),
                      guards.allocate((R,), torch.int32, device, "LiveRow").zero_(), q.to(device),
                      guards.allocate((R, HQ), torch.int32, device, "PeakQ").fill_(-7))
-        slots = wrapper.global_slots(idx.to(device), p, launcher, marks=marks)
+        row_blocks = guards.allocate((R,), torch.int32, device, "RowBlocks").fill_(-7)
+        slots = wrapper.global_slots(idx.to(device), p, launcher, marks=marks, row_blocks=row_blocks)
         assert not guards.violations(), f"{name}: {guards.violations()}"
-        got[name] = (slots.cpu(),) + (() if marks is None else (marks[0].cpu(), marks[1].cpu(), marks[3].cpu()))
+        got[name] = (slots.cpu(), row_blocks.cpu()) + (
+            () if marks is None else (marks[0].cpu(), marks[1].cpu(), marks[3].cpu()))
     assert bitwise_difference("slots", got["tilelang"][0], got["model"][0]) is None
     slots = got["model"][0]
     assert 0 < int((slots >= 0).sum()) < slots.numel() and bool((slots[:, L:] == -1).all())
+    assert torch.equal(got["tilelang"][1], got["model"][1]), (got["tilelang"][1] != got["model"][1]).nonzero()[:8]
+    assert int(got["model"][1][0]) == 0 and (not whole or int(got["model"][1][-1]) == whole // 64)
     if marked:
-        for what, want, have in zip(("referenced", "live_row", "peak_q"), got["model"][1:], got["tilelang"][1:]):
+        for what, want, have in zip(("referenced", "live_row", "peak_q"), got["model"][2:], got["tilelang"][2:]):
             assert torch.equal(want, have), f"{what} differs from the model"
-        assert torch.equal(got["model"][1], (torch.zeros(NKV, dtype=torch.int32).index_fill_(0, slots[slots >= 0].long(), 1)))
-        assert torch.isnan(fixed_point.bits_to_bf16(got["tilelang"][3])[0, 3])
+        assert torch.equal(got["model"][2], (torch.zeros(NKV, dtype=torch.int32).index_fill_(0, slots[slots >= 0].long(), 1)))
+        assert torch.isnan(fixed_point.bits_to_bf16(got["tilelang"][4])[0, 3])
 
 
 @pytest.mark.parametrize("R,Lp,order", [(1, 64, "prefix"), (300, 640, "prefix"), (300, 640, "interleaved"),

@@ -12,7 +12,7 @@ import torch
 
 import mqa_bwd
 from mqa_bwd.contract import OUTPUT_NAMES, SPEC_ARGS
-from mqa_bwd import fixed_point, kernels, launch, wrapper
+from mqa_bwd import fixed_point, kernels, launch, layout, wrapper
 from mqa_bwd.contract import Instruments
 from mqa_bwd.model import ModelLauncher, TileBoundsError
 from properties.case import INVALID_KINDS, SINKS, Case, expected, to_framework
@@ -124,8 +124,25 @@ def test_the_one_step_slot_layout_is_the_three_steps(dtype, step_rows, monkeypat
     assert bitwise_difference("slots", fused, three) is None
     launches = -(-p.rows // (step_rows or p.rows))
     assert fused_counts.counts["launch:sorted_slots"] == launches and "launch:slot_keys" not in fused_counts.counts
-    assert fused_counts.counts["allocations"] == 1 and steps_counts.counts["allocations"] == 2  # the keys
+    # The fused kernel writes the rows' block counts whether or not the caller asked for them
+    # (beside the slots, in one allocation); the three steps keep their sort keys.
+    assert fused_counts.counts["allocations"] == 1 and steps_counts.counts["allocations"] == 2
     assert steps_counts.counts["launch:slot_keys"] == launches
+    assert "launch:row_blocks" not in fused_counts.counts and "launch:row_blocks" not in steps_counts.counts
+    # Asked for, the block counts come with the fused launches, else from a row_blocks launch
+    # after the three steps: the reference's counts either way (a row of no valid slot, 0).
+    empty_row = idx.clone()
+    empty_row[1, 2] = -1
+    fused_blocks, three_blocks = (torch.full((p.rows,), -7, dtype=torch.int32) for _ in range(2))
+    fused_counts, steps_counts = Instruments(), Instruments()
+    laid = wrapper.global_slots(empty_row, p, ModelLauncher(instruments=fused_counts), row_blocks=fused_blocks)
+    wrapper.global_slots(empty_row, p, ModelLauncher(instruments=steps_counts),
+                         order=lambda keys: wrapper.canonical_order(keys), row_blocks=three_blocks)
+    want = layout.row_blocks(laid, p.B * p.S_kv, kernels.WIDE_SLOTS)
+    assert torch.equal(fused_blocks, want) and torch.equal(three_blocks, want)
+    assert want.tolist() == [1] * 9 + [0] + [1] * 4
+    assert "launch:row_blocks" not in fused_counts.counts and fused_counts.counts["allocations"] == 1
+    assert steps_counts.counts["launch:row_blocks"] == 1
     # The deterministic design's layout also fills the plan's slot marks: in the same launches
     # where rows fit a CTA (sorted_marks), else with a mark_slots launch after the three steps;
     # the same marks either way, and mark_slots' own.
@@ -148,19 +165,27 @@ def test_the_one_step_slot_layout_is_the_three_steps(dtype, step_rows, monkeypat
     assert 0 < int(alone[0].sum()) < p.B * p.S_kv and int(alone[1].sum()) > 0 and bool((alone[3] > 0).all())
     # A Referenced shorter than the kv rows would be overrun by the kernel's marks: refused.
     short = (torch.zeros(p.B * p.S_kv - 1, dtype=torch.int32),) + marks()[1:]
-    rows = (idx.reshape(p.rows, p.L).to(torch.int64), torch.empty((p.rows, p.padded_slots), dtype=torch.int32), 0, p.S,
-            p.S_kv, p.B * p.S_kv, short)
+    flat, slots = idx.reshape(p.rows, p.L).to(torch.int64), torch.empty((p.rows, p.padded_slots), dtype=torch.int32)
+    counts = torch.empty((p.rows,), dtype=torch.int32)
+    rows = (flat, slots, counts, 0, p.S, p.S_kv, p.B * p.S_kv, short)
     with pytest.raises(TileBoundsError, match="^sorted_slots: Referenced"):
         ModelLauncher().sorted_slots(*rows)
     with pytest.raises(ValueError, match=r"^referenced: shape \(79,\)"):
         launch.TileLangLauncher().sorted_slots(*rows)
+    # A CTA a row writes the row's block count: fewer counts than rows would be overrun.
+    few = (flat, slots, counts[:-1], 0, p.S, p.S_kv, p.B * p.S_kv)
+    with pytest.raises(TileBoundsError, match=r"^sorted_slots: RowBlocks \(shape \(13,\)"):
+        ModelLauncher().sorted_slots(*few)
+    with pytest.raises(ValueError, match=r"^row_blocks: shape \(13,\), sorted_slots writes \(14,\)"):
+        launch.TileLangLauncher().sorted_slots(*few)
     # The model holds the kernel to its tile: a row longer than one CTA sorts is refused.
     long_row = torch.zeros((2, kernels.SORT_CAPACITY + 64), dtype=torch.int32)
+    two = torch.empty((2,), dtype=torch.int32)
     with pytest.raises(TileBoundsError, match="^sorted_slots: Slots"):
-        ModelLauncher().sorted_slots(long_row[:, :40], long_row, 0, 7, 40, 80)
+        ModelLauncher().sorted_slots(long_row[:, :40], long_row, two, 0, 7, 40, 80)
     # And the TileLang launcher, before it looks for the kernel.
     with pytest.raises(ValueError, match=rf"^slots: rows of {kernels.SORT_CAPACITY + 64} slots for 40 indices"):
-        launch.TileLangLauncher().sorted_slots(long_row[:, :40], long_row, 0, 7, 40, 80)
+        launch.TileLangLauncher().sorted_slots(long_row[:, :40], long_row, two, 0, 7, 40, 80)
 
 
 def test_the_slot_layout_is_one_order_for_every_order_of_a_rows_slots():
@@ -777,9 +802,12 @@ def test_before_its_main_launch_the_wrapper_launches_only_its_fills(deterministi
 
 
 @pytest.mark.parametrize("deterministic,H,wide_launches", [(True, 64, 3), (True, 128, 3), (False, 64, 1), (True, 48, 0)])
-def test_the_wide_launches_share_one_count_of_the_rows_blocks(deterministic, H, wide_launches):
-    # The row_blocks launch counts a call's rows once for all its wide launches (the lanes launch,
-    # its corrections and its redo); a wide launch given none counts them again (a launch more).
+@pytest.mark.parametrize("L", [70, 2100], ids=["fused", "three_steps"])
+def test_the_wide_launches_share_one_count_of_the_rows_blocks(deterministic, H, wide_launches, L):
+    # The slot layout counts a call's rows once for all its wide launches (the lanes launch, its
+    # corrections and its redo): the fused layout kernel where a row fits its CTA, else a
+    # row_blocks launch after the three steps; a wide launch given none counts them again (a
+    # launch more).
     class Shared(ModelLauncher):
         def main_bwd(self, *args, config, row_blocks=None, **kw):
             if config.wide:
@@ -787,14 +815,21 @@ def test_the_wide_launches_share_one_count_of_the_rows_blocks(deterministic, H, 
             return super().main_bwd(*args, config=config, row_blocks=row_blocks, **kw)
 
         def row_blocks(self, *args):
-            counted.append(args[0].shape)
+            counted.append(("row_blocks", args[2].data_ptr()))
             return super().row_blocks(*args)
 
+        def sorted_slots(self, indices, slots, row_blocks, *args):
+            counted.append(("sorted_slots", row_blocks.data_ptr()))
+            return super().sorted_slots(indices, slots, row_blocks, *args)
+
     given, counted = [], []
-    inputs = to_framework(Case(B=1, S=3, S_kv=40, H=H, L=70, d_k=576, d_v=512, sink="random", seed=4).inputs())
+    inputs = to_framework(Case(B=1, S=3, S_kv=2200, H=H, L=L, d_k=576, d_v=512, sink="random", seed=4).inputs())
     call_model(inputs, launcher=Shared(deterministic))
     assert len(given) == wide_launches and None not in given and len(set(given)) <= 1, given
-    assert len(counted) == (1 if wide_launches else 0), counted
+    fused = L <= kernels.SORT_CAPACITY
+    kinds = [kind for kind, _ in counted]
+    assert kinds == (["sorted_slots"] if fused else ["row_blocks"] if wide_launches else []), counted
+    assert not wide_launches or [ptr for _, ptr in counted] == given[:1], (counted, given)
 
 
 @pytest.mark.parametrize("deterministic", [True, False])
@@ -804,8 +839,8 @@ def test_a_wide_launch_whose_row_counts_differ_from_its_slots_is_refused(determi
     # counts in the row's slots: on the GPU a count one block short or long leaves their handoffs
     # unmatched, a hang. The model refuses such a launch, naming the row.
     class OffByOne(ModelLauncher):
-        def row_blocks(self, slots, nkv, row_blocks):
-            super().row_blocks(slots, nkv, row_blocks)
+        def sorted_slots(self, indices, slots, row_blocks, *args):
+            super().sorted_slots(indices, slots, row_blocks, *args)
             row_blocks[1] += shift
 
     inputs = to_framework(Case(B=1, S=3, S_kv=40, H=64, L=70, d_k=576, d_v=512, sink="random", seed=4).inputs())
@@ -1062,10 +1097,11 @@ def test_the_scratch_of_the_fixed_design_at_the_production_shape():
     slots = R * Lp * 4
     assert mqa_bwd.scratch_bytes(1, R, 8192, H, 2048, 576, 512) == slots + R * H * 4 * 6 + R * 4 * 3
     # H = 8 pads to 16 heads: copies of q, out and grad_out, and of lse, the
-    # allowance and dq over 16 heads (the allowance also over the real 8).
+    # allowance and dq over 16 heads (the allowance also over the real 8). No wide launch reads
+    # the block counts, but the one-step slot layout writes them.
     Hp = 16
     assert mqa_bwd.scratch_bytes(1, R, 8192, 8, 2048, 576, 512) == (
-        slots + R * Hp * 4 * 7 + R * 8 * 4 + R * 4 * 2 + R * Hp * (576 * 2 + 512 * 2 * 2 + 576 * 2))
+        slots + R * Hp * 4 * 7 + R * 8 * 4 + R * 4 * 3 + R * Hp * (576 * 2 + 512 * 2 * 2 + 576 * 2))
     # The atomic control keeps no peaks, allowance, marks or flags; its wide tile the block counts.
     assert mqa_bwd.scratch_bytes(1, R, 8192, H, 2048, 576, 512, backend="tilelang-atomic") == (
         slots + R * H * 4 * 3 + R * 4)

@@ -32,9 +32,10 @@ Modules, by what they build
                        operations), in three stages
   prologue.py          kernel_lse (Lse2, Sink2), slot_keys and place_slots (the slot layout around
                        torch's sort), sorted_slots (all three in one CTA a row, for rows of at most
-                       SORT_CAPACITY slots; its deterministic build, sorted_marks, also does
-                       mark_slots' work for its rows), row_blocks (each row's count of the wide
-                       tile's slot blocks): the wrapper's layout steps (mqa_bwd.layout defines them)
+                       SORT_CAPACITY slots, and row_blocks' counts; its deterministic build,
+                       sorted_marks, also does mark_slots' work for its rows), row_blocks (each
+                       row's count of the wide tile's slot blocks, after the three steps): the
+                       wrapper's layout steps (mqa_bwd.layout defines them)
   reductions.py        dsink_reduce (DSink[h] over the rows in a fixed order: 64 strided row
                        groups, then their sums), fixed_to_bf16 (the fixed-point accumulator ->
                        bf16 dKV, NaN when poisoned), lanes_to_bf16 (the same with the lanes

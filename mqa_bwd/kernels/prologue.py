@@ -123,7 +123,8 @@ def place_slots_program():
 # registers, striped over the threads (an input arrangement does not change a sort's output),
 # CUB's block radix sort over the bits below end_bit (every key is at most NKV < 2**end_bit),
 # then the sorted keys striped to the row's slots. The padding keys past L are NKV, as an
-# invalid slot's: they sort last and become -1.
+# invalid slot's: they sort last and become -1. The sorted keys also give the row's block count
+# (row_blocks_program's), the wide tile's, where a separate launch would read the slots again.
 # The deterministic design's build (mqa_sorted_marked_row) also does mark_slots' work for its
 # row: PeakQ from the row's q (plan.PEAK_SOURCE), then the marks from the sorted keys. The sort
 # waits on its barriers and shared memory, the q stream on HBM: in one launch, the CTAs of an
@@ -172,21 +173,31 @@ __device__ __forceinline__ void mqa_mark_row(const unsigned* keys, int* referenc
     if (marked[i] == 0) referenced[keys[i]] = 1;
   if (live) *live_row = 1;
 }
+// row_blocks' count (layout.row_blocks) from the sorted keys: the valid keys are the row's first,
+// so its blocks up to its last valid slot are its valid keys' count in blocks.
+__device__ __forceinline__ void mqa_count_row_blocks(const unsigned* keys, int* row_blocks, int nkv) {
+  int valid = 0;
+#pragma unroll
+  for (int i = 0; i < mqa_sort_items; ++i) valid += __syncthreads_count(keys[i] < static_cast<unsigned>(nkv));
+  if (threadIdx.x == 0) *row_blocks = (valid + %(block)d - 1) / %(block)d;
+}
 template <typename Index>
-__device__ __forceinline__ void mqa_sorted_slots_row(const Index* indices, int* slots, int L, int Lp, int base,
-                                                     int S_kv, int nkv, int end_bit) {
+__device__ __forceinline__ void mqa_sorted_slots_row(const Index* indices, int* slots, int* row_blocks, int L, int Lp,
+                                                     int base, int S_kv, int nkv, int end_bit) {
   unsigned keys[mqa_sort_items];
   mqa_sort_row(indices, keys, L, base, S_kv, nkv, end_bit);
   mqa_place_row(keys, slots, Lp, nkv);
+  mqa_count_row_blocks(keys, row_blocks, nkv);
 }
 template <typename Index>
-__device__ __forceinline__ void mqa_sorted_marked_row(const Index* indices, int* slots, int L, int Lp, int base,
-                                                      int S_kv, int nkv, int end_bit, const void* q_row, int* peak_q,
-                                                      int hq, int* referenced, int* live_row) {
+__device__ __forceinline__ void mqa_sorted_marked_row(const Index* indices, int* slots, int* row_blocks, int L, int Lp,
+                                                      int base, int S_kv, int nkv, int end_bit, const void* q_row,
+                                                      int* peak_q, int hq, int* referenced, int* live_row) {
   mqa_peak_rows(q_row, peak_q, hq, static_cast<int>(threadIdx.x), mqa_sort_threads);
   unsigned keys[mqa_sort_items];
   mqa_sort_row(indices, keys, L, base, S_kv, nkv, end_bit);
   mqa_place_row(keys, slots, Lp, nkv);
+  mqa_count_row_blocks(keys, row_blocks, nkv);
   mqa_mark_row(keys, referenced, live_row, nkv);
 }
 """
@@ -195,8 +206,9 @@ __device__ __forceinline__ void mqa_sorted_marked_row(const Index* indices, int*
 def sorted_slots_program(index_dtype: str, items: int, d_k: int | None = None):
     """Slots[r] = place_slots(sort(slot_keys(Indices[r]))) for the query rows row0 .. row0 + R of
     at most SORT_THREADS * items slots (L <= Lp <= SORT_THREADS * items): the slot layout in the
-    canonical order (layout.canonical_order) in one launch, with no keys in memory. end_bit:
-    NKV's bit length.
+    canonical order (layout.canonical_order) in one launch, with no keys in memory, and
+    RowBlocks[r], what row_blocks_program writes for the row (the wide tile's blocks of it).
+    end_bit: NKV's bit length.
 
     With ``d_k`` (the deterministic design's build, KernelConfig "sorted_marks"), the same CTA
     also writes what plan.mark_slots_program writes for its row, by the same rules: PeakQ[r] of
@@ -206,7 +218,7 @@ def sorted_slots_program(index_dtype: str, items: int, d_k: int | None = None):
         raise ValueError(f"items: {items!r}, not one of {SORT_ITEM_COUNTS}")
     if d_k is not None and d_k % 8:
         raise ValueError(f"d_k: {d_k}, not a multiple of 8 (a load takes 8 bf16 of q)")
-    source = SORT_SOURCE % {"threads": SORT_THREADS, "items": items}
+    source = SORT_SOURCE % {"threads": SORT_THREADS, "items": items, "block": WIDE_SLOTS}
     if d_k is not None:
         source = PEAK_SOURCE % {"vectors": d_k // 8, "at_once": MARKS_PEAK_HEADS_AT_ONCE} + source
     tilelang, T = _tl()
@@ -218,23 +230,25 @@ def sorted_slots_program(index_dtype: str, items: int, d_k: int | None = None):
 
         @T.prim_func
         def sorted_marks(Indices: T.Tensor((R, L), index_dtype), Slots: T.Tensor((R, Lp), i32),
-                         Referenced: T.Tensor((NKV_ROWS,), i32), LiveRow: T.Tensor((R,), i32),
-                         Q: T.Tensor((R, HQ, d_k), "bfloat16"), PeakQ: T.Tensor((R, HQ), i32), row0: T.int32,
-                         S: T.int32, S_kv: T.int32, NKV: T.int32, end_bit: T.int32):
+                         RowBlocks: T.Tensor((R,), i32), Referenced: T.Tensor((NKV_ROWS,), i32),
+                         LiveRow: T.Tensor((R,), i32), Q: T.Tensor((R, HQ, d_k), "bfloat16"),
+                         PeakQ: T.Tensor((R, HQ), i32), row0: T.int32, S: T.int32, S_kv: T.int32, NKV: T.int32,
+                         end_bit: T.int32):
             with T.Kernel(R, threads=SORT_THREADS) as r:
                 T.import_source(source)
                 T.call_extern("handle", "mqa_sorted_marked_row", T.address_of(Indices[r, 0]), T.address_of(Slots[r, 0]),
-                              L, Lp, ((row0 + r) // S) * S_kv, S_kv, NKV, end_bit, T.address_of(Q[r, 0, 0]),
-                              T.address_of(PeakQ[r, 0]), HQ, T.address_of(Referenced[0]), T.address_of(LiveRow[r]))
+                              T.address_of(RowBlocks[r]), L, Lp, ((row0 + r) // S) * S_kv, S_kv, NKV, end_bit,
+                              T.address_of(Q[r, 0, 0]), T.address_of(PeakQ[r, 0]), HQ, T.address_of(Referenced[0]),
+                              T.address_of(LiveRow[r]))
 
         return sorted_marks
 
     @T.prim_func
-    def sorted_slots(Indices: T.Tensor((R, L), index_dtype), Slots: T.Tensor((R, Lp), i32), row0: T.int32, S: T.int32,
-                     S_kv: T.int32, NKV: T.int32, end_bit: T.int32):
+    def sorted_slots(Indices: T.Tensor((R, L), index_dtype), Slots: T.Tensor((R, Lp), i32), RowBlocks: T.Tensor((R,), i32),
+                     row0: T.int32, S: T.int32, S_kv: T.int32, NKV: T.int32, end_bit: T.int32):
         with T.Kernel(R, threads=SORT_THREADS) as r:
             T.import_source(source)
-            T.call_extern("handle", "mqa_sorted_slots_row", T.address_of(Indices[r, 0]), T.address_of(Slots[r, 0]), L, Lp,
-                          ((row0 + r) // S) * S_kv, S_kv, NKV, end_bit)
+            T.call_extern("handle", "mqa_sorted_slots_row", T.address_of(Indices[r, 0]), T.address_of(Slots[r, 0]),
+                          T.address_of(RowBlocks[r]), L, Lp, ((row0 + r) // S) * S_kv, S_kv, NKV, end_bit)
 
     return sorted_slots
