@@ -548,6 +548,28 @@
         python benchmarks/package_ab.py --against .ab/wg1_loaded_count/mqa_bwd \
             --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
 
+  dq_in_last_block.patch    a row's dQ stored in its last block, once the dQ GEMMs are done and
+  dq_last_block_wg0.patch   before that block's adds, where the product stores it at the row's
+  dq_last_block_wg1.patch   change behind those adds (forty-fourth session; the block timeline of the
+                            forty-third put warpgroup 1's dQ store at 6,100 cycles and warpgroup 0's
+                            mass check and store at 5,700 of a row's change). dq_in_last_block moves
+                            both warpgroups' stores (and warpgroup 0's mass check), and has every
+                            warpgroup walk at least one block of a row (ws_walked_blocks: a row with
+                            no valid slot walks block 0, every slot invalid, so that the stores have
+                            one site); dq_last_block_wg0 and dq_last_block_wg1 move one warpgroup's
+                            only and are ablations (a row with no valid slot gets no dQ). ptxas at
+                            d_k = 576 (one tile): the lanes launch spills 72/76 bytes, 48/60 and
+                            56/60 (the product 48/60); the int64 redo 72/88 with dq_in_last_block
+                            (the product 8/8); the control none. `make test` passes with
+                            dq_in_last_block but for the spill budgets; not timed (no machine came
+                            in the session's last hour):
+
+        bash scripts/ab-packages.sh experiments/dq_in_last_block.patch experiments/dq_last_block_wg0.patch \
+            experiments/dq_last_block_wg1.patch
+        python benchmarks/package_ab.py --against .ab/dq_in_last_block/mqa_bwd --against .ab/dq_last_block_wg0/mqa_bwd \
+            --against .ab/dq_last_block_wg1/mqa_bwd \
+            --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
+
 git history holds the others (fused_row_blocks.patch, the block counts written by the slot
 layout, became the product's in the forty-fourth session and is at 2cb184a; row_blocks_launch.patch, the RowBlocks launch and warpgroup 0's
 fetched count, became the product's in the forty-third session and is at b0835f1;
