@@ -561,8 +561,11 @@
                             d_k = 576 (one tile): the lanes launch spills 72/76 bytes, 48/60 and
                             56/60 (the product 48/60); the int64 redo 72/88 with dq_in_last_block
                             (the product 8/8); the control none. `make test` passes with
-                            dq_in_last_block but for the spill budgets; not timed (no machine came
-                            in the session's last hour):
+                            dq_in_last_block but for the spill budgets. A review found no hang and
+                            no changed output for finite inputs; a row with no valid slot and a
+                            non-finite dO or Delta now gets dQ NaN (0 x NaN in the walked block's
+                            dS), as the oracle gives, where the product stores 0. Not timed (no
+                            machine came in the session's last hour):
 
         bash scripts/ab-packages.sh experiments/dq_in_last_block.patch experiments/dq_last_block_wg0.patch \
             experiments/dq_last_block_wg1.patch
