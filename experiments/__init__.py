@@ -564,14 +564,19 @@
                             dq_in_last_block but for the spill budgets. A review found no hang and
                             no changed output for finite inputs; a row with no valid slot and a
                             non-finite dO or Delta now gets dQ NaN (0 x NaN in the walked block's
-                            dS), as the oracle gives, where the product stores 0. Not timed (no
-                            machine came in the session's last hour):
+                            dS), as the oracle gives, where the product stores 0. Timed on an H100
+                            in the forty-fifth session, one process, the same bits: det's main
+                            kernel 7.183 / 14.089 / 4.819 ms (dsv32 H=64 / H=128 / fleet) with
+                            dq_in_last_block, 7.125 / 14.041 / 4.805 with wg0 only, 7.120 /
+                            14.060 / 4.798 with wg1 only, against the product's 7.136 / 14.020 /
+                            4.807: none faster beyond the run's noise, not kept (moving the stores
+                            ahead of the adds does not take the row change's wait with them):
 
-        bash scripts/ab-packages.sh experiments/dq_in_last_block.patch experiments/dq_last_block_wg0.patch \
+        bash scripts/ab-packages.sh rev:HEAD experiments/dq_in_last_block.patch experiments/dq_last_block_wg0.patch \
             experiments/dq_last_block_wg1.patch
-        python benchmarks/package_ab.py --against .ab/dq_in_last_block/mqa_bwd --against .ab/dq_last_block_wg0/mqa_bwd \
-            --against .ab/dq_last_block_wg1/mqa_bwd \
-            --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
+        python benchmarks/package_ab.py --against .ab/HEAD/mqa_bwd --against .ab/dq_in_last_block/mqa_bwd \
+            --against .ab/dq_last_block_wg0/mqa_bwd --against .ab/dq_last_block_wg1/mqa_bwd \
+            --shapes dsv32,fleet --repeats 8 --trace 2
 
 git history holds the others (fused_row_blocks.patch, the block counts written by the slot
 layout, became the product's in the forty-fourth session and is at 2cb184a; row_blocks_launch.patch, the RowBlocks launch and warpgroup 0's
