@@ -588,9 +588,12 @@
                             when every launch added in lanes (acc_summed=False: 28 of 66 MB at
                             d_k = 576, NKV = 8192). The same bits by construction; `make test`
                             passes with it (1106 passed, 304 skipped: its GPU tests add a NaN in
-                            kv to the plan's quirks and the skipped read to the cast's). Not timed
-                            (no machine came from 05:10 to the session's end). Time it, then run
-                            the GPU suite before landing it:
+                            kv to the plan's quirks and the skipped read to the cast's). A review
+                            (generated CUDA, every launch mix of main_launches, every caller of
+                            both methods) found no bug: MV's bits are vector_norm's for every
+                            bf16 value but NaN payloads, which reach no output; the warp's
+                            reduction runs whole. Not timed (no machine came after 05:10). Time
+                            it, then run the GPU suite before landing it:
 
         bash scripts/ab-packages.sh experiments/plan_mv_and_lanes_cast.patch
         python benchmarks/package_ab.py --against .ab/plan_mv_and_lanes_cast/mqa_bwd \
