@@ -592,7 +592,7 @@
                             (generated CUDA, every launch mix of main_launches, every caller of
                             both methods) found no bug: MV's bits are vector_norm's for every
                             bf16 value but NaN payloads, which reach no output; the warp's
-                            reduction runs whole. Not timed (no machine came after 05:10). Time
+                            reduction runs whole. Not timed (no machine came after 05:00). Time
                             it, then run the GPU suite before landing it:
 
         bash scripts/ab-packages.sh experiments/plan_mv_and_lanes_cast.patch
