@@ -578,28 +578,9 @@
             --against .ab/dq_last_block_wg0/mqa_bwd --against .ab/dq_last_block_wg1/mqa_bwd \
             --shapes dsv32,fleet --repeats 8 --trace 2
 
-  plan_mv_and_lanes_cast.patch
-                            two trims off the call's short launches (forty-fifth session): the
-                            plan's first stage (plan_terms) takes max |kv| of each referenced kv
-                            row itself, a warp a row (Launcher.plan gets the whole kv rows; the
-                            value width is grad_out's), so that torch's vector_norm launch (some
-                            24 us of host on the path to the main launch, 7 us of GPU) goes; and
-                            lanes_to_bf16 reads the int64 accumulator only where the redo ran
-                            when every launch added in lanes (acc_summed=False: 28 of 66 MB at
-                            d_k = 576, NKV = 8192). The same bits by construction; `make test`
-                            passes with it (1106 passed, 304 skipped: its GPU tests add a NaN in
-                            kv to the plan's quirks and the skipped read to the cast's). A review
-                            (generated CUDA, every launch mix of main_launches, every caller of
-                            both methods) found no bug: MV's bits are vector_norm's for every
-                            bf16 value but NaN payloads, which reach no output; the warp's
-                            reduction runs whole. Not timed (no machine came after 05:00). Time
-                            it, then run the GPU suite before landing it:
-
-        bash scripts/ab-packages.sh experiments/plan_mv_and_lanes_cast.patch
-        python benchmarks/package_ab.py --against .ab/plan_mv_and_lanes_cast/mqa_bwd \
-            --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 10 --trace 2
-
-git history holds the others (fused_row_blocks.patch, the block counts written by the slot
+git history holds the others (plan_mv_and_lanes_cast.patch, max |kv| of each referenced kv row
+taken in the plan's first stage and the lanes' cast reading the int64 accumulator only where the
+redo ran, became the product's in the forty-sixth session and is at ea9ed1a; fused_row_blocks.patch, the block counts written by the slot
 layout, became the product's in the forty-fourth session and is at 2cb184a; row_blocks_launch.patch, the RowBlocks launch and warpgroup 0's
 fetched count, became the product's in the forty-third session and is at b0835f1;
 scales_with_gather.patch, a valid slot's row scale by a 4-byte

@@ -183,16 +183,17 @@ class Launcher:
         maxima of q [R, HQ, Dk]: peak_q [R, HQ] int32, fixed_point.magnitude_bits of q."""
         raise NotImplementedError
 
-    def plan(self, query, grad_out, delta, kv_v, referenced, live_row, sm_scale, peak_q, peak_do):
+    def plan(self, query, grad_out, delta, kv, referenced, live_row, sm_scale, peak_q, peak_do):
         """(row_scale [NKV] f32, allowance [R, H] f32): the fixed-point plan
         (fixed_point.plan) of the H = query.shape[2] real heads, from the delta
-        launch's Delta and maxima of dO (delta, peak_do [R, HQ], HQ >= H) and the
-        slot marks and their maxima of q (peak_q [R, HQ]), with row_scale the one
-        every deterministic launch rounds at: the plan's at this launcher's lanes_gain
-        (fixed_point.lanes_scale). Here in torch ops, the reference; a launcher may
-        run it as kernels, with the same bits."""
-        H = query.shape[2]
-        row_scale, allowance = fixed_point.plan(query, grad_out, delta[:, :H], kv_v, referenced, live_row, sm_scale,
+        launch's Delta and maxima of dO (delta, peak_do [R, HQ], HQ >= H), the
+        slot marks and their maxima of q (peak_q [R, HQ]) and the kv rows [NKV, W]
+        (their first Dv = grad_out.shape[3] columns are the value part the plan
+        bounds), with row_scale the one every deterministic launch rounds at: the
+        plan's at this launcher's lanes_gain (fixed_point.lanes_scale). Here in torch
+        ops, the reference; a launcher may run it as kernels, with the same bits."""
+        H, d_v = query.shape[2], grad_out.shape[3]
+        row_scale, allowance = fixed_point.plan(query, grad_out, delta[:, :H], kv[:, :d_v], referenced, live_row, sm_scale,
                                                 max_q=fixed_point.bits_to_bf16(peak_q[:, :H]),
                                                 max_do=fixed_point.bits_to_bf16(peak_do[:, :H]))
         return fixed_point.lanes_scale(row_scale, self.lanes_gain), allowance
@@ -203,10 +204,13 @@ class Launcher:
     def fixed_to_bf16(self, acc, row_scale, dst):
         raise NotImplementedError
 
-    def lanes_to_bf16(self, acc, words, failed, row_scale, dst):
+    def lanes_to_bf16(self, acc, words, failed, row_scale, dst, acc_summed=True):
         """fixed_to_bf16 of acc [NKV, Dk] int64 with the lanes' words [NKV, Dk / 2] joined where
-        ``failed`` [1] int32 is 0 (fixed_point.join_lanes). Here the reference, which joins into
-        acc in place (scratch the call drops); a launcher may fuse both, with the same bits."""
+        ``failed`` [1] int32 is 0 (fixed_point.join_lanes). ``acc_summed`` False is the caller's
+        word that acc is zero unless ``failed`` is set (every launch added in lanes; acc holds
+        only the redo's sums), so that a launcher may skip reading it. Here the reference, which
+        joins into acc in place (scratch the call drops); a launcher may fuse both, with the same
+        bits."""
         fixed_point.join_lanes(acc, words, failed)
         self.fixed_to_bf16(acc, row_scale, dst)
 
@@ -346,20 +350,24 @@ class TileLangLauncher(Launcher):
         self.launched("dsink_reduce")
         kernel(dsink_rows, dsink)
 
-    def plan(self, query, grad_out, delta, kv_v, referenced, live_row, sm_scale, peak_q, peak_do):
+    def plan(self, query, grad_out, delta, kv, referenced, live_row, sm_scale, peak_q, peak_do):
         # Three launches (kernels.plan_program) where the torch ops took some 80
-        # kernels and their copies in and out of a CUDA graph.
+        # kernels and their copies in and out of a CUDA graph; the first also takes
+        # max |kv| of the referenced rows (MV), a torch reduction's launch less on
+        # the host's path to the main launch.
         B, S, H = query.shape[:3]
-        NKV, d_v = kv_v.shape
+        NKV, d_v = kv.shape[0], grad_out.shape[3]
         R, S_kv, scale = B * S, NKV // B, abs(float(sm_scale))
-        mv = fixed_point.max_abs(kv_v)
+        kv = kv.contiguous()  # the wrapper's rows already are: whole rows of 16-byte loads
         # Through the launcher's allocator: the injected one where given, poisoned where asked.
         peaks = self.zeros((B, K.PLAN_SLOTS), torch.int64)
+        mv = self.empty((NKV,), torch.bfloat16)
         allowance = self.empty((R, H), torch.float32)
         row_scale = self.empty((NKV,), torch.float32)
         inputs = (peak_q, peak_do, delta, live_row, mv, referenced, peaks)
         self.launched("plan")
-        K.small_kernel("plan", "terms")(*inputs, S, H, S_kv, scale * d_v, scale)
+        K.small_kernel("plan", "terms")(peak_q, peak_do, delta, live_row, kv, mv, referenced, peaks, S, H, S_kv, d_v,
+                                        scale * d_v, scale)
         K.small_kernel("plan", "peaks")(*inputs, allowance, S, H, S_kv, d_v, scale * d_v, scale, fixed_point.MASS_LIMIT)
         # The lanes' gain is a power of two the last stage multiplies by (fixed_point.lanes_scale's product,
         # the same bits): no launch of its own.
@@ -382,7 +390,7 @@ class TileLangLauncher(Launcher):
         self.launched("fixed_to_bf16")
         kernel(acc, row_scale, dst)
 
-    def lanes_to_bf16(self, acc, words, failed, row_scale, dst):
+    def lanes_to_bf16(self, acc, words, failed, row_scale, dst, acc_summed=True):
         kernel = K.small_kernel("lanes_to_bf16", acc.shape[1])
         self.launched("lanes_to_bf16")
-        kernel(acc, words, failed, row_scale, dst)
+        kernel(acc, words, failed, row_scale, dst, int(acc_summed))

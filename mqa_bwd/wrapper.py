@@ -562,8 +562,7 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
     else:
         # One scale for every launch, lanes or int64 (the plan's at the launcher's lanes_gain), so
         # that a contribution is the same integer whichever kernel adds it (fixed_point, "The lanes").
-        row_scale, allowance = launcher.plan(query, grad_out, delta, kv2[:, : p.d_v], referenced, live_row, sm_scale,
-                                             peak_q, peak_do)
+        row_scale, allowance = launcher.plan(query, grad_out, delta, kv2, referenced, live_row, sm_scale, peak_q, peak_do)
         # Padding heads (q = dO = 0) contribute nothing: no limit on their mass.
         allowance = steps.pad_heads(allowance, Hp, math.inf, launcher)
         common = dict(sm_scale=sm_scale, heads=bh, row_scale=row_scale, allowance=allowance, flag=row_flags,
@@ -598,7 +597,8 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
     if not fixed:
         launcher.cast_bf16(dkv_acc, dkv)
     elif lanes:
-        launcher.lanes_to_bf16(dkv_fixed, words, failed, row_scale, dkv)
+        # Where every launch added in lanes, dkv_fixed holds only the redo's sums: read where it ran.
+        launcher.lanes_to_bf16(dkv_fixed, words, failed, row_scale, dkv, acc_summed=len(lanes) < len(launches))
     else:
         launcher.fixed_to_bf16(dkv_fixed, row_scale, dkv)
 

@@ -422,10 +422,14 @@ def test_dsink_reduction_gives_the_models_bits(R, H):
         assert not np.array_equal(sums["model"].numpy(), in_row_order), "the order does not show in these bits"
 
 
+@pytest.mark.parametrize("acc_summed", [True, False])
 @pytest.mark.parametrize("failed", [0, 1])
-def test_lanes_cast_gives_the_reference_joins_bits(failed):
+def test_lanes_cast_gives_the_reference_joins_bits(failed, acc_summed):
     # The fused join and cast (lanes_to_bf16) against the reference: join_lanes, then
     # fixed_to_bf16 (the model's). Lanes at both ends of 32 bits, negative sums, a NaN scale.
+    # Without acc_summed the kernel reads acc only where the redo ran: here acc holds sums the
+    # reference joins where failed, and garbage the kernel must not read where not (the
+    # reference is then given zeros, what acc holds in a call).
     g = torch.Generator().manual_seed(11 + failed)
     N, C = 1000, 576
     acc = torch.randint(-2**40, 2**40, (N, C), generator=g, dtype=torch.int64)
@@ -439,7 +443,9 @@ def test_lanes_cast_gives_the_reference_joins_bits(failed):
     for name, launcher, device in (("model", ModelLauncher(), "cpu"), ("tilelang", launch.TileLangLauncher(), "cuda")):
         guards = GuardBands()
         dst = guards.allocate((N, C), torch.bfloat16, device, "Dst")
-        launcher.lanes_to_bf16(acc.clone().to(device), words.to(device), gate.to(device), scale.to(device), dst)
+        given = acc if acc_summed or failed or name == "tilelang" else torch.zeros_like(acc)
+        launcher.lanes_to_bf16(given.clone().to(device), words.to(device), gate.to(device), scale.to(device), dst,
+                               acc_summed=acc_summed)
         assert not guards.violations(), f"{name}: {guards.violations()}"
         got[name] = dst.cpu()
     # A NaN row is NaN on both (its payload is the device's fp64 division's, not the host's).
@@ -448,6 +454,9 @@ def test_lanes_cast_gives_the_reference_joins_bits(failed):
     assert bitwise_difference("dkv", got["tilelang"][~nan], got["model"][~nan]) is None
     without_lanes = (acc.double() / scale.double().view(-1, 1)).float().bfloat16()
     assert torch.equal(got["model"][4:].float(), without_lanes[4:].float()) == bool(failed)
+    if not (acc_summed or failed):  # the lanes alone: acc's sums would have shown
+        joined_with_acc = ((lanes + acc).double() / scale.double().view(-1, 1)).float().bfloat16()
+        assert not torch.equal(got["tilelang"][4:].float(), joined_with_acc[4:].float())
 
 
 def test_delta_maxima_match_the_model():
@@ -698,6 +707,9 @@ def plan_inputs(B, S, H, S_kv, seed, quirk=None, device="cuda"):
         delta[R - S, 0] = float("inf")
     elif quirk == "huge":  # peaks past FP32_SAFE: the element is poisoned
         q[0, 1, 0, 3] = 1e30
+    elif quirk == "nan_kv":  # a NaN in a referenced kv row's value part: max |kv| is NaN, element 0 poisoned
+        kv_v[3, 100] = float("nan")
+        referenced[3] = 1
     elif quirk == "zeros":  # a = 0 everywhere, b = max |dO| only; kv rows of zeros: bound_j = N_b b_max
         q.zero_()
         kv_v[: S_kv // 2] = 0
@@ -711,6 +723,7 @@ def plan_inputs(B, S, H, S_kv, seed, quirk=None, device="cuda"):
 @pytest.mark.parametrize("shape,quirk,sm_scale", [
     ((1, 64, 8, 256), None, 0.0417), ((2, 33, 3, 100), "nan_q", 0.0417), ((3, 17, 5, 50), "dead", 0.125),
     ((2, 40, 4, 64), "inf_delta", 0.0417), ((2, 40, 4, 64), "huge", 0.0417), ((1, 30, 2, 300), "zeros", -0.5),
+    ((2, 40, 4, 64), "nan_kv", 0.0417),
     ((1, 4096, 64, 8192), None, 576**-0.5),
 ])
 @pytest.mark.parametrize("gain", [30, fixed_point.LANES_GAIN, 0])
@@ -729,7 +742,7 @@ def test_plan_kernels_give_the_torch_plan_bits(shape, quirk, sm_scale, gain):
     # The quirks that break a proof poison exactly their batch element (every kv row a slot names).
     nan = torch.isnan(want[0]).view(shape[0], -1)
     poisoned = ((nan | (referenced == 0).view(shape[0], -1)).all(dim=1) & nan.any(dim=1)).tolist()
-    broken = {"nan_q": shape[0] - 1, "inf_delta": shape[0] - 1, "huge": 0}.get(quirk)
+    broken = {"nan_q": shape[0] - 1, "inf_delta": shape[0] - 1, "huge": 0, "nan_kv": 0}.get(quirk)
     assert poisoned == [b == broken for b in range(shape[0])], poisoned
 
 

@@ -173,20 +173,35 @@ __device__ __forceinline__ double mqa_bound(const void* mv_, const int* referenc
 }
 
 __device__ void mqa_plan_terms(const int* peak_q, const int* peak_do, const float* delta, const int* live_row,
-                               const void* mv_, const int* referenced, const void* peaks_,
-                               int S, int H, int S_kv, int hq, double c_a, double scale, int b) {
+                               const void* kv_, const void* mv_, const int* referenced, const void* peaks_,
+                               int S, int H, int S_kv, int hq, int kv_width, int d_v, double c_a, double scale, int b) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
-  const unsigned short* mv = static_cast<const unsigned short*>(mv_);
   unsigned long long* mine = static_cast<unsigned long long*>(const_cast<void*>(peaks_)) + b * %(slots)d;
   MqaTerm t = {0.0, 0.0, 0.0, 0.0, 0.0};
   if (i < S * H) t = mqa_term(peak_q, peak_do, delta, live_row, hq, static_cast<long>(b) * S + i / H, i %% H, c_a, scale);
-  double v = 0.0;
-  if (i < S_kv && referenced[static_cast<long>(b) * S_kv + i] != 0) v = mqa_bf16_bits(mv[static_cast<long>(b) * S_kv + i]);
+  // MV of every kv row a slot names, a warp a row (16 bytes a lane a load), the grid's warps taking
+  // the rows in turn: max |kv| of the row's value part as its bf16 bits (MAGNITUDE_SOURCE's rule).
+  // The later stages read MV only where Referenced is set, so the other rows are never written.
+  unsigned long long mv_key = 0ull;
+  const int lane = threadIdx.x & 31, warps = (gridDim.x * blockDim.x) >> 5;
+  for (int w = i >> 5; w < S_kv; w += warps) {
+    const long j = static_cast<long>(b) * S_kv + w;
+    if (referenced[j] == 0) continue;  // the same j across the warp: its shuffles stay whole
+    const uint4* row = reinterpret_cast<const uint4*>(static_cast<const unsigned short*>(kv_) + j * kv_width);
+    unsigned m = 0u;
+    for (int x = lane; x < d_v / 8; x += 32) m = __vmaxu2(m, mqa_magnitudes(__ldg(row + x)));
+    m = mqa_warp_peak(m);
+    if (lane == 0) {
+      static_cast<unsigned short*>(const_cast<void*>(mv_))[j] = static_cast<unsigned short>(m);
+      const unsigned long long k = mqa_key(mqa_bf16_bits(static_cast<int>(m)));
+      mv_key = k > mv_key ? k : mv_key;
+    }
+  }
   mqa_block_flush(mqa_key(t.a), mine + %(A)d, 0);
   mqa_block_flush(mqa_key(t.b), mine + %(B)d, 0);
   mqa_block_flush((t.a > 0 || t.b > 0) ? 1ull : 0ull, mine + %(LIVE)d, 1);
   mqa_block_flush(mqa_key(t.mdo), mine + %(DO)d, 0);
-  mqa_block_flush(mqa_key(v), mine + %(MV)d, 0);
+  mqa_block_flush(mv_key, mine + %(MV)d, 0);
 }
 
 __device__ void mqa_plan_peaks(const int* peak_q, const int* peak_do, const float* delta, const int* live_row,
@@ -246,7 +261,9 @@ def plan_program(stage: str, threads: int = PLAN_THREADS):
     """One stage of the fixed-point plan (launch.Launcher.plan: mqa_bwd.fixed_point.plan with the
     lanes' gain, the same bits):
 
-      terms   PlanPeaks[b] gets max a, max b, the live-term count N_b, max mdo (of
+      terms   MV [NKV] bf16 (max |kv| of each referenced kv row's first d_v columns
+              of KV [NKV, KW]; other rows left unwritten, never read), and
+              PlanPeaks[b] gets max a, max b, the live-term count N_b, max mdo (of
               live rows) and max mv (of referenced kv rows) of batch element b
       peaks   Allowance [R, H], and PlanPeaks[b] gets the peaks of dS and of bound_j
       scales  RowScale [NKV]: 2**k_j times ``gain`` (the lanes' power of two,
@@ -254,25 +271,27 @@ def plan_program(stage: str, threads: int = PLAN_THREADS):
               bound unrepresentable, ``gain`` for kv rows no slot names
 
     PeakQ, PeakDO [R, HQ] int32 (bf16 magnitude bits) and Delta [R, HQ] hold
-    the call's heads; H <= HQ are the real ones. MV [NKV] bf16 is max |kv| of
-    each row's value part. PlanPeaks [B, PLAN_SLOTS] int64 is zeroed by the
-    caller. Grid (ceil(max(S * H, S_kv) / threads), B).
+    the call's heads; H <= HQ are the real ones. PlanPeaks [B, PLAN_SLOTS]
+    int64 is zeroed by the caller. Grid (ceil(max(S * H, S_kv) / threads), B).
     """
     tilelang, T = _tl()
     R, HQ, NKV, B = T.dynamic("R"), T.dynamic("HQ"), T.dynamic("NKV"), T.dynamic("B")
     i32, i64, f32, bf16 = "int32", "int64", "float32", "bfloat16"
-    source = PLAN_SOURCE % dict(slots=PLAN_SLOTS, A=PLAN_A, B=PLAN_B, LIVE=PLAN_LIVE, DO=PLAN_DO, MV=PLAN_MV, DS=PLAN_DS,
-                                BOUND=PLAN_BOUND, fp32_max=FP32_MAX_EXPONENT, sum_bits=PARTIAL_SUM_BITS)
+    source = MAGNITUDE_SOURCE + PLAN_SOURCE % dict(slots=PLAN_SLOTS, A=PLAN_A, B=PLAN_B, LIVE=PLAN_LIVE, DO=PLAN_DO,
+                                                   MV=PLAN_MV, DS=PLAN_DS, BOUND=PLAN_BOUND, fp32_max=FP32_MAX_EXPONENT,
+                                                   sum_bits=PARTIAL_SUM_BITS)
     if stage == "terms":
+        KW = T.dynamic("KW")
+
         @T.prim_func
         def plan_terms(PeakQ: T.Tensor((R, HQ), i32), PeakDO: T.Tensor((R, HQ), i32), Delta: T.Tensor((R, HQ), f32),
-                       LiveRow: T.Tensor((R,), i32), MV: T.Tensor((NKV,), bf16), Referenced: T.Tensor((NKV,), i32),
-                       PlanPeaks: T.Tensor((B, PLAN_SLOTS), i64), S: T.int32, H: T.int32, S_kv: T.int32, c_a: T.float64,
-                       scale: T.float64):
+                       LiveRow: T.Tensor((R,), i32), KV: T.Tensor((NKV, KW), bf16), MV: T.Tensor((NKV,), bf16),
+                       Referenced: T.Tensor((NKV,), i32), PlanPeaks: T.Tensor((B, PLAN_SLOTS), i64), S: T.int32, H: T.int32,
+                       S_kv: T.int32, d_v: T.int32, c_a: T.float64, scale: T.float64):
             with T.Kernel(T.ceildiv(T.max(S * H, S_kv), threads), B, threads=threads) as (bx, b):
                 T.import_source(source)
-                T.call_extern("handle", "mqa_plan_terms", PeakQ.data, PeakDO.data, Delta.data, LiveRow.data, MV.data,
-                              Referenced.data, PlanPeaks.data, S, H, S_kv, HQ, c_a, scale, b)
+                T.call_extern("handle", "mqa_plan_terms", PeakQ.data, PeakDO.data, Delta.data, LiveRow.data, KV.data, MV.data,
+                              Referenced.data, PlanPeaks.data, S, H, S_kv, HQ, KW, d_v, c_a, scale, b)
 
         return plan_terms
     if stage == "peaks":

@@ -73,7 +73,10 @@ def fixed_to_bf16_program(cols: int, block_rows: int = 16, threads: int = 128):
 def lanes_to_bf16_program(cols: int, block_rows: int = 16, threads: int = 128):
     """fixed_to_bf16 of Acc plus the decoded lanes: Dst[k, c] = bf16(fp32(fp64(Acc[k, c] + lane[k, c]) /
     RowScale[k])), lane[k, c] column c's lane of Words[k] (config.lane_word_of_column) where
-    Failed[0] == 0, else 0 (Acc then holds the int64 redo's sums): join and cast in one pass."""
+    Failed[0] == 0, else 0 (Acc then holds the int64 redo's sums): join and cast in one pass.
+    AccSummed == 0 is the caller's word that Acc is zero unless Failed[0] is set (every launch
+    added in lanes): then Acc is read only where the redo ran, the same bits with a third of the
+    bytes."""
     tilelang, T = _tl()
     N = T.dynamic("N")
     C, G = cols, LANE_GROUP
@@ -81,15 +84,34 @@ def lanes_to_bf16_program(cols: int, block_rows: int = 16, threads: int = 128):
         raise ValueError(f"cols: {C} (the lanes pair columns within groups of {G}: a multiple of {G})")
     whole = C // LANE_BLOCK * LANE_BLOCK
 
-    @T.macro
-    def join_and_cast(Acc, Words, Failed, RowScale, Dst, k, c, word_index):
-        if k < N:
-            word = Words[k, word_index]
-            lo = T.cast(T.cast(word, "int32"), "int64")  # the low lane, sign-extended
-            lane = T.if_then_else(c % G < G // 2, lo, T.shift_right(word - lo, T.int64(32)))
-            total = Acc[k, c] + T.if_then_else(Failed[0] == 0, lane, T.int64(0))
-            value = T.cast(total, "float64") / T.cast(RowScale[k], "float64")
-            Dst[k, c] = T.cast(T.cast(value, "float32"), "bfloat16")
+    def join_and_cast(with_acc: bool):
+        @T.macro
+        def join(Acc, Words, Failed, RowScale, Dst, k, c, word_index):
+            if k < N:
+                word = Words[k, word_index]
+                lo = T.cast(T.cast(word, "int32"), "int64")  # the low lane, sign-extended
+                lane = T.if_then_else(c % G < G // 2, lo, T.shift_right(word - lo, T.int64(32)))
+                total = Acc[k, c] + T.if_then_else(Failed[0] == 0, lane, T.int64(0)) if with_acc else lane
+                value = T.cast(total, "float64") / T.cast(RowScale[k], "float64")
+                Dst[k, c] = T.cast(T.cast(value, "float32"), "bfloat16")
+
+        return join
+
+    def rows(join):
+        @T.macro
+        def cast_rows(Acc, Words, Failed, RowScale, Dst, bx):
+            # The whole LANE_BLOCKs, then the tail: each loop's word index is arithmetic on its
+            # column alone (a select between the two would keep the loop from vectorising).
+            if whole:
+                for i, c in T.Parallel(block_rows, whole):
+                    join(Acc, Words, Failed, RowScale, Dst, bx * block_rows + i, c, lane_word_in_block(c))
+            if C > whole:
+                for i, c in T.Parallel(block_rows, C - whole):
+                    join(Acc, Words, Failed, RowScale, Dst, bx * block_rows + i, whole + c, lane_word_in_tail(whole + c))
+
+        return cast_rows
+
+    with_acc, lanes_only = rows(join_and_cast(True)), rows(join_and_cast(False))
 
     @T.prim_func
     def lanes_to_bf16(
@@ -98,17 +120,13 @@ def lanes_to_bf16_program(cols: int, block_rows: int = 16, threads: int = 128):
         Failed: T.Tensor((1,), "int32"),
         RowScale: T.Tensor((N,), "float32"),
         Dst: T.Tensor((N, C), "bfloat16"),
+        AccSummed: T.int32,
     ):
         with T.Kernel(T.ceildiv(N, block_rows), threads=threads) as bx:
-            # The whole LANE_BLOCKs, then the tail: each loop's word index is arithmetic on its
-            # column alone (a select between the two would keep the loop from vectorising).
-            if whole:
-                for i, c in T.Parallel(block_rows, whole):
-                    join_and_cast(Acc, Words, Failed, RowScale, Dst, bx * block_rows + i, c, lane_word_in_block(c))
-            if C > whole:
-                for i, c in T.Parallel(block_rows, C - whole):
-                    join_and_cast(Acc, Words, Failed, RowScale, Dst, bx * block_rows + i, whole + c,
-                                  lane_word_in_tail(whole + c))
+            if AccSummed != 0 or Failed[0] != 0:
+                with_acc(Acc, Words, Failed, RowScale, Dst, bx)
+            else:
+                lanes_only(Acc, Words, Failed, RowScale, Dst, bx)
 
     return lanes_to_bf16
 
