@@ -65,8 +65,8 @@ def _timed(name):
     return method
 
 
-for _name in ("empty", "zeros", "zeros_together", "kernel_lse", "sorted_slots", "row_blocks", "delta", "main_bwd", "dsink_reduce", "mark_slots", "plan", "cast_bf16",
-              "fixed_to_bf16", "lanes_to_bf16"):
+for _name in ("empty", "zeros", "zeros_together", "kernel_lse", "sorted_slots", "row_blocks", "delta", "main_bwd", "dsink_reduce", "mark_slots", "plan",
+              "lanes_failed", "zero_gated", "poisoned_batches", "cast_bf16", "fixed_to_bf16", "lanes_to_bf16"):
     setattr(HostClock, _name, _timed(_name))
 
 
@@ -94,7 +94,7 @@ def print_timeline(call, width: int) -> None:
 
 def print_launch_costs(calls: int = 200, profile_top: int = 0) -> None:
     """Host microseconds a launch of each kind costs, alone: a torch elementwise op and two
-    TileLang kernels through the launcher (dsink_reduce, 2 tensors; fixed_to_bf16, 3) and the
+    TileLang kernels through the launcher (dsink_reduce, 2 tensors; fixed_to_bf16, 4) and the
     second without it, on tiny tensors, so that the GPU is never the limit; with ``profile_top``,
     the functions where a direct launch spends its host time."""
     x = torch.zeros((64, 64), device="cuda")
@@ -102,12 +102,13 @@ def print_launch_costs(calls: int = 200, profile_top: int = 0) -> None:
     tilelang = launch.TileLangLauncher(True)
     acc, scale, dst = (torch.zeros((16, 576), dtype=torch.int64, device="cuda"), torch.ones(16, device="cuda"),
                        torch.empty((16, 576), dtype=torch.bfloat16, device="cuda"))
+    poisoned = torch.zeros((1,), dtype=torch.int32, device="cuda")
     kernel = K.compiled(K.KernelConfig("fixed_to_bf16", (576,)))
     kinds = {
         "torch add": lambda: torch.add(x, 1.0, out=x),
         "TileLang dsink_reduce (2 tensors)": lambda: tilelang.dsink_reduce(x, out),
-        "TileLang fixed_to_bf16 (3 tensors)": lambda: tilelang.fixed_to_bf16(acc, scale, dst),
-        "the same kernel, called directly": lambda: kernel(acc, scale, dst),
+        "TileLang fixed_to_bf16 (4 tensors)": lambda: tilelang.fixed_to_bf16(acc, scale, poisoned, dst),
+        "the same kernel, called directly": lambda: kernel(acc, scale, poisoned, dst, 16),
     }
     for name, fn in kinds.items():
         for _ in range(10):

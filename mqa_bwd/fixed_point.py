@@ -211,14 +211,20 @@ def _plan_small(mq, mdo, mv, delta, referenced, live_row, *, B, S, H, d_v, scale
     return scales, allowance.to(torch.float32).view(R, H)
 
 
-def poison_flagged(row_scale: torch.Tensor, row_flags: torch.Tensor, batch: int) -> torch.Tensor:
-    """row_scale with NaN for every kv row of a batch element one of whose query rows the kernel flagged.
+def poisoned_batches(row_flags: torch.Tensor, batch: int) -> torch.Tensor:
+    """[batch] int32: 1 for a batch element one of whose query rows the kernel flagged, else 0.
 
     row_flags [R] int32 holds the kernel's per-row flags (R = batch * S): bit 0 (FLAG_MASS) a
     mass over its allowance or NaN; bit 1 is the lanes' rounding's (kernels/wide.py), not a fault.
     """
-    flagged = (row_flags.view(batch, -1) & FLAG_MASS).amax(dim=1, keepdim=True) > 0  # [B, 1]
-    return torch.where(flagged, math.nan, row_scale.view(batch, -1)).view(-1)
+    return ((row_flags.view(batch, -1) & FLAG_MASS).amax(dim=1) > 0).to(torch.int32)
+
+
+def poison_batches(row_scale: torch.Tensor, poisoned: torch.Tensor) -> torch.Tensor:
+    """row_scale [B * S_kv] with NaN for every kv row of a batch element set in poisoned [B]:
+    its dKV is NaN (the casts divide by the scale)."""
+    batch = poisoned.shape[0]
+    return torch.where(poisoned.view(batch, 1) != 0, math.nan, row_scale.view(batch, -1)).view(-1)
 
 
 def row_scales(bounds: torch.Tensor) -> torch.Tensor:

@@ -198,21 +198,43 @@ class Launcher:
                                                 max_do=fixed_point.bits_to_bf16(peak_do[:, :H]))
         return fixed_point.lanes_scale(row_scale, self.lanes_gain), allowance
 
+    def lanes_failed(self, bound, failed):
+        """failed [1] int32, zeroed by the caller: 1 where some kv row's bound [NKV] int64 reached
+        LANE_LIMIT (fixed_point.lanes_failed: the lanes' int64 redo runs). Here the reference."""
+        self.launched("lanes_failed")
+        failed.copy_(fixed_point.lanes_failed(bound))
+
+    def poisoned_batches(self, row_flags, poisoned):
+        """poisoned [B] int32, zeroed by the caller: 1 for a batch element one of whose query rows
+        row_flags [R] (R = B * S) flags a mass (fixed_point.poisoned_batches). Here the reference."""
+        self.launched("poisoned_batches")
+        poisoned.copy_(fixed_point.poisoned_batches(row_flags, poisoned.shape[0]))
+
+    def zero_gated(self, acc, gate):
+        """acc [NKV, Dk] int64 zeroed where gate [1] int32 is set, left as it is where not, with no
+        host synchronisation. Here the reference."""
+        self.launched("zero_gated")
+        acc.masked_fill_(gate.view(1, 1).expand_as(acc) != 0, 0)
+
     def cast_bf16(self, src, dst):
         raise NotImplementedError
 
-    def fixed_to_bf16(self, acc, row_scale, dst):
+    def fixed_to_bf16(self, acc, row_scale, poisoned, dst):
+        """dst [NKV, Dk] bf16 = acc / row_scale, with row_scale NaN for the batch elements set in
+        poisoned [B] (fixed_point.poison_batches)."""
         raise NotImplementedError
 
-    def lanes_to_bf16(self, acc, words, failed, row_scale, dst, acc_summed=True):
+    def lanes_to_bf16(self, acc, words, failed, row_scale, poisoned, dst, acc_summed=True):
         """fixed_to_bf16 of acc [NKV, Dk] int64 with the lanes' words [NKV, Dk / 2] joined where
         ``failed`` [1] int32 is 0 (fixed_point.join_lanes). ``acc_summed`` False is the caller's
         word that acc is zero unless ``failed`` is set (every launch added in lanes; acc holds
         only the redo's sums), so that a launcher may skip reading it. Here the reference, which
         joins into acc in place (scratch the call drops); a launcher may fuse both, with the same
         bits."""
+        if not acc_summed:  # what acc holds where the redo did not run is not read: zeros
+            acc.masked_fill_(failed.view(1, 1).expand_as(acc) == 0, 0)
         fixed_point.join_lanes(acc, words, failed)
-        self.fixed_to_bf16(acc, row_scale, dst)
+        self.fixed_to_bf16(acc, row_scale, poisoned, dst)
 
 
 _GATES_OPEN: dict = {}
@@ -385,12 +407,27 @@ class TileLangLauncher(Launcher):
         self.launched("cast_bf16")
         kernel(src, dst)
 
-    def fixed_to_bf16(self, acc, row_scale, dst):
+    def lanes_failed(self, bound, failed):
+        kernel = K.small_kernel("lanes_failed")
+        self.launched("lanes_failed")
+        kernel(bound, failed)
+
+    def poisoned_batches(self, row_flags, poisoned):
+        kernel = K.small_kernel("poisoned_batches")
+        self.launched("poisoned_batches")
+        kernel(row_flags, poisoned, row_flags.shape[0] // poisoned.shape[0])
+
+    def zero_gated(self, acc, gate):
+        kernel = K.small_kernel("zero_gated", acc.shape[1])
+        self.launched("zero_gated")
+        kernel(acc, gate)
+
+    def fixed_to_bf16(self, acc, row_scale, poisoned, dst):
         kernel = K.small_kernel("fixed_to_bf16", acc.shape[1])
         self.launched("fixed_to_bf16")
-        kernel(acc, row_scale, dst)
+        kernel(acc, row_scale, poisoned, dst, acc.shape[0] // poisoned.shape[0])
 
-    def lanes_to_bf16(self, acc, words, failed, row_scale, dst, acc_summed=True):
+    def lanes_to_bf16(self, acc, words, failed, row_scale, poisoned, dst, acc_summed=True):
         kernel = K.small_kernel("lanes_to_bf16", acc.shape[1])
         self.launched("lanes_to_bf16")
-        kernel(acc, words, failed, row_scale, dst, int(acc_summed))
+        kernel(acc, words, failed, row_scale, poisoned, dst, acc.shape[0] // poisoned.shape[0], int(acc_summed))

@@ -440,10 +440,15 @@ class ModelLauncher(Launcher):
         _shape_is("cast_bf16", "Dst", dst, tuple(src.shape))
         dst.copy_(src.to(torch.bfloat16))
 
-    def fixed_to_bf16(self, acc, row_scale, dst):
+    def fixed_to_bf16(self, acc, row_scale, poisoned, dst):
         kernel = "fixed_to_bf16"
         self.launched(kernel)
         _shape_is(kernel, "Dst", dst, tuple(acc.shape))
         _shape_is(kernel, "RowScale", row_scale, (acc.shape[0],))
+        if poisoned.dim() != 1 or acc.shape[0] % max(1, poisoned.shape[0]):
+            # The kernel's batch element of kv row k is k // (NKV / B): another B reads the wrong flag.
+            raise TileBoundsError(kernel, f"Poisoned (shape {tuple(poisoned.shape)}, B dividing {acc.shape[0]} kv rows)",
+                                  0, 0)
+        row_scale = fixed_point.poison_batches(row_scale, poisoned)
         value = (acc.to(torch.float64) / row_scale.to(torch.float64).view(-1, 1)).to(torch.float32)
         dst.copy_(value.to(torch.bfloat16))

@@ -46,7 +46,6 @@ from typing import Callable
 import torch
 
 from . import edge
-from . import fixed_point
 from . import kernels as K
 from . import launch as L
 from . import layout
@@ -527,20 +526,22 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
     if fixed:
         lanes = [(g, config) for g, config in launches if config.accumulate == "lanes"]
         # What the fixed design zeroes before its main launch, one fill an element width: the plan's
-        # slot marks (they and the maxima of q come with the slot layout), the row flags, the wide
+        # slot marks (they and the maxima of q come with the slot layout), the row flags and the
+        # call's flags after them (the poisoned batch elements; the lanes' failed bound), the wide
         # tile's words and per-row bounds, and the int64 accumulator where an int64 launch adds to
-        # it (where every launch adds in lanes, it is only the redo's: zeroed behind the lanes
-        # launches, off the host's path to the first one), and a claim counter for each main launch
-        # (its lanes launches' corrections and redo too).
+        # it (where every launch adds in lanes, it is only the redo's: zeroed only where the redo
+        # runs, after the lanes launches), and a claim counter for each main launch (its lanes
+        # launches' corrections and redo too).
         zeroed = {"referenced": ((NKV,), torch.int32), "live_row": ((R,), torch.int32), "row_flags": ((R,), torch.int32),
-                  "claims": ((len(launches) + 2 * len(lanes),), torch.int32)}
+                  "claims": ((len(launches) + 2 * len(lanes),), torch.int32), "poisoned": ((p.B,), torch.int32)}
         if lanes:
-            zeroed.update(words=((NKV, p.d_k // 2), torch.int64), bound=((NKV,), torch.int64))
+            zeroed.update(words=((NKV, p.d_k // 2), torch.int64), bound=((NKV,), torch.int64), failed=((1,), torch.int32))
         if len(lanes) < len(launches):
             zeroed["dkv_fixed"] = ((NKV, p.d_k), torch.int64)
         buffers = dict(zip(zeroed, launcher.zeros_together(*zeroed.values())))
         referenced, live_row, row_flags = buffers["referenced"], buffers["live_row"], buffers["row_flags"]
         words, bound, dkv_fixed = buffers.get("words"), buffers.get("bound"), buffers.get("dkv_fixed")
+        poisoned, failed = buffers["poisoned"], buffers.get("failed")
         counters = iter(buffers["claims"].split(1))
         peak_q = launcher.empty((R, Hp), torch.int32)
         marks = (referenced, live_row, q, peak_q)
@@ -578,18 +579,21 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
             launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, words, config=K.lanes_corrections(config),
                               head_base=g * bh, bound=bound, claims=next(counters), **common)
         if lanes:
+            launcher.lanes_failed(bound, failed)
             if dkv_fixed is None:
-                dkv_fixed = launcher.zeros((NKV, p.d_k), torch.int64)
+                # Only the redo adds to it, and the cast reads it only where the redo ran: zeroed there.
+                dkv_fixed = launcher.empty((NKV, p.d_k), torch.int64)
+                launcher.zero_gated(dkv_fixed, failed)
             # The redo launches on every call and does nothing unless a bound failed (no host
             # synchronisation): then it adds the same integers in int64 and the lanes are
             # dropped, else the lanes join dkv_fixed (in the cast below). Both give the same
             # sums, the same bits.
-            failed = fixed_point.lanes_failed(bound)
             launcher.note_lanes_redone(failed)
             for g, config in lanes:
                 launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, dkv_fixed, config=K.lanes_redo(config),
                                   head_base=g * bh, gate=failed, claims=next(counters), **common)
-        row_scale = fixed_point.poison_flagged(row_scale, row_flags, p.B)
+        # The batch elements a mass check flagged, after every launch that checks: the cast makes their dKV NaN.
+        launcher.poisoned_batches(row_flags, poisoned)
 
     dsink = launcher.empty((Hp,), f32)
     launcher.dsink_reduce(dsink_rows, dsink)
@@ -598,9 +602,9 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
         launcher.cast_bf16(dkv_acc, dkv)
     elif lanes:
         # Where every launch added in lanes, dkv_fixed holds only the redo's sums: read where it ran.
-        launcher.lanes_to_bf16(dkv_fixed, words, failed, row_scale, dkv, acc_summed=len(lanes) < len(launches))
+        launcher.lanes_to_bf16(dkv_fixed, words, failed, row_scale, poisoned, dkv, acc_summed=len(lanes) < len(launches))
     else:
-        launcher.fixed_to_bf16(dkv_fixed, row_scale, dkv)
+        launcher.fixed_to_bf16(dkv_fixed, row_scale, poisoned, dkv)
 
     dq = dq[:, : p.H].reshape(p.B, p.S, p.H, p.d_k).contiguous()  # a copy only when heads were padded
     return dq, dkv.view(p.B, p.S_kv, p.d_k), dsink[: p.H].contiguous()

@@ -426,10 +426,10 @@ def test_dsink_reduction_gives_the_models_bits(R, H):
 @pytest.mark.parametrize("failed", [0, 1])
 def test_lanes_cast_gives_the_reference_joins_bits(failed, acc_summed):
     # The fused join and cast (lanes_to_bf16) against the reference: join_lanes, then
-    # fixed_to_bf16 (the model's). Lanes at both ends of 32 bits, negative sums, a NaN scale.
-    # Without acc_summed the kernel reads acc only where the redo ran: here acc holds sums the
-    # reference joins where failed, and garbage the kernel must not read where not (the
-    # reference is then given zeros, what acc holds in a call).
+    # fixed_to_bf16 (the model's). Lanes at both ends of 32 bits, negative sums, a NaN scale, a
+    # poisoned batch element (the second of four: its rows NaN whatever their scale). Without
+    # acc_summed acc is read only where the redo ran: here acc holds sums where failed, and
+    # garbage that neither may read where not.
     g = torch.Generator().manual_seed(11 + failed)
     N, C = 1000, 576
     acc = torch.randint(-2**40, 2**40, (N, C), generator=g, dtype=torch.int64)
@@ -439,24 +439,84 @@ def test_lanes_cast_gives_the_reference_joins_bits(failed, acc_summed):
     scale = torch.ldexp(torch.ones(N), torch.randint(-30, 10, (N,), generator=g))
     scale[3] = float("nan")
     gate = torch.tensor([failed], dtype=torch.int32)
+    poisoned = torch.tensor([0, 1, 0, 0], dtype=torch.int32)
     got = {}
     for name, launcher, device in (("model", ModelLauncher(), "cpu"), ("tilelang", launch.TileLangLauncher(), "cuda")):
         guards = GuardBands()
         dst = guards.allocate((N, C), torch.bfloat16, device, "Dst")
-        given = acc if acc_summed or failed or name == "tilelang" else torch.zeros_like(acc)
-        launcher.lanes_to_bf16(given.clone().to(device), words.to(device), gate.to(device), scale.to(device), dst,
-                               acc_summed=acc_summed)
+        launcher.lanes_to_bf16(acc.clone().to(device), words.to(device), gate.to(device), scale.to(device),
+                               poisoned.to(device), dst, acc_summed=acc_summed)
         assert not guards.violations(), f"{name}: {guards.violations()}"
         got[name] = dst.cpu()
     # A NaN row is NaN on both (its payload is the device's fp64 division's, not the host's).
     nan = torch.isnan(got["model"].float())
-    assert torch.equal(torch.isnan(got["tilelang"].float()), nan) and nan[3].all() and int(nan.sum()) == C
+    nan_rows = torch.zeros(N, dtype=torch.bool)
+    nan_rows[3], nan_rows[N // 4: N // 2] = True, True
+    assert torch.equal(torch.isnan(got["tilelang"].float()), nan) and torch.equal(nan.all(dim=1), nan_rows)
+    assert int(nan.sum()) == C * int(nan_rows.sum())
     assert bitwise_difference("dkv", got["tilelang"][~nan], got["model"][~nan]) is None
+    kept = ~nan_rows & (torch.arange(N) >= 4)
     without_lanes = (acc.double() / scale.double().view(-1, 1)).float().bfloat16()
-    assert torch.equal(got["model"][4:].float(), without_lanes[4:].float()) == bool(failed)
+    assert torch.equal(got["model"][kept].float(), without_lanes[kept].float()) == bool(failed)
     if not (acc_summed or failed):  # the lanes alone: acc's sums would have shown
         joined_with_acc = ((lanes + acc).double() / scale.double().view(-1, 1)).float().bfloat16()
-        assert not torch.equal(got["tilelang"][4:].float(), joined_with_acc[4:].float())
+        assert not torch.equal(got["tilelang"][kept].float(), joined_with_acc[kept].float())
+
+
+def test_fixed_cast_poisons_exactly_the_flagged_batch_elements():
+    # fixed_to_bf16 against the model's: three batch elements of 300 kv rows, the last poisoned,
+    # a NaN scale in the first; the middle one's rows keep their values.
+    g = torch.Generator().manual_seed(5)
+    N, C = 900, 576
+    acc = torch.randint(-2**40, 2**40, (N, C), generator=g, dtype=torch.int64)
+    scale = torch.ldexp(torch.ones(N), torch.randint(-30, 10, (N,), generator=g))
+    scale[7] = float("nan")
+    poisoned = torch.tensor([0, 0, 1], dtype=torch.int32)
+    got = {}
+    for name, launcher, device in (("model", ModelLauncher(), "cpu"), ("tilelang", launch.TileLangLauncher(), "cuda")):
+        guards = GuardBands()
+        dst = guards.allocate((N, C), torch.bfloat16, device, "Dst")
+        launcher.fixed_to_bf16(acc.to(device), scale.to(device), poisoned.to(device), dst)
+        assert not guards.violations(), f"{name}: {guards.violations()}"
+        got[name] = dst.cpu()
+    nan = torch.isnan(got["model"].float())
+    assert torch.equal(torch.isnan(got["tilelang"].float()), nan)
+    assert nan[7].all() and nan[600:].all() and int(nan.sum()) == C * 301
+    assert bitwise_difference("dkv", got["tilelang"][~nan], got["model"][~nan]) is None
+
+
+@pytest.mark.parametrize("B,S,NKV", [(1, 4096, 8192), (3, 333, 1000), (5, 1, 7)])
+def test_call_flags_give_the_references(B, S, NKV):
+    # lanes_failed and poisoned_batches against the torch references (Launcher's): no flag, a mass
+    # flag at either end of the rows, the lanes' rounding flag alone (not a fault), a bound at
+    # LANE_LIMIT at either end of the kv rows and every other one below it.
+    R = B * S
+    for flagged_rows, bound_rows in (([], []), ([R - 1], [NKV - 1]), ([0, R // 2], [0]), ([], [NKV // 3])):
+        row_flags = torch.zeros(R, dtype=torch.int32)
+        row_flags[R // 3] = fixed_point.FLAG_MAGIC
+        row_flags[flagged_rows] = fixed_point.FLAG_MASS | fixed_point.FLAG_MAGIC
+        bound = torch.full((NKV,), fixed_point.LANE_LIMIT - 1, dtype=torch.int64)
+        bound[bound_rows] = fixed_point.LANE_LIMIT
+        got = {}
+        for name, launcher, device in (("reference", launch.Launcher(), "cpu"), ("tilelang", launch.TileLangLauncher(), "cuda")):
+            poisoned, failed = torch.zeros(B, dtype=torch.int32, device=device), torch.zeros(1, dtype=torch.int32, device=device)
+            launcher.lanes_failed(bound.to(device), failed)
+            launcher.poisoned_batches(row_flags.to(device), poisoned)
+            got[name] = (poisoned.cpu().tolist(), failed.cpu().tolist())
+        assert got["tilelang"] == got["reference"]
+        assert got["tilelang"] == ([int(b in {r // S for r in flagged_rows}) for b in range(B)], [int(bool(bound_rows))])
+
+
+@pytest.mark.parametrize("gate", [0, 1])
+def test_zero_gated_zeroes_only_where_the_gate_is_set(gate):
+    N, C = 1001, 576
+    acc = torch.randint(-2**62, 2**62, (N, C), dtype=torch.int64, generator=torch.Generator().manual_seed(gate))
+    guards = GuardBands()
+    given = guards.allocate((N, C), torch.int64, "cuda", "Acc")
+    given.copy_(acc)
+    launch.TileLangLauncher().zero_gated(given, torch.tensor([gate], dtype=torch.int32, device="cuda"))
+    assert not guards.violations(), guards.violations()
+    assert torch.equal(given.cpu(), torch.zeros_like(acc) if gate else acc)
 
 
 def test_delta_maxima_match_the_model():

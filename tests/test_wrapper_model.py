@@ -417,9 +417,9 @@ class _RecordingAtomicModel(ModelLauncher):
         self.accumulators.append(src.clone())
         super().cast_bf16(src, dst)
 
-    def fixed_to_bf16(self, acc, row_scale, dst):
+    def fixed_to_bf16(self, acc, row_scale, poisoned, dst):
         self.accumulators.append(acc.clone())
-        super().fixed_to_bf16(acc, row_scale, dst)
+        super().fixed_to_bf16(acc, row_scale, poisoned, dst)
 
 
 def test_atomic_model_is_not_bitwise_reproducible():
@@ -737,7 +737,7 @@ def test_buffers_zeroed_together_are_each_an_allocation_of_their_own():
 _NO_LAUNCH = {"empty", "empty_strided", "view", "_unsafe_view", "reshape", "slice", "split", "select", "alias", "as_strided",
               "detach", "t", "transpose", "unsqueeze", "squeeze", "expand"}
 _KERNELS = ("kernel_lse", "delta", "sorted_slots", "slot_keys", "place_slots", "row_blocks", "mark_slots", "plan", "main_bwd",
-            "dsink_reduce", "cast_bf16", "fixed_to_bf16", "lanes_to_bf16")
+            "dsink_reduce", "lanes_failed", "zero_gated", "poisoned_batches", "cast_bf16", "fixed_to_bf16", "lanes_to_bf16")
 
 
 class _HostOpsLauncher(ModelLauncher):

@@ -39,7 +39,10 @@ Modules, by what they build
   reductions.py        dsink_reduce (DSink[h] over the rows in a fixed order: 64 strided row
                        groups, then their sums), fixed_to_bf16 (the fixed-point accumulator ->
                        bf16 dKV, NaN when poisoned), lanes_to_bf16 (the same with the lanes
-                       joined), cast_bf16
+                       joined), lanes_failed and poisoned_batches (the call's flags after its
+                       main launches: whether the lanes' int64 redo runs, and the batch
+                       elements whose dKV is NaN), zero_gated (the redo's accumulator,
+                       zeroed only where the redo runs), cast_bf16
   toolchain.py         the compile cache (compiled(config), small_kernel(kind, *args)), nvcc, ptx_of, ptxas_info,
                        sass_and_ptxas_info (nvdisasm), sass_in_line, dynamic_shared_bytes, precompile
 """
@@ -53,7 +56,8 @@ from .delta import delta_program
 from .main_bwd import main_bwd_program
 from .prologue import kernel_lse_program, place_slots_program, row_blocks_program, slot_keys_program, sorted_slots_program
 from .plan import MARK_THREADS, MAX_SLOTS_PER_ROW, PLAN_SLOTS, PLAN_THREADS, mark_slots_program, plan_program
-from .reductions import cast_bf16_program, dsink_reduce_program, fixed_to_bf16_program, lanes_to_bf16_program
+from .reductions import (cast_bf16_program, dsink_reduce_program, fixed_to_bf16_program, lanes_failed_program,
+                         lanes_to_bf16_program, poisoned_batches_program, zero_gated_program)
 from .wide import wide_program
 from .toolchain import (SM90A, compile_program, compiled, cuda_tool, dynamic_shared_bytes, nvcc_path, nvdisasm_path,
                         precompile, program_of, ptx_of, ptxas_info, ptxas_info_of_source, require_nvcc,

@@ -1,6 +1,6 @@
 """Reductions and casts: d_sink over the rows, the fixed-point accumulator (and the lanes) and fp32 to bf16."""
 
-from .config import LANE_BLOCK, LANE_GROUP, _tl, lane_word_in_block, lane_word_in_tail
+from .config import FLAG_MASS, LANE_BLOCK, LANE_GROUP, LANE_LIMIT, _tl, lane_word_in_block, lane_word_in_tail
 
 
 #: dsink_reduce's row groups: group g sums rows g, g + DSINK_GROUPS, ... in increasing order.
@@ -44,27 +44,49 @@ def dsink_reduce_program():
     return dsink_reduce
 
 
+def _row_scales(T, rows: int):
+    """A macro: scales[i] = RowScale[first + i] as fp64, or NaN (fp32's default NaN, 0x7fc00000,
+    as the host's poisoned scale held) where Poisoned[(first + i) // S_kv] is set, for i < rows;
+    once a row, in shared memory, so that the element loop divides by a load rather than by a
+    row's lookup."""
+
+    @T.macro
+    def row_scales(RowScale, Poisoned, S_kv, scales, first):
+        for i in T.Parallel(rows):
+            k = T.min(first + i, RowScale.shape[0] - 1)  # a tail CTA's rows past N: any row, unread
+            nan = T.reinterpret(T.int32(0x7FC00000), "float32")
+            scales[i] = T.cast(T.if_then_else(Poisoned[k // S_kv] != 0, nan, RowScale[k]), "float64")
+
+    return row_scales
+
+
 def fixed_to_bf16_program(cols: int, block_rows: int = 16, threads: int = 128):
-    """Dst[k, c] = bf16(fp32(fp64(Acc[k, c]) / RowScale[k])).
+    """Dst[k, c] = bf16(fp32(fp64(Acc[k, c]) / RowScale[k])), RowScale[k] NaN where
+    Poisoned[k // S_kv] is set (poisoned_batches_program).
 
     RowScale is a power of two, so the division is exact in fp64; a NaN
     RowScale (a kv row whose range bound is not finite, or whose batch element
     a main_bwd CTA flagged) makes its row NaN.
     """
     tilelang, T = _tl()
-    N = T.dynamic("N")
+    N, B = T.dynamic("N"), T.dynamic("B")
     C = cols
+    row_scales = _row_scales(T, block_rows)
 
     @T.prim_func
     def fixed_to_bf16(
         Acc: T.Tensor((N, C), "int64"),
         RowScale: T.Tensor((N,), "float32"),
+        Poisoned: T.Tensor((B,), "int32"),
         Dst: T.Tensor((N, C), "bfloat16"),
+        S_kv: T.int32,
     ):
         with T.Kernel(T.ceildiv(N, block_rows), threads=threads) as bx:
+            scales = T.alloc_shared((block_rows,), "float64")
+            row_scales(RowScale, Poisoned, S_kv, scales, bx * block_rows)
             for i, c in T.Parallel(block_rows, C):
                 if bx * block_rows + i < N:
-                    value = T.cast(Acc[bx * block_rows + i, c], "float64") / T.cast(RowScale[bx * block_rows + i], "float64")
+                    value = T.cast(Acc[bx * block_rows + i, c], "float64") / scales[i]
                     Dst[bx * block_rows + i, c] = T.cast(T.cast(value, "float32"), "bfloat16")
 
     return fixed_to_bf16
@@ -74,40 +96,42 @@ def lanes_to_bf16_program(cols: int, block_rows: int = 16, threads: int = 128):
     """fixed_to_bf16 of Acc plus the decoded lanes: Dst[k, c] = bf16(fp32(fp64(Acc[k, c] + lane[k, c]) /
     RowScale[k])), lane[k, c] column c's lane of Words[k] (config.lane_word_of_column) where
     Failed[0] == 0, else 0 (Acc then holds the int64 redo's sums): join and cast in one pass.
+    RowScale[k] is NaN where Poisoned[k // S_kv] is set, as in fixed_to_bf16.
     AccSummed == 0 is the caller's word that Acc is zero unless Failed[0] is set (every launch
     added in lanes): then Acc is read only where the redo ran, the same bits with a third of the
     bytes."""
     tilelang, T = _tl()
-    N = T.dynamic("N")
+    N, B = T.dynamic("N"), T.dynamic("B")
     C, G = cols, LANE_GROUP
     if C % G:
         raise ValueError(f"cols: {C} (the lanes pair columns within groups of {G}: a multiple of {G})")
     whole = C // LANE_BLOCK * LANE_BLOCK
+    row_scales = _row_scales(T, block_rows)
 
     def join_and_cast(with_acc: bool):
         @T.macro
-        def join(Acc, Words, Failed, RowScale, Dst, k, c, word_index):
+        def join(Acc, Words, Failed, scales, Dst, k, i, c, word_index):
             if k < N:
                 word = Words[k, word_index]
                 lo = T.cast(T.cast(word, "int32"), "int64")  # the low lane, sign-extended
                 lane = T.if_then_else(c % G < G // 2, lo, T.shift_right(word - lo, T.int64(32)))
                 total = Acc[k, c] + T.if_then_else(Failed[0] == 0, lane, T.int64(0)) if with_acc else lane
-                value = T.cast(total, "float64") / T.cast(RowScale[k], "float64")
+                value = T.cast(total, "float64") / scales[i]
                 Dst[k, c] = T.cast(T.cast(value, "float32"), "bfloat16")
 
         return join
 
     def rows(join):
         @T.macro
-        def cast_rows(Acc, Words, Failed, RowScale, Dst, bx):
+        def cast_rows(Acc, Words, Failed, scales, Dst, bx):
             # The whole LANE_BLOCKs, then the tail: each loop's word index is arithmetic on its
             # column alone (a select between the two would keep the loop from vectorising).
             if whole:
                 for i, c in T.Parallel(block_rows, whole):
-                    join(Acc, Words, Failed, RowScale, Dst, bx * block_rows + i, c, lane_word_in_block(c))
+                    join(Acc, Words, Failed, scales, Dst, bx * block_rows + i, i, c, lane_word_in_block(c))
             if C > whole:
                 for i, c in T.Parallel(block_rows, C - whole):
-                    join(Acc, Words, Failed, RowScale, Dst, bx * block_rows + i, whole + c, lane_word_in_tail(whole + c))
+                    join(Acc, Words, Failed, scales, Dst, bx * block_rows + i, i, whole + c, lane_word_in_tail(whole + c))
 
         return cast_rows
 
@@ -119,16 +143,77 @@ def lanes_to_bf16_program(cols: int, block_rows: int = 16, threads: int = 128):
         Words: T.Tensor((N, C // 2), "int64"),
         Failed: T.Tensor((1,), "int32"),
         RowScale: T.Tensor((N,), "float32"),
+        Poisoned: T.Tensor((B,), "int32"),
         Dst: T.Tensor((N, C), "bfloat16"),
+        S_kv: T.int32,
         AccSummed: T.int32,
     ):
         with T.Kernel(T.ceildiv(N, block_rows), threads=threads) as bx:
+            scales = T.alloc_shared((block_rows,), "float64")
+            row_scales(RowScale, Poisoned, S_kv, scales, bx * block_rows)
             if AccSummed != 0 or Failed[0] != 0:
-                with_acc(Acc, Words, Failed, RowScale, Dst, bx)
+                with_acc(Acc, Words, Failed, scales, Dst, bx)
             else:
-                lanes_only(Acc, Words, Failed, RowScale, Dst, bx)
+                lanes_only(Acc, Words, Failed, scales, Dst, bx)
 
     return lanes_to_bf16
+
+
+def lanes_failed_program(threads: int = 256):
+    """Failed[0] = 1 where some kv row's Bound reached LANE_LIMIT: the lanes' sums may not decode,
+    and the int64 redo runs (fixed_point.lanes_failed). Failed is zeroed by the caller and only
+    ever set to 1, so it is the same on every run whichever thread stores first. One launch where
+    torch's comparison, reduction and cast took three."""
+    tilelang, T = _tl()
+    N = T.dynamic("N")
+
+    @T.prim_func
+    def lanes_failed(Bound: T.Tensor((N,), "int64"), Failed: T.Tensor((1,), "int32")):
+        with T.Kernel(T.ceildiv(N, threads), threads=threads) as bx:
+            i = bx * threads + T.get_thread_binding()
+            if i < N:
+                if Bound[i] >= T.int64(LANE_LIMIT):
+                    Failed[0] = 1
+
+    return lanes_failed
+
+
+def poisoned_batches_program(threads: int = 256):
+    """Poisoned[b] = 1 where some query row r of batch element b (r // S == b) has FLAG_MASS in
+    RowFlags: a head's mass over its allowance, or NaN; the casts make that element's dKV NaN
+    (fixed_point.poisoned_batches). Zeroed by the caller, only ever set to 1, as lanes_failed.
+    One launch where torch's four took."""
+    tilelang, T = _tl()
+    R, B = T.dynamic("R"), T.dynamic("B")
+
+    @T.prim_func
+    def poisoned_batches(RowFlags: T.Tensor((R,), "int32"), Poisoned: T.Tensor((B,), "int32"), S: T.int32):
+        with T.Kernel(T.ceildiv(R, threads), threads=threads) as bx:
+            r = bx * threads + T.get_thread_binding()
+            if r < R:
+                if (RowFlags[r] & FLAG_MASS) != 0:
+                    Poisoned[r // S] = 1
+
+    return poisoned_batches
+
+
+def zero_gated_program(cols: int, block_rows: int = 16, threads: int = 128):
+    """Acc[k, c] = 0 for every element where Gate[0] is set; nothing (every CTA ends at once)
+    where it is not: the lanes' int64 accumulator, which only their redo adds to and the cast
+    reads only where the redo ran, zeroed only where it runs."""
+    tilelang, T = _tl()
+    N = T.dynamic("N")
+    C = cols
+
+    @T.prim_func
+    def zero_gated(Acc: T.Tensor((N, C), "int64"), Gate: T.Tensor((1,), "int32")):
+        with T.Kernel(T.ceildiv(N, block_rows), threads=threads) as bx:
+            if Gate[0] != 0:
+                for i, c in T.Parallel(block_rows, C):
+                    if bx * block_rows + i < N:
+                        Acc[bx * block_rows + i, c] = T.int64(0)
+
+    return zero_gated
 
 
 def cast_bf16_program(cols: int, block_rows: int = 16, threads: int = 128):

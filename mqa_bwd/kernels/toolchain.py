@@ -11,7 +11,8 @@ from .delta import delta_program
 from .main_bwd import main_bwd_program
 from .plan import mark_slots_program, plan_program
 from .prologue import kernel_lse_program, place_slots_program, row_blocks_program, slot_keys_program, sorted_slots_program
-from .reductions import cast_bf16_program, dsink_reduce_program, fixed_to_bf16_program, lanes_to_bf16_program
+from .reductions import (cast_bf16_program, dsink_reduce_program, fixed_to_bf16_program, lanes_failed_program,
+                         lanes_to_bf16_program, poisoned_batches_program, zero_gated_program)
 from .wide import wide_program
 
 SM90A = {"kind": "cuda", "arch": "sm_90a"}
@@ -54,6 +55,9 @@ def program_of(config):
         "cast_bf16": cast_bf16_program,
         "fixed_to_bf16": fixed_to_bf16_program,
         "lanes_to_bf16": lanes_to_bf16_program,
+        "lanes_failed": lanes_failed_program,
+        "poisoned_batches": poisoned_batches_program,
+        "zero_gated": zero_gated_program,
         "plan": plan_program,
         "kernel_lse": kernel_lse_program,
         "slot_keys": slot_keys_program,
