@@ -183,7 +183,7 @@ class Launcher:
         maxima of q [R, HQ, Dk]: peak_q [R, HQ] int32, fixed_point.magnitude_bits of q."""
         raise NotImplementedError
 
-    def plan(self, query, grad_out, delta, kv, referenced, live_row, sm_scale, peak_q, peak_do):
+    def plan(self, query, grad_out, delta, kv, referenced, live_row, sm_scale, peak_q, peak_do, plan_peaks=None):
         """(row_scale [NKV] f32, allowance [R, H] f32): the fixed-point plan
         (fixed_point.plan) of the H = query.shape[2] real heads, from the delta
         launch's Delta and maxima of dO (delta, peak_do [R, HQ], HQ >= H), the
@@ -191,7 +191,9 @@ class Launcher:
         (their first Dv = grad_out.shape[3] columns are the value part the plan
         bounds), with row_scale the one every deterministic launch rounds at: the
         plan's at this launcher's lanes_gain (fixed_point.lanes_scale). Here in torch
-        ops, the reference; a launcher may run it as kernels, with the same bits."""
+        ops, the reference; a launcher may run it as kernels, with the same bits, reducing
+        its per-batch peaks into ``plan_peaks`` [B, kernels.PLAN_SLOTS] int64, zeroed by
+        the caller (None: a buffer of its own, a fill more)."""
         H, d_v = query.shape[2], grad_out.shape[3]
         row_scale, allowance = fixed_point.plan(query, grad_out, delta[:, :H], kv[:, :d_v], referenced, live_row, sm_scale,
                                                 max_q=fixed_point.bits_to_bf16(peak_q[:, :H]),
@@ -372,7 +374,7 @@ class TileLangLauncher(Launcher):
         self.launched("dsink_reduce")
         kernel(dsink_rows, dsink)
 
-    def plan(self, query, grad_out, delta, kv, referenced, live_row, sm_scale, peak_q, peak_do):
+    def plan(self, query, grad_out, delta, kv, referenced, live_row, sm_scale, peak_q, peak_do, plan_peaks=None):
         # Three launches (kernels.plan_program) where the torch ops took some 80
         # kernels and their copies in and out of a CUDA graph; the first also takes
         # max |kv| of the referenced rows (MV), a torch reduction's launch less on
@@ -382,7 +384,7 @@ class TileLangLauncher(Launcher):
         R, S_kv, scale = B * S, NKV // B, abs(float(sm_scale))
         kv = kv.contiguous()  # the wrapper's rows already are: whole rows of 16-byte loads
         # Through the launcher's allocator: the injected one where given, poisoned where asked.
-        peaks = self.zeros((B, K.PLAN_SLOTS), torch.int64)
+        peaks = self.zeros((B, K.PLAN_SLOTS), torch.int64) if plan_peaks is None else plan_peaks
         mv = self.empty((NKV,), torch.bfloat16)
         allowance = self.empty((R, H), torch.float32)
         row_scale = self.empty((NKV,), torch.float32)

@@ -526,14 +526,16 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
     if fixed:
         lanes = [(g, config) for g, config in launches if config.accumulate == "lanes"]
         # What the fixed design zeroes before its main launch, one fill an element width: the plan's
-        # slot marks (they and the maxima of q come with the slot layout), the row flags and the
+        # slot marks (they and the maxima of q come with the slot layout), the plan's per-batch
+        # peaks (a launcher that runs it as kernels reduces into them), the row flags and the
         # call's flags after them (the poisoned batch elements; the lanes' failed bound), the wide
         # tile's words and per-row bounds, and the int64 accumulator where an int64 launch adds to
         # it (where every launch adds in lanes, it is only the redo's: zeroed only where the redo
         # runs, after the lanes launches), and a claim counter for each main launch (its lanes
         # launches' corrections and redo too).
         zeroed = {"referenced": ((NKV,), torch.int32), "live_row": ((R,), torch.int32), "row_flags": ((R,), torch.int32),
-                  "claims": ((len(launches) + 2 * len(lanes),), torch.int32), "poisoned": ((p.B,), torch.int32)}
+                  "claims": ((len(launches) + 2 * len(lanes),), torch.int32), "poisoned": ((p.B,), torch.int32),
+                  "plan_peaks": ((p.B, K.PLAN_SLOTS), torch.int64)}
         if lanes:
             zeroed.update(words=((NKV, p.d_k // 2), torch.int64), bound=((NKV,), torch.int64), failed=((1,), torch.int32))
         if len(lanes) < len(launches):
@@ -563,7 +565,8 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
     else:
         # One scale for every launch, lanes or int64 (the plan's at the launcher's lanes_gain), so
         # that a contribution is the same integer whichever kernel adds it (fixed_point, "The lanes").
-        row_scale, allowance = launcher.plan(query, grad_out, delta, kv2, referenced, live_row, sm_scale, peak_q, peak_do)
+        row_scale, allowance = launcher.plan(query, grad_out, delta, kv2, referenced, live_row, sm_scale, peak_q, peak_do,
+                                             plan_peaks=buffers["plan_peaks"])
         # Padding heads (q = dO = 0) contribute nothing: no limit on their mass.
         allowance = steps.pad_heads(allowance, Hp, math.inf, launcher)
         common = dict(sm_scale=sm_scale, heads=bh, row_scale=row_scale, allowance=allowance, flag=row_flags,

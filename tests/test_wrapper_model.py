@@ -1022,8 +1022,8 @@ class _KeptBuffers(ModelLauncher):
         self.buffers += [indices, lse2]
         super().main_bwd(q, kv, grad_out, indices, lse2, delta, dq, dkv, **kw)
 
-    def plan(self, *args):
-        row_scale, allowance = super().plan(*args)
+    def plan(self, *args, **kw):
+        row_scale, allowance = super().plan(*args, **kw)
         self.buffers += [row_scale, allowance]
         return row_scale, allowance
 
