@@ -580,7 +580,7 @@
 
 git history holds the others (plan_mv_and_lanes_cast.patch, max |kv| of each referenced kv row
 taken in the plan's first stage and the lanes' cast reading the int64 accumulator only where the
-redo ran, became the product's in the forty-sixth session and is at ea9ed1a; fused_row_blocks.patch, the block counts written by the slot
+redo ran, became the product's in the forty-seventh session (4a590ee) and is at ea9ed1a; fused_row_blocks.patch, the block counts written by the slot
 layout, became the product's in the forty-fourth session and is at 2cb184a; row_blocks_launch.patch, the RowBlocks launch and warpgroup 0's
 fetched count, became the product's in the forty-third session and is at b0835f1;
 scales_with_gather.patch, a valid slot's row scale by a 4-byte
