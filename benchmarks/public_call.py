@@ -15,8 +15,8 @@ atomic control's prepared and public calls:
 For each it prints the median and minimum event time a call, then, over as many interleaved
 rounds again (untimed), how many device allocations (cudaMalloc) and frees its calls made
 (torch.cuda.memory_stats): a variant that allocates from the driver mid-call, or pauses for the
-collector, shows here. With --timeline, one public and
-one prepared call under the torch profiler (host_overhead.print_timeline).
+collector, shows here. With --timeline, one public and one prepared call under the torch
+profiler (host_overhead.print_timeline).
 """
 
 import argparse

@@ -445,7 +445,7 @@ class ModelLauncher(Launcher):
         self.launched(kernel)
         _shape_is(kernel, "Dst", dst, tuple(acc.shape))
         _shape_is(kernel, "RowScale", row_scale, (acc.shape[0],))
-        if poisoned.dim() != 1 or acc.shape[0] % max(1, poisoned.shape[0]):
+        if poisoned.dim() != 1 or poisoned.shape[0] == 0 or acc.shape[0] % poisoned.shape[0]:
             # The kernel's batch element of kv row k is k // (NKV / B): another B reads the wrong flag.
             raise TileBoundsError(kernel, f"Poisoned (shape {tuple(poisoned.shape)}, B dividing {acc.shape[0]} kv rows)",
                                   0, 0)

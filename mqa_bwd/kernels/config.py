@@ -374,8 +374,8 @@ class KernelConfig:
 
 
 SMALL_KINDS = {"delta": 1, "delta_max": 1, "mark_slots": 1, "plan": 1, "dsink_reduce": 0, "cast_bf16": 1,
-               "fixed_to_bf16": 1, "lanes_to_bf16": 1, "lanes_failed": 0, "poisoned_batches": 0, "zero_gated": 1, "kernel_lse": 0, "slot_keys": 1, "place_slots": 0, "row_blocks": 0,
-               "sorted_slots": 2, "sorted_marks": 3}
+               "fixed_to_bf16": 1, "lanes_to_bf16": 1, "lanes_failed": 0, "poisoned_batches": 0, "zero_gated": 1,
+               "kernel_lse": 0, "slot_keys": 1, "place_slots": 0, "row_blocks": 0, "sorted_slots": 2, "sorted_marks": 3}
 #: The index dtypes slot_keys is built for; the wrapper converts any other to int64.
 SLOT_INDEX_DTYPES = ("int32", "int64")
 
