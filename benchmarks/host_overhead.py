@@ -65,7 +65,7 @@ def _timed(name):
     return method
 
 
-for _name in ("empty", "zeros", "zeros_together", "kernel_lse", "sorted_slots", "row_blocks", "delta", "main_bwd", "dsink_reduce", "mark_slots", "plan",
+for _name in ("empty", "zeros", "zeros_together", "sorted_slots", "row_blocks", "delta", "main_bwd", "dsink_reduce", "mark_slots", "plan",
               "lanes_failed", "zero_gated", "poisoned_batches", "cast_bf16", "fixed_to_bf16", "lanes_to_bf16"):
     setattr(HostClock, _name, _timed(_name))
 

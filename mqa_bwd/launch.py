@@ -109,14 +109,6 @@ class Launcher:
         """Raise ValueError for widths this launcher cannot build."""
 
     # Kernels: see mqa_bwd.kernels for the contract of each.
-    def kernel_lse(self, lse, sink, lse2, sink2):
-        """lse2 [R, H] and sink2 [H] f32 from lse and sink: the kernels' base-2, sink-inclusive
-        lse, poisoned where the input is bad (layout.lse_base2). Here the reference."""
-        self.launched("kernel_lse")
-        want_lse2, want_sink2 = layout.lse_base2(lse, sink)
-        lse2.copy_(want_lse2)
-        sink2.copy_(want_sink2)
-
     def slot_keys(self, indices, keys, row0, S, S_kv, nkv):
         """keys [n, L] int32: the sort keys of the indices [n, L] (int32 or int64) of query rows
         row0 .. row0 + n (layout.slot_keys). Here the reference."""
@@ -148,9 +140,12 @@ class Launcher:
         if marks is not None:
             fixed_point.mark_slots(slots, *marks)
 
-    def delta(self, out, grad_out, lse2, sink2, delta, dsink_rows, peak_do=None):
-        """Delta and DSinkRows; with peak_do (the fixed-point design), also peak_do [R, H] int32:
-        fixed_point.magnitude_bits of grad_out (max |dO| as bf16 bits)."""
+    def delta(self, out, grad_out, lse, sink, lse2, sink2, delta, dsink_rows, peak_do=None):
+        """From the padded lse [R, H] and sink [H] (f32, natural log): lse2 [R, H] and sink2 [H], the
+        kernels' base-2, sink-inclusive lse, poisoned where the input is bad (layout.lse_base2);
+        then Delta and DSinkRows [R, H] from out and grad_out and those. With peak_do (the
+        fixed-point design), also peak_do [R, H] int32: fixed_point.magnitude_bits of grad_out
+        (max |dO| as bf16 bits)."""
         raise NotImplementedError
 
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, config, sm_scale, heads=None, head_base=0,
@@ -301,11 +296,6 @@ class TileLangLauncher(Launcher):
         self.launched("row_blocks")
         kernel(slots, row_blocks, int(nkv))
 
-    def kernel_lse(self, lse, sink, lse2, sink2):
-        kernel = K.small_kernel("kernel_lse")
-        self.launched("kernel_lse")
-        kernel(lse, sink, lse2, sink2)
-
     def slot_keys(self, indices, keys, row0, S, S_kv, nkv):
         kernel = K.small_kernel("slot_keys", str(indices.dtype).removeprefix("torch."))
         self.launched("slot_keys")
@@ -334,12 +324,12 @@ class TileLangLauncher(Launcher):
         K.small_kernel("sorted_marks", dtype, items, q.shape[2])(indices, slots, row_blocks, referenced, live_row, q, peak_q,
                                                                  int(row0), int(S), int(S_kv), int(nkv), int(nkv).bit_length())
 
-    def delta(self, out, grad_out, lse2, sink2, delta, dsink_rows, peak_do=None):
+    def delta(self, out, grad_out, lse, sink, lse2, sink2, delta, dsink_rows, peak_do=None):
         self.launched("delta")
         if peak_do is None:
-            K.small_kernel("delta", out.shape[2])(out, grad_out, lse2, sink2, delta, dsink_rows)
+            K.small_kernel("delta", out.shape[2])(out, grad_out, lse, sink, lse2, sink2, delta, dsink_rows)
         else:
-            K.small_kernel("delta_max", out.shape[2])(out, grad_out, lse2, sink2, delta, dsink_rows, peak_do)
+            K.small_kernel("delta_max", out.shape[2])(out, grad_out, lse, sink, lse2, sink2, delta, dsink_rows, peak_do)
 
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, config, sm_scale, heads=None, head_base=0,
                  row_scale=None, allowance=None, flag=None, bound=None, gate=None, claims=None, row_blocks=None):

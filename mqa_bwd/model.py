@@ -35,7 +35,7 @@ from .kernels.config import lane_word_columns
 from .kernels.wide import BOUND_CAP
 from .launch import Launcher
 from . import layout
-from .layout import per_head
+from .layout import lse_base2, per_head
 
 
 class TileBoundsError(BoundsError):
@@ -170,14 +170,18 @@ class ModelLauncher(Launcher):
         self.device = torch.device("cpu")
 
     # -- delta -------------------------------------------------------------
-    def delta(self, out, grad_out, lse2, sink2, delta, dsink_rows, peak_do=None):
+    def delta(self, out, grad_out, lse, sink, lse2, sink2, delta, dsink_rows, peak_do=None):
         self.launched("delta")
         R, H, Dv = out.shape
         for name, t in (("dO", grad_out),):
             _shape_is("delta", name, t, (R, H, Dv))
-        for name, t in (("Lse2", lse2), ("Delta", delta), ("DSinkRows", dsink_rows)):
+        for name, t in (("Lse", lse), ("Lse2", lse2), ("Delta", delta), ("DSinkRows", dsink_rows)):
             _shape_is("delta", name, t, (R, H))
-        _shape_is("delta", "Sink2", sink2, (H,))
+        for name, t in (("Sink", sink), ("Sink2", sink2)):
+            _shape_is("delta", name, t, (H,))
+        want_lse2, want_sink2 = lse_base2(lse, sink)
+        lse2.copy_(want_lse2)
+        sink2.copy_(want_sink2)
         if peak_do is not None:
             _shape_is("delta", "PeakDO", peak_do, (R, H))
             peak_do.copy_(magnitude_bits(grad_out))

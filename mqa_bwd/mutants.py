@@ -74,24 +74,32 @@ def _pad_heads_unfilled(x, padded, value, launcher):
     return y
 
 
-def _lse_natural(lse, sink, launcher):
+def _with_lse2(terms, lse2, sink2):
+    # The row terms with another Lse2 and Sink2, and the sink rows the Delta launch would have
+    # formed from them (the model's per-head formula), as when the launch itself had them wrong.
+    dsink_rows = -per_head(lambda lse_h, sink_h: torch.exp2(sink_h - lse_h), lse2, sink2) * terms.delta
+    return terms._replace(lse2=lse2.contiguous(), sink2=sink2.contiguous(), dsink_rows=dsink_rows.contiguous())
+
+
+def _lse_natural(out, grad_out, lse, sink, launcher):
     # The log2(e) factor forgotten: the natural-log values reach the base-2 kernel.
-    lse2, sink2 = wrapper.STEPS.kernel_lse(lse, sink, launcher)
-    return lse2 / LOG2E, sink2 / LOG2E
+    terms = wrapper.STEPS.row_terms(out, grad_out, lse, sink, launcher)
+    return _with_lse2(terms, terms.lse2 / LOG2E, terms.sink2 / LOG2E)
 
 
-def _lse_without_sink(lse, sink, launcher):
+def _lse_without_sink(out, grad_out, lse, sink, launcher):
     # lse handed over sink-exclusive (logaddexp with -inf is lse exactly); the sink itself as usual.
-    lse2 = wrapper.STEPS.kernel_lse(lse, torch.full_like(sink, float("-inf")), launcher)[0]
-    return lse2, wrapper.STEPS.kernel_lse(lse, sink, launcher)[1]
+    terms = wrapper.STEPS.row_terms(out, grad_out, lse, sink, launcher)
+    exclusive = wrapper.STEPS.row_terms(out, grad_out, lse, torch.full_like(sink, float("-inf")), launcher).lse2
+    return _with_lse2(terms, exclusive, terms.sink2)
 
 
-def _lse_unpoisoned(lse, sink, launcher):
+def _lse_unpoisoned(out, grad_out, lse, sink, launcher):
     # The rule before SPEC's "Bad input": -inf lse mapped to +inf, nothing poisoned,
     # so a +inf lse gives zero gradients and a +inf sink a NaN d_attn_sink only.
     lse2 = per_head(lambda lse_h, sink_h: torch.logaddexp(lse_h, sink_h) * LOG2E, lse, sink)
-    lse2 = torch.where(lse == -math.inf, math.inf, lse2).contiguous()
-    return lse2, (sink * LOG2E).contiguous()
+    lse2 = torch.where(lse == -math.inf, math.inf, lse2)
+    return _with_lse2(wrapper.STEPS.row_terms(out, grad_out, lse, sink, launcher), lse2, sink * LOG2E)
 
 
 def _minus_one_only_slots(token_indices, p, launcher, marks=None, row_blocks=None):
@@ -113,11 +121,11 @@ def _minus_one_only_slots(token_indices, p, launcher, marks=None, row_blocks=Non
 
 no_head_padding = _with_steps(validate=_no_head_padding_validate)
 pad_rows_uninitialised = _with_steps(pad_heads=_pad_heads_unfilled)
-lse_natural_as_base2 = _with_steps(kernel_lse=_lse_natural)
-lse_sink_exclusive = _with_steps(kernel_lse=_lse_without_sink)
+lse_natural_as_base2 = _with_steps(row_terms=_lse_natural)
+lse_sink_exclusive = _with_steps(row_terms=_lse_without_sink)
 only_minus_one_invalid = _with_steps(global_slots=_minus_one_only_slots)
 dtype_unchecked = _with_steps(require_dtype=lambda name, t, dtype, framework: None)
-non_finite_unpoisoned = _with_steps(kernel_lse=_lse_unpoisoned)
+non_finite_unpoisoned = _with_steps(row_terms=_lse_unpoisoned)
 #: Not in MUTANTS: its bug shows only to a paddle caller (tests/test_mutants.py runs it).
 messages_in_torch = _with_steps(
     validate=lambda *args, **kwargs: wrapper.STEPS.validate(*args, **{**kwargs, "framework": "torch"}))

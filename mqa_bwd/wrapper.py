@@ -41,7 +41,7 @@ import dataclasses
 import functools
 import math
 import numbers
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
@@ -389,13 +389,27 @@ def pad_heads(x: torch.Tensor, padded: int, value: float, launcher) -> torch.Ten
     return y
 
 
-def kernel_lse(lse: torch.Tensor, sink: torch.Tensor, launcher: L.Launcher) -> tuple:
-    """(Lse2 [R, Hp], Sink2 [Hp]): the kernels' convention, base 2 and sink-inclusive, from the
-    padded lse and sink, by the launcher (layout.lse_base2 defines it, and how bad input is
-    poisoned there, on the device)."""
-    lse2, sink2 = launcher.empty(tuple(lse.shape), torch.float32), launcher.empty(tuple(sink.shape), torch.float32)
-    launcher.kernel_lse(lse.contiguous(), sink.contiguous(), lse2, sink2)
-    return lse2, sink2
+class RowTerms(NamedTuple):
+    """What the Delta launch gives every later launch, [R, Hp] unless said (padded heads)."""
+
+    lse2: torch.Tensor  # the kernels' lse: base 2, sink-inclusive, poisoned where the input is bad
+    sink2: torch.Tensor  # [Hp], base 2
+    delta: torch.Tensor  # rowsum(O * dO)
+    dsink_rows: torch.Tensor  # each row's term of d_attn_sink
+    peak_do: torch.Tensor | None  # max |dO| as bf16 bits, for the fixed-point plan (None: the atomic design)
+
+
+def row_terms(out: torch.Tensor, grad_out: torch.Tensor, lse: torch.Tensor, sink: torch.Tensor,
+              launcher: L.Launcher) -> RowTerms:
+    """The row terms from the padded out, grad_out [R, Hp, Dv], lse [R, Hp] and sink [Hp] (f32,
+    natural log), in one launch (Launcher.delta; layout.lse_base2 defines Lse2 and how bad input
+    is poisoned there, on the device)."""
+    R, Hp = lse.shape
+    f32 = torch.float32
+    terms = RowTerms(launcher.empty((R, Hp), f32), launcher.empty((Hp,), f32), launcher.empty((R, Hp), f32),
+                     launcher.empty((R, Hp), f32), launcher.empty((R, Hp), torch.int32) if launcher.deterministic else None)
+    launcher.delta(out, grad_out, lse.contiguous(), sink.contiguous(), *terms[:4], peak_do=terms.peak_do)
+    return terms
 
 
 #: The slot layout is built this many slots at a time, so its temporaries
@@ -469,7 +483,9 @@ class Steps:
              dkv_buf_bytes, launcher, steps, framework, *, design) -> Problem
     require_dtype(name, t, dtype, framework)      ValueError unless t.dtype == dtype
     pad_heads(x, padded, value, launcher) -> x    [R, H, ...] -> [R, padded, ...]
-    kernel_lse(lse, sink, launcher) -> (lse2, sink2)   base 2, sink-inclusive (padded tensors)
+    row_terms(out, grad_out, lse, sink, launcher) -> RowTerms   Lse2 (base 2, sink-inclusive),
+                                                  Sink2, Delta, the sink rows and, for the
+                                                  fixed-point design, max |dO| (padded tensors)
     global_slots(token_indices, problem, launcher, marks=None, row_blocks=None) -> slots [R, Lp]
                                                   int32 global kv rows or -1, each row in the
                                                   canonical order; with marks, the plan's slot
@@ -479,11 +495,11 @@ class Steps:
     validate: Callable
     require_dtype: Callable
     pad_heads: Callable
-    kernel_lse: Callable
+    row_terms: Callable
     global_slots: Callable
 
 
-STEPS = Steps(validate=validate, require_dtype=require_dtype, pad_heads=pad_heads, kernel_lse=kernel_lse,
+STEPS = Steps(validate=validate, require_dtype=require_dtype, pad_heads=pad_heads, row_terms=row_terms,
               global_slots=global_slots)
 
 
@@ -504,17 +520,11 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
         sink = attn_sink.to(f32)
     sink_p = steps.pad_heads(sink.reshape(1, p.H), Hp, PAD_SINK, launcher).reshape(Hp)
 
-    lse2, sink2 = steps.kernel_lse(lse_p, sink_p, launcher)
     # The delta launch, the longest before the main one, goes first: the GPU works through it
-    # while the host lays out the slots and the plan.
-    delta = launcher.empty((R, Hp), f32)
-    dsink_rows = launcher.empty((R, Hp), f32)
+    # while the host lays out the slots and the plan. For the fixed-point design the same launch
+    # also reduces the maxima of |dO| its plan needs.
+    lse2, _, delta, dsink_rows, peak_do = steps.row_terms(o, do, lse_p, sink_p, launcher)
     fixed = launcher.deterministic
-    if fixed:  # the same launch also reduces the maxima of |dO| the fixed-point plan needs
-        peak_do = launcher.empty((R, Hp), torch.int32)
-        launcher.delta(o, do, lse2, sink2, delta, dsink_rows, peak_do)
-    else:
-        launcher.delta(o, do, lse2, sink2, delta, dsink_rows)
 
     kv2 = kv.reshape(NKV, p.d_k).contiguous()
     # Consecutive head groups run as one launch where a kernel for the pair exists

@@ -375,20 +375,23 @@ def test_row_blocks_kernel_counts_as_the_reference(R, Lp, order):
     assert torch.equal(have.cpu(), want), (have.cpu() != want).nonzero()[:8]
 
 
-def test_kernel_lse_keeps_the_poisoning_rule_and_the_values():
-    # The Lse2 kernel against the reference (layout.lse_base2): the same NaN and inf
-    # positions (the bad-input rule), finite values within a few fp32 ulps of torch's
-    # logaddexp (the kernel's exp and log1p are not torch's), Sink2 bit for bit.
+def test_the_delta_launchs_lse2_keeps_the_poisoning_rule_and_the_values():
+    # Lse2 and Sink2 from the Delta launch against the reference (layout.lse_base2, the model's):
+    # the same NaN and inf positions (the bad-input rule), finite values within a few fp32 ulps of
+    # torch's logaddexp (the kernel's exp and log1p are not torch's), Sink2 bit for bit; and the
+    # sink rows formed from the launch's own Lse2 and Sink2.
     g = torch.Generator().manual_seed(0)
-    lse = torch.randn((300, 40), generator=g) * 5
-    sink = torch.randn((40,), generator=g)
+    R, H, Dv = 300, 40, 512
+    lse = torch.randn((R, H), generator=g) * 5
+    sink = torch.randn((H,), generator=g)
     lse[0, :4] = torch.tensor([-math.inf, math.inf, math.nan, 0.0])
     sink[5], sink[6], sink[7] = math.nan, math.inf, -math.inf
+    o, do = (torch.randn((R, H, Dv), generator=g).bfloat16() for _ in range(2))
     got = {}
     for name, launcher, device in (("model", ModelLauncher(), "cpu"), ("tilelang", launch.TileLangLauncher(), "cuda")):
-        lse2, sink2 = wrapper.kernel_lse(lse.to(device), sink.to(device), launcher)
-        got[name] = lse2.cpu(), sink2.cpu()
-    (have, have_sink), (want, want_sink) = got["tilelang"], got["model"]
+        terms = wrapper.row_terms(*(t.to(device) for t in (o, do, lse, sink)), launcher)
+        got[name] = [t.cpu() for t in terms[:4]]
+    (have, have_sink, delta, dsink_rows), (want, want_sink, _, _) = got["tilelang"], got["model"]
     assert bool(torch.isnan(want[:, 5:7]).all()) and float(want[0, 0]) == math.inf  # the rule, in the reference
     nan_at = (torch.isnan(have) != torch.isnan(want)).nonzero().tolist()
     assert not nan_at, f"NaN in one of the two at (row, head) {nan_at[:8]}"
@@ -401,6 +404,8 @@ def test_kernel_lse_keeps_the_poisoning_rule_and_the_values():
     assert torch.equal(torch.isnan(have_sink), torch.isnan(want_sink)), (have_sink, want_sink)
     sound = ~torch.isnan(want_sink)
     assert bitwise_difference("sink2", have_sink[sound], want_sink[sound]) is None
+    from_own = -torch.exp2(have_sink - have) * delta
+    torch.testing.assert_close(dsink_rows, from_own, rtol=2e-6, atol=0.0, equal_nan=True, msg="DSinkRows")
 
 
 @pytest.mark.parametrize("R,H", [(1, 16), (31, 40), (4099, 64), (8192, 128)])
@@ -523,31 +528,34 @@ def test_delta_maxima_match_the_model():
     # The fixed-point design's delta launch also reduces max |dO| per (row,
     # head) for the plan, as bf16 bit patterns: the model's bits exactly (NaN
     # and inf included), heads past H untouched (H = 21 masks most of the
-    # second tile), and Delta / DSinkRows those of the plain delta kernel up to
-    # fp32 summation order.
+    # second tile), Lse2 and Sink2 those of the plain delta kernel bit for bit, and Delta /
+    # DSinkRows up to fp32 summation order.
     g = torch.Generator().manual_seed(5)
     R, H, Dv = 70, 21, 512
     do = torch.randn((R, H, Dv), generator=g).bfloat16()
     o = torch.randn((R, H, Dv), generator=g).bfloat16()
-    lse2, sink2 = torch.randn((R, H), generator=g), torch.randn((H,), generator=g)
+    lse, sink = torch.randn((R, H), generator=g), torch.randn((H,), generator=g)
     do[6, 0, 7], do[7, 1, 511], o[8, 2, 9] = float("nan"), float("inf"), float("nan")
+    shapes = {"Lse2": (R, H), "Sink2": (H,), "Delta": (R, H), "DSinkRows": (R, H)}
     results = {}
     for name, launcher, device in (("model", ModelLauncher(), "cpu"), ("tilelang", launch.TileLangLauncher(), "cuda")):
-        args = [t.to(device) for t in (o, do, lse2, sink2)]
+        args = [t.to(device) for t in (o, do, lse, sink)]
         guards = GuardBands()
-        outs = [guards.allocate((R, H), torch.float32, device, n).fill_(-7.0) for n in ("Delta", "DSinkRows")]
+        outs = [guards.allocate(shape, torch.float32, device, n).fill_(-7.0) for n, shape in shapes.items()]
         peaks = [guards.allocate((R, H), torch.int32, device, "PeakDO").fill_(-7)]
         launcher.delta(*args, *outs, *peaks)
-        plain = [guards.allocate((R, H), torch.float32, device, n).fill_(-7.0) for n in ("Delta", "DSinkRows")]
+        plain = [guards.allocate(shape, torch.float32, device, n).fill_(-7.0) for n, shape in shapes.items()]
         launcher.delta(*args, *plain)
         assert not guards.violations(), f"{name}: {guards.violations()}"
         results[name] = [t.cpu() for t in outs + peaks + plain]
     model, gpu = results["model"], results["tilelang"]
-    assert torch.equal(gpu[2], model[2]), "max |dO| bits differ from the model"
-    peak_do = fixed_point.bits_to_bf16(gpu[2])
+    assert torch.equal(gpu[4], model[4]), "max |dO| bits differ from the model"
+    peak_do = fixed_point.bits_to_bf16(gpu[4])
     assert torch.isnan(peak_do[6, 0]) and peak_do[7, 1] == float("inf") and not torch.isnan(peak_do[8, 2])
-    for i, j, what in ((0, 3, "Delta"), (1, 4, "DSinkRows")):
-        torch.testing.assert_close(gpu[i], gpu[j], rtol=1e-5, atol=1e-5, equal_nan=True, msg=what)
+    for i, what in enumerate(("Lse2", "Sink2")):
+        assert bitwise_difference(what, gpu[i], gpu[5 + i]) is None
+    for i, what in ((2, "Delta"), (3, "DSinkRows")):
+        torch.testing.assert_close(gpu[i], gpu[5 + i], rtol=1e-5, atol=1e-5, equal_nan=True, msg=what)
 
 
 # The main kernel alone on the given slots, once per kept configuration: the

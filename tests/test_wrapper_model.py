@@ -736,7 +736,7 @@ def test_buffers_zeroed_together_are_each_an_allocation_of_their_own():
 #: Operations that launch nothing on a GPU: allocation and views.
 _NO_LAUNCH = {"empty", "empty_strided", "view", "_unsafe_view", "reshape", "slice", "split", "select", "alias", "as_strided",
               "detach", "t", "transpose", "unsqueeze", "squeeze", "expand"}
-_KERNELS = ("kernel_lse", "delta", "sorted_slots", "slot_keys", "place_slots", "row_blocks", "mark_slots", "plan", "main_bwd",
+_KERNELS = ("delta", "sorted_slots", "slot_keys", "place_slots", "row_blocks", "mark_slots", "plan", "main_bwd",
             "dsink_reduce", "lanes_failed", "zero_gated", "poisoned_batches", "cast_bf16", "fixed_to_bf16", "lanes_to_bf16")
 
 
@@ -963,15 +963,18 @@ def test_minus_inf_lse_keeps_its_meaning_no_valid_slot_zero_gradients():
     assert torch.count_nonzero(dq[b, s, h].float()) == 0
 
 
-def test_the_poisoning_is_computed_on_the_device_in_kernel_lse():
+def test_the_poisoning_is_computed_on_the_device_in_the_delta_launch():
     # No host check: Lse2 itself carries the NaN, so the same rule holds on every
     # launcher (the GPU's kernels take the same Lse2). Both +inf and NaN, lse and sink.
+    def lse2_of(lse, sink):
+        o = torch.ones(lse.shape + (8,), dtype=torch.bfloat16)
+        return wrapper.row_terms(o, o, lse, sink, ModelLauncher()).lse2
+
     lse = torch.tensor([[0.5, math.nan, math.inf, -math.inf], [1.0, 2.0, -math.inf, -math.inf]])
-    sink = torch.tensor([0.0, -math.inf, -1e30, math.nan])
-    lse2, _ = wrapper.kernel_lse(lse, sink, ModelLauncher())
+    lse2 = lse2_of(lse, torch.tensor([0.0, -math.inf, -1e30, math.nan]))
     assert torch.isnan(lse2).tolist() == [[False, True, True, True], [False, False, False, True]]
     assert lse2[1, 2].item() == math.inf  # -inf lse, finite sink: no valid slot
-    lse2, _ = wrapper.kernel_lse(lse[:, :3], torch.tensor([0.0, math.inf, 1.0]), ModelLauncher())
+    lse2 = lse2_of(lse[:, :3].contiguous(), torch.tensor([0.0, math.inf, 1.0]))
     assert torch.isnan(lse2[:, 1]).all() and not torch.isnan(lse2[0, 0])
 
 

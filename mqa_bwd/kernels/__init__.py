@@ -14,8 +14,9 @@ tensors that hold every (padded) head, so no per-group copies exist.
 
 Modules, by what they build
   config.py            the configurations (MainConfig, KernelConfig), constants, the launch policy
-  delta.py             Delta = rowsum(O * dO); DSinkRows = -exp2(Sink2 - Lse2) * Delta
-                       (fixed design: also max |dO| per row and head, as bf16 bits)
+  delta.py             Lse2 and Sink2 (base 2, sink-inclusive) from lse and the sink; Delta =
+                       rowsum(O * dO); DSinkRows = -exp2(Sink2 - Lse2) * Delta (fixed design:
+                       also max |dO| per row and head, as bf16 bits)
   main_bwd.py          one CTA per query row, KV rows gathered with cp.async one slot
                        block ahead: dQ of the group, and the per-slot dKV
                        contributions added into an int64 fixed-point accumulator
@@ -30,8 +31,7 @@ Modules, by what they build
                        and head as bf16 bits (PeakQ); plan: the fixed-point
                        plan's row scales and mass allowances (fixed_point.plan's float64
                        operations), in three stages
-  prologue.py          kernel_lse (Lse2, Sink2), slot_keys and place_slots (the slot layout around
-                       torch's sort), sorted_slots (all three in one CTA a row, for rows of at most
+  prologue.py          slot_keys and place_slots (the slot layout around torch's sort), sorted_slots (all three in one CTA a row, for rows of at most
                        SORT_CAPACITY slots, and row_blocks' counts; its deterministic build,
                        sorted_marks, also does mark_slots' work for its rows), row_blocks (each
                        row's count of the wide tile's slot blocks, after the three steps): the
@@ -54,7 +54,7 @@ from .config import (ACCUMULATE, BLOCK_SLOTS, CLUSTER_SIZES, GPU_WIDTHS, LANE_BL
                      default_wg0_chunks, dq_split_bounds, lane_chunk_words, require_wide_widths, lane_word_columns, lanes_corrections, lanes_redo, main_config, main_launches, main_tile_heads, next_power_of_2, sort_items)
 from .delta import delta_program
 from .main_bwd import main_bwd_program
-from .prologue import kernel_lse_program, place_slots_program, row_blocks_program, slot_keys_program, sorted_slots_program
+from .prologue import place_slots_program, row_blocks_program, slot_keys_program, sorted_slots_program
 from .plan import MARK_THREADS, MAX_SLOTS_PER_ROW, PLAN_SLOTS, PLAN_THREADS, mark_slots_program, plan_program
 from .reductions import (cast_bf16_program, dsink_reduce_program, fixed_to_bf16_program, lanes_failed_program,
                          lanes_to_bf16_program, poisoned_batches_program, zero_gated_program)

@@ -359,7 +359,7 @@ class KernelConfig:
     kinds: "delta" (d_v), "delta_max" (d_v), "mark_slots" (d_k), "plan" (stage),
     "dsink_reduce" (), "cast_bf16" (cols), "fixed_to_bf16" (cols), "lanes_to_bf16" (cols),
     "lanes_failed" (), "poisoned_batches" (), "zero_gated" (cols),
-    "kernel_lse" (), "slot_keys" (index dtype: "int32" or "int64"), "place_slots" (), "row_blocks" (),
+    "slot_keys" (index dtype: "int32" or "int64"), "place_slots" (), "row_blocks" (),
     "sorted_slots" (index dtype, keys a thread: sort_items), "sorted_marks" (the same and d_k:
     sorted_slots with mark_slots' work for its rows).
     """
@@ -375,7 +375,7 @@ class KernelConfig:
 
 SMALL_KINDS = {"delta": 1, "delta_max": 1, "mark_slots": 1, "plan": 1, "dsink_reduce": 0, "cast_bf16": 1,
                "fixed_to_bf16": 1, "lanes_to_bf16": 1, "lanes_failed": 0, "poisoned_batches": 0, "zero_gated": 1,
-               "kernel_lse": 0, "slot_keys": 1, "place_slots": 0, "row_blocks": 0, "sorted_slots": 2, "sorted_marks": 3}
+               "slot_keys": 1, "place_slots": 0, "row_blocks": 0, "sorted_slots": 2, "sorted_marks": 3}
 #: The index dtypes slot_keys is built for; the wrapper converts any other to int64.
 SLOT_INDEX_DTYPES = ("int32", "int64")
 
@@ -388,7 +388,7 @@ def gpu_configs(widths=GPU_WIDTHS, group_widths=GROUP_WIDTHS):
     """Every kernel configuration the wrapper can launch for these widths, each once."""
     configs = [KernelConfig("dsink_reduce"), *(KernelConfig("plan", (stage,)) for stage in ("terms", "peaks", "scales")),
                KernelConfig("lanes_failed"), KernelConfig("poisoned_batches"),
-               KernelConfig("kernel_lse"), KernelConfig("place_slots"), KernelConfig("row_blocks"),
+               KernelConfig("place_slots"), KernelConfig("row_blocks"),
                *(KernelConfig("slot_keys", (dtype,)) for dtype in SLOT_INDEX_DTYPES),
                *(KernelConfig("sorted_slots", (dtype, items)) for dtype in SLOT_INDEX_DTYPES for items in SORT_ITEM_COUNTS)]
     for d_k, d_v in widths:

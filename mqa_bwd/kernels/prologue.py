@@ -1,11 +1,9 @@
-"""The wrapper's layout steps before the first launch, as kernels: Lse2 and Sink2, and the slot
-layout: its sort keys and placement around torch's sort, or all three in one kernel where a row
-fits a CTA (sorted_slots). mqa_bwd.layout holds their definitions; the TileLang launcher runs these
+"""The wrapper's layout steps before the first launch, as kernels: the slot layout, its sort keys
+and placement around torch's sort, or all three in one kernel where a row fits a CTA
+(sorted_slots). mqa_bwd.layout holds their definitions; the TileLang launcher runs these
 instead of some twenty torch ops, each of which costs the host a launch."""
 
-import math
-
-from .config import LOG2E, SORT_ITEM_COUNTS, SORT_THREADS, WIDE_SLOTS, _tl
+from .config import SORT_ITEM_COUNTS, SORT_THREADS, WIDE_SLOTS, _tl
 from .device_functions import ROW_BLOCKS_SOURCE
 from .plan import PEAK_SOURCE
 
@@ -13,37 +11,10 @@ from .plan import PEAK_SOURCE
 SLOT_THREADS = 256
 #: Threads a CTA of row_blocks (one CTA a query row).
 ROW_BLOCKS_THREADS = 128
-#: Threads a CTA of kernel_lse (one CTA a query row and chunk of heads).
-LSE_THREADS = 64
 #: Head rows of q a warp of sorted_marks loads at once for PeakQ: half of mark_slots' four, as the
 #: sort's registers come on top of the loads' (47 a thread where four took 79), which lets an SM hold
 #: five CTAs streaming q while others sort, where four allowed three.
 MARKS_PEAK_HEADS_AT_ONCE = 2
-
-
-def kernel_lse_program():
-    """Lse2[r, h] = logaddexp(Lse[r, h], Sink[h]) * log2(e), +inf where Lse is -inf, NaN where
-    Lse[r, h] or Sink[h] is NaN or +inf; Sink2[h] = Sink[h] * log2(e) (layout.lse_base2)."""
-    tilelang, T = _tl()
-    R, H = T.dynamic("R"), T.dynamic("H")
-    f32 = "float32"
-
-    @T.prim_func
-    def kernel_lse(Lse: T.Tensor((R, H), f32), Sink: T.Tensor((H,), f32), Lse2: T.Tensor((R, H), f32),
-                   Sink2: T.Tensor((H,), f32)):
-        with T.Kernel(R, T.ceildiv(H, LSE_THREADS), threads=LSE_THREADS) as (r, chunk):
-            h = chunk * LSE_THREADS + T.get_thread_binding()
-            if h < H:
-                a, b = Lse[r, h], Sink[h]
-                # logaddexp as max + log1p(exp(-|a - b|)): no overflow, and exactly max where one is -inf.
-                summed = (T.max(a, b) + T.log1p(T.exp(-T.abs(a - b)))) * T.float32(LOG2E)
-                value = T.if_then_else(a == T.float32(-math.inf), T.float32(math.inf), summed)
-                sound = (a < T.float32(math.inf)) and (b < T.float32(math.inf))
-                Lse2[r, h] = T.if_then_else(sound, value, T.float32(math.nan))
-                if r == 0:
-                    Sink2[h] = b * T.float32(LOG2E)
-
-    return kernel_lse
 
 
 def slot_keys_program(index_dtype: str):

@@ -10,7 +10,7 @@ from .config import KernelConfig, MainConfig, _pass_configs, _tl, gpu_configs
 from .delta import delta_program
 from .main_bwd import main_bwd_program
 from .plan import mark_slots_program, plan_program
-from .prologue import kernel_lse_program, place_slots_program, row_blocks_program, slot_keys_program, sorted_slots_program
+from .prologue import place_slots_program, row_blocks_program, slot_keys_program, sorted_slots_program
 from .reductions import (cast_bf16_program, dsink_reduce_program, fixed_to_bf16_program, lanes_failed_program,
                          lanes_to_bf16_program, poisoned_batches_program, zero_gated_program)
 from .wide import wide_program
@@ -59,7 +59,6 @@ def program_of(config):
         "poisoned_batches": poisoned_batches_program,
         "zero_gated": zero_gated_program,
         "plan": plan_program,
-        "kernel_lse": kernel_lse_program,
         "slot_keys": slot_keys_program,
         "place_slots": place_slots_program,
         "row_blocks": row_blocks_program,
