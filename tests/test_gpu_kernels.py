@@ -375,7 +375,7 @@ def test_row_blocks_kernel_counts_as_the_reference(R, Lp, order):
     assert torch.equal(have.cpu(), want), (have.cpu() != want).nonzero()[:8]
 
 
-def test_the_delta_launchs_lse2_keeps_the_poisoning_rule_and_the_values():
+def test_the_delta_launch_keeps_the_lse2_poisoning_rule_and_values():
     # Lse2 and Sink2 from the Delta launch against the reference (layout.lse_base2, the model's):
     # the same NaN and inf positions (the bad-input rule), finite values within a few fp32 ulps of
     # torch's logaddexp (the kernel's exp and log1p are not torch's), Sink2 bit for bit; and the

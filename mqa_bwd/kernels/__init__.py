@@ -31,7 +31,8 @@ Modules, by what they build
                        and head as bf16 bits (PeakQ); plan: the fixed-point
                        plan's row scales and mass allowances (fixed_point.plan's float64
                        operations), in three stages
-  prologue.py          slot_keys and place_slots (the slot layout around torch's sort), sorted_slots (all three in one CTA a row, for rows of at most
+  prologue.py          slot_keys and place_slots (the slot layout around torch's sort),
+                       sorted_slots (all three in one CTA a row, for rows of at most
                        SORT_CAPACITY slots, and row_blocks' counts; its deterministic build,
                        sorted_marks, also does mark_slots' work for its rows), row_blocks (each
                        row's count of the wide tile's slot blocks, after the three steps): the

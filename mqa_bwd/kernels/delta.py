@@ -117,7 +117,8 @@ def delta_program(d_v: int, threads: int = DELTA_THREADS, peak_do: bool = False)
     Dv = d_v
     bh = DELTA_HEADS
     f32, bf16, i32 = "float32", "bfloat16", "int32"
-    source = DELTA_SOURCE % {"vectors": Dv // 8, "at_once": DELTA_HEADS_AT_ONCE, "log2e": float(numpy.float32(LOG2E)).hex() + "f"}
+    log2e = float(numpy.float32(LOG2E)).hex() + "f"  # log2(e) rounded to fp32, as a C hex literal
+    source = DELTA_SOURCE % {"vectors": Dv // 8, "at_once": DELTA_HEADS_AT_ONCE, "log2e": log2e}
 
     @T.macro
     def heads(r, hb, O, dO, Lse, Sink, Lse2, Sink2, Delta, DSinkRows, PeakDO):
