@@ -606,6 +606,16 @@
         python3 benchmarks/package_ab.py --against .ab/HEAD/mqa_bwd \
             --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 15 --trace 2
 
+  drop_sink2.patch          the Delta launch without its Sink2 output: since d078a3b nothing after
+                            it reads Sink2 (the launch forms the sink rows from registers), yet it
+                            wrote [Hp] floats from the CTAs of row 0 and the wrapper allocated them
+                            before the first launch. RowTerms loses the field; layout.sink_rows
+                            names the sink rows' formula, which the model and the lse mutants use;
+                            the GPU tests check the sink rows against it with the sink in base 2
+                            formed by torch (the bits the kernel's Sink2 had). `make test` passes
+                            with it (the kill matrix unchanged); not run on a GPU (forty-ninth
+                            session: no machine). Applies to 59ee99d alone and with the two above.
+
 git history holds the others (plan_mv_and_lanes_cast.patch, max |kv| of each referenced kv row
 taken in the plan's first stage and the lanes' cast reading the int64 accumulator only where the
 redo ran, became the product's in the forty-seventh session (4a590ee) and is at ea9ed1a; fused_row_blocks.patch, the block counts written by the slot
