@@ -162,8 +162,10 @@ class Launcher:
 
         Accumulation "lanes" (the wide tile): dkv is [NKV, Dk / 2] int64 words,
         row_scale the lanes' (fixed_point.lanes_scale) and ``bound`` [NKV] int64 the
-        per-row proof the launch adds to. ``gate`` [1] int32: a wide "fixed" launch
-        (the lanes' redo) does nothing unless gate[0] is nonzero (None: it runs).
+        per-row proof the launch adds to. ``gate`` [1] int32: a wide "fixed" launch (the
+        lanes' redo) and a lanes corrections launch do nothing unless gate[0] is nonzero
+        (None: they run); a lanes launch sets gate[0] to 1 wherever it flags a row for its
+        corrections (fixed_point.FLAG_MAGIC; None: it sets a word of its own).
         ``claims`` [1] int32, zeroed: the wide launch's count of the items its CTAs claimed
         (kernels/wide.py; None: one of its own, a fill more). ``row_blocks`` [R] int32: the wide
         launch's blocks a row, Launcher.row_blocks of ``indices`` (None: its own, a launch more)."""
@@ -340,11 +342,12 @@ class TileLangLauncher(Launcher):
             row_scale = torch.empty((kv.shape[0],), dtype=torch.float32, device=kv.device)
             allowance = lse2  # the right shape, never read
             flag = torch.empty((q.shape[0],), dtype=torch.int32, device=kv.device)
-        if config.wide:  # Bound (read by the lanes only) and Gate (by the fixed redo only)
+        if config.wide:  # Bound (the lanes only) and Gate (set by the lanes, read by the corrections and the redo)
             if bound is None:
                 bound = torch.empty((kv.shape[0],), dtype=torch.int64, device=kv.device)
-            if gate is None:
-                gate = _gate_open(kv.device)
+            if gate is None:  # the lanes launch writes it: never the shared open gate
+                sets_gate = config.accumulate == "lanes" and not config.corrections
+                gate = torch.zeros((1,), dtype=torch.int32, device=kv.device) if sets_gate else _gate_open(kv.device)
             if claims is None:
                 claims = torch.zeros((1,), dtype=torch.int32, device=kv.device)
             if row_blocks is None:

@@ -269,8 +269,8 @@ class ModelLauncher(Launcher):
             _shape_is(kernel, "Bound", bound, (NKV,))
         if config.wide and gate is not None:
             _shape_is(kernel, "Gate", gate, (1,))
-            if mode == "fixed" and int(gate[0]) == 0:
-                return  # the lanes' redo where no bound failed: every CTA ends at once
+            if (mode == "fixed" or config.corrections) and int(gate[0]) == 0:
+                return  # the lanes' redo where no bound failed, their corrections where no row was flagged
         rows = torch.arange(R)
         group = slice(h0, h1)
         atomic_parts = []
@@ -307,6 +307,8 @@ class ModelLauncher(Launcher):
                 beyond = self._lanes_add(dkv, bound, slot[valid], contrib[valid], row_scale)
                 row_of_slot = step.view(-1, 1).expand_as(slot)[valid]
                 flag[row_of_slot[beyond]] |= fixed_point.FLAG_MAGIC
+                if gate is not None and bool(beyond.any()):
+                    gate[0] = 1  # opens the corrections launch
             else:
                 atomic_parts.append((slot[valid], contrib[valid]))
         if mode == "atomic":

@@ -538,7 +538,8 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
         # What the fixed design zeroes before its main launch, one fill an element width: the plan's
         # slot marks (they and the maxima of q come with the slot layout), the plan's per-batch
         # peaks (a launcher that runs it as kernels reduces into them), the row flags and the
-        # call's flags after them (the poisoned batch elements; the lanes' failed bound), the wide
+        # call's flags (the poisoned batch elements; the lanes' failed bound and their inexact
+        # rounding, which open the redo and the corrections launches), the wide
         # tile's words and per-row bounds, and the int64 accumulator where an int64 launch adds to
         # it (where every launch adds in lanes, it is only the redo's: zeroed only where the redo
         # runs, after the lanes launches), and a claim counter for each main launch (its lanes
@@ -547,13 +548,14 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
                   "claims": ((len(launches) + 2 * len(lanes),), torch.int32), "poisoned": ((p.B,), torch.int32),
                   "plan_peaks": ((p.B, K.PLAN_SLOTS), torch.int64)}
         if lanes:
-            zeroed.update(words=((NKV, p.d_k // 2), torch.int64), bound=((NKV,), torch.int64), failed=((1,), torch.int32))
+            zeroed.update(words=((NKV, p.d_k // 2), torch.int64), bound=((NKV,), torch.int64), failed=((1,), torch.int32),
+                          inexact=((1,), torch.int32))
         if len(lanes) < len(launches):
             zeroed["dkv_fixed"] = ((NKV, p.d_k), torch.int64)
         buffers = dict(zip(zeroed, launcher.zeros_together(*zeroed.values())))
         referenced, live_row, row_flags = buffers["referenced"], buffers["live_row"], buffers["row_flags"]
         words, bound, dkv_fixed = buffers.get("words"), buffers.get("bound"), buffers.get("dkv_fixed")
-        poisoned, failed = buffers["poisoned"], buffers.get("failed")
+        poisoned, failed, inexact = buffers["poisoned"], buffers.get("failed"), buffers.get("inexact")
         counters = iter(buffers["claims"].split(1))
         peak_q = launcher.empty((R, Hp), torch.int32)
         marks = (referenced, live_row, q, peak_q)
@@ -584,13 +586,15 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
         for g, config in launches:
             in_lanes = config.accumulate == "lanes"
             launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, words if in_lanes else dkv_fixed, config=config,
-                              head_base=g * bh, bound=bound if in_lanes else None, claims=next(counters), **common)
+                              head_base=g * bh, bound=bound if in_lanes else None, gate=inexact if in_lanes else None,
+                              claims=next(counters), **common)
         for g, config in lanes:
             # The rows where the lanes' rounding by FFMA may have been inexact (a value past its range:
             # most rows where a kv row has few contributions, none at the bench shapes), run again for
-            # their words' corrections; a launch that reads a flag a row and ends where none is set.
+            # their words' corrections; a launch that reads a flag a row, and ends at once where no
+            # lanes launch flagged a row (inexact).
             launcher.main_bwd(q, kv2, do, slots, lse2, delta, dq, words, config=K.lanes_corrections(config),
-                              head_base=g * bh, bound=bound, claims=next(counters), **common)
+                              head_base=g * bh, bound=bound, gate=inexact, claims=next(counters), **common)
         if lanes:
             launcher.lanes_failed(bound, failed)
             if dkv_fixed is None:

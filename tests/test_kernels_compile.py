@@ -411,16 +411,20 @@ def test_wide_tile_warpgroups_meet_only_at_their_mbarriers(config):
     for wait in WGMMA_WAIT_ANY.finditer(source):
         assert source[wait.end():].strip().startswith("tl::warpgroup_fence_operand("), f"{_id(config)}: a wait without its fence"
     # The lanes add their bounds once a block, the warpgroup's peaks staged between two of its
-    # barriers; the int64 redo leaves at once where its gate is 0, before any barrier.
+    # barriers; the int64 redo and the corrections leave at once where their gate is 0, before any
+    # barrier, and the lanes launch opens its corrections' gate where it flags a row.
     bounded = config.accumulate == "lanes" and not config.corrections
     assert (second.count("ws_add_bounds(") == 1) == bounded and "ws_add_bounds(" not in first
     if bounded:
         bounds = second[second.index("ws_stage_peaks(") - 200 : second.index("ws_add_bounds(")]
         assert bounds.count(f"ws_bar_sync_wg({W.BOUNDS_BARRIER})") == 2, f"{_id(config)}: the bounds' barriers"
     gate = source.find("ws_exit_unless(")
-    assert (gate >= 0) == (config.accumulate == "fixed"), f"{_id(config)}: gated = {gate >= 0}"
+    assert (gate >= 0) == (config.accumulate == "fixed" or config.corrections), f"{_id(config)}: gated = {gate >= 0}"
     if gate >= 0:
         assert gate < init and "__sync" not in source[:gate], f"{_id(config)}: the gate is not the kernel's first step"
+    if config.accumulate == "lanes":
+        flags = [m.group(1) for m in re.finditer(r"ws_flag_magic\(([^;]*)\);", second)]
+        assert len(flags) == (not config.corrections) and all(f.rstrip(")").endswith("Gate") for f in flags), flags
 
 
 @pytest.mark.parametrize("config", WIDE_CONFIGS + OTHER_SPLITS, ids=_id)

@@ -61,10 +61,11 @@ How a CTA adds dKV (config.accumulate):
             its row's offset in the words, so an add's address is a shift-add; every slot of a
             block adds, with no branch: an invalid one adds 0 to a valid row (ws_lanes_store_slot).
             A word is rounded by FFMA (ws_magic_word), exact while every |scaled value| is below
-            2^22: a query row with a larger one (or a NaN) gets bit 1 of Flag[row]
-            (ws_add_bounds, ws_flag_magic), and a second launch of the same tile with config.corrections runs
-            only those rows, adding each word's exact value less the FFMA one (mod 2^64, so the
-            sums are the exact words'). Neither launch has a branch on the value in its adds.
+            2^22: a query row with a larger one (or a NaN) gets bit 1 of Flag[row] and sets
+            Gate[0] (ws_add_bounds, ws_flag_magic), and a second launch of the same tile with
+            config.corrections, given that Gate, runs only those rows (every CTA ends at once
+            where Gate[0] is 0), adding each word's exact value less the FFMA one (mod 2^64, so
+            the sums are the exact words'). Neither launch has a branch on the value in its adds.
   "fixed"   int64 fixed point at the same scale, one word a column (the lanes design's redo):
             every CTA ends at once unless Gate[0] != 0, so the redo launches on every call
             without a host sync.
@@ -123,7 +124,8 @@ WS_SOURCE = WS_CONSTANTS + WS_ROWS + r"""
 __device__ __forceinline__ void ws_bar_sync_wg(int id) { asm volatile("bar.sync %0, 128;" :: "r"(id) : "memory"); }
 // cp.async and generic stores to shared memory become visible to wgmma (the async proxy).
 __device__ __forceinline__ void ws_fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
-// The lanes design's int64 redo launches on every call and ends here unless a row's bound failed.
+// The lanes design's int64 redo and its corrections launch run on every call and end here unless
+// a row's bound failed (the redo) or a lanes launch flagged a row (the corrections: ws_flag_magic).
 __device__ __forceinline__ void ws_exit_unless(const int* gate) { if (*gate == 0) asm volatile("exit;"); }
 // Every cp.async group of this thread but the newest has landed.
 __device__ __forceinline__ void ws_cp_async_wait_one() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
@@ -531,9 +533,13 @@ __device__ __forceinline__ void ws_flag_row(const int* flag, int row, int bit) {
   atomicOr(const_cast<int*>(flag) + row, bit);
 }
 __device__ __forceinline__ bool ws_row_flagged(const int* flag, int row) { return flag[row] & WS_FLAG_MAGIC; }
-// Warpgroup 1 at a row's end: WS_FLAG_MAGIC where one of its threads saw a slot past the FFMA's range.
-__device__ __forceinline__ void ws_flag_magic(const int* flag, int row, unsigned* beyond, int t) {
-  if (__any_sync(0xffffffffu, *beyond) && (t & 31) == 0) ws_flag_row(flag, row, WS_FLAG_MAGIC);
+// Warpgroup 1 at a row's end: WS_FLAG_MAGIC where one of its threads saw a slot past the FFMA's range,
+// and Gate[0] set, which opens the corrections launch (it ends at once where no row is flagged).
+__device__ __forceinline__ void ws_flag_magic(const int* flag, int row, unsigned* beyond, int t, const int* gate) {
+  if (__any_sync(0xffffffffu, *beyond) && (t & 31) == 0) {
+    ws_flag_row(flag, row, WS_FLAG_MAGIC);
+    atomicOr(const_cast<int*>(gate), 1);
+  }
   *beyond = 0u;
 }
 // ws_add_bounds: Bound[kv] += the bound of each valid slot's contribution in the block, from h, the
@@ -888,7 +894,7 @@ def wide_program(config: MainConfig):
             items = R * (tiles if config.tiles > 1 else 1)
 
             T.import_source(GATHER_SOURCE + HANDOFF_SOURCE + ROW_BLOCKS_SOURCE + SOFTMAX_SOURCE + WS_SOURCE)
-            if accumulate == "fixed":  # before any barrier: the whole CTA leaves
+            if accumulate == "fixed" or corrections:  # before any barrier: the whole CTA leaves
                 T.call_extern("handle", "ws_exit_unless", Gate.data)
             if tid == 0:
                 T.call_extern("handle", "ws_bars_init", bars.data)
@@ -1090,7 +1096,7 @@ def wide_program(config: MainConfig):
                                           T.address_of(slot_info_s[p * BS * 2]), ROW_UNITS, beyond1.data, tid1)
                     if not corrections:
                         if accumulate == "lanes":
-                            T.call_extern("handle", "ws_flag_magic", Flag.data, r, beyond1.data, tid1)
+                            T.call_extern("handle", "ws_flag_magic", Flag.data, r, beyond1.data, tid1, Gate.data)
                         T.call_extern("handle", f"ws_store_dq<{w1}>", acc_dq1.data, T.address_of(dQ[r, h0, c1]), Dk,
                                       HQ - h0, tid1)
                         T.call_extern("handle", f"ws_store_dq<{w2}>", acc_dq2.data, T.address_of(dQ[r, h0, c2]), Dk,
