@@ -44,34 +44,36 @@ def dsink_reduce_program():
     return dsink_reduce
 
 
-def _row_scales(T, rows: int):
-    """A macro: scales[i] = RowScale[first + i] as fp64, or NaN (fp32's default NaN, 0x7fc00000,
-    as the host's poisoned scale held) where Poisoned[(first + i) // S_kv] is set, for i < rows;
-    once a row, in shared memory, so that the element loop divides by a load rather than by a
-    row's lookup."""
+def _row_reciprocals(T, rows: int):
+    """A macro: reciprocals[i] = 1 / RowScale[first + i] in fp64, NaN (from fp32's default NaN,
+    0x7fc00000, as the host's poisoned scale held) where Poisoned[(first + i) // S_kv] is set, for
+    i < rows; once a row, in shared memory, so that the element loop multiplies by a load. A row
+    scale is a power of two (or 0, inf, NaN), so x * (1 / scale) is x / scale bit for bit, and a
+    multiply is a few instructions where fp64 division is a subroutine."""
 
     @T.macro
-    def row_scales(RowScale, Poisoned, S_kv, scales, first):
+    def row_reciprocals(RowScale, Poisoned, S_kv, reciprocals, first):
         for i in T.Parallel(rows):
             k = T.min(first + i, RowScale.shape[0] - 1)  # a tail CTA's rows past N: any row, unread
             nan = T.reinterpret(T.int32(0x7FC00000), "float32")
-            scales[i] = T.cast(T.if_then_else(Poisoned[k // S_kv] != 0, nan, RowScale[k]), "float64")
+            scale = T.cast(T.if_then_else(Poisoned[k // S_kv] != 0, nan, RowScale[k]), "float64")
+            reciprocals[i] = T.float64(1.0) / scale
 
-    return row_scales
+    return row_reciprocals
 
 
 def fixed_to_bf16_program(cols: int, block_rows: int = 16, threads: int = 128):
     """Dst[k, c] = bf16(fp32(fp64(Acc[k, c]) / RowScale[k])), RowScale[k] NaN where
     Poisoned[k // S_kv] is set (poisoned_batches_program).
 
-    RowScale is a power of two, so the division is exact in fp64; a NaN
+    RowScale is a power of two, so the division (a multiply by its reciprocal) is exact in fp64; a NaN
     RowScale (a kv row whose range bound is not finite, or whose batch element
     a main_bwd CTA flagged) makes its row NaN.
     """
     tilelang, T = _tl()
     N, B = T.dynamic("N"), T.dynamic("B")
     C = cols
-    row_scales = _row_scales(T, block_rows)
+    row_reciprocals = _row_reciprocals(T, block_rows)
 
     @T.prim_func
     def fixed_to_bf16(
@@ -82,11 +84,11 @@ def fixed_to_bf16_program(cols: int, block_rows: int = 16, threads: int = 128):
         S_kv: T.int32,
     ):
         with T.Kernel(T.ceildiv(N, block_rows), threads=threads) as bx:
-            scales = T.alloc_shared((block_rows,), "float64")
-            row_scales(RowScale, Poisoned, S_kv, scales, bx * block_rows)
+            reciprocals = T.alloc_shared((block_rows,), "float64")
+            row_reciprocals(RowScale, Poisoned, S_kv, reciprocals, bx * block_rows)
             for i, c in T.Parallel(block_rows, C):
                 if bx * block_rows + i < N:
-                    value = T.cast(Acc[bx * block_rows + i, c], "float64") / scales[i]
+                    value = T.cast(Acc[bx * block_rows + i, c], "float64") * reciprocals[i]
                     Dst[bx * block_rows + i, c] = T.cast(T.cast(value, "float32"), "bfloat16")
 
     return fixed_to_bf16
@@ -106,32 +108,32 @@ def lanes_to_bf16_program(cols: int, block_rows: int = 16, threads: int = 128):
     if C % G:
         raise ValueError(f"cols: {C} (the lanes pair columns within groups of {G}: a multiple of {G})")
     whole = C // LANE_BLOCK * LANE_BLOCK
-    row_scales = _row_scales(T, block_rows)
+    row_reciprocals = _row_reciprocals(T, block_rows)
 
     def join_and_cast(with_acc: bool):
         @T.macro
-        def join(Acc, Words, Failed, scales, Dst, k, i, c, word_index):
+        def join(Acc, Words, Failed, reciprocals, Dst, k, i, c, word_index):
             if k < N:
                 word = Words[k, word_index]
                 lo = T.cast(T.cast(word, "int32"), "int64")  # the low lane, sign-extended
                 lane = T.if_then_else(c % G < G // 2, lo, T.shift_right(word - lo, T.int64(32)))
                 total = Acc[k, c] + T.if_then_else(Failed[0] == 0, lane, T.int64(0)) if with_acc else lane
-                value = T.cast(total, "float64") / scales[i]
+                value = T.cast(total, "float64") * reciprocals[i]
                 Dst[k, c] = T.cast(T.cast(value, "float32"), "bfloat16")
 
         return join
 
     def rows(join):
         @T.macro
-        def cast_rows(Acc, Words, Failed, scales, Dst, bx):
+        def cast_rows(Acc, Words, Failed, reciprocals, Dst, bx):
             # The whole LANE_BLOCKs, then the tail: each loop's word index is arithmetic on its
             # column alone (a select between the two would keep the loop from vectorising).
             if whole:
                 for i, c in T.Parallel(block_rows, whole):
-                    join(Acc, Words, Failed, scales, Dst, bx * block_rows + i, i, c, lane_word_in_block(c))
+                    join(Acc, Words, Failed, reciprocals, Dst, bx * block_rows + i, i, c, lane_word_in_block(c))
             if C > whole:
                 for i, c in T.Parallel(block_rows, C - whole):
-                    join(Acc, Words, Failed, scales, Dst, bx * block_rows + i, i, whole + c, lane_word_in_tail(whole + c))
+                    join(Acc, Words, Failed, reciprocals, Dst, bx * block_rows + i, i, whole + c, lane_word_in_tail(whole + c))
 
         return cast_rows
 
@@ -149,12 +151,12 @@ def lanes_to_bf16_program(cols: int, block_rows: int = 16, threads: int = 128):
         AccSummed: T.int32,
     ):
         with T.Kernel(T.ceildiv(N, block_rows), threads=threads) as bx:
-            scales = T.alloc_shared((block_rows,), "float64")
-            row_scales(RowScale, Poisoned, S_kv, scales, bx * block_rows)
+            reciprocals = T.alloc_shared((block_rows,), "float64")
+            row_reciprocals(RowScale, Poisoned, S_kv, reciprocals, bx * block_rows)
             if AccSummed != 0 or Failed[0] != 0:
-                with_acc(Acc, Words, Failed, scales, Dst, bx)
+                with_acc(Acc, Words, Failed, reciprocals, Dst, bx)
             else:
-                lanes_only(Acc, Words, Failed, scales, Dst, bx)
+                lanes_only(Acc, Words, Failed, reciprocals, Dst, bx)
 
     return lanes_to_bf16
 
