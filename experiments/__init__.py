@@ -578,45 +578,9 @@
             --against .ab/dq_last_block_wg0/mqa_bwd --against .ab/dq_last_block_wg1/mqa_bwd \
             --shapes dsv32,fleet --repeats 8 --trace 2
 
-  corrections_gate.patch    the lanes' corrections launch gated as the int64 redo is: the lanes
-                            launch sets Gate[0] wherever it flags a row (ws_flag_magic), and the
-                            corrections launch, given that word, ends at once where it is 0. The
-                            product's corrections launch walks every item of the call (a claim, a
-                            flag read and a row handoff each) though no row is flagged at the bench
-                            shapes: 25.5 us of GPU after the main kernel at dsv32 H=64 in the
-                            forty-eighth session's timeline (an H100). The tile model follows the
-                            same rule, and with its lanes launch never opening the gate
-                            tests/test_lanes.py fails on four cases. `make test` passes with it
-                            (compile test included); ptxas: the lanes launch spills 48/60 bytes,
-                            as the product. Not run on a GPU (the session's device requests found
-                            no machine), so not landed (docs/performance-log.md, forty-eighth
-                            session).
-  cast_reciprocals.patch    fixed_to_bf16 and lanes_to_bf16 multiply by 1 / RowScale, formed once a
-                            row in shared memory, where they divide every element in fp64 (a
-                            division subroutine an element; lanes_to_bf16 took 29 us at dsv32 H=64,
-                            some three times its bytes at HBM's rate). A row scale is a power of two
-                            (or 0, inf, NaN), so the bits are the same by construction; `make test`
-                            passes with it. Not run on a GPU. Both apply to d078a3b and later
-                            (tests included): build the product's copy, apply both to the tree, and
-                            in one device call compile the copy, run the kernel tests, time the two:
-
-        bash scripts/ab-packages.sh rev:HEAD
-        git apply experiments/corrections_gate.patch experiments/cast_reciprocals.patch
-        python3 -m pytest -m gpu tests/test_gpu_kernels.py -q -x -n 4
-        python3 benchmarks/package_ab.py --against .ab/HEAD/mqa_bwd \
-            --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 15 --trace 2
-
-  drop_sink2.patch          the Delta launch without its Sink2 output: since d078a3b nothing after
-                            it reads Sink2 (the launch forms the sink rows from registers), yet it
-                            wrote [Hp] floats from the CTAs of row 0 and the wrapper allocated them
-                            before the first launch. RowTerms loses the field; layout.sink_rows
-                            names the sink rows' formula, which the model and the lse mutants use;
-                            the GPU tests check the sink rows against it with the sink in base 2
-                            formed by torch (the bits the kernel's Sink2 had). `make test` passes
-                            with it (the kill matrix unchanged); not run on a GPU (forty-ninth
-                            session: no machine). Applies to 59ee99d alone and with the two above.
-
-git history holds the others (plan_mv_and_lanes_cast.patch, max |kv| of each referenced kv row
+git history holds the others (corrections_gate.patch, cast_reciprocals.patch and
+drop_sink2.patch became the product's in the forty-ninth session and are at 0af2e2e;
+plan_mv_and_lanes_cast.patch, max |kv| of each referenced kv row
 taken in the plan's first stage and the lanes' cast reading the int64 accumulator only where the
 redo ran, became the product's in the forty-seventh session (4a590ee) and is at ea9ed1a; fused_row_blocks.patch, the block counts written by the slot
 layout, became the product's in the forty-fourth session and is at 2cb184a; row_blocks_launch.patch, the RowBlocks launch and warpgroup 0's

@@ -140,10 +140,10 @@ class Launcher:
         if marks is not None:
             fixed_point.mark_slots(slots, *marks)
 
-    def delta(self, out, grad_out, lse, sink, lse2, sink2, delta, dsink_rows, peak_do=None):
-        """From the padded lse [R, H] and sink [H] (f32, natural log): lse2 [R, H] and sink2 [H], the
-        kernels' base-2, sink-inclusive lse, poisoned where the input is bad (layout.lse_base2);
-        then Delta and DSinkRows [R, H] from out and grad_out and those. With peak_do (the
+    def delta(self, out, grad_out, lse, sink, lse2, delta, dsink_rows, peak_do=None):
+        """From the padded lse [R, H] and sink [H] (f32, natural log): lse2 [R, H], the kernels'
+        base-2, sink-inclusive lse, poisoned where the input is bad (layout.lse_base2); then Delta
+        and DSinkRows [R, H] (layout.sink_rows) from out and grad_out and those. With peak_do (the
         fixed-point design), also peak_do [R, H] int32: fixed_point.magnitude_bits of grad_out
         (max |dO| as bf16 bits)."""
         raise NotImplementedError
@@ -326,12 +326,12 @@ class TileLangLauncher(Launcher):
         K.small_kernel("sorted_marks", dtype, items, q.shape[2])(indices, slots, row_blocks, referenced, live_row, q, peak_q,
                                                                  int(row0), int(S), int(S_kv), int(nkv), int(nkv).bit_length())
 
-    def delta(self, out, grad_out, lse, sink, lse2, sink2, delta, dsink_rows, peak_do=None):
+    def delta(self, out, grad_out, lse, sink, lse2, delta, dsink_rows, peak_do=None):
         self.launched("delta")
         if peak_do is None:
-            K.small_kernel("delta", out.shape[2])(out, grad_out, lse, sink, lse2, sink2, delta, dsink_rows)
+            K.small_kernel("delta", out.shape[2])(out, grad_out, lse, sink, lse2, delta, dsink_rows)
         else:
-            K.small_kernel("delta_max", out.shape[2])(out, grad_out, lse, sink, lse2, sink2, delta, dsink_rows, peak_do)
+            K.small_kernel("delta_max", out.shape[2])(out, grad_out, lse, sink, lse2, delta, dsink_rows, peak_do)
 
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, config, sm_scale, heads=None, head_base=0,
                  row_scale=None, allowance=None, flag=None, bound=None, gate=None, claims=None, row_blocks=None):

@@ -1,7 +1,8 @@
 """Layout arithmetic shared by the wrapper, the launchers' references and the CPU tile model (below them).
 
 - ``per_head``: a per-head function with the same arithmetic whatever H is;
-- ``lse_base2``: the kernels' lse convention and its bad-input rule;
+- ``lse_base2``: the kernels' lse convention and its bad-input rule; ``sink_rows``: each row's
+  term of d_attn_sink from it;
 - ``slot_keys``, ``canonical_order`` and ``place_slots``: the slot layout's steps.
 
 The TileLang launcher runs lse_base2 and the slot layout as kernels (mqa_bwd.kernels.prologue:
@@ -30,9 +31,9 @@ def per_head(fn, rows: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
     return torch.stack([fn(rows[:, h].contiguous(), heads[h]) for h in range(rows.shape[1])], dim=1)
 
 
-def lse_base2(lse: torch.Tensor, sink: torch.Tensor) -> tuple:
+def lse_base2(lse: torch.Tensor, sink: torch.Tensor) -> torch.Tensor:
     """The kernels' convention, base 2 and sink-inclusive, from the padded [R, Hp] lse
-    and [Hp] sink: (Lse2 = logaddexp(lse, sink) * log2(e) per head, Sink2 = sink * log2(e)).
+    and [Hp] sink: Lse2 = logaddexp(lse, sink) * log2(e) per head.
 
     A row with no valid slot (lse = -inf) has zero gradients, the sink's too:
     Lse2 = +inf there makes both P and p_sink exactly 0, with or without a
@@ -52,7 +53,14 @@ def lse_base2(lse: torch.Tensor, sink: torch.Tensor) -> tuple:
     lse2 = torch.where(lse == -math.inf, math.inf, lse2)
     # x < inf is false for NaN and +inf only (-inf and every finite value compare below it).
     sound = (lse < math.inf) & (sink < math.inf).view(1, -1)
-    return torch.where(sound, lse2, math.nan).contiguous(), (sink * LOG2E).contiguous()
+    return torch.where(sound, lse2, math.nan).contiguous()
+
+
+def sink_rows(lse2: torch.Tensor, sink2: torch.Tensor, delta: torch.Tensor) -> torch.Tensor:
+    """Each row's term of d_attn_sink, [R, Hp]: -exp2(Sink2[h] - Lse2[r, h]) * Delta[r, h], the
+    sink's probability times Delta, from the [Hp] sink in base 2 (Sink2 = sink * log2(e), the
+    multiply rounded to fp32 as the Delta kernel rounds it). Per head (per_head), as lse_base2."""
+    return (-per_head(lambda lse_h, sink_h: torch.exp2(sink_h - lse_h), lse2, sink2) * delta).contiguous()
 
 
 def slot_keys(indices: torch.Tensor, row0: int, S: int, S_kv: int, nkv: int) -> torch.Tensor:

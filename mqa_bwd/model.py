@@ -35,7 +35,7 @@ from .kernels.config import lane_word_columns
 from .kernels.wide import BOUND_CAP
 from .launch import Launcher
 from . import layout
-from .layout import lse_base2, per_head
+from .layout import lse_base2, sink_rows
 
 
 class TileBoundsError(BoundsError):
@@ -170,26 +170,21 @@ class ModelLauncher(Launcher):
         self.device = torch.device("cpu")
 
     # -- delta -------------------------------------------------------------
-    def delta(self, out, grad_out, lse, sink, lse2, sink2, delta, dsink_rows, peak_do=None):
+    def delta(self, out, grad_out, lse, sink, lse2, delta, dsink_rows, peak_do=None):
         self.launched("delta")
         R, H, Dv = out.shape
         for name, t in (("dO", grad_out),):
             _shape_is("delta", name, t, (R, H, Dv))
         for name, t in (("Lse", lse), ("Lse2", lse2), ("Delta", delta), ("DSinkRows", dsink_rows)):
             _shape_is("delta", name, t, (R, H))
-        for name, t in (("Sink", sink), ("Sink2", sink2)):
-            _shape_is("delta", name, t, (H,))
-        want_lse2, want_sink2 = lse_base2(lse, sink)
-        lse2.copy_(want_lse2)
-        sink2.copy_(want_sink2)
+        _shape_is("delta", "Sink", sink, (H,))
+        lse2.copy_(lse_base2(lse, sink))
         if peak_do is not None:
             _shape_is("delta", "PeakDO", peak_do, (R, H))
             peak_do.copy_(magnitude_bits(grad_out))
         d = (out.to(torch.float32) * grad_out.to(torch.float32)).sum(-1)
         delta.copy_(d)
-        # Per head, so that a head's value never depends on how many heads the
-        # call has (see layout.per_head): the kernel computes per element.
-        dsink_rows.copy_(-per_head(lambda lse_h, sink_h: torch.exp2(sink_h - lse_h), lse2, sink2) * d)
+        dsink_rows.copy_(sink_rows(lse2, sink * K.LOG2E, d))
 
     # -- main backward -----------------------------------------------------
     def main_bwd(self, q, kv, grad_out, indices, lse2, delta, dq, dkv, *, config, sm_scale, heads=None, head_base=0,

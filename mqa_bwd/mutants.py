@@ -48,7 +48,7 @@ import torch
 from properties.case import Case
 from properties.kills import Mutant
 
-from . import edge, wrapper
+from . import edge, layout, wrapper
 from .contract import GPU_BACKENDS, SPEC_ARGS
 from .kernels import LOG2E
 from .layout import per_head
@@ -75,23 +75,23 @@ def _pad_heads_unfilled(x, padded, value, launcher):
 
 
 def _with_lse2(terms, lse2, sink2):
-    # The row terms with another Lse2 and Sink2, and the sink rows the Delta launch would have
-    # formed from them (the model's per-head formula), as when the launch itself had them wrong.
-    dsink_rows = -per_head(lambda lse_h, sink_h: torch.exp2(sink_h - lse_h), lse2, sink2) * terms.delta
-    return terms._replace(lse2=lse2.contiguous(), sink2=sink2.contiguous(), dsink_rows=dsink_rows.contiguous())
+    # The row terms with another Lse2, and the sink rows the Delta launch would have formed from
+    # it and sink2 (the sink in base 2, or what the mutant takes for it), as when the launch
+    # itself had them wrong.
+    return terms._replace(lse2=lse2.contiguous(), dsink_rows=layout.sink_rows(lse2, sink2, terms.delta))
 
 
 def _lse_natural(out, grad_out, lse, sink, launcher):
     # The log2(e) factor forgotten: the natural-log values reach the base-2 kernel.
     terms = wrapper.STEPS.row_terms(out, grad_out, lse, sink, launcher)
-    return _with_lse2(terms, terms.lse2 / LOG2E, terms.sink2 / LOG2E)
+    return _with_lse2(terms, terms.lse2 / LOG2E, sink)
 
 
 def _lse_without_sink(out, grad_out, lse, sink, launcher):
     # lse handed over sink-exclusive (logaddexp with -inf is lse exactly); the sink itself as usual.
     terms = wrapper.STEPS.row_terms(out, grad_out, lse, sink, launcher)
     exclusive = wrapper.STEPS.row_terms(out, grad_out, lse, torch.full_like(sink, float("-inf")), launcher).lse2
-    return _with_lse2(terms, exclusive, terms.sink2)
+    return _with_lse2(terms, exclusive, sink * LOG2E)
 
 
 def _lse_unpoisoned(out, grad_out, lse, sink, launcher):

@@ -393,7 +393,6 @@ class RowTerms(NamedTuple):
     """What the Delta launch gives every later launch, [R, Hp] unless said (padded heads)."""
 
     lse2: torch.Tensor  # the kernels' lse: base 2, sink-inclusive, poisoned where the input is bad
-    sink2: torch.Tensor  # [Hp], base 2
     delta: torch.Tensor  # rowsum(O * dO)
     dsink_rows: torch.Tensor  # each row's term of d_attn_sink
     peak_do: torch.Tensor | None  # max |dO| as bf16 bits, for the fixed-point plan (None: the atomic design)
@@ -406,9 +405,9 @@ def row_terms(out: torch.Tensor, grad_out: torch.Tensor, lse: torch.Tensor, sink
     is poisoned there, on the device)."""
     R, Hp = lse.shape
     f32 = torch.float32
-    terms = RowTerms(launcher.empty((R, Hp), f32), launcher.empty((Hp,), f32), launcher.empty((R, Hp), f32),
-                     launcher.empty((R, Hp), f32), launcher.empty((R, Hp), torch.int32) if launcher.deterministic else None)
-    launcher.delta(out, grad_out, lse.contiguous(), sink.contiguous(), *terms[:4], peak_do=terms.peak_do)
+    terms = RowTerms(launcher.empty((R, Hp), f32), launcher.empty((R, Hp), f32), launcher.empty((R, Hp), f32),
+                     launcher.empty((R, Hp), torch.int32) if launcher.deterministic else None)
+    launcher.delta(out, grad_out, lse.contiguous(), sink.contiguous(), *terms[:3], peak_do=terms.peak_do)
     return terms
 
 
@@ -484,8 +483,8 @@ class Steps:
     require_dtype(name, t, dtype, framework)      ValueError unless t.dtype == dtype
     pad_heads(x, padded, value, launcher) -> x    [R, H, ...] -> [R, padded, ...]
     row_terms(out, grad_out, lse, sink, launcher) -> RowTerms   Lse2 (base 2, sink-inclusive),
-                                                  Sink2, Delta, the sink rows and, for the
-                                                  fixed-point design, max |dO| (padded tensors)
+                                                  Delta, the sink rows and, for the fixed-point
+                                                  design, max |dO| (padded tensors)
     global_slots(token_indices, problem, launcher, marks=None, row_blocks=None) -> slots [R, Lp]
                                                   int32 global kv rows or -1, each row in the
                                                   canonical order; with marks, the plan's slot
@@ -523,7 +522,7 @@ def run(p: Problem, query, kv, out, grad_out, lse, attn_sink, token_indices, sm_
     # The delta launch, the longest before the main one, goes first: the GPU works through it
     # while the host lays out the slots and the plan. For the fixed-point design the same launch
     # also reduces the maxima of |dO| its plan needs.
-    lse2, _, delta, dsink_rows, peak_do = steps.row_terms(o, do, lse_p, sink_p, launcher)
+    lse2, delta, dsink_rows, peak_do = steps.row_terms(o, do, lse_p, sink_p, launcher)
     fixed = launcher.deterministic
 
     kv2 = kv.reshape(NKV, p.d_k).contiguous()

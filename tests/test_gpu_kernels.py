@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from mqa_bwd.contract import OUTPUT_NAMES, SPEC_ARGS  # noqa: E402
+from mqa_bwd.kernels import LOG2E  # noqa: E402
 from mqa_bwd import fixed_point, launch, layout, mqa_latent_sparse_bwd, wrapper  # noqa: E402
 from mqa_bwd.bench import RACECHECK_HAZARDS, SANITIZER_ERRORS, compute_sanitizer, production_inputs  # noqa: E402
 from mqa_bwd.model import ModelLauncher, lane_words  # noqa: E402
@@ -376,10 +377,10 @@ def test_row_blocks_kernel_counts_as_the_reference(R, Lp, order):
 
 
 def test_the_delta_launch_keeps_the_lse2_poisoning_rule_and_values():
-    # Lse2 and Sink2 from the Delta launch against the reference (layout.lse_base2, the model's):
-    # the same NaN and inf positions (the bad-input rule), finite values within a few fp32 ulps of
-    # torch's logaddexp (the kernel's exp and log1p are not torch's), Sink2 bit for bit; and the
-    # sink rows formed from the launch's own Lse2 and Sink2.
+    # Lse2 from the Delta launch against the reference (layout.lse_base2, the model's): the same
+    # NaN and inf positions (the bad-input rule), finite values within a few fp32 ulps of torch's
+    # logaddexp (the kernel's exp and log1p are not torch's); and the sink rows formed from the
+    # launch's own Lse2 (layout.sink_rows).
     g = torch.Generator().manual_seed(0)
     R, H, Dv = 300, 40, 512
     lse = torch.randn((R, H), generator=g) * 5
@@ -390,8 +391,8 @@ def test_the_delta_launch_keeps_the_lse2_poisoning_rule_and_values():
     got = {}
     for name, launcher, device in (("model", ModelLauncher(), "cpu"), ("tilelang", launch.TileLangLauncher(), "cuda")):
         terms = wrapper.row_terms(*(t.to(device) for t in (o, do, lse, sink)), launcher)
-        got[name] = [t.cpu() for t in terms[:4]]
-    (have, have_sink, delta, dsink_rows), (want, want_sink, _, _) = got["tilelang"], got["model"]
+        got[name] = [t.cpu() for t in terms[:3]]
+    (have, delta, dsink_rows), (want, _, _) = got["tilelang"], got["model"]
     assert bool(torch.isnan(want[:, 5:7]).all()) and float(want[0, 0]) == math.inf  # the rule, in the reference
     nan_at = (torch.isnan(have) != torch.isnan(want)).nonzero().tolist()
     assert not nan_at, f"NaN in one of the two at (row, head) {nan_at[:8]}"
@@ -400,11 +401,7 @@ def test_the_delta_launch_keeps_the_lse2_poisoning_rule_and_values():
     finite = torch.isfinite(want)
     error = float((have - want)[finite].abs().max())
     assert error <= 4e-6 * float(want[finite].abs().max()), f"largest difference {error}"
-    # NaN bits are the device's own (a GPU's arithmetic NaN is canonical): NaN where the reference has it.
-    assert torch.equal(torch.isnan(have_sink), torch.isnan(want_sink)), (have_sink, want_sink)
-    sound = ~torch.isnan(want_sink)
-    assert bitwise_difference("sink2", have_sink[sound], want_sink[sound]) is None
-    from_own = -torch.exp2(have_sink - have) * delta
+    from_own = layout.sink_rows(have, sink * LOG2E, delta)
     torch.testing.assert_close(dsink_rows, from_own, rtol=2e-6, atol=0.0, equal_nan=True, msg="DSinkRows")
 
 
@@ -528,7 +525,7 @@ def test_delta_maxima_match_the_model():
     # The fixed-point design's delta launch also reduces max |dO| per (row,
     # head) for the plan, as bf16 bit patterns: the model's bits exactly (NaN
     # and inf included), heads past H untouched (H = 21 masks most of the
-    # second tile), Lse2 and Sink2 those of the plain delta kernel bit for bit, and Delta /
+    # second tile), Lse2 that of the plain delta kernel bit for bit, and Delta /
     # DSinkRows up to fp32 summation order.
     g = torch.Generator().manual_seed(5)
     R, H, Dv = 70, 21, 512
@@ -536,7 +533,7 @@ def test_delta_maxima_match_the_model():
     o = torch.randn((R, H, Dv), generator=g).bfloat16()
     lse, sink = torch.randn((R, H), generator=g), torch.randn((H,), generator=g)
     do[6, 0, 7], do[7, 1, 511], o[8, 2, 9] = float("nan"), float("inf"), float("nan")
-    shapes = {"Lse2": (R, H), "Sink2": (H,), "Delta": (R, H), "DSinkRows": (R, H)}
+    shapes = {"Lse2": (R, H), "Delta": (R, H), "DSinkRows": (R, H)}
     results = {}
     for name, launcher, device in (("model", ModelLauncher(), "cpu"), ("tilelang", launch.TileLangLauncher(), "cuda")):
         args = [t.to(device) for t in (o, do, lse, sink)]
@@ -549,13 +546,12 @@ def test_delta_maxima_match_the_model():
         assert not guards.violations(), f"{name}: {guards.violations()}"
         results[name] = [t.cpu() for t in outs + peaks + plain]
     model, gpu = results["model"], results["tilelang"]
-    assert torch.equal(gpu[4], model[4]), "max |dO| bits differ from the model"
-    peak_do = fixed_point.bits_to_bf16(gpu[4])
+    assert torch.equal(gpu[3], model[3]), "max |dO| bits differ from the model"
+    peak_do = fixed_point.bits_to_bf16(gpu[3])
     assert torch.isnan(peak_do[6, 0]) and peak_do[7, 1] == float("inf") and not torch.isnan(peak_do[8, 2])
-    for i, what in enumerate(("Lse2", "Sink2")):
-        assert bitwise_difference(what, gpu[i], gpu[5 + i]) is None
-    for i, what in ((2, "Delta"), (3, "DSinkRows")):
-        torch.testing.assert_close(gpu[i], gpu[5 + i], rtol=1e-5, atol=1e-5, equal_nan=True, msg=what)
+    assert bitwise_difference("Lse2", gpu[0], gpu[4]) is None
+    for i, what in ((1, "Delta"), (2, "DSinkRows")):
+        torch.testing.assert_close(gpu[i], gpu[4 + i], rtol=1e-5, atol=1e-5, equal_nan=True, msg=what)
 
 
 # The main kernel alone on the given slots, once per kept configuration: the

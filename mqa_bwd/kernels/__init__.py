@@ -14,9 +14,9 @@ tensors that hold every (padded) head, so no per-group copies exist.
 
 Modules, by what they build
   config.py            the configurations (MainConfig, KernelConfig), constants, the launch policy
-  delta.py             Lse2 and Sink2 (base 2, sink-inclusive) from lse and the sink; Delta =
-                       rowsum(O * dO); DSinkRows = -exp2(Sink2 - Lse2) * Delta (fixed design:
-                       also max |dO| per row and head, as bf16 bits)
+  delta.py             Lse2 (base 2, sink-inclusive) from lse and the sink; Delta =
+                       rowsum(O * dO); DSinkRows = -exp2(Sink * log2(e) - Lse2) * Delta
+                       (fixed design: also max |dO| per row and head, as bf16 bits)
   main_bwd.py          one CTA per query row, KV rows gathered with cp.async one slot
                        block ahead: dQ of the group, and the per-slot dKV
                        contributions added into an int64 fixed-point accumulator

@@ -1,5 +1,5 @@
-"""The Delta kernel: the kernels' base-2 lse (Lse2, Sink2), Delta = rowsum(O * dO), the sink
-rows, and the fixed-point plan's maxima of dO."""
+"""The Delta kernel: the kernels' base-2 lse (Lse2), Delta = rowsum(O * dO), the sink rows,
+and the fixed-point plan's maxima of dO."""
 
 import numpy
 
@@ -40,9 +40,8 @@ __device__ __forceinline__ float mqa_dot_bf16x8(uint4 a, uint4 b, float sum) {
 }
 template <bool with_peak>
 __device__ __forceinline__ void mqa_delta_heads(const void* o_row, const void* do_row, const float* lse_row,
-                                                const float* sink, const void* lse2_row, const void* sink2,
-                                                const void* delta_row, const void* dsink_row, const void* peak_row,
-                                                int h_first, int hq, bool first_row) {
+                                                const float* sink, const void* lse2_row, const void* delta_row,
+                                                const void* dsink_row, const void* peak_row, int h_first, int hq) {
   constexpr int vectors = %(vectors)d, per_lane = (vectors + 31) / 32, at_once = %(at_once)d;
   const int lane = threadIdx.x & 31, h0 = h_first + (threadIdx.x >> 5) * at_once;
   const uint4* o = static_cast<const uint4*>(o_row);
@@ -84,7 +83,6 @@ __device__ __forceinline__ void mqa_delta_heads(const void* o_row, const void* d
     if (lane == 0 && h < hq) {
       const float lse2 = mqa_lse_base2(lse[i], sink_h[i]), sink2_h = __fmul_rn(sink_h[i], %(log2e)s);
       const_cast<float*>(static_cast<const float*>(lse2_row))[h] = lse2;
-      if (first_row) const_cast<float*>(static_cast<const float*>(sink2))[h] = sink2_h;
       const_cast<float*>(static_cast<const float*>(delta_row))[h] = sum;
       const_cast<float*>(static_cast<const float*>(dsink_row))[h] = -exp2f(sink2_h - lse2) * sum;
       if (with_peak) const_cast<int*>(static_cast<const int*>(peak_row))[h] = static_cast<int>(m);
@@ -95,9 +93,9 @@ __device__ __forceinline__ void mqa_delta_heads(const void* o_row, const void* d
 
 
 def delta_program(d_v: int, threads: int = DELTA_THREADS, peak_do: bool = False):
-    """Lse2[r, h] and Sink2[h] from Lse and Sink, the kernels' base-2 sink-inclusive lse, poisoned
-    where the input is bad (layout.lse_base2; Sink2 by the CTAs of row 0); Delta[r, h] =
-    <O[r, h], dO[r, h]>; DSinkRows[r, h] = -exp2(Sink2[h] - Lse2[r, h]) * Delta[r, h].
+    """Lse2[r, h] from Lse and Sink, the kernels' base-2 sink-inclusive lse, poisoned where the
+    input is bad (layout.lse_base2); Delta[r, h] = <O[r, h], dO[r, h]>; DSinkRows[r, h] =
+    -exp2(Sink[h] * log2(e) - Lse2[r, h]) * Delta[r, h] (layout.sink_rows).
 
     With peak_do (the fixed-point design's variant) it also writes the maximum
     its plan needs of dO, which it reads anyway, as bf16 bit patterns in int32:
@@ -121,12 +119,12 @@ def delta_program(d_v: int, threads: int = DELTA_THREADS, peak_do: bool = False)
     source = DELTA_SOURCE % {"vectors": Dv // 8, "at_once": DELTA_HEADS_AT_ONCE, "log2e": log2e}
 
     @T.macro
-    def heads(r, hb, O, dO, Lse, Sink, Lse2, Sink2, Delta, DSinkRows, PeakDO):
+    def heads(r, hb, O, dO, Lse, Sink, Lse2, Delta, DSinkRows, PeakDO):
         T.import_source(source)
         T.call_extern("handle", f"mqa_delta_heads<{'true' if peak_do else 'false'}>", T.address_of(O[r, 0, 0]),
                       T.address_of(dO[r, 0, 0]), T.address_of(Lse[r, 0]), T.address_of(Sink[0]),
-                      T.address_of(Lse2[r, 0]), T.address_of(Sink2[0]), T.address_of(Delta[r, 0]),
-                      T.address_of(DSinkRows[r, 0]), T.address_of(PeakDO[r, 0]), hb * bh, H, r == 0)
+                      T.address_of(Lse2[r, 0]), T.address_of(Delta[r, 0]), T.address_of(DSinkRows[r, 0]),
+                      T.address_of(PeakDO[r, 0]), hb * bh, H)
 
     if peak_do:
         @T.prim_func
@@ -136,13 +134,12 @@ def delta_program(d_v: int, threads: int = DELTA_THREADS, peak_do: bool = False)
             Lse: T.Tensor((R, H), f32),
             Sink: T.Tensor((H,), f32),
             Lse2: T.Tensor((R, H), f32),
-            Sink2: T.Tensor((H,), f32),
             Delta: T.Tensor((R, H), f32),
             DSinkRows: T.Tensor((R, H), f32),
             PeakDO: T.Tensor((R, H), i32),
         ):
             with T.Kernel(R, T.ceildiv(H, bh), threads=threads) as (r, hb):
-                heads(r, hb, O, dO, Lse, Sink, Lse2, Sink2, Delta, DSinkRows, PeakDO)
+                heads(r, hb, O, dO, Lse, Sink, Lse2, Delta, DSinkRows, PeakDO)
 
         return delta_max
 
@@ -153,12 +150,11 @@ def delta_program(d_v: int, threads: int = DELTA_THREADS, peak_do: bool = False)
         Lse: T.Tensor((R, H), f32),
         Sink: T.Tensor((H,), f32),
         Lse2: T.Tensor((R, H), f32),
-        Sink2: T.Tensor((H,), f32),
         Delta: T.Tensor((R, H), f32),
         DSinkRows: T.Tensor((R, H), f32),
     ):
         with T.Kernel(R, T.ceildiv(H, bh), threads=threads) as (r, hb):
             # <false> writes no maxima: Delta stands in for the peak pointer it never uses.
-            heads(r, hb, O, dO, Lse, Sink, Lse2, Sink2, Delta, DSinkRows, Delta)
+            heads(r, hb, O, dO, Lse, Sink, Lse2, Delta, DSinkRows, Delta)
 
     return delta
