@@ -579,7 +579,7 @@
             --shapes dsv32,fleet --repeats 8 --trace 2
 
 git history holds the others (corrections_gate.patch, cast_reciprocals.patch and
-drop_sink2.patch became the product's in the forty-ninth session and are at 0af2e2e;
+drop_sink2.patch became the product's in the forty-ninth session and are at c95b959;
 plan_mv_and_lanes_cast.patch, max |kv| of each referenced kv row
 taken in the plan's first stage and the lanes' cast reading the int64 accumulator only where the
 redo ran, became the product's in the forty-seventh session (4a590ee) and is at ea9ed1a; fused_row_blocks.patch, the block counts written by the slot
