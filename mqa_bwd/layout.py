@@ -5,9 +5,10 @@
   term of d_attn_sink from it;
 - ``slot_keys``, ``canonical_order`` and ``place_slots``: the slot layout's steps.
 
-The TileLang launcher runs lse_base2 and the slot layout as kernels (mqa_bwd.kernels.prologue:
-the three slot steps in one where a row fits a CTA, else slot_keys and place_slots around
-torch's sort) with the same results; these are their definitions.
+The TileLang launcher runs these as kernels with the same results: lse_base2 and sink_rows in
+the Delta launch (mqa_bwd.kernels.delta), the slot layout in mqa_bwd.kernels.prologue (the three
+slot steps in one where a row fits a CTA, else slot_keys and place_slots around torch's sort);
+these are their definitions.
 """
 
 import math
