@@ -15,9 +15,9 @@ atomic control), on an idle GPU:
 - enqueue: host wall time of wrapper.run, without synchronising;
 - to main: host time until the first main_bwd launch has been enqueued;
 - GPU: event time of the call (what the bench reports);
-- queued: event time a call of 10 calls enqueued back to back, so that the host runs ahead
-  and the GPU never waits for it (the GPU's own pace; the difference from GPU is what the
-  host's enqueuing costs a call timed alone);
+- queued: event time a call of calls enqueued back to back behind a spin, so that the host
+  runs ahead and the GPU never waits for it (bench.queued_time, the bench's queued column: the
+  GPU's own pace; the difference from GPU is what the host's enqueuing costs a call timed alone);
 - public: event time of the public function's call (validation and the edge included),
   alone, as ``mqa-bwd bench`` times it;
 - the launcher's methods of the last call: when each starts, how long it takes
@@ -163,18 +163,6 @@ def print_front_costs(args, calls: int = 200) -> None:
         print(f"   {name:<36} {total / n * 1e6:7.1f} us on the host")
 
 
-def queued_time(call, calls: int) -> float:
-    """Event ms a call of ``calls`` calls enqueued back to back (one synchronisation at the end)."""
-    torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for _ in range(calls):
-        call()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / calls
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     bench.add_shape_arguments(parser, repeats=None)
@@ -212,9 +200,9 @@ def main():
             gpu.append(start_event.elapsed_time(end_event))
         marks = list(launcher.marks)
         med = lambda xs: sorted(xs)[len(xs) // 2]  # noqa: E731
-        queued = [queued_time(call, 10) for _ in range(5)]
+        queued = [bench.queued_time(call) for _ in range(5)]
         public = bench.backend_call("tilelang" if deterministic else "tilelang-atomic", args)
-        alone = [queued_time(public, 1) for _ in range(10)]
+        alone = [bench.event_time(public) for _ in range(10)]
         print(f"== {label}: enqueue {med(enqueue):.3f} ms, to the first main launch {med(to_main):.3f} ms, "
               f"call (events) {med(gpu):.3f} ms, queued {med(queued):.3f} ms a call, public call {med(alone):.3f} ms")
         print("   the last call's launcher methods (us from the call's start: start, length; then the host time")

@@ -155,7 +155,7 @@ def time_chains(blocks: int, repeats: int) -> None:
         kernel = K.compile_program(chain_program(form, contended))
         launch = lambda: kernel(clocks, sink, blocks)  # noqa: E731
         launch()
-        ms = statistics.median(bench._event_time(launch) for _ in range(repeats))
+        ms = statistics.median(bench.event_time(launch) for _ in range(repeats))
         wg0 = statistics.median(clocks[:, 0].tolist()) / blocks
         wg1 = statistics.median(clocks[:, 1].tolist()) / blocks
         per_chain[form, contended] = wg0

@@ -12,7 +12,13 @@ What is measured, and why it is fair:
   why not and its domain. The default run skips a peer that cannot run here
   and says why.
 * Time is the whole public call (validation, layout, every kernel), as a
-  training step pays it: CUDA events around it, median of the repeats.
+  call alone pays it: CUDA events around it, median of the repeats.
+* Queued time is what a call costs where the host runs ahead of the GPU,
+  as in a training step's queue: QUEUE_DEPTH calls enqueued back to back
+  behind a spin of the stream, their event time over their count
+  (queued_time). It holds the calls' kernels and the gaps between them,
+  and none of the host's time, unless a call's host time exceeds its GPU
+  time or the call synchronises.
 * The SM clock during each backend's timed calls (NVML samples, gpu_clocks):
   a ratio compares kernels only where both ran at one clock.
 * TFLOP/s by docs/SPEC.md's count per query row: 2 * (H*Dv*L + 3*H*Dk*L + H*Dv*L).
@@ -63,6 +69,13 @@ BENCH_BACKENDS = GPU_BACKENDS + tuple(PEERS)
 DEFAULT_BACKENDS = BENCH_BACKENDS
 #: Issue 30's admissibility standard: per output, at most this times the atomic control's error.
 ADMISSIBLE_ERROR_RATIO = 1.1
+#: The queued time (queued_time): calls enqueued back to back in a round, rounds a backend.
+QUEUE_DEPTH = 8
+QUEUE_ROUNDS = 3
+#: GPU cycles a queued round's spin holds the stream before its first call (some 2 ms at
+#: Hopper's clocks): the host enqueues that call's launches while the GPU spins, so that not
+#: even the first call waits for the host.
+QUEUE_HEAD_START_CYCLES = 4_000_000
 #: Device memory one block of the float64 reference may take.
 REFERENCE_BLOCK_BYTES = 1 << 30
 #: How the bench draws each query row's top-k indices (production_inputs' ``indices``):
@@ -92,6 +105,10 @@ class Row:
     repeats: int = 0
     det_over_atomic: float | None = None
     det_over_cudnn: float | None = None
+    #: ms a call with the host ahead of the GPU (queued_time), median of the rounds; its
+    #: deterministic/cuDNN ratio on our deterministic rows. None in runs before it was measured.
+    queued_ms: float | None = None
+    queued_det_over_cudnn: float | None = None
     #: max relative L2 distance of (dq, dkv, d_attn_sink) from the first backend's, None for the first
     rel_l2_vs_first: float | None = None
     #: output name -> relative L2 error against the float64 reference
@@ -291,7 +308,8 @@ def _forward(q, kv, idx, sink, sm_scale, d_v, rows_per_step=128):
     return out, lse
 
 
-def _event_time(fn) -> float:
+def event_time(fn) -> float:
+    """Event ms of one call of ``fn``: from the moment it is called, host time included."""
     import torch
 
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -321,7 +339,7 @@ def timed_wrapper_call(args, launcher) -> tuple:
     """(ms, (dq, dkv, d_attn_sink)) of one whole wrapper call (prepared_wrapper_call)."""
     call = prepared_wrapper_call(args, launcher)
     outputs = []
-    ms = _event_time(lambda: outputs.append(call()))
+    ms = event_time(lambda: outputs.append(call()))
     return ms, outputs[0]
 
 
@@ -387,9 +405,36 @@ def time_interleaved(calls: dict, warmup=3, repeats=10, spans: dict | None = Non
     for _ in range(repeats):
         for name, fn in calls.items():
             start = time.monotonic()
-            times[name].append(_event_time(fn))
+            times[name].append(event_time(fn))
             if spans is not None:
                 spans.setdefault(name, []).append((start, time.monotonic()))
+    return times
+
+
+def queued_time(fn, calls: int = QUEUE_DEPTH) -> float:
+    """Event ms a call of ``calls`` calls of ``fn`` enqueued back to back behind a spin of the
+    stream (QUEUE_HEAD_START_CYCLES), so that the GPU never waits for the host: the calls' GPU
+    kernels and the gaps between them."""
+    import torch
+
+    torch.cuda.synchronize()
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    torch.cuda._sleep(QUEUE_HEAD_START_CYCLES)
+    start.record()
+    for _ in range(calls):
+        fn()
+    end.record()
+    end.synchronize()
+    return start.elapsed_time(end) / calls
+
+
+def time_queued(calls: dict, rounds: int = QUEUE_ROUNDS) -> dict:
+    """name -> list of queued_time ms, one a round, the rounds interleaved over ``calls`` (which
+    time_interleaved has warmed up)."""
+    times = {name: [] for name in calls}
+    for _ in range(rounds):
+        for name, fn in calls.items():
+            times[name].append(queued_time(fn))
     return times
 
 
@@ -707,6 +752,7 @@ def measure(shape: dict, backends=GPU_BACKENDS, d_k=576, d_v=512, warmup=3, repe
     with gpu_clocks.Sampler() as sampler:
         times = time_interleaved(calls, warmup, repeats, spans)
     clocks = {backend: sampler.summary(spans[backend]) for backend in backends}
+    queued = time_queued(calls)
     # One more call each: its scratch, the outputs that are judged, and (ours) whether it redid
     # its lanes in int64.
     scratch, outputs, redone = {}, {}, {}
@@ -728,7 +774,7 @@ def measure(shape: dict, backends=GPU_BACKENDS, d_k=576, d_v=512, warmup=3, repe
                         rel_l2_vs_first=quality[backend].rel_l2_vs_first, error=quality[backend].error,
                         min_budget_gib=min_budget_gib(shape, d_k, d_v, backend, call_kw.get("block_h")),
                         lanes_redone=redone[backend], indices=indices, index_overlap=overlap,
-                        kernels=kernels[backend],
+                        kernels=kernels[backend], queued_ms=statistics.median(queued[backend]),
                         clocks=None if clocks[backend] is None else clocks[backend].as_dict(),
                         clocks_unavailable=sampler.unavailable))
     del quality
@@ -763,16 +809,19 @@ def is_ours_deterministic(backend: str) -> bool:
 
 
 def with_ratios(rows) -> list:
-    """Fill det_over_atomic and det_over_cudnn on each deterministic row of ours that has an
-    atomic-control (or cuDNN) row of the same shape."""
+    """Fill det_over_atomic and det_over_cudnn (and queued_det_over_cudnn, where both rows hold
+    a queued time) on each deterministic row of ours that has an atomic-control (or cuDNN) row
+    of the same shape."""
     atomic = {r.shape: r.ms for r in rows if is_atomic_control(r.backend)}
-    peer = {r.shape: r.ms for r in rows if r.backend == CUDNN}
+    peer = {r.shape: r for r in rows if r.backend == CUDNN}
     for r in rows:
         if is_ours_deterministic(r.backend):
             if r.shape in atomic:
                 r.det_over_atomic = r.ms / atomic[r.shape]
             if r.shape in peer:
-                r.det_over_cudnn = r.ms / peer[r.shape]
+                r.det_over_cudnn = r.ms / peer[r.shape].ms
+                if r.queued_ms is not None and peer[r.shape].queued_ms is not None:
+                    r.queued_det_over_cudnn = r.queued_ms / peer[r.shape].queued_ms
     return rows
 
 
@@ -855,6 +904,8 @@ COLUMNS = [
     Column("min budget", 10, lambda r: _optional(r.min_budget_gib, ".3f")),
     Column("det/atomic", 10, lambda r: _optional(r.det_over_atomic, ".2f")),
     Column("det/cuDNN", 9, lambda r: _optional(r.det_over_cudnn, ".2f")),
+    Column("queued ms", 9, lambda r: _optional(r.queued_ms, ".3f")),
+    Column("queued det/cuDNN", 16, lambda r: _optional(r.queued_det_over_cudnn, ".2f")),
     Column("rel L2", 8, _agreement),
     Column("err dq", 8, _error("dq")),
     Column("err dkv", 8, _error("dkv")),

@@ -163,7 +163,9 @@ Times the deterministic backward ('tilelang') against the atomic variant
 ('tilelang-atomic') and cuDNN-frontend's DSA backward ('cudnn', when the
 'cudnn' extra is installed) on one GPU: median ms of CUDA-event-timed repeats
 (interleaved, after warm-up), TFLOP/s by docs/SPEC.md's count, peak scratch GiB,
-the ratios det/atomic and det/cuDNN, the relative L2 distance of each backend's
+the ratios det/atomic and det/cuDNN, the queued ms (a call's cost where the host
+runs ahead of the GPU, as in a training step: calls enqueued back to back behind
+a spin of the stream) with its det/cuDNN, the relative L2 distance of each backend's
 outputs from the first's (a fast variant that skips work shows as DISAGREE),
 and per output (dq, dkv, d_attn_sink) the relative L2 error against a float64
 reference, with the largest ratio to the atomic control's error (OVER: above

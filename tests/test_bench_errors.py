@@ -218,6 +218,13 @@ def test_ratios_against_the_control_and_cudnn_go_to_our_deterministic_rows_only(
     make = lambda backend, ms: bench.Row(1, 64, 128, 16, 32, 576, 512, backend, ms, 1.0, 0.5)
     rows = bench.with_ratios([make("tilelang", 6.0), make("tilelang-atomic", 4.0), make("cudnn", 3.0)])
     assert [(r.det_over_atomic, r.det_over_cudnn) for r in rows] == [(1.5, 2.0), (None, None), (None, None)]
+    # The queued ratio needs both rows' queued times (a run before the column had none).
+    assert rows[0].queued_det_over_cudnn is None
+    make = lambda backend, ms, queued: bench.Row(1, 64, 128, 16, 32, 576, 512, backend, ms, 1.0, 0.5, queued_ms=queued)
+    rows = bench.with_ratios([make("tilelang", 6.0, 5.0), make("tilelang-atomic", 4.0, 3.0), make("cudnn", 3.0, 4.0)])
+    assert [r.queued_det_over_cudnn for r in rows] == [1.25, None, None]
+    shown = bench.table(rows).splitlines()[1]
+    assert "5.000" in shown and "1.25" in shown
 
 
 def test_a_new_column_is_one_entry():
@@ -302,5 +309,6 @@ def test_one_small_measurement_with_every_backend_here():
     assert [r.backend for r in rows] == chosen
     for r in rows:
         assert set(r.error) == set(OUTPUT_NAMES) and all(0 < e < 2e-2 for e in r.error.values()), r
+        assert 0 < r.queued_ms < math.inf, r
     assert rows[0].det_over_atomic is not None and rows[0].error_over_atomic is not None
-    assert ("cudnn" in chosen) == (rows[0].det_over_cudnn is not None)
+    assert ("cudnn" in chosen) == (rows[0].det_over_cudnn is not None) == (rows[0].queued_det_over_cudnn is not None)

@@ -577,6 +577,44 @@ def test_interleaved_report_sets_each_median_against_the_controls(monkeypatch):
     assert lines[1].endswith("median   2.000 ms  min   1.000  /atomic 1.000"), lines
 
 
+def test_queued_time_spins_the_stream_before_its_start_event(monkeypatch):
+    # The host must be ahead of the GPU from the first call on: the spin goes on the stream
+    # before the start event, every call between the two events, one wait at the end.
+    import torch
+
+    steps = []
+
+    class Event:
+        def __init__(self, enable_timing):
+            assert enable_timing
+            self.name = "start" if not any(s.startswith("event") for s in steps) else "end"
+            steps.append("event")
+
+        def record(self):
+            steps.append(f"record {self.name}")
+
+        def synchronize(self):
+            steps.append(f"wait {self.name}")
+
+        def elapsed_time(self, other):
+            return 12.0
+
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda: steps.append("synchronize"))
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: steps.append(f"spin {cycles}"))
+    assert bench.queued_time(lambda: steps.append("call"), calls=3) == 4.0
+    assert steps == ["synchronize", "event", "event", f"spin {bench.QUEUE_HEAD_START_CYCLES}", "record start",
+                     "call", "call", "call", "record end", "wait end"]
+
+
+def test_queued_rounds_interleave_the_backends(monkeypatch):
+    order = []
+    monkeypatch.setattr(bench, "queued_time", lambda fn: (fn(), float(len(order)))[-1])
+    calls = {"det": lambda: order.append("det"), "cudnn": lambda: order.append("cudnn")}
+    assert bench.time_queued(calls, rounds=2) == {"det": [1.0, 3.0], "cudnn": [2.0, 4.0]}
+    assert order == ["det", "cudnn", "det", "cudnn"]
+
+
 def test_kernel_trace_sums_kernels_per_call():
     # Device microseconds of two calls: per-call ms, launches per call, most
     # time first; names past the cut are summed as one kernel.

@@ -97,7 +97,7 @@ def test_interleaved_timing_records_each_calls_span(monkeypatch):
     order = []
     # A timed call's "time" is its place among all calls (warm-ups included), so each time
     # says which call it came from.
-    monkeypatch.setattr(bench, "_event_time", lambda fn: (fn(), time.sleep(0.002), float(len(order)))[-1])
+    monkeypatch.setattr(bench, "event_time", lambda fn: (fn(), time.sleep(0.002), float(len(order)))[-1])
     calls = {"det": lambda: order.append("det"), "atomic": lambda: order.append("atomic")}
     spans = {}
     times = bench.time_interleaved(calls, warmup=1, repeats=3, spans=spans)
