@@ -548,6 +548,26 @@
         python benchmarks/package_ab.py --against .ab/wg1_loaded_count/mqa_bwd \
             --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 --repeats 8 --trace 2
 
+  carved_scratch.patch      the buffers a step of the wrapper takes together (zeros_together's
+                            eleven, the row terms' four, the plan's three) as views of one
+                            allocation at 256-byte offsets, zeroed by one fill, where no injected
+                            allocator asks for each its own (guard bands keep the per-buffer path
+                            and its multi-tensor fill); Launcher.empty_together is new. Host code
+                            only: the kernels and their bits are the product's. The fiftieth
+                            session's host_overhead run put twelve launcher.empty calls (7-24 us
+                            each) and zeros_together (137 us) on an H100 host's path to the main
+                            launch, with the GPU waiting 0.25 ms a det call alone at dsv32 H=64;
+                            expected some 0.1 ms off a call alone, nothing queued. `make test`
+                            passes with it (1113 passed, 310 skipped); not run on a GPU (the
+                            device time was spent). The same bits are package_ab's check:
+
+        bash scripts/ab-packages.sh rev:HEAD
+        git apply experiments/carved_scratch.patch
+        python benchmarks/package_ab.py --against .ab/HEAD/mqa_bwd \
+            --shape B=1,S=4096,S_kv=8192,H=64,L=2048 --shape B=1,S=8192,S_kv=8192,H=64,L=640 \
+            --shape B=1,S=4096,S_kv=8192,H=128,L=2048 --repeats 20
+        python -m pytest -m gpu tests/   # then, if it is faster
+
   dq_in_last_block.patch    a row's dQ stored in its last block, once the dQ GEMMs are done and
   dq_last_block_wg0.patch   before that block's adds, where the product stores it at the row's
   dq_last_block_wg1.patch   change behind those adds (forty-fourth session; the block timeline of the
