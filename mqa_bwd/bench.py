@@ -418,14 +418,8 @@ def queued_time(fn, calls: int = QUEUE_DEPTH) -> float:
     import torch
 
     torch.cuda.synchronize()
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     torch.cuda._sleep(QUEUE_HEAD_START_CYCLES)
-    start.record()
-    for _ in range(calls):
-        fn()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / calls
+    return event_time(lambda: [fn() for _ in range(calls)]) / calls
 
 
 def time_queued(calls: dict, rounds: int = QUEUE_ROUNDS) -> dict:

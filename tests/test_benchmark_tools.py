@@ -603,7 +603,7 @@ def test_queued_time_spins_the_stream_before_its_start_event(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: steps.append(f"spin {cycles}"))
     assert bench.queued_time(lambda: steps.append("call"), calls=3) == 4.0
-    assert steps == ["synchronize", "event", "event", f"spin {bench.QUEUE_HEAD_START_CYCLES}", "record start",
+    assert steps == ["synchronize", f"spin {bench.QUEUE_HEAD_START_CYCLES}", "event", "event", "record start",
                      "call", "call", "call", "record end", "wait end"]
 
 
