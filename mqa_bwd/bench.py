@@ -239,14 +239,24 @@ def production_inputs(B, S, S_kv, H, L, d_k=576, d_v=512, seed=0, device="cuda",
     sink = torch.randn((H,), device=device, generator=g)
     if temperature != 1:  # after every draw, so that the other inputs stay the same
         q = (q.float() * temperature).bfloat16()
-    visible = (torch.arange(S, device=device) + (S_kv - S) + 1).clamp(min=1)  # kv rows 0 .. visible - 1
-    if indices == "uniform":
-        idx = (torch.rand((B, S, L), device=device, generator=g) * visible.view(1, S, 1)).to(torch.int32)
-    else:
-        idx = indexer_top_k(B, S, S_kv, L, visible, g)
+    idx = draw_indices(B, S, S_kv, L, indices, g)
     sm_scale = d_k**-0.5
     out, lse = _forward(q, kv, idx, sink, sm_scale, d_v)
     return (q, kv, out, grad_out, lse, sink, idx, sm_scale)
+
+
+def draw_indices(B, S, S_kv, L, indices, generator):
+    """[B, S, L] int32 causal top-k indices of the pattern ``indices`` (INDEX_PATTERNS) on the
+    generator's device: query row s sees kv rows 0 .. s + S_kv - S (at least row 0)."""
+    import torch
+
+    if indices not in INDEX_PATTERNS:
+        raise ValueError(f"indices: {indices!r} is none of {', '.join(INDEX_PATTERNS)}")
+    device = generator.device
+    visible = (torch.arange(S, device=device) + (S_kv - S) + 1).clamp(min=1)  # kv rows 0 .. visible - 1
+    if indices == "uniform":
+        return (torch.rand((B, S, L), device=device, generator=generator) * visible.view(1, S, 1)).to(torch.int32)
+    return indexer_top_k(B, S, S_kv, L, visible, generator)
 
 
 def indexer_top_k(B, S, S_kv, L, visible, generator, rows_per_step=256):

@@ -154,12 +154,20 @@ def test_indexer_indices_are_the_best_visible_rows_each_once(S, S_kv, L):
         assert int(valid.max()) < visible and len(set(valid.tolist())) == len(valid), f"row {s}"
 
 
+def test_uniform_indices_are_visible_rows_drawn_with_repeats():
+    S, S_kv, L = 16, 20, 64
+    idx = bench.draw_indices(2, S, S_kv, L, "uniform", torch.Generator().manual_seed(4))
+    assert idx.shape == (2, S, L) and idx.dtype == torch.int32
+    assert bool((idx >= 0).all()) and bool((idx < _visible(S, S_kv).view(1, S, 1)).all())
+    assert len(set(idx[0, 0].tolist())) < L  # 64 draws over 5 visible rows
+    with pytest.raises(ValueError, match="indices: 'zipf' is none of uniform, indexer"):
+        bench.draw_indices(1, S, S_kv, L, "zipf", torch.Generator())
+
+
 def test_indexer_rows_share_their_kv_rows_where_uniform_ones_do_not():
-    g = torch.Generator().manual_seed(0)
     S, S_kv, L = 64, 2048, 256
-    visible = _visible(S, S_kv)
-    uniform = (torch.rand((1, S, L), generator=g) * visible.view(1, S, 1)).to(torch.int32)
-    indexer = bench.indexer_top_k(1, S, S_kv, L, visible, g)
+    uniform = bench.draw_indices(1, S, S_kv, L, "uniform", torch.Generator().manual_seed(0))
+    indexer = bench.draw_indices(1, S, S_kv, L, "indexer", torch.Generator().manual_seed(0))
     # Uniform draws share about L / visible of their slots with the previous row (1/8 here).
     assert bench.index_overlap(uniform) < 0.2 < 0.5 < bench.index_overlap(indexer)
 

@@ -1157,3 +1157,39 @@ def test_sass_diff_finds_the_block_loops():
     assert tool.block_loops(kernels.sass_in_line(listing)) == [(0x100, 0x150, 5)]
     no_gemm = listing.replace("HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24", "FFMA R1, R2, R3, R4")
     assert tool.block_loops(kernels.sass_in_line(no_gemm)) == []
+
+
+def test_merged_share_counts_each_groups_distinct_kv_rows_once():
+    import torch
+
+    tool = _tool("merge_share")
+    rows = torch.tensor([[[0, 1, 2, 3], [3, 2, 9, -1], [9, 8, 7, 6]], [[5, 6, 7, 8], [5, 6, 7, 8], [-1, -1, -1, 0]]])
+    # 20 valid slots. g = 2: {0, 1, 2, 3, 9}, {9, 8, 7, 6} (row 2 alone: groups stay inside a batch
+    # element), {5, 6, 7, 8}, {0}; g = 3: eight kv rows, then five.
+    assert tool.merged_share(rows, 1) == 1.0
+    assert tool.merged_share(rows, 2) == pytest.approx((5 + 4 + 4 + 1) / 20)
+    assert tool.merged_share(rows, 3) == pytest.approx((8 + 5) / 20)
+    assert tool.merged_share(torch.tensor([[[4, 4, -1]]]), 1) == 0.5  # one row's repeats merge too
+    assert tool.merged_share(torch.full((1, 2, 3), -1), 2) == 0.0
+    with pytest.raises(ValueError, match="rows_a_group"):
+        tool.merged_share(rows, 0)
+
+
+def test_merge_share_reads_a_captured_calls_indices(tmp_path, capsys):
+    import torch
+
+    from mqa_bwd import capture
+
+    tool = _tool("merge_share")
+    q, kv, out, grad_out, lse, sink, idx, sm_scale = bench.production_inputs(1, 8, 16, 2, 6, d_k=16, d_v=8,
+                                                                             device="cpu")
+    path = capture.save(tmp_path / "step.safetensors", query=q, kv=kv, out=out, grad_out=grad_out, lse=lse,
+                        attn_sink=sink, token_indices=idx, sm_scale=sm_scale)
+    assert tool.main(["--capture", str(path), "--groups", "1,8"]) == 0
+    row = capsys.readouterr().out.splitlines()[-1]
+    # By sets, as the tool's sort does not: each row's distinct kv rows, then all eight rows'.
+    per_row = sum(len(set(r.tolist())) for r in idx[0])
+    whole = len(set(idx[0].flatten().tolist()))
+    valid = idx.numel()
+    want = [f"{bench.index_overlap(idx):.3f}", f"{per_row / valid:.3f}", f"{whole / valid:.3f}"]
+    assert [c.strip() for c in row.strip("|").split("|")] == [str(path)] + want
