@@ -32,7 +32,7 @@ def merged_share(idx, rows_a_group: int) -> float:
     if valid == 0:
         return 0.0
     groups = -(-S // rows_a_group)
-    padded = torch.full((B, groups * rows_a_group, L), -1, dtype=torch.int64)
+    padded = torch.full((B, groups * rows_a_group, L), -1, dtype=torch.int64, device=idx.device)
     padded[:, :S] = idx.to(torch.int64)
     ordered = padded.view(B, groups, rows_a_group * L).sort(dim=-1).values
     first = torch.ones_like(ordered, dtype=torch.bool)
