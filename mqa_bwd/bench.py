@@ -223,6 +223,12 @@ def plan(named=(), given=(), sweep=None) -> list:
     return unique
 
 
+def check_index_pattern(indices) -> None:
+    """ValueError unless ``indices`` names one of INDEX_PATTERNS."""
+    if indices not in INDEX_PATTERNS:
+        raise ValueError(f"indices: {indices!r} is none of {', '.join(INDEX_PATTERNS)}")
+
+
 def production_inputs(B, S, S_kv, H, L, d_k=576, d_v=512, seed=0, device="cuda", indices="uniform", temperature=1.0):
     """Random q, kv, grad_out, sink and causal top-k indices (``indices``: one of INDEX_PATTERNS),
     built on the device, with out and lse from the forward (so that every head's softmax mass is
@@ -230,8 +236,7 @@ def production_inputs(B, S, S_kv, H, L, d_k=576, d_v=512, seed=0, device="cuda",
     bf16) before the forward: above 1 it concentrates P, as trained attention's is."""
     import torch
 
-    if indices not in INDEX_PATTERNS:
-        raise ValueError(f"indices: {indices!r} is none of {', '.join(INDEX_PATTERNS)}")
+    check_index_pattern(indices)  # before the first allocation, not at the draw
     g = torch.Generator(device=device).manual_seed(seed)
     q = torch.randn((B, S, H, d_k), device=device, generator=g).bfloat16()
     kv = torch.randn((B, S_kv, d_k), device=device, generator=g).bfloat16()
@@ -250,8 +255,7 @@ def draw_indices(B, S, S_kv, L, indices, generator):
     generator's device: query row s sees kv rows 0 .. s + S_kv - S (at least row 0)."""
     import torch
 
-    if indices not in INDEX_PATTERNS:
-        raise ValueError(f"indices: {indices!r} is none of {', '.join(INDEX_PATTERNS)}")
+    check_index_pattern(indices)
     device = generator.device
     visible = (torch.arange(S, device=device) + (S_kv - S) + 1).clamp(min=1)  # kv rows 0 .. visible - 1
     if indices == "uniform":
