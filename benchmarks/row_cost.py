@@ -38,6 +38,8 @@ def fit_row_cost(rows, times) -> tuple:
 
 
 def main():
+    from mqa_bwd import bench
+
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--slots", type=int, default=4096 * 2048, help="(row, slot) pairs of every call")
     parser.add_argument("--L", default="512,1024,2048", help="top-k values; S = slots / L")
@@ -45,15 +47,13 @@ def main():
                         help="kv rows of every call (default: the least that gives every row L visible kv rows)")
     parser.add_argument("--H", type=int, default=64)
     parser.add_argument("--backends", default="tilelang,tilelang-atomic")
-    parser.add_argument("--indices", default="uniform", choices=("uniform", "indexer"))
+    parser.add_argument("--indices", default="uniform", choices=bench.INDEX_PATTERNS)
     parser.add_argument("--repeats", type=int, default=6)
     a = parser.parse_args()
 
     import statistics
 
     import torch
-
-    from mqa_bwd import bench
 
     tops = [int(x) for x in a.L.split(",")]
     least_kv = max(a.slots // L + L - 1 for L in tops)

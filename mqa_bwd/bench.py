@@ -80,9 +80,13 @@ QUEUE_HEAD_START_CYCLES = 4_000_000
 REFERENCE_BLOCK_BYTES = 1 << 30
 #: How the bench draws each query row's top-k indices (production_inputs' ``indices``):
 #: "uniform", L independent uniform draws over the row's visible kv rows, the worst case for
-#: kv rows shared by neighbouring query rows; "indexer", the L best of one score per kv row
-#: plus per-row noise, as DSA's indexer picks them: distinct, and neighbouring rows' sets overlap.
-INDEX_PATTERNS = ("uniform", "indexer")
+#: kv rows shared by neighbouring query rows (a row may name a kv row twice); "distinct", L
+#: different visible kv rows drawn uniformly: neighbouring rows share what chance gives, as with
+#: uniform, and no row names a kv row twice, as with a real indexer; "indexer", the L best of one
+#: score per kv row plus per-row noise, as DSA's indexer picks them: distinct, and neighbouring
+#: rows' sets overlap. Distinct between the two others tells which of their differences a
+#: kernel's time follows.
+INDEX_PATTERNS = ("uniform", "distinct", "indexer")
 #: The "indexer" pattern's per-row noise, in units of the shared score's spread.
 INDEXER_NOISE = 0.5
 
@@ -260,13 +264,14 @@ def draw_indices(B, S, S_kv, L, indices, generator):
     visible = (torch.arange(S, device=device) + (S_kv - S) + 1).clamp(min=1)  # kv rows 0 .. visible - 1
     if indices == "uniform":
         return (torch.rand((B, S, L), device=device, generator=generator) * visible.view(1, S, 1)).to(torch.int32)
-    return indexer_top_k(B, S, S_kv, L, visible, generator)
+    return best_visible(B, S, S_kv, L, visible, generator, shared_score=indices == "indexer")
 
 
-def indexer_top_k(B, S, S_kv, L, visible, generator, rows_per_step=256):
-    """[B, S, L] int32: each query row's L best visible kv rows by score[b, j] + noise[b, s, j]
-    (INDEXER_NOISE), best first, -1 in the slots past a row's visible count. One score per kv
-    row is what makes neighbouring rows pick the same rows, as a real indexer's do."""
+def best_visible(B, S, S_kv, L, visible, generator, shared_score: bool, rows_per_step=256):
+    """[B, S, L] int32: each query row's L best visible kv rows, best first, -1 in the slots past
+    a row's visible count. The score is noise[b, s, j] alone (L distinct rows drawn uniformly), or
+    with ``shared_score`` score[b, j] + INDEXER_NOISE noise[b, s, j]: one score per kv row is what
+    makes neighbouring rows pick the same rows, as a real indexer's do."""
     import torch
 
     device = visible.device
@@ -274,11 +279,12 @@ def indexer_top_k(B, S, S_kv, L, visible, generator, rows_per_step=256):
     k = min(L, S_kv)
     columns = torch.arange(S_kv, device=device)
     for b in range(B):
-        shared = torch.randn((S_kv,), device=device, generator=generator)
+        shared = torch.randn((S_kv,), device=device, generator=generator) if shared_score else None
         for s0 in range(0, S, rows_per_step):
             rows = slice(s0, min(S, s0 + rows_per_step))
             noise = torch.randn((rows.stop - s0, S_kv), device=device, generator=generator)
-            score = (shared + INDEXER_NOISE * noise).masked_fill(columns >= visible[rows].view(-1, 1), -math.inf)
+            score = noise if shared is None else shared + INDEXER_NOISE * noise
+            score = score.masked_fill(columns >= visible[rows].view(-1, 1), -math.inf)
             best, where = torch.topk(score, k, dim=1)
             idx[b, rows, :k] = torch.where(best == -math.inf, -1, where).to(torch.int32)
     return idx

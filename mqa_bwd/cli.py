@@ -182,13 +182,16 @@ shapes:
 indices (--indices, each shape with each; the table shows the pattern and the
 share of a row's slots that the previous query row also names):
   uniform   L independent uniform draws over the row's visible kv rows (default):
-            neighbouring rows share almost nothing, the worst case for reuse
+            neighbouring rows share almost nothing, the worst case for reuse; a
+            row may name a kv row twice
+  distinct  L different visible kv rows drawn uniformly: as uniform, but no row
+            names a kv row twice (as with a real indexer)
   indexer   the L best of one score per kv row plus per-row noise, as DSA's
             indexer picks them: distinct, neighbouring rows share most
 
 examples:
   mqa-bwd bench --shapes dsv32,fleet --json bench.json
-  mqa-bwd bench --shapes dsv32 --indices uniform,indexer
+  mqa-bwd bench --shapes dsv32 --indices uniform,distinct,indexer
   mqa-bwd bench --shapes fleet --sweep H=8,16,32,64,128 --plot time-vs-h.png
   mqa-bwd bench --shapes fleet --trace 3          each backend's GPU kernels too
   mqa-bwd bench --from-json bench.json --plot time-vs-h.png     no GPU needed
@@ -361,7 +364,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "skipped with its reason when not installed); the first is the reference for the "
                        "agreement column")
     bench.add_argument("--indices", type=parse_index_patterns, default=("uniform",), metavar="P[,P]",
-                       help="top-k index patterns, each shape measured with each: uniform (default), indexer")
+                       help="top-k index patterns, each shape measured with each: uniform (default), distinct, "
+                       "indexer")
     bench.add_argument("--warmup", type=positive_int, default=3, help="untimed calls per backend (default 3)")
     bench.add_argument("--repeats", type=positive_int, default=10, help="timed calls per backend (default 10)")
     bench.add_argument("--trace", type=positive_int, metavar="CALLS",

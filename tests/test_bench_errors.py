@@ -143,8 +143,9 @@ def _visible(S, S_kv):
 
 
 @pytest.mark.parametrize("S, S_kv, L", [(40, 40, 16), (24, 64, 80), (1, 8, 3)])
-def test_indexer_indices_are_the_best_visible_rows_each_once(S, S_kv, L):
-    idx = bench.production_inputs(1, S, S_kv, 2, L, d_k=16, d_v=8, seed=5, device="cpu", indices="indexer")[6]
+@pytest.mark.parametrize("pattern", ["indexer", "distinct"])
+def test_indexer_and_distinct_indices_name_visible_rows_each_once(S, S_kv, L, pattern):
+    idx = bench.production_inputs(1, S, S_kv, 2, L, d_k=16, d_v=8, seed=5, device="cpu", indices=pattern)[6]
     assert idx.shape == (1, S, L) and idx.dtype == torch.int32
     for s, visible in enumerate(_visible(S, S_kv).tolist()):
         row = idx[0, s]
@@ -160,16 +161,19 @@ def test_uniform_indices_are_visible_rows_drawn_with_repeats():
     assert idx.shape == (2, S, L) and idx.dtype == torch.int32
     assert bool((idx >= 0).all()) and bool((idx < _visible(S, S_kv).view(1, S, 1)).all())
     assert len(set(idx[0, 0].tolist())) < L  # 64 draws over 5 visible rows
-    with pytest.raises(ValueError, match="indices: 'zipf' is none of uniform, indexer"):
+    with pytest.raises(ValueError, match="indices: 'zipf' is none of uniform, distinct, indexer"):
         bench.draw_indices(1, S, S_kv, L, "zipf", torch.Generator())
 
 
-def test_indexer_rows_share_their_kv_rows_where_uniform_ones_do_not():
+def test_indexer_rows_share_their_kv_rows_where_uniform_and_distinct_ones_do_not():
     S, S_kv, L = 64, 2048, 256
-    uniform = bench.draw_indices(1, S, S_kv, L, "uniform", torch.Generator().manual_seed(0))
-    indexer = bench.draw_indices(1, S, S_kv, L, "indexer", torch.Generator().manual_seed(0))
-    # Uniform draws share about L / visible of their slots with the previous row (1/8 here).
-    assert bench.index_overlap(uniform) < 0.2 < 0.5 < bench.index_overlap(indexer)
+    uniform, distinct, indexer = (bench.draw_indices(1, S, S_kv, L, pattern, torch.Generator().manual_seed(0))
+                                  for pattern in ("uniform", "distinct", "indexer"))
+    # Uniform and distinct draws share about L / visible of their slots with the previous row
+    # (1/8 here), and a uniform row names some kv rows twice where a distinct one never does.
+    assert max(bench.index_overlap(uniform), bench.index_overlap(distinct)) < 0.2 < 0.5 < bench.index_overlap(indexer)
+    assert min(len(set(row.tolist())) for row in uniform[0]) < L
+    assert all(len(set(row.tolist())) == L for row in distinct[0])
 
 
 def test_index_overlap_counts_the_previous_rows_kv_rows():
@@ -185,7 +189,7 @@ def test_the_forward_of_the_indexer_pattern_leaves_its_invalid_slots_out():
     assert int((idx[0, 0] < 0).sum()) == 3  # row 0 sees one kv row
     logits = (q[0, 0].float() @ kv[0, 0].float()) * args[7]  # [H]: its one valid slot
     torch.testing.assert_close(lse[0, 0], logits)
-    with pytest.raises(ValueError, match="indices: 'zipf' is none of uniform, indexer"):
+    with pytest.raises(ValueError, match="indices: 'zipf' is none of uniform, distinct, indexer"):
         bench.production_inputs(1, 6, 6, 2, 4, device="cpu", indices="zipf")
 
 

@@ -205,7 +205,7 @@ def _real_suite_missing() -> str | None:
     (["repro"], ["--runs", "capture", "--against", "bitwise", "first run and element", "oracle"]),
     (["fuzz"], ["CUDA_VISIBLE_DEVICES", "--minutes", "crash-*.safetensors", "mqa-bwd repro FILE"]),
     (["bench"], ["dsv32", "fleet", "--shape", "--sweep", "--plot", "det/atomic", "CUDA-event", "--indices",
-                 "indexer"]),
+                 "indexer", "distinct"]),
 ])
 def test_help_teaches_each_command(capsys, argv, phrases):
     with pytest.raises(SystemExit) as done:
