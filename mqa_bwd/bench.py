@@ -968,13 +968,32 @@ def table(rows, columns=None) -> str:
 
 
 def traces(rows, top: int = 12) -> str:
-    """The GPU kernels of every row that holds a trace (measure's ``trace``), a block a row."""
+    """The GPU kernels of every row that holds a trace (measure's ``trace``), a block a row, then
+    the main kernels side by side (main_kernel_lines)."""
     blocks = []
     for r in rows:
         if r.kernels:
             shape = describe(dict(B=r.B, S=r.S, S_kv=r.S_kv, H=r.H, L=r.L))
             blocks.append("\n".join(trace_lines(f"{shape} {r.indices}, {r.backend}", r.kernels, top)))
-    return "\n".join(blocks)
+    return "\n".join(blocks + main_kernel_lines(rows))
+
+
+def main_kernel_lines(rows) -> list:
+    """A line a traced shape and index pattern: each backend's main kernel, its longest GPU kernel
+    a call (ours: main_bwd's launches together), and det/cuDNN and det/atomic of those. The
+    kernels are where the backends differ most, without the host's front or the short launches."""
+    mains = {}
+    for r in rows:
+        if r.kernels:
+            key = (describe(dict(B=r.B, S=r.S, S_kv=r.S_kv, H=r.H, L=r.L)), r.indices)
+            mains.setdefault(key, {})[r.backend] = max(ms for _, ms, _ in r.kernels)
+    lines = []
+    for (shape, indices), ms in mains.items():
+        line = f"main kernels, {shape} {indices}: " + ", ".join(f"{b} {t:.3f} ms" for b, t in ms.items())
+        ratios = [f"{label} {ms['tilelang'] / ms[other]:.3f}" for other, label in
+                  (("cudnn", "det/cuDNN"), ("tilelang-atomic", "det/atomic")) if "tilelang" in ms and other in ms]
+        lines.append(line + ("; " + ", ".join(ratios) if ratios else ""))
+    return lines
 
 
 def environment() -> dict:

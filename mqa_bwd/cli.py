@@ -170,7 +170,8 @@ outputs from the first's (a fast variant that skips work shows as DISAGREE),
 and per output (dq, dkv, d_attn_sink) the relative L2 error against a float64
 reference, with the largest ratio to the atomic control's error (OVER: above
 1.1, issue 30's admissibility standard). Prints a table; --json writes the
-rows, --plot a PNG of time against H or L, --trace each backend's GPU kernels.
+rows, --plot a PNG of time against H or L, --trace each backend's GPU kernels and
+its main kernel (the longest) beside the others'.
 
 shapes:
   dsv32   B=1 S=4096 S_kv=8192 L=2048, H=64 and H=128  (default)
@@ -370,7 +371,8 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_argument("--repeats", type=positive_int, default=10, help="timed calls per backend (default 10)")
     bench.add_argument("--trace", type=positive_int, metavar="CALLS",
                        help="also profile CALLS more calls of each backend and print its GPU kernels "
-                            "(torch profiler, each kernel's median over the calls): where each backend's time goes")
+                            "(torch profiler, each kernel's median over the calls): where each backend's time goes, "
+                            "then each backend's main kernel (its longest) side by side")
     bench.add_argument("--block-h", type=int, choices=(16, 32), help="head-group width")
     bench.add_argument("--dkv-buf-bytes", type=positive_int, metavar="BYTES", help="scratch budget")
     bench.add_argument("--json", type=Path, metavar="PATH", help="write the rows as JSON here")

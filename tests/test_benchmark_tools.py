@@ -633,6 +633,21 @@ def test_kernel_trace_sums_kernels_per_call():
     assert shown.startswith("== B=1,S=64,S_kv=128,H=16,L=32 uniform, tilelang: 25.450 ms") and shown.count("==") == 1
 
 
+def test_main_kernels_line_up_each_backends_longest_kernel_by_shape_and_pattern():
+    make = lambda backend, indices, kernels: bench.Row(1, 64, 128, 16, 32, 576, 512, backend, 9.0, 1.0, 0.5,
+                                                       indices=indices, kernels=kernels)
+    rows = [make("tilelang", "uniform", [["main_bwd_kernel", 7.2, 3], ["delta_max_kernel", 0.2, 1]]),
+            make("tilelang-atomic", "uniform", [["delta_kernel", 0.2, 1], ["main_bwd_kernel", 8.0, 1]]),
+            make("cudnn", "uniform", [["dsa_bwd_sm90F", 6.0, 1], ["dsa_bwd_sm90_", 0.4, 2]]),
+            make("tilelang", "indexer", [["main_bwd_kernel", 7.0, 3]]),
+            make("cudnn", "indexer", None)]
+    assert bench.main_kernel_lines(rows) == [
+        "main kernels, B=1,S=64,S_kv=128,H=16,L=32 uniform: tilelang 7.200 ms, tilelang-atomic 8.000 ms, "
+        "cudnn 6.000 ms; det/cuDNN 1.200, det/atomic 0.900",
+        "main kernels, B=1,S=64,S_kv=128,H=16,L=32 indexer: tilelang 7.000 ms"]
+    assert bench.traces(rows).endswith(bench.main_kernel_lines(rows)[-1])
+
+
 def test_kernel_trace_takes_each_kernels_median_over_calls():
     # One slow call (the second's main kernel) must not move the trace: each kernel's median
     # over the calls, 0 where a call did not launch it (the third call's redo).
