@@ -140,6 +140,11 @@ class Row:
         """What rows are compared within (ratios, errors): the shape and the index pattern."""
         return (self.B, self.S, self.S_kv, self.H, self.L, self.d_k, self.d_v, self.indices)
 
+    @property
+    def label(self) -> str:
+        """The row's shape as the bench's notes name it: 'B=1,S=4096,...' (describe)."""
+        return describe(dict(B=self.B, S=self.S, S_kv=self.S_kv, H=self.H, L=self.L))
+
     def as_dict(self):
         return dataclasses.asdict(self)
 
@@ -948,7 +953,7 @@ def clock_notes(rows) -> str:
     for r in rows:
         c = _clock_summary(r.clocks)
         if c is not None and c.slowed:
-            shape = f"{describe(dict(B=r.B, S=r.S, S_kv=r.S_kv, H=r.H, L=r.L))} {r.indices}, {r.backend}"
+            shape = f"{r.label} {r.indices}, {r.backend}"
             top = "" if c.sm_mhz_top is None else f" (top {c.sm_mhz_top})"
             limit = "" if c.power_limit_w is None else f" of a {c.power_limit_w:.0f} W limit"
             lines.append(f"* {shape}: SM {c.sm_mhz_min}-{c.sm_mhz_max} MHz{top} over {c.samples} samples, "
@@ -973,25 +978,30 @@ def traces(rows, top: int = 12) -> str:
     blocks = []
     for r in rows:
         if r.kernels:
-            shape = describe(dict(B=r.B, S=r.S, S_kv=r.S_kv, H=r.H, L=r.L))
-            blocks.append("\n".join(trace_lines(f"{shape} {r.indices}, {r.backend}", r.kernels, top)))
+            blocks.append("\n".join(trace_lines(f"{r.label} {r.indices}, {r.backend}", r.kernels, top)))
     return "\n".join(blocks + main_kernel_lines(rows))
 
 
 def main_kernel_lines(rows) -> list:
     """A line a traced shape and index pattern: each backend's main kernel, its longest GPU kernel
     a call (ours: main_bwd's launches together), and det/cuDNN and det/atomic of those. The
-    kernels are where the backends differ most, without the host's front or the short launches."""
-    mains = {}
+    kernels are where the backends differ most, without the host's front or the short launches.
+    Rows are compared as with_ratios compares them (Row.shape)."""
+    groups = {}
     for r in rows:
         if r.kernels:
-            key = (describe(dict(B=r.B, S=r.S, S_kv=r.S_kv, H=r.H, L=r.L)), r.indices)
-            mains.setdefault(key, {})[r.backend] = max(ms for _, ms, _ in r.kernels)
+            groups.setdefault(r.shape, []).append((r, max(ms for _, ms, _ in r.kernels)))
     lines = []
-    for (shape, indices), ms in mains.items():
-        line = f"main kernels, {shape} {indices}: " + ", ".join(f"{b} {t:.3f} ms" for b, t in ms.items())
-        ratios = [f"{label} {ms['tilelang'] / ms[other]:.3f}" for other, label in
-                  (("cudnn", "det/cuDNN"), ("tilelang-atomic", "det/atomic")) if "tilelang" in ms and other in ms]
+    for group in groups.values():
+        first = group[0][0]
+        mains = [(r.backend, ms) for r, ms in group]
+        line = f"main kernels, {first.label} {first.indices}: " + ", ".join(f"{b} {ms:.3f} ms" for b, ms in mains)
+        det = next((ms for b, ms in mains if is_ours_deterministic(b)), None)
+        ratios = []
+        for label, is_peer in (("det/cuDNN", lambda b: b == CUDNN), ("det/atomic", is_atomic_control)):
+            peer = next((ms for b, ms in mains if is_peer(b)), None)
+            if det is not None and peer is not None:
+                ratios.append(f"{label} {det / peer:.3f}")
         lines.append(line + ("; " + ", ".join(ratios) if ratios else ""))
     return lines
 
