@@ -12,6 +12,7 @@ import sys
 
 import numpy as np
 import pytest
+import torch
 
 from mqa_bwd import bench, kernels
 
@@ -554,6 +555,18 @@ def test_package_ab_judges_each_version_by_this_trees_control():
     assert "dq 1.050e-03 (1.05x)" in lines[1] and lines[1].endswith("; admissible")
     assert "dkv 2.400e-03 (1.20x)" in lines[2] and lines[2].endswith("NOT admissible (over 1.1x)")
     assert "d_attn_sink 1.000e-09 (infx)" in lines[3] and "NOT admissible" in lines[3]
+
+
+def test_package_ab_says_which_outputs_keep_their_bits():
+    # A version that sums dQ in another order keeps dkv's and d_attn_sink's bits: the line names
+    # the outputs that differ, and only says True where all three are equal.
+    bits_equal = _tool("package_ab").bits_equal
+    mine = (torch.tensor([1.0, 2.0]), torch.tensor([3.0]), torch.tensor([0.5]))
+    assert bits_equal(mine, tuple(x.clone() for x in mine)) == "True"
+    other_dq = (torch.tensor([1.0, 2.0000002]), mine[1].clone(), mine[2].clone())
+    assert bits_equal(mine, other_dq) == "False (dq False, dkv True, d_attn_sink True)"
+    negative_zero = (mine[0].clone(), mine[1].clone(), torch.tensor([-0.0]))
+    assert bits_equal((mine[0], mine[1], torch.tensor([0.0])), negative_zero) == "False (dq True, dkv True, d_attn_sink False)"
 
 
 def test_config_ab_compiles_each_value_for_every_wide_launch():
