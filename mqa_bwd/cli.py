@@ -60,7 +60,9 @@ printed after the table, and each failing case is saved as JSON in
 'mqa-bwd repro FILE' replays it, and 'mqa-bwd promote FILE' makes it one of
 the regressions every later run replays first. The full pytest output of a
 run that does not hold is kept there too, as logs/check.log (replaced by the
-next such run; a run that holds writes none).
+next such run; a run that holds writes none), and each failed property's
+report as reports/NAME.txt, written as the property ends (a run stopped later
+keeps it).
 
 Another implementation is drawn only inside its domain: what it declares as
 its function's 'domain' attribute (mqa_bwd.contract.Domain), with the fields

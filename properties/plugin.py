@@ -16,7 +16,8 @@ Options (``pytest --help``, group "mqa-bwd properties"):
   --summary-json PATH      per-property verdicts, example counts, seconds, and how often each
                            sub-check (a Verdict's findings: memory_safety's guard bands, read
                            bands, denormal canary, bounds) held and failed
-  --failures-dir DIR       where failing cases are saved (default .mqa-failures/ in the working directory)
+  --failures-dir DIR       where failing cases are saved (default .mqa-failures/ in the working directory),
+                           and each failed property's whole report, as reports/NAME.txt, when it ends
   --mqa-domain TEXT        what the implementation supports (mqa_bwd.contract.Domain text); the fields
                            given replace those its ``domain`` attribute declares; 'spec': all of SPEC
   --mqa-buckets            shapes from a small fixed set (one compile per bucket for a JIT kernel)
@@ -62,7 +63,7 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from mqa_bwd.files import write_json_atomic
+from mqa_bwd.files import write_atomic, write_json_atomic
 
 from . import checks, ledger, observed, profiles, strategies
 from .case import Case
@@ -226,6 +227,18 @@ class Harness:
         if not self.target.domain.is_spec:
             record["domain"] = self.target.domain.to_text()
         return write_json_atomic(path, record)  # a reader never sees half a file
+
+
+    def save_report(self, name: str, text: str) -> Path | None:
+        """A failed property test's whole report as pytest gives it, in reports/NAME.txt of the
+        failures folder, written as the test ends: pytest prints it only when the session ends,
+        so a run stopped after a failure (a CI timeout) would lose it, and a failure that is no
+        case's verdict (an exception, a Hypothesis error) saves no case to replay."""
+        if self.failures_dir is None:
+            return None
+        reports = self.failures_dir / "reports"
+        reports.mkdir(parents=True, exist_ok=True)
+        return write_atomic(reports / f"{name}.txt", lambda tmp: Path(tmp).write_text(text), durable=False)
 
 
 _HARNESS: Harness | None = None
@@ -582,6 +595,10 @@ def pytest_runtest_makereport(item, call):
             path = h.save_failure(prop, case, text)
             if path is not None:
                 report.sections.append(("mqa-bwd failing case saved", f"{path}\n"))
+    if report.failed:
+        path = h.save_report(name, report.longreprtext)
+        if path is not None:
+            report.sections.append(("mqa-bwd failure report saved", f"{path}\n"))
 
 
 def _is_worker(config) -> bool:

@@ -671,6 +671,20 @@ def test_check_counts_a_failing_propertys_cases_alike_in_the_progress_line_and_t
     assert progress == table == json.loads(summary.read_text())["properties"]["output_contract"]["cases"], out
 
 
+def test_a_failed_propertys_whole_report_is_saved_beside_its_case(capsys, tmp_path):
+    # pytest prints a failure's report only when the session ends, so a run stopped after a failure
+    # (a CI timeout) would lose it: the plugin writes it to reports/NAME.txt as the test ends.
+    if _real_suite_missing():
+        pytest.skip(_real_suite_missing())
+    code = cli.main(["check", "--backend", "model", "--impl", "mqa_bwd.mutants:pad_dq_unsliced", "-k",
+                     "output_contract", "--failures-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 1, out
+    text = (tmp_path / "reports" / "output_contract.txt").read_text()
+    assert "property output_contract FAILS" in text and "REPRO:" in text, text[-2000:]
+    assert not (tmp_path / "reports" / "oracle.txt").exists()  # only the property that failed
+
+
 def test_fuzz_on_the_real_suite_for_a_few_seconds(capsys, tmp_path):
     if _real_suite_missing():
         pytest.skip(_real_suite_missing())
