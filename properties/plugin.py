@@ -228,7 +228,6 @@ class Harness:
             record["domain"] = self.target.domain.to_text()
         return write_json_atomic(path, record)  # a reader never sees half a file
 
-
     def save_report(self, name: str, text: str) -> Path | None:
         """A failed property test's whole report as pytest gives it, in reports/NAME.txt of the
         failures folder, written as the test ends: pytest prints it only when the session ends,
