@@ -24,6 +24,7 @@ import sys
 
 from mqa_bwd import bench, launch
 from mqa_bwd.contract import OUTPUT_NAMES
+from mqa_bwd.edge import same_bits as same_tensor_bits
 
 OTHER = "mqa_bwd_other"
 
@@ -85,7 +86,7 @@ def bits_equal(mine, theirs) -> str:
     slot order keeps dkv's and d_attn_sink's)."""
     if bench.same_bits(mine, theirs):
         return "True"
-    each = ", ".join(f"{name} {bench.same_bits(mine[i : i + 1], theirs[i : i + 1])}" for i, name in enumerate(OUTPUT_NAMES))
+    each = ", ".join(f"{name} {same_tensor_bits(x, y)}" for name, x, y in zip(OUTPUT_NAMES, mine, theirs))
     return f"False ({each})"
 
 
