@@ -61,8 +61,9 @@ printed after the table, and each failing case is saved as JSON in
 the regressions every later run replays first. The full pytest output of a
 run that does not hold is kept there too, as logs/check.log (replaced by the
 next such run; a run that holds writes none), and each failed property's
-report as reports/NAME.txt, written as the property ends (a run stopped later
-keeps it).
+report as reports/NAME.txt: its first failing case as soon as it fails, the
+whole (shrunk) report as the property ends (a run stopped later, even while
+shrinking, keeps a case to replay).
 
 Another implementation is drawn only inside its domain: what it declares as
 its function's 'domain' attribute (mqa_bwd.contract.Domain), with the fields

@@ -17,7 +17,8 @@ Options (``pytest --help``, group "mqa-bwd properties"):
                            sub-check (a Verdict's findings: memory_safety's guard bands, read
                            bands, denormal canary, bounds) held and failed
   --failures-dir DIR       where failing cases are saved (default .mqa-failures/ in the working directory),
-                           and each failed property's whole report, as reports/NAME.txt, when it ends
+                           and each failed property's report, as reports/NAME.txt: its first failing case
+                           when found, the whole report when the property ends
   --mqa-domain TEXT        what the implementation supports (mqa_bwd.contract.Domain text); the fields
                            given replace those its ``domain`` attribute declares; 'spec': all of SPEC
   --mqa-buckets            shapes from a small fixed set (one compile per bucket for a JIT kernel)
@@ -74,6 +75,10 @@ from .target import OURS, Target, declared_domain
 REGRESSIONS_DIR = Path(__file__).resolve().parent / "regressions"
 #: Where failing cases go unless --failures-dir says otherwise (relative to the working directory).
 DEFAULT_FAILURES_DIR = Path(".mqa-failures")
+#: The first line of reports/NAME.txt while a property's first failing case is all there is (the test
+#: has not ended: Hypothesis may still be shrinking it).
+FIRST_FAILURE_HEADER = ("first failing case found, not shrunk: the property's test had not ended when "
+                        "this was written (a run stopped while shrinking leaves it)")
 #: The suite as pytest --pyargs names it, wherever the package is installed.
 SUITE_MODULE = "properties.test_properties"
 #: Markers the suite and the project's tests use, registered here so that an
@@ -174,13 +179,18 @@ class Harness:
                 self.stopped[nodeid] = ledger.KNOWN_FAILURE  # why it stopped: the ledger, not the time budget
                 pytest.skip(f"{ledger.KNOWN_FAILURE}: {known.reason}")
             return  # a failure the ledger covers: search on for one it does not
-        self.failing.add(nodeid)
-        self.headlines[nodeid] = headline
         report = (f"property {name} FAILS for {self.target.spec} (backend {self.target.backend})\n"
                   f"case: {checks.describe_case(case)}\n{verdict.report}")
+        repro = f"REPRO: {self.repro_command(name, case)}"
+        if nodeid not in self.failing:
+            # Shrinking on a GPU can outlast a CI job's time: the first failure found is kept now,
+            # and replaced by the whole (shrunk) report when the test ends.
+            self.save_report(name, f"{FIRST_FAILURE_HEADER}\n{report}\n{repro}\n")
+        self.failing.add(nodeid)
+        self.headlines[nodeid] = headline
         if _is_final_example():
             self.failures.setdefault(nodeid, []).append((name, case, report))
-        raise PropertyFailure(f"{report}\nREPRO: {self.repro_command(name, case)}")
+        raise PropertyFailure(f"{report}\n{repro}")
 
     def observe(self, observation) -> None:
         """A Hypothesis observation: one more case of the running test where it is a new input."""
@@ -229,9 +239,10 @@ class Harness:
         return write_json_atomic(path, record)  # a reader never sees half a file
 
     def save_report(self, name: str, text: str) -> Path | None:
-        """A failed property test's whole report as pytest gives it, in reports/NAME.txt of the
-        failures folder, written as the test ends: pytest prints it only when the session ends,
-        so a run stopped after a failure (a CI timeout) would lose it, and a failure that is no
+        """A failed property's report in reports/NAME.txt of the failures folder: its first failing
+        case as soon as it is found, then the test's whole report as pytest gives it when the
+        test ends. pytest prints it only when the session ends, so a run stopped after a failure
+        (a CI timeout, often while Hypothesis shrinks) would lose it, and a failure that is no
         case's verdict (an exception, a Hypothesis error) saves no case to replay."""
         if self.failures_dir is None:
             return None

@@ -10,6 +10,7 @@ import importlib.util
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -20,6 +21,8 @@ from pathlib import Path
 import pytest
 
 from mqa_bwd import backends, bench, capture, cli, fuzz
+from properties import plugin
+from properties.case import Case
 
 ROOT = Path(__file__).resolve().parents[1]
 REAL_SUITE = cli.DEFAULT_SUITE
@@ -682,6 +685,21 @@ def test_a_failed_propertys_whole_report_is_saved_beside_its_case(capsys, tmp_pa
     assert code == 1, out
     text = (tmp_path / "reports" / "output_contract.txt").read_text()
     assert "property output_contract FAILS" in text and "REPRO:" in text, text[-2000:]
+    # The test ended: its whole report replaced the first failing case's.
+    assert not text.startswith(plugin.FIRST_FAILURE_HEADER), text[:2000]
+
+
+def test_a_propertys_first_failing_case_is_saved_before_its_test_ends(tmp_path):
+    # Hypothesis shrinks a failure before the test ends, and on a GPU that can outlast a CI job:
+    # the first failing case's report and REPRO line are on disk as soon as it fails.
+    harness = plugin._build("mqa_bwd.mutants:pad_dq_unsliced", "model", plugin.DEFAULT_REPEATS, None, "ci", None,
+                            tmp_path)
+    case = Case(H=3, S=2, L=8, seed=4)
+    with pytest.raises(plugin.PropertyFailure):
+        harness.check("output_contract", case)
+    text = (tmp_path / "reports" / "output_contract.txt").read_text()
+    assert text.startswith(plugin.FIRST_FAILURE_HEADER + "\n"), text[:2000]
+    assert "property output_contract FAILS" in text and f"--replay {shlex.quote(case.to_json())}" in text, text
 
 
 def test_fuzz_on_the_real_suite_for_a_few_seconds(capsys, tmp_path):
