@@ -536,6 +536,10 @@ def _check_report(console, run, failures_dir: Path, before: set, summary_path: P
     properties = (run.summary or {}).get("properties", {})
     skip_reasons = {p.name: p.reason for p in run.progress.values() if p.reason}
     cells = {name: verdict_cells(result, skip_reasons.get(name)) for name, result in properties.items()}
+    for name, progress in _cut_short(run, properties).items():
+        # The suite counts a test's cases when it ends: a test stopped while it ran counts none.
+        cells[name] = ("stopped", f"interrupted while it ran, after {progress.cases} cases")
+        properties[name] = {**properties[name], "cases": progress.cases}
     with_notes = any(note for _, note in cells.values())
     table = Table(title="mqa-bwd check", title_justify="left")
     for column, justify in (("property", "left"), ("verdict", "left"), ("cases", "right"), ("time", "right")):
@@ -600,6 +604,14 @@ def _check_report(console, run, failures_dir: Path, before: set, summary_path: P
                   + (f", {skipped} skipped (see the table)" if skipped else "")
                   + f" in {_fmt_seconds(run.seconds)} (pytest exit code {run.returncode})", markup=False)
     return 0 if held else 1
+
+
+def _cut_short(run, properties: dict) -> dict:
+    """name -> progress of each property the suite says was stopped while it ran (its verdict
+    'stopped'), where the progress files counted its cases."""
+    progress = {p.name: p for p in run.progress.values()}
+    return {name: progress[name] for name, result in properties.items()
+            if result.get("verdict") == "stopped" and name in progress}
 
 
 def _keep_log(console, log: Path, failures_dir: Path) -> Path | None:

@@ -668,13 +668,14 @@ def pytest_sessionstart(session):
 
 def summary(config) -> dict:
     """What ``mqa-bwd check`` reads: per property a verdict (pass, fail, xfail: a known failure,
-    skip, with its skip_reason), cases, seconds and notes; the domain, and what was found just
-    outside it."""
+    skip, with its skip_reason, stopped: an interrupt came while its test ran), cases, seconds and
+    notes; the domain, and what was found just outside it."""
     h = harness()
     properties = {}
     for name, entry in sorted(config._mqa_summary.items()):
         outcomes = entry["outcomes"]
-        verdict = next((v for v in ("fail", "xfail", "pass") if v in outcomes), "skip")
+        # A test that was set up and never reported its call: an interrupt (a signal) stopped it.
+        verdict = next((v for v in ("fail", "xfail", "pass", "skip") if v in outcomes), "stopped")
         properties[name] = {"verdict": verdict, "cases": entry["cases"], "seconds": round(entry["seconds"], 3),
                             "findings": entry["findings"]}
         if entry["xfail"]:

@@ -618,6 +618,36 @@ def test_check_stopped_by_a_signal_judges_only_what_failed_before_it(tmp_path, m
         assert code == 2 and "DID NOT FINISH: interrupted by the user" in out, out
 
 
+def test_a_property_a_signal_stops_while_it_runs_reads_stopped_with_its_cases(tmp_path):
+    # pytest reports a test interrupted in its call as nothing at all: the table and the summary
+    # JSON read "stopped" (not a skip of 0 cases) with the cases its progress counted.
+    if _real_suite_missing():
+        pytest.skip(_real_suite_missing())
+    summary = tmp_path / "summary.json"
+    command = [sys.executable, "-m", "mqa_bwd", "check", "--backend", "model", "-k",
+               "determinism and not process and not scale", "--failures-dir", str(tmp_path / "f"),
+               "--summary-json", str(summary)]
+    parent = subprocess.Popen(command, cwd=tmp_path, env=dict(os.environ, PYTHONPATH=str(ROOT)),
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    seen = []
+    try:
+        for line in parent.stdout:  # the progress line, once the property has run cases
+            seen.append(line)
+            if re.search(r"\.\.\. [1-9]\d* cases so far; running: determinism", line):
+                break
+        parent.send_signal(signal.SIGTERM)
+        out = "".join(seen) + parent.communicate(timeout=120)[0]
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+    assert parent.returncode == 2 and "DID NOT FINISH: stopped by SIGTERM" in out, out[-3000:]
+    row = re.search(r"^│ determinism +│ stopped +│ +(\d+) │", out, re.M)
+    assert row and int(row.group(1)) > 0, out[-3000:]
+    result = json.loads(summary.read_text())["properties"]["determinism"]
+    assert result["verdict"] == "stopped", result
+
+
 def test_check_on_the_real_suite_with_a_small_budget(capsys, tmp_path):
     if _real_suite_missing():
         pytest.skip(_real_suite_missing())
