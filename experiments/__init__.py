@@ -600,36 +600,8 @@
             --against .ab/dq_last_block_wg0/mqa_bwd --against .ab/dq_last_block_wg1/mqa_bwd \
             --shapes dsv32,fleet --repeats 8 --trace 2
 
-  rotated_layout.patch      each row's walk rotated in the slot layout (layout.rotate_walks, and
-                            the fused sorted_slots kernel's placement): the row's first
-                            ceil(valid / 32) blocks of 32 slots start at block s mod blocks (s the
-                            row's position in its sequence) and wrap, so that CTAs running
-                            neighbouring rows at once, whose sorted slots name much the same kv
-                            rows with an indexer's picks, add into different lines at each moment
-                            (the fifty-third session's L2 counters: with indexer indices the
-                            busiest L2 slice stays at 94-96 % while the average falls to 88-90 %).
-                            Kernels unchanged; every tile walks the layout in slot order, so all
-                            walk a row alike; dq's bits change (its fp32 sum's order), dkv's and
-                            d_attn_sink's do not. With tests (slots_by_hand rotated, a test of
-                            neighbouring rows' starts) and the design note. `make test` passes
-                            with it; on an H100 (fifty-third session) the slot-layout and
-                            slot-order GPU tests and tests/test_gpu_kernels.py pass (280), but
-                            `mqa-bwd check --profile ci` reported agreement failed after 166
-                            cases, and the run did not keep the case (the ci profile had not run
-                            on a GPU since the fourth session, so HEAD may fail it too: run it
-                            there first). Timed against 93333b3, one process, medians of 10:
-                            with indexer indices det 7.633 / 15.231 / 5.495 ms (dsv32 H=64 /
-                            H=128 / fleet) against 7.760 / 15.323 / 5.542, the control 8.306 /
-                            16.728 / 5.793 against 8.429 / 16.801 / 5.776; with uniform indices
-                            within 0.5 % both ways. Not kept until the agreement failure is
-                            explained. At 93333b3:
-
-        bash scripts/ab-packages.sh rev:HEAD
-        git apply experiments/rotated_layout.patch
-        python benchmarks/package_ab.py --against .ab/HEAD/mqa_bwd --shapes dsv32,fleet --indices indexer \
-            --repeats 10 --trace 2
-
-git history holds the others (corrections_gate.patch, cast_reciprocals.patch and
+git history holds the others (rotated_layout.patch, each row's walk rotated in the slot layout,
+became the product's in the fifty-fourth session and is at c8e0e4b; corrections_gate.patch, cast_reciprocals.patch and
 drop_sink2.patch became the product's in the forty-ninth session and are at c95b959;
 plan_mv_and_lanes_cast.patch, max |kv| of each referenced kv row
 taken in the plan's first stage and the lanes' cast reading the int64 accumulator only where the

@@ -120,6 +120,13 @@ class Launcher:
         self.launched("place_slots")
         layout.place_slots(ordered, slots, nkv)
 
+    def rotate_walks(self, slots, row0, S):
+        """slots [n, Lp] int32 of the query rows row0 .. row0 + n, placed in the canonical order,
+        rotated in place (layout.rotate_walks). Here the reference, on the slots' device: it
+        follows place_slots where a row is too long for sorted_slots' one CTA."""
+        self.launched("rotate_walks")
+        slots.copy_(layout.rotate_walks(slots, row0, S))
+
     def row_blocks(self, slots, nkv, row_blocks):
         """row_blocks [R] int32: each row of slots [R, Lp]'s count of the wide tile's blocks
         (kernels.WIDE_SLOTS slots) up to its last valid slot (layout.row_blocks). Here the reference."""
@@ -128,14 +135,15 @@ class Launcher:
 
     def sorted_slots(self, indices, slots, row_blocks, row0, S, S_kv, nkv, marks=None):
         """slots [n, Lp] int32 of the query rows row0 .. row0 + n from their indices [n, L] (int32
-        or int64, Lp <= kernels.SORT_CAPACITY): slot_keys, canonical_order and place_slots in
-        one step, with no keys in memory, and row_blocks [n] int32, what Launcher.row_blocks
+        or int64, Lp <= kernels.SORT_CAPACITY): slot_keys, canonical_order, place_slots and
+        rotate_walks in one step, with no keys in memory, and row_blocks [n] int32, what Launcher.row_blocks
         writes for those slots. With ``marks`` (referenced [NKV], and live_row [n], q
         [n, HQ, Dk] and peak_q [n, HQ] of these rows), the same launch also does mark_slots'
         work for them. Here the reference (layout's three steps and row_blocks,
         fixed_point.mark_slots)."""
         self.launched("sorted_slots")
         layout.place_slots(layout.canonical_order(layout.slot_keys(indices, row0, S, S_kv, nkv)), slots, nkv)
+        slots.copy_(layout.rotate_walks(slots, row0, S))
         row_blocks.copy_(layout.row_blocks(slots, nkv, K.WIDE_SLOTS))
         if marks is not None:
             fixed_point.mark_slots(slots, *marks)

@@ -3,7 +3,7 @@
 - ``per_head``: a per-head function with the same arithmetic whatever H is;
 - ``lse_base2``: the kernels' lse convention and its bad-input rule; ``sink_rows``: each row's
   term of d_attn_sink from it;
-- ``slot_keys``, ``canonical_order`` and ``place_slots``: the slot layout's steps.
+- ``slot_keys``, ``canonical_order``, ``place_slots`` and ``rotate_walks``: the slot layout's steps.
 
 The TileLang launcher runs these as kernels with the same results: lse_base2 and sink_rows in
 the Delta launch (mqa_bwd.kernels.delta), the slot layout in mqa_bwd.kernels.prologue (the three
@@ -15,7 +15,7 @@ import math
 
 import torch
 
-from .kernels.config import LOG2E
+from .kernels.config import LOG2E, WALK_BLOCK
 
 
 def per_head(fn, rows: torch.Tensor, heads: torch.Tensor) -> torch.Tensor:
@@ -95,6 +95,28 @@ def place_slots(ordered: torch.Tensor, slots: torch.Tensor, nkv: int) -> None:
     L = ordered.shape[1]
     slots[:, :L] = torch.where(ordered == nkv, -1, ordered)
     slots[:, L:] = -1
+
+
+def rotate_walks(slots: torch.Tensor, row0: int, S: int, block: int = WALK_BLOCK) -> torch.Tensor:
+    """slots [n, Lp] of the query rows row0 .. row0 + n, placed in the canonical order (valid
+    slots first), with each row's first ``blocks`` blocks of ``block`` slots (up to its last
+    valid slot) rotated so that the row's walk starts at block s mod blocks, s = row mod S its
+    position in the sequence: sorted block b lands at block (b - start) mod blocks; the rest
+    stay. Every tile walks its blocks in slot order, so CTAs that run neighbouring rows at once
+    start at different blocks: where the rows' sorted slots name much the same kv rows (an
+    indexer's picks), their dKV adds go to different lines at each moment rather than all to
+    the same few, which a few L2 slices would serve. The rotation depends on the row's set of
+    slots and its position alone, so it keeps the order canonical, and batch, head and budget
+    invariant. Lp is a multiple of ``block``: the rotated span stays inside the row."""
+    n, Lp = slots.shape
+    if Lp % block:
+        raise ValueError(f"slots: rows of {Lp} slots, not a multiple of the walk's block ({block})")
+    blocks = ((slots >= 0).sum(dim=1, dtype=torch.int64) + block - 1) // block
+    span = (blocks * block).view(-1, 1)
+    start = torch.remainder(torch.arange(row0, row0 + n, device=slots.device) % S, blocks.clamp(min=1)).view(-1, 1)
+    position = torch.arange(Lp, device=slots.device).view(1, -1)
+    source = torch.where(position < span, torch.remainder(position + start * block, span.clamp(min=1)), position)
+    return torch.gather(slots, 1, source)
 
 
 def row_blocks(slots: torch.Tensor, nkv: int, block: int) -> torch.Tensor:

@@ -432,7 +432,7 @@ def global_slots(token_indices: torch.Tensor, problem: "Problem", launcher: L.La
     """[B,S,L] any integer -> [R, Lp] int32: b*S_kv + index when 0 <= index < S_kv, else -1,
     each row's slots in ``order`` (the canonical order; caller_order keeps the caller's):
     the launcher's slot keys (layout.slot_keys), ordered, then placed (layout.place_slots),
-    at most INDEX_STEP slots at a time; in the canonical order, where a row fits one CTA of
+    each row's walk rotated (layout.rotate_walks), at most INDEX_STEP slots at a time; in the canonical order, where a row fits one CTA of
     the kernel that fuses the three (Problem.sorts_in_one_step), that kernel's launch a step.
 
     ``marks``: the fixed-point plan's (referenced [NKV], live_row [R], q [R, Hp, Dk], peak_q
@@ -466,6 +466,7 @@ def global_slots(token_indices: torch.Tensor, problem: "Problem", launcher: L.La
         step_keys = keys if whole else keys[: r1 - r0]
         launcher.slot_keys(part.contiguous(), step_keys, r0, p.S, p.S_kv, nkv)
         launcher.place_slots(order(step_keys), step_slots, nkv)
+        launcher.rotate_walks(step_slots, r0, p.S)
     if not fused:
         if marks is not None:
             launcher.mark_slots(slots, *marks)

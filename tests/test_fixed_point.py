@@ -61,7 +61,8 @@ def scales_for(host: dict) -> torch.Tensor:
     delta = (t["out"].float() * t["grad_out"].float()).sum(-1).reshape(B * S, H)
     kv = t["kv"].reshape(-1, t["kv"].shape[-1])
     d_v = t["grad_out"].shape[-1]
-    slots = torch.from_numpy(slots_by_hand(host["token_indices"], host["kv"].shape[1], host["token_indices"].shape[2]))
+    slots = torch.from_numpy(slots_by_hand(host["token_indices"], host["kv"].shape[1], host["token_indices"].shape[2],
+                                           walk_block=None))
     referenced, live_row = torch.zeros(kv.shape[0], dtype=torch.int32), torch.zeros(B * S, dtype=torch.int32)
     q = t["query"].reshape(B * S, H, -1)
     ModelLauncher().mark_slots(slots, referenced, live_row, q, torch.empty((B * S, H), dtype=torch.int32))

@@ -189,23 +189,50 @@ def test_the_one_step_slot_layout_is_the_three_steps(dtype, step_rows, monkeypat
 
 
 def test_the_slot_layout_is_one_order_for_every_order_of_a_rows_slots():
-    # Ascending global kv rows, invalid slots (every kind, now -1) last: a permutation of a
-    # row's indices, duplicates and invalid ones included, gives the same layout.
-    case = Case(B=2, S=5, S_kv=40, H=16, L=37, invalid=INVALID_KINDS, hole_rate=0.3, duplicates=True, seed=3)
+    # Ascending global kv rows, invalid slots (every kind, now -1) last, then each row's walk
+    # rotated by its position: a permutation of a row's indices, duplicates and invalid ones
+    # included, gives the same layout.
+    case = Case(B=2, S=5, S_kv=40, H=16, L=70, invalid=INVALID_KINDS, hole_rate=0.3, duplicates=True, seed=3)
     idx = torch.from_numpy(case.indices())
-    p = wrapper.Problem(B=2, S=5, S_kv=40, H=16, L=37, d_k=64, d_v=32, block_h=16, dkv_buf_bytes=None)
+    p = wrapper.Problem(B=2, S=5, S_kv=40, H=16, L=70, d_k=64, d_v=32, block_h=16, dkv_buf_bytes=None)
     slots = wrapper.global_slots(idx, p, ModelLauncher())
     g = torch.Generator().manual_seed(0)
     shuffled = torch.gather(idx, -1, torch.argsort(torch.rand(idx.shape, generator=g), dim=-1))
     assert torch.equal(wrapper.global_slots(shuffled, p, ModelLauncher()), slots)
-    valid = slots[:, : p.L] >= 0
+    # Undo each row's rotation: the sorted layout.
+    block = kernels.WALK_BLOCK
+    blocks = -(-(slots >= 0).sum(dim=1) // block)
+    starts = torch.arange(p.rows) % p.S % blocks.clamp(min=1)
+    assert bool((starts > 0).any()), "no row's walk is rotated: the case does not test it"
+    ordered = slots.clone()
+    for r in range(p.rows):
+        span = int(blocks[r]) * block
+        ordered[r, :span] = torch.roll(slots[r, :span], int(starts[r]) * block)
+    valid = ordered >= 0
     assert bool((valid[:, 1:] <= valid[:, :-1]).all()), "an invalid slot before a valid one"
-    keys = torch.where(valid, slots[:, : p.L], torch.iinfo(torch.int32).max)
+    keys = torch.where(valid, ordered, torch.iinfo(torch.int32).max)
     assert bool((keys[:, 1:] >= keys[:, :-1]).all())
     assert bool((slots[:, p.L :] == -1).all())
     # The caller's order stays available as the identity (the mutant that keeps it).
     kept = wrapper.global_slots(shuffled, p, ModelLauncher(), order=wrapper.caller_order)
     assert not torch.equal(kept, slots)
+
+
+def test_neighbouring_rows_with_the_same_slots_walk_them_from_different_blocks():
+    # Rows that name the same kv rows (an indexer's picks, sorted alike) would add into the same
+    # lines block by block if walked in plain ascending order; rotated by their positions, rows
+    # s and s + 1 take different blocks first, each row keeps its slots, and a row's position in
+    # its sequence, not in the batch, sets its start (batch invariance).
+    S, L, block = 6, 4 * kernels.WALK_BLOCK + 5, kernels.WALK_BLOCK  # 5 blocks, the last partial
+    idx = torch.arange(L).repeat(2, S, 1)
+    p = wrapper.Problem(B=2, S=S, S_kv=L, H=16, L=L, d_k=64, d_v=32, block_h=16, dkv_buf_bytes=None)
+    slots = wrapper.global_slots(idx, p, ModelLauncher())
+    first = slots[:, 0].tolist()
+    assert first[:S] == [(s % 5) * block for s in range(S)]
+    assert first[S:] == [L + (s % 5) * block for s in range(S)]  # batch element 1: its kv rows, the same starts
+    for r in range(2 * S):
+        assert sorted(slots[r][slots[r] >= 0].tolist()) == list(range((r // S) * L, (r // S + 1) * L))
+    assert bool((slots[:, 5 * block :] == -1).all())
 
 
 @pytest.mark.parametrize("B,S,L,dtype,step_rows", [

@@ -51,7 +51,7 @@ Modules, by what they build
 from .config import _tl  # noqa: F401  (the benchmarks build probes with it)
 from .device_functions import GATHER_SOURCE  # noqa: F401
 from .config import (ACCUMULATE, BLOCK_SLOTS, CLUSTER_SIZES, GPU_WIDTHS, LANE_BLOCK, LANE_GROUP, LANE_LIMIT, LANES_ADDRESSABLE, LANES_GAIN, LOG2E, MASS_LIMIT, MULTI_TILE,
-                     SLOT_INDEX_DTYPES, SORT_CAPACITY, SORT_ITEM_COUNTS, TILE_HEADS, WIDE_CHUNK, WIDE_DQ_SPLIT, WIDE_HEADS, WIDE_SLOTS, WIDE_WG0_CHUNKS, KernelConfig, MainConfig, gpu_configs,
+                     SLOT_INDEX_DTYPES, SORT_CAPACITY, SORT_ITEM_COUNTS, TILE_HEADS, WIDE_CHUNK, WIDE_DQ_SPLIT, WALK_BLOCK, WIDE_HEADS, WIDE_SLOTS, WIDE_WG0_CHUNKS, KernelConfig, MainConfig, gpu_configs,
                      default_wg0_chunks, dq_split_bounds, lane_chunk_words, require_wide_widths, lane_word_columns, lanes_corrections, lanes_redo, main_config, main_launches, main_tile_heads, next_power_of_2, sort_items)
 from .delta import delta_program
 from .main_bwd import main_bwd_program

@@ -19,6 +19,9 @@ BLOCK_SLOTS = 32
 # The wide tile's slot block (wide.py). A call with a wide launch pads L to it,
 # every other call to BLOCK_SLOTS (MainConfig.slot_block).
 WIDE_SLOTS = 64
+#: The slot layout rotates each row's walk by blocks of this many slots (layout.rotate_walks):
+#: every tile's block is a whole number of them, so every tile walks a row in the same order.
+WALK_BLOCK = BLOCK_SLOTS
 #: Columns of dKV the wide tile forms and adds at once (one m64n64 accumulator).
 WIDE_CHUNK = 64
 #: The wide tile's dKV chunks of a block that warpgroup 0 forms and adds, after its dQ GEMM

@@ -3,7 +3,7 @@ and placement around torch's sort, or all three in one kernel where a row fits a
 (sorted_slots). mqa_bwd.layout holds their definitions; the TileLang launcher runs these
 instead of some twenty torch ops, each of which costs the host a launch."""
 
-from .config import SORT_ITEM_COUNTS, SORT_THREADS, WIDE_SLOTS, _tl
+from .config import SORT_ITEM_COUNTS, SORT_THREADS, WALK_BLOCK, WIDE_SLOTS, _tl
 from .device_functions import ROW_BLOCKS_SOURCE
 from .plan import PEAK_SOURCE
 
@@ -121,11 +121,17 @@ __device__ __forceinline__ void mqa_sort_row(const Index* indices, unsigned (&ke
   }
   Sort(storage).SortBlockedToStriped(keys, 0, end_bit);
 }
-__device__ __forceinline__ void mqa_place_row(const unsigned* keys, int* slots, int Lp, int nkv) {
+// Sorted key j goes to slot j, except within the row's first walk_blocks(valid) blocks of
+// %(walk)d slots, which are rotated so that the row's walk starts at block position %% blocks
+// (layout.rotate_walks): sorted block b goes to block (b - start) mod blocks.
+__device__ __forceinline__ void mqa_place_row(const unsigned* keys, int* slots, int Lp, int nkv, int valid, int position) {
+  const int blocks = (valid + %(walk)d - 1) / %(walk)d, span = blocks * %(walk)d;
+  const int shift = blocks > 0 ? span - (position %% blocks) * %(walk)d : 0;
 #pragma unroll
   for (int i = 0; i < mqa_sort_items; ++i) {
     const int j = i * mqa_sort_threads + static_cast<int>(threadIdx.x);
-    if (j < Lp) slots[j] = keys[i] == static_cast<unsigned>(nkv) ? -1 : static_cast<int>(keys[i]);
+    const int placed = j < span ? (j + shift) %% span : j;
+    if (j < Lp) slots[placed] = keys[i] == static_cast<unsigned>(nkv) ? -1 : static_cast<int>(keys[i]);
   }
 }
 // mark_slots' rule: every write stores 1, a kv row already marked is not stored again, and the
@@ -144,31 +150,32 @@ __device__ __forceinline__ void mqa_mark_row(const unsigned* keys, int* referenc
     if (marked[i] == 0) referenced[keys[i]] = 1;
   if (live) *live_row = 1;
 }
-// row_blocks' count (layout.row_blocks) from the sorted keys: the valid keys are the row's first,
-// so its blocks up to its last valid slot are its valid keys' count in blocks.
-__device__ __forceinline__ void mqa_count_row_blocks(const unsigned* keys, int* row_blocks, int nkv) {
+// The row's valid keys (every thread gets the count), and row_blocks' count (layout.row_blocks):
+// the valid keys fill the row's first blocks of %(walk)d slots, whatever their rotation, so its
+// blocks up to its last valid slot are its valid keys' count in blocks.
+__device__ __forceinline__ int mqa_count_row_blocks(const unsigned* keys, int* row_blocks, int nkv) {
   int valid = 0;
 #pragma unroll
   for (int i = 0; i < mqa_sort_items; ++i) valid += __syncthreads_count(keys[i] < static_cast<unsigned>(nkv));
   if (threadIdx.x == 0) *row_blocks = (valid + %(block)d - 1) / %(block)d;
+  return valid;
 }
 template <typename Index>
 __device__ __forceinline__ void mqa_sorted_slots_row(const Index* indices, int* slots, int* row_blocks, int L, int Lp,
-                                                     int base, int S_kv, int nkv, int end_bit) {
+                                                     int base, int S_kv, int nkv, int end_bit, int position) {
   unsigned keys[mqa_sort_items];
   mqa_sort_row(indices, keys, L, base, S_kv, nkv, end_bit);
-  mqa_place_row(keys, slots, Lp, nkv);
-  mqa_count_row_blocks(keys, row_blocks, nkv);
+  mqa_place_row(keys, slots, Lp, nkv, mqa_count_row_blocks(keys, row_blocks, nkv), position);
 }
 template <typename Index>
 __device__ __forceinline__ void mqa_sorted_marked_row(const Index* indices, int* slots, int* row_blocks, int L, int Lp,
-                                                      int base, int S_kv, int nkv, int end_bit, const void* q_row,
-                                                      int* peak_q, int hq, int* referenced, int* live_row) {
+                                                      int base, int S_kv, int nkv, int end_bit, int position,
+                                                      const void* q_row, int* peak_q, int hq, int* referenced,
+                                                      int* live_row) {
   mqa_peak_rows(q_row, peak_q, hq, static_cast<int>(threadIdx.x), mqa_sort_threads);
   unsigned keys[mqa_sort_items];
   mqa_sort_row(indices, keys, L, base, S_kv, nkv, end_bit);
-  mqa_place_row(keys, slots, Lp, nkv);
-  mqa_count_row_blocks(keys, row_blocks, nkv);
+  mqa_place_row(keys, slots, Lp, nkv, mqa_count_row_blocks(keys, row_blocks, nkv), position);
   mqa_mark_row(keys, referenced, live_row, nkv);
 }
 """
@@ -189,7 +196,7 @@ def sorted_slots_program(index_dtype: str, items: int, d_k: int | None = None):
         raise ValueError(f"items: {items!r}, not one of {SORT_ITEM_COUNTS}")
     if d_k is not None and d_k % 8:
         raise ValueError(f"d_k: {d_k}, not a multiple of 8 (a load takes 8 bf16 of q)")
-    source = SORT_SOURCE % {"threads": SORT_THREADS, "items": items, "block": WIDE_SLOTS}
+    source = SORT_SOURCE % {"threads": SORT_THREADS, "items": items, "block": WIDE_SLOTS, "walk": WALK_BLOCK}
     if d_k is not None:
         source = PEAK_SOURCE % {"vectors": d_k // 8, "at_once": MARKS_PEAK_HEADS_AT_ONCE} + source
     tilelang, T = _tl()
@@ -209,7 +216,7 @@ def sorted_slots_program(index_dtype: str, items: int, d_k: int | None = None):
                 T.import_source(source)
                 T.call_extern("handle", "mqa_sorted_marked_row", T.address_of(Indices[r, 0]), T.address_of(Slots[r, 0]),
                               T.address_of(RowBlocks[r]), L, Lp, ((row0 + r) // S) * S_kv, S_kv, NKV, end_bit,
-                              T.address_of(Q[r, 0, 0]), T.address_of(PeakQ[r, 0]), HQ, T.address_of(Referenced[0]),
+                              T.truncmod(row0 + r, S), T.address_of(Q[r, 0, 0]), T.address_of(PeakQ[r, 0]), HQ, T.address_of(Referenced[0]),
                               T.address_of(LiveRow[r]))
 
         return sorted_marks
@@ -220,6 +227,7 @@ def sorted_slots_program(index_dtype: str, items: int, d_k: int | None = None):
         with T.Kernel(R, threads=SORT_THREADS) as r:
             T.import_source(source)
             T.call_extern("handle", "mqa_sorted_slots_row", T.address_of(Indices[r, 0]), T.address_of(Slots[r, 0]),
-                          T.address_of(RowBlocks[r]), L, Lp, ((row0 + r) // S) * S_kv, S_kv, NKV, end_bit)
+                          T.address_of(RowBlocks[r]), L, Lp, ((row0 + r) // S) * S_kv, S_kv, NKV, end_bit,
+                          T.truncmod(row0 + r, S))
 
     return sorted_slots
