@@ -536,10 +536,15 @@ def _check_report(console, run, failures_dir: Path, before: set, summary_path: P
     properties = (run.summary or {}).get("properties", {})
     skip_reasons = {p.name: p.reason for p in run.progress.values() if p.reason}
     cells = {name: verdict_cells(result, skip_reasons.get(name)) for name, result in properties.items()}
-    for name, progress in _cut_short(run, properties).items():
+    stopped = _cut_short(run, properties)
+    for name, progress in stopped.items():
         # The suite counts a test's cases when it ends: a test stopped while it ran counts none.
         cells[name] = ("stopped", f"interrupted while it ran, after {progress.cases} cases")
         properties[name] = {**properties[name], "cases": progress.cases}
+    if stopped and Path(summary_path).is_file():  # the summary JSON keeps what the table shows
+        from .files import write_json_atomic
+
+        write_json_atomic(summary_path, {**run.summary, "properties": properties})
     with_notes = any(note for _, note in cells.values())
     table = Table(title="mqa-bwd check", title_justify="left")
     for column, justify in (("property", "left"), ("verdict", "left"), ("cases", "right"), ("time", "right")):

@@ -23,7 +23,8 @@ def _fmt_seconds(s) -> str:
 
 _VERDICT_STYLE = {"pass": "green", "passed": "green", "ok": "green", "yes": "green", "fail": "bold red",
                   "failed": "bold red", "crashed": "bold red", "MISMATCH": "bold red", "NO": "bold red",
-                  "skip": "yellow", "skipped": "yellow", "stopped": "bold yellow", "known": "yellow", "note": "yellow", "BAD": "bold red"}
+                  "skip": "yellow", "skipped": "yellow", "stopped": "bold yellow", "known": "yellow",
+                  "note": "yellow", "BAD": "bold red"}
 
 
 def _styled(text: str):

@@ -645,7 +645,7 @@ def test_a_property_a_signal_stops_while_it_runs_reads_stopped_with_its_cases(tm
     row = re.search(r"^│ determinism +│ stopped +│ +(\d+) │", out, re.M)
     assert row and int(row.group(1)) > 0, out[-3000:]
     result = json.loads(summary.read_text())["properties"]["determinism"]
-    assert result["verdict"] == "stopped", result
+    assert result["verdict"] == "stopped" and result["cases"] == int(row.group(1)), result
 
 
 def test_check_on_the_real_suite_with_a_small_budget(capsys, tmp_path):
