@@ -569,6 +569,24 @@ def test_package_ab_says_which_outputs_keep_their_bits():
     assert bits_equal((mine[0], mine[1], torch.tensor([0.0])), negative_zero) == "False (dq True, dkv True, d_attn_sink False)"
 
 
+def test_walk_overlap_counts_the_ctas_on_one_kv_row_a_step():
+    # Four rows that name the same 64 kv rows: walked in ascending order, every step's four CTAs
+    # add into the same 32 kv rows (4 a row); rotated, rows 1 and 3 start at the second block,
+    # so two CTAs share each kv row. Two head groups a row double every count.
+    from mqa_bwd import layout
+
+    overlap = _tool("walk_overlap").overlap
+    ascending = torch.arange(64, dtype=torch.int32).repeat(4, 1)
+    rotated = layout.rotate_walks(ascending, 0, 4)
+    assert overlap(ascending, 64, groups=1, sms=4, waves=1) == (4.0, 4.0)
+    assert overlap(rotated, 64, groups=1, sms=4, waves=1) == (2.0, 2.0)
+    assert overlap(ascending, 64, groups=2, sms=8, waves=1) == (8.0, 8.0)
+    # One CTA a kv row with one of two rows' slots invalid: those add nothing.
+    half = ascending[:2].clone()
+    half[1] = -1
+    assert overlap(half, 64, groups=1, sms=2, waves=1) == (1.0, 1.0)
+
+
 def test_config_ab_compiles_each_value_for_every_wide_launch():
     # Each value must time the kernels the wrapper launches (lanes, their int64 redo and the
     # control, at every width), differing only in the field: the default value, the product's own.
