@@ -136,10 +136,10 @@ class Launcher:
     def sorted_slots(self, indices, slots, row_blocks, row0, S, S_kv, nkv, marks=None):
         """slots [n, Lp] int32 of the query rows row0 .. row0 + n from their indices [n, L] (int32
         or int64, Lp <= kernels.SORT_CAPACITY): slot_keys, canonical_order, place_slots and
-        rotate_walks in one step, with no keys in memory, and row_blocks [n] int32, what Launcher.row_blocks
-        writes for those slots. With ``marks`` (referenced [NKV], and live_row [n], q
-        [n, HQ, Dk] and peak_q [n, HQ] of these rows), the same launch also does mark_slots'
-        work for them. Here the reference (layout's three steps and row_blocks,
+        rotate_walks in one step, with no keys in memory, and row_blocks [n] int32, what
+        Launcher.row_blocks writes for those slots. With ``marks`` (referenced [NKV], and
+        live_row [n], q [n, HQ, Dk] and peak_q [n, HQ] of these rows), the same launch also does
+        mark_slots' work for them. Here the reference (layout's four steps and row_blocks,
         fixed_point.mark_slots)."""
         self.launched("sorted_slots")
         layout.place_slots(layout.canonical_order(layout.slot_keys(indices, row0, S, S_kv, nkv)), slots, nkv)

@@ -431,9 +431,10 @@ def global_slots(token_indices: torch.Tensor, problem: "Problem", launcher: L.La
                  row_blocks: torch.Tensor | None = None) -> torch.Tensor:
     """[B,S,L] any integer -> [R, Lp] int32: b*S_kv + index when 0 <= index < S_kv, else -1,
     each row's slots in ``order`` (the canonical order; caller_order keeps the caller's):
-    the launcher's slot keys (layout.slot_keys), ordered, then placed (layout.place_slots),
-    each row's walk rotated (layout.rotate_walks), at most INDEX_STEP slots at a time; in the canonical order, where a row fits one CTA of
-    the kernel that fuses the three (Problem.sorts_in_one_step), that kernel's launch a step.
+    the launcher's slot keys (layout.slot_keys), ordered, placed (layout.place_slots), then
+    each row's walk rotated (layout.rotate_walks), at most INDEX_STEP slots at a time; in the
+    canonical order, where a row fits one CTA of the kernel that fuses the four
+    (Problem.sorts_in_one_step), that kernel's launch a step.
 
     ``marks``: the fixed-point plan's (referenced [NKV], live_row [R], q [R, Hp, Dk], peak_q
     [R, Hp]; Launcher.mark_slots), filled from the slots by the fused launches, else by a

@@ -121,7 +121,7 @@ __device__ __forceinline__ void mqa_sort_row(const Index* indices, unsigned (&ke
   }
   Sort(storage).SortBlockedToStriped(keys, 0, end_bit);
 }
-// Sorted key j goes to slot j, except within the row's first walk_blocks(valid) blocks of
+// Sorted key j goes to slot j, except within the row's first ceil(valid / %(walk)d) blocks of
 // %(walk)d slots, which are rotated so that the row's walk starts at block position %% blocks
 // (layout.rotate_walks): sorted block b goes to block (b - start) mod blocks.
 __device__ __forceinline__ void mqa_place_row(const unsigned* keys, int* slots, int Lp, int nkv, int valid, int position) {
