@@ -37,7 +37,7 @@ def walks(shape: dict, pattern: str, seed: int) -> dict:
     return {"ascending": ascending, "rotated": layout.rotate_walks(ascending, 0, S)}
 
 
-def overlap(slots: torch.Tensor, S_kv: int, groups: int, sms: int, waves: int) -> tuple:
+def overlap(slots: torch.Tensor, groups: int, sms: int, waves: int) -> tuple:
     """(adds per distinct kv row a step, add-weighted multiplicity) over ``waves`` waves spread over
     the rows: a wave is ``sms`` items, ``groups`` head groups of each row (each adds the row's slots)."""
     rows_a_wave = max(1, sms // groups)
@@ -51,7 +51,7 @@ def overlap(slots: torch.Tensor, S_kv: int, groups: int, sms: int, waves: int) -
             rows = rows[rows >= 0]
             if rows.numel() == 0:
                 continue
-            counts = torch.bincount(rows.long(), minlength=S_kv)[torch.unique(rows.long())] * groups
+            counts = torch.unique(rows, return_counts=True)[1] * groups
             adds += int(counts.sum())
             distinct += counts.numel()
             weighted += int((counts * counts).sum())  # each add weighted by its kv row's count
@@ -77,7 +77,7 @@ def main(argv=None) -> int:
     for shape in shapes:
         groups = shape["H"] // WIDE_HEADS
         for pattern in patterns:
-            cells = [overlap(slots, shape["S_kv"], groups, args.sms, args.waves)
+            cells = [overlap(slots, groups, args.sms, args.waves)
                      for slots in walks(shape, pattern, args.seed).values()]
             label = f"S={shape['S']} S_kv={shape['S_kv']} H={shape['H']} L={shape['L']}"
             print(f"| {label} | {pattern} | " + " | ".join(f"{a:.2f} / {m:.2f}" for a, m in cells) + " |")

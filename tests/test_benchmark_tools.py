@@ -578,13 +578,13 @@ def test_walk_overlap_counts_the_ctas_on_one_kv_row_a_step():
     overlap = _tool("walk_overlap").overlap
     ascending = torch.arange(64, dtype=torch.int32).repeat(4, 1)
     rotated = layout.rotate_walks(ascending, 0, 4)
-    assert overlap(ascending, 64, groups=1, sms=4, waves=1) == (4.0, 4.0)
-    assert overlap(rotated, 64, groups=1, sms=4, waves=1) == (2.0, 2.0)
-    assert overlap(ascending, 64, groups=2, sms=8, waves=1) == (8.0, 8.0)
+    assert overlap(ascending, groups=1, sms=4, waves=1) == (4.0, 4.0)
+    assert overlap(rotated, groups=1, sms=4, waves=1) == (2.0, 2.0)
+    assert overlap(ascending, groups=2, sms=8, waves=1) == (8.0, 8.0)
     # One CTA a kv row with one of two rows' slots invalid: those add nothing.
     half = ascending[:2].clone()
     half[1] = -1
-    assert overlap(half, 64, groups=1, sms=2, waves=1) == (1.0, 1.0)
+    assert overlap(half, groups=1, sms=2, waves=1) == (1.0, 1.0)
 
 
 def test_config_ab_compiles_each_value_for_every_wide_launch():
